@@ -1,0 +1,9 @@
+"""mldbg: a debugger for PyTorch and MLX model code.
+
+Importing this package must stay cheap and standard-library only: it is imported inside
+the debugged process, whose interpreter may have nothing of mldbg's dependencies.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,319 @@
+"""Breakpoint records and the table the tracers consult.
+
+A breakpoint is validated when it is set (the file exists, compiles, and the line holds
+code), so that a mistake is reported at once instead of silently never stopping.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from types import CodeType, FrameType
+from typing import Any
+
+from .paths import canonical
+
+
+class BreakpointError(ValueError):
+    """A breakpoint that cannot be set; ``extra`` carries machine-readable hints."""
+
+    def __init__(self, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+
+_HITS = re.compile(r"^\s*(>=|%|==)?\s*(\d+)\s*$")
+
+
+def parse_hits(spec: str | int | None) -> tuple[str, int] | None:
+    """``N`` / ``==N`` stop on the Nth hit only, ``>=N`` on every hit from the Nth, ``%N`` every Nth."""
+    if spec is None or spec == "":
+        return None
+    match = _HITS.match(str(spec))
+    if not match or int(match.group(2)) < 1:
+        raise BreakpointError(
+            f"bad hit count {spec!r}: use N (the Nth hit), >=N (from the Nth on) or %N (every Nth)"
+        )
+    return (match.group(1) or "==", int(match.group(2)))
+
+
+def _compile_expression(text: str, what: str) -> CodeType:
+    try:
+        return compile(text, f"<{what}>", "eval")
+    except SyntaxError as exc:
+        raise BreakpointError(f"{what} {text!r} is not a valid Python expression: {exc.msg}") from None
+
+
+def compile_log_template(template: str) -> list[str | CodeType]:
+    """Split ``"x={x.shape} y={y}"`` into literal text and compiled expressions.
+
+    Braces are matched with nesting so dict literals, slices and calls work inside
+    ``{...}``; ``{{`` and ``}}`` are literal braces.
+    """
+    parts: list[str | CodeType] = []
+    literal: list[str] = []
+    i = 0
+    while i < len(template):
+        char = template[i]
+        if char in "{}" and template[i : i + 2] in ("{{", "}}"):
+            literal.append(char)
+            i += 2
+            continue
+        if char == "}":
+            raise BreakpointError(f"log message {template!r} has an unmatched '}}' (write '}}}}')")
+        if char != "{":
+            literal.append(char)
+            i += 1
+            continue
+        depth, j = 1, i + 1
+        while j < len(template) and depth:
+            depth += {"{": 1, "}": -1}.get(template[j], 0)
+            j += 1
+        if depth:
+            raise BreakpointError(f"log message {template!r} has an unmatched '{{' (write '{{{{')")
+        if literal:
+            parts.append("".join(literal))
+            literal = []
+        parts.append(_compile_expression(template[i + 1 : j - 1].strip(), "log expression"))
+        i = j
+    if literal:
+        parts.append("".join(literal))
+    return parts
+
+
+def _code_lines(code: CodeType) -> set[int]:
+    return {line for _, _, line in code.co_lines() if line is not None}
+
+
+def _walk_codes(code: CodeType) -> list[CodeType]:
+    codes = [code]
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            codes.extend(_walk_codes(const))
+    return codes
+
+
+_EXECUTABLE_CACHE: dict[str, tuple[float, int, list[int]]] = {}
+_EXECUTABLE_LOCK = threading.Lock()
+
+
+def executable_lines(path: str) -> list[int]:
+    """Sorted line numbers that hold code in ``path``, by compiling it as this Python would."""
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise BreakpointError(f"cannot set a breakpoint in {path}: {exc.strerror}", file=path) from None
+    key = (stat.st_mtime, stat.st_size)
+    with _EXECUTABLE_LOCK:
+        cached = _EXECUTABLE_CACHE.get(path)
+        if cached and cached[:2] == key:
+            return cached[2]
+    try:
+        with open(path, "rb") as fh:
+            source = fh.read()
+        module = compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise BreakpointError(
+            f"cannot set a breakpoint in {path}: it does not compile ({exc.msg}, line {exc.lineno})",
+            file=path,
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise BreakpointError(f"cannot read {path}: {exc}", file=path) from None
+    lines: set[int] = set()
+    for code in _walk_codes(module):
+        lines |= _code_lines(code)
+    # Line 0 marks compiler-made code (e.g. the module's RESUME) and can never be a breakpoint.
+    result = sorted(line for line in lines if line > 0)
+    with _EXECUTABLE_LOCK:
+        _EXECUTABLE_CACHE[path] = (key[0], key[1], result)
+    return result
+
+
+def nearest_lines(lines: list[int], line: int) -> list[int]:
+    """The closest executable line before and after ``line``."""
+    at = bisect.bisect_left(lines, line)
+    near = []
+    if at > 0:
+        near.append(lines[at - 1])
+    if at < len(lines):
+        near.append(lines[at])
+    return near
+
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Breakpoint:
+    file: str
+    line: int
+    condition: str | None = None
+    hits: str | None = None
+    log: str | None = None
+    id: int = field(default_factory=lambda: next(_ids))
+    hit_count: int = 0
+    condition_code: CodeType | None = field(default=None, repr=False)
+    hits_rule: tuple[str, int] | None = field(default=None, repr=False)
+    log_parts: list[str | CodeType] | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "file": self.file,
+            "line": self.line,
+            "condition": self.condition,
+            "hits": self.hits,
+            "log": self.log,
+            "hit_count": self.hit_count,
+        }
+
+    def hit_matches(self) -> bool:
+        """Counts a hit (the condition already passed) and says whether this one stops."""
+        self.hit_count += 1
+        if self.hits_rule is None:
+            return True
+        op, n = self.hits_rule
+        if op == ">=":
+            return self.hit_count >= n
+        if op == "%":
+            return self.hit_count % n == 0
+        return self.hit_count == n
+
+
+def make_breakpoint(
+    file: str,
+    line: int,
+    condition: str | None = None,
+    hits: str | int | None = None,
+    log: str | None = None,
+    cwd: str | None = None,
+) -> Breakpoint:
+    """Validate and build a breakpoint; raises :class:`BreakpointError` with a way forward."""
+    if not file:
+        raise BreakpointError("a breakpoint needs a file")
+    path = canonical(file, cwd)
+    if not os.path.exists(path):
+        raise BreakpointError(f"no such file: {file} (resolved to {path})", file=path)
+    if os.path.isdir(path):
+        raise BreakpointError(f"{file} is a directory, not a Python file", file=path)
+    try:
+        line = int(line)
+    except (TypeError, ValueError):
+        raise BreakpointError(f"line must be a number, not {line!r}") from None
+    lines = executable_lines(path)
+    if line not in lines:
+        near = nearest_lines(lines, line)
+        hint = (
+            f"; nearest executable lines: {', '.join(map(str, near))}" if near else "; the file has no code"
+        )
+        raise BreakpointError(
+            f"{path}:{line} holds no code (blank, comment or part of a multi-line statement){hint}",
+            file=path,
+            line=line,
+            nearest_lines=near,
+        )
+    condition = condition or None
+    return Breakpoint(
+        file=path,
+        line=line,
+        condition=condition,
+        hits=str(hits) if hits not in (None, "") else None,
+        log=log or None,
+        condition_code=_compile_expression(condition, "condition") if condition else None,
+        hits_rule=parse_hits(hits),
+        log_parts=compile_log_template(log) if log else None,
+    )
+
+
+class BreakpointTable:
+    """Breakpoints by canonical file and line, plus per-code-object answers for the tracers.
+
+    ``version`` changes on every edit so tracers can drop cached decisions cheaply.
+    """
+
+    def __init__(self) -> None:
+        self.by_file: dict[str, dict[int, Breakpoint]] = {}
+        self.version = 0
+        self.lock = threading.RLock()
+        self._code_cache: dict[CodeType, frozenset[int]] = {}
+
+    def add(self, bp: Breakpoint) -> Breakpoint:
+        with self.lock:
+            self.by_file.setdefault(bp.file, {})[bp.line] = bp
+            self._changed()
+            return bp
+
+    def remove(self, file: str, line: int, cwd: str | None = None) -> Breakpoint:
+        path = canonical(file, cwd)
+        with self.lock:
+            lines = self.by_file.get(path, {})
+            if line not in lines:
+                known = ", ".join(f"{b.file}:{b.line}" for b in self.all()) or "none"
+                raise BreakpointError(f"no breakpoint at {path}:{line}; set breakpoints: {known}")
+            bp = lines.pop(line)
+            if not lines:
+                del self.by_file[path]
+            self._changed()
+            return bp
+
+    def clear(self) -> int:
+        with self.lock:
+            count = sum(len(lines) for lines in self.by_file.values())
+            self.by_file.clear()
+            self._changed()
+            return count
+
+    def all(self) -> list[Breakpoint]:
+        with self.lock:
+            return [bp for lines in self.by_file.values() for bp in lines.values()]
+
+    def __bool__(self) -> bool:
+        return bool(self.by_file)
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._code_cache.clear()
+
+    def lines_in_code(self, code: CodeType, file: str) -> frozenset[int]:
+        """Breakpoint lines that belong to this very code object (not to nested ones)."""
+        cached = self._code_cache.get(code)
+        if cached is not None:
+            return cached
+        file_bps = self.by_file.get(file)
+        result = frozenset(file_bps.keys() & _code_lines(code)) if file_bps else frozenset()
+        self._code_cache[code] = result
+        return result
+
+    def at(self, file: str, line: int) -> Breakpoint | None:
+        file_bps = self.by_file.get(file)
+        return file_bps.get(line) if file_bps else None
+
+
+def format_log(bp: Breakpoint, frame: FrameType) -> str:
+    """Render a logpoint's message in ``frame``; a failing expression shows its error inline."""
+    from .. import summary
+
+    out: list[str] = []
+    for part in bp.log_parts or []:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        try:
+            value = eval(part, frame.f_globals, frame.f_locals)
+        except Exception as exc:  # the user's expression: any error is reported, not raised
+            out.append(f"<error: {type(exc).__name__}: {exc}>")
+            continue
+        out.append(summary.one_line(value) if summary.is_tensor(value) else _bounded_str(value))
+    return "".join(out)
+
+
+def _bounded_str(value: object, limit: int = 1000) -> str:
+    try:
+        text = str(value)
+    except Exception as exc:
+        return f"<str failed: {type(exc).__name__}: {exc}>"
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} chars)"

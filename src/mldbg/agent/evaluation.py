@@ -1,0 +1,87 @@
+"""Running user code in a paused frame, the way a REPL would.
+
+Multi-line input is accepted; the value of a trailing expression is the result; and
+assignments persist in the frame, so ``x = x * 2`` changes what the script sees after
+it resumes.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import sys
+import traceback
+from types import FrameType
+from typing import Any
+
+_WRITE_THROUGH = sys.version_info >= (3, 13)  # PEP 667: frame.f_locals is a live proxy
+
+
+class EvalError(Exception):
+    """The user's code raised or did not compile; ``details`` is shown to them."""
+
+    def __init__(self, message: str, details: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def compile_input(source: str) -> tuple[Any | None, Any | None]:
+    """Split input into statements to run and a trailing expression to evaluate."""
+    if not source.strip():
+        raise EvalError("nothing to evaluate: the expression is empty", {"type": "ValueError"})
+    try:
+        tree = ast.parse(source, "<mldbg-eval>", "exec")
+    except SyntaxError as exc:
+        raise EvalError(
+            f"syntax error: {exc.msg} (line {exc.lineno}, column {exc.offset})",
+            {"type": "SyntaxError", "line": exc.lineno, "offset": exc.offset, "text": exc.text},
+        ) from None
+    last = tree.body[-1] if tree.body else None
+    body, tail = tree.body, None
+    if isinstance(last, ast.Expr):
+        body, tail = tree.body[:-1], ast.Expression(last.value)
+    statements = compile(ast.Module(body=body, type_ignores=[]), "<mldbg-eval>", "exec") if body else None
+    expression = compile(tail, "<mldbg-eval>", "eval") if tail is not None else None
+    return statements, expression
+
+
+class FrameNamespace:
+    """The namespace evaluations use for one frame during one pause.
+
+    Before 3.13 ``frame.f_locals`` is a snapshot; writes are pushed back into the frame
+    with ``PyFrame_LocalsToFast``, and the same dict is reused for the whole pause so
+    names defined by one evaluation are visible to the next.
+    """
+
+    def __init__(self, frame: FrameType, live: bool) -> None:
+        self.frame = frame
+        self.live = live  # False for post-mortem frames: they no longer run, nothing to write back
+        self.locals = frame.f_locals
+
+    def run(self, source: str) -> Any:
+        statements, expression = compile_input(source)
+        frame = self.frame
+        try:
+            if statements is not None:
+                exec(statements, frame.f_globals, self.locals)
+            result = eval(expression, frame.f_globals, self.locals) if expression else None
+        except BaseException as exc:  # the user's code: even sys.exit() must not end the script
+            tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+            raise EvalError(
+                f"{type(exc).__name__}: {exc}",
+                {
+                    "type": type(exc).__name__,
+                    "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
+                },
+            ) from None
+        finally:
+            self._write_back()
+        return result
+
+    def _write_back(self) -> None:
+        if _WRITE_THROUGH or not self.live or self.locals is self.frame.f_globals:
+            return
+        try:
+            ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(self.frame), ctypes.c_int(0))
+        except (AttributeError, OSError):
+            pass

@@ -1,0 +1,218 @@
+"""Run the user's script under the debugger exactly as ``python SCRIPT ARGS`` would.
+
+``sys.argv``, ``sys.path[0]``, ``__main__`` and the environment are what plain Python
+would give the script; the agent's own traces (its environment variables, its
+``PYTHONPATH`` entry, its frames in tracebacks) are removed before the first line runs.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.machinery
+import os
+import sys
+import threading
+import traceback
+import types
+from dataclasses import dataclass
+from types import CodeType
+from typing import Any
+
+from .debugger import Debugger
+from .paused import exception_info, strip_agent_frames
+from .stepping import StepRequest
+from .wire import Wire
+
+PRIVATE_ENV = ("MLDBG_AGENT_ADDR", "MLDBG_AGENT_TOKEN", "MLDBG_AGENT_PATH", "MLDBG_AGENT_PYTHONPATH")
+EXIT_USAGE = 2
+
+
+@dataclass
+class Target:
+    code: CodeType
+    argv0: str
+    main_globals: dict[str, Any]
+    path0: str | None
+
+
+def _restore_environment(private: dict[str, str | None]) -> None:
+    """Undo what the daemon added so the script (and its children) see the user's environment."""
+    original = private.get("MLDBG_AGENT_PYTHONPATH")
+    if original is None or original == "__MLDBG_UNSET__":
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = original
+    shim = private.get("MLDBG_AGENT_PATH")
+    if shim:
+        sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.realpath(shim)]
+
+
+def load_script(path: str, argv0: str) -> Target:
+    filename = os.path.abspath(path)
+    with open(filename, "rb") as fh:  # bytes: compile() honours the encoding cookie
+        source = fh.read()
+    code = compile(source, filename, "exec", dont_inherit=True)
+    main_globals: dict[str, Any] = {
+        "__name__": "__main__",
+        "__file__": filename,
+        "__builtins__": builtins,
+        "__loader__": importlib.machinery.SourceFileLoader("__main__", filename),
+        "__spec__": None,
+        "__package__": None,
+        "__cached__": None,
+        "__doc__": None,
+    }
+    return Target(code, argv0, main_globals, os.path.dirname(os.path.realpath(filename)))
+
+
+def load_module(name: str) -> Target:
+    import runpy
+
+    # The same lookup `python -m` does, including a package's __main__ submodule.
+    mod_name, spec, code = runpy._get_module_details(name)  # type: ignore[attr-defined]
+    main_globals: dict[str, Any] = {
+        "__name__": "__main__",
+        "__file__": spec.origin,
+        "__builtins__": builtins,
+        "__loader__": spec.loader,
+        "__spec__": spec,
+        "__package__": spec.parent,
+        "__cached__": spec.cached,
+        "__doc__": None,
+    }
+    return Target(code, spec.origin or mod_name, main_globals, os.getcwd())
+
+
+def _install_main(target: Target, args: list[str]) -> None:
+    main = types.ModuleType("__main__")
+    main.__dict__.update(target.main_globals)
+    target.main_globals = main.__dict__
+    sys.modules["__main__"] = main
+    sys.argv[:] = [target.argv0, *args]
+    if not getattr(sys.flags, "safe_path", False) and target.path0 is not None:
+        if sys.path:
+            sys.path[0] = target.path0
+        else:
+            sys.path.insert(0, target.path0)
+
+
+def _line_buffer_output() -> None:
+    """The script's output goes to a file; flush it by line so `mldbg output` is current."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(line_buffering=True)
+            except (ValueError, OSError):
+                pass
+
+
+def _exit_code_of(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    private = {key: os.environ.pop(key, None) for key in PRIVATE_ENV}
+    if not private["MLDBG_AGENT_ADDR"]:
+        print(
+            "mldbg.agent runs scripts for the mldbg daemon; start one with: mldbg start SCRIPT [ARGS...]",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    module = None
+    if argv and argv[0] == "-m":
+        if len(argv) < 2:
+            print("mldbg.agent: -m needs a module name", file=sys.stderr)
+            return EXIT_USAGE
+        module, args = argv[1], argv[2:]
+    elif argv:
+        script, args = argv[0], argv[1:]
+    else:
+        print("mldbg.agent: give a script or -m MODULE", file=sys.stderr)
+        return EXIT_USAGE
+
+    _restore_environment(private)
+    wire = Wire.connect(str(private["MLDBG_AGENT_ADDR"]))
+    debugger = Debugger(wire, os.getcwd())
+    wire.send(
+        {
+            "event": "hello",
+            "token": private["MLDBG_AGENT_TOKEN"],
+            "pid": os.getpid(),
+            "python": sys.version.split()[0],
+            "executable": sys.executable,
+            "backend": debugger.backend.name,
+        }
+    )
+    on_run = threading.Event()
+    config: dict[str, Any] = {}
+    reader = threading.Thread(
+        target=debugger.serve_daemon, args=(on_run, config), name="mldbg-agent", daemon=True
+    )
+    reader.start()
+    on_run.wait()
+    if debugger.detached:
+        print("mldbg.agent: the daemon went away before the script started", file=sys.stderr)
+        return 70
+
+    try:
+        target = load_module(module) if module else load_script(script, script)
+    except SyntaxError:
+        traceback.print_exc(limit=0)
+        wire.send({"event": "finished", "exit_code": 1})
+        return 1
+    except (OSError, ImportError) as exc:
+        message = f"{sys.executable}: " + (
+            f"can't open file {script!r}: {exc}" if module is None else f"{exc}"
+        )
+        print(message, file=sys.stderr)
+        wire.send({"event": "finished", "exit_code": EXIT_USAGE if module is None else 1})
+        return EXIT_USAGE if module is None else 1
+
+    _install_main(target, args)
+    _line_buffer_output()
+    if config.get("stop_on_entry", True):
+        debugger.step = StepRequest("entry", threading.get_ident(), entry_code=target.code)
+    _install_thread_hook(debugger)
+    debugger.backend.install()
+    return _run(debugger, target)
+
+
+def _run(debugger: Debugger, target: Target) -> int:
+    exception: dict[str, Any] | None = None
+    try:
+        exec(target.code, target.main_globals)
+        exit_code = 0
+    except SystemExit as exc:
+        exit_code = _exit_code_of(exc)
+    except BaseException as exc:
+        debugger.post_mortem(exc)
+        exception = exception_info(exc)
+        sys.excepthook(type(exc), exc, strip_agent_frames(exc.__traceback__))
+        exit_code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
+    debugger.wire.send({"event": "finished", "exit_code": exit_code, "exception": exception})
+    return exit_code
+
+
+def _install_thread_hook(debugger: Debugger) -> None:
+    original = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
+            debugger.post_mortem(args.exc_value)
+        original(args)
+
+    threading.excepthook = hook

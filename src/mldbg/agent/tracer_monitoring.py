@@ -1,0 +1,143 @@
+"""Tracer backend for Python >= 3.12: ``sys.monitoring`` (PEP 669).
+
+With no breakpoint and nothing stepping, no event is enabled at all.  With breakpoints,
+PY_START is on globally and answers ``DISABLE`` for every code object that holds none;
+LINE events are enabled only on code objects that hold one, and lines that are not
+breakpoints answer ``DISABLE``.  Any change re-arms with ``restart_events()``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import CodeType, FrameType
+from typing import TYPE_CHECKING, Any
+
+from .paths import canonical_code_file
+
+if TYPE_CHECKING:
+    from .debugger import Debugger
+
+
+class MonitoringBackend:
+    name = "monitoring"
+
+    def __init__(self, debugger: Debugger) -> None:
+        self.debugger = debugger
+        self._mon: Any = sys.monitoring  # type: ignore[attr-defined]
+        self._tool = self._mon.DEBUGGER_ID
+        self._events = self._mon.events
+        self._disable = self._mon.DISABLE
+        self._lined: set[CodeType] = set()  # code objects with LINE enabled locally
+        self._lock = threading.RLock()
+        self._installed = False  # breakpoints may be set before the script (and tracing) starts
+
+    def install(self) -> None:
+        mon = self._mon
+        if mon.get_tool(self._tool) is not None:
+            self._tool = next(
+                (t for t in range(1, 6) if mon.get_tool(t) is None), self._tool
+            )  # another debugger holds the slot; take a free one rather than fail
+        mon.use_tool_id(self._tool, "mldbg")
+        mon.register_callback(self._tool, self._events.PY_START, self._on_start)
+        mon.register_callback(self._tool, self._events.LINE, self._on_line)
+        self._installed = True
+        self.refresh()
+
+    def uninstall(self) -> None:
+        if not self._installed:
+            return
+        self._installed = False
+        mon = self._mon
+        mon.set_events(self._tool, 0)
+        for code in list(self._lined):
+            mon.set_local_events(self._tool, code, 0)
+        mon.register_callback(self._tool, self._events.PY_START, None)
+        mon.register_callback(self._tool, self._events.LINE, None)
+        mon.free_tool_id(self._tool)
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _on_start(self, code: CodeType, offset: int) -> Any:
+        if code in self._lined:
+            return None
+        debugger = self.debugger
+        file = canonical_code_file(code.co_filename)
+        if debugger.wants_code(code, file):
+            self._enable_lines(code)
+            return None
+        step = debugger.step
+        if step is not None and step.kind == "into" and not debugger.pause_requested:
+            # Another thread may reach this code while the stepping thread needs it later:
+            # DISABLE would silence it for every thread, so only decline this once.
+            return None
+        return self._disable
+
+    def _on_line(self, code: CodeType, line: int) -> Any:
+        frame: FrameType = sys._getframe(1)
+        if self.debugger.on_line(frame, canonical_code_file(code.co_filename), line):
+            return None
+        return self._disable
+
+    # -- changes ----------------------------------------------------------------------------
+
+    def _enable_lines(self, code: CodeType) -> None:
+        if not self._installed:
+            return
+        with self._lock:
+            self._mon.set_local_events(self._tool, code, self._events.LINE)
+            self._lined.add(code)
+
+    def refresh(self) -> None:
+        """Re-arm for the debugger's current state and forget every DISABLE answered so far.
+
+        Code objects armed for a finished step or pause lose their LINE events; those
+        holding a breakpoint keep them, since one of their frames may be running a loop.
+        """
+        if not self._installed:
+            return
+        table = self.debugger.breakpoints
+        with self._lock:
+            for code in list(self._lined):
+                if not table.lines_in_code(code, canonical_code_file(code.co_filename)):
+                    self._mon.set_local_events(self._tool, code, 0)
+                    self._lined.discard(code)
+        self.refresh_globals()
+
+    def breakpoints_changed(self) -> None:
+        self.refresh()
+        table = self.debugger.breakpoints
+        for frame in _running_frames():
+            code = frame.f_code
+            if table.lines_in_code(code, canonical_code_file(code.co_filename)):
+                self._enable_lines(code)
+
+    def arm_stack(self, frame: FrameType | None) -> None:
+        while frame is not None:
+            self._enable_lines(frame.f_code)
+            frame = frame.f_back
+        self.refresh_globals()
+
+    def arm_all_threads(self) -> None:
+        """Pausing turns LINE on globally (in refresh); nothing per frame is needed."""
+
+    def refresh_globals(self) -> None:
+        """Global events: PY_START while anything could stop, LINE everywhere while pausing."""
+        if not self._installed:
+            return
+        with self._lock:
+            wanted = self._events.PY_START if (self.debugger.breakpoints or self.debugger.active) else 0
+            if self.debugger.pause_requested:
+                wanted |= self._events.LINE
+            self._mon.set_events(self._tool, wanted)
+            self._mon.restart_events()
+
+
+def _running_frames() -> list[FrameType]:
+    frames = []
+    for top in sys._current_frames().values():
+        frame: FrameType | None = top
+        while frame is not None:
+            frames.append(frame)
+            frame = frame.f_back
+    return frames

@@ -1,0 +1,101 @@
+"""Tracer backend for Python 3.10 / 3.11: ``sys.settrace``, decided once per code object.
+
+The global trace function only answers "does this code object need line events?" from a
+cache, returning ``None`` for everything else, so a function without breakpoints costs
+one dictionary lookup per call and nothing per line.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import CodeType, FrameType
+from typing import TYPE_CHECKING, Any
+
+from .paths import canonical_code_file
+
+if TYPE_CHECKING:
+    from .debugger import Debugger
+
+
+class SettraceBackend:
+    name = "settrace"
+
+    def __init__(self, debugger: Debugger) -> None:
+        self.debugger = debugger
+        self._decisions: dict[CodeType, bool] = {}
+
+    def install(self) -> None:
+        threading.settrace(self._global)
+        sys.settrace(self._global)
+
+    def uninstall(self) -> None:
+        threading.settrace(None)  # type: ignore[arg-type]
+        sys.settrace(None)
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+        debugger = self.debugger
+        code = frame.f_code
+        if debugger.active:
+            if debugger.wants_code(code, canonical_code_file(code.co_filename)):
+                return self._local
+            return None
+        decision = self._decisions.get(code)
+        if decision is None:
+            decision = bool(debugger.breakpoints.lines_in_code(code, canonical_code_file(code.co_filename)))
+            self._decisions[code] = decision
+        return self._local if decision else None
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            code = frame.f_code
+            file = canonical_code_file(code.co_filename)
+            if not self.debugger.on_line(frame, file, frame.f_lineno) and not (
+                self.debugger.breakpoints.lines_in_code(code, file)
+            ):
+                # Armed for a step or a pause that is over: stop paying for this frame's lines.
+                frame.f_trace = None
+                return None
+        return self._local
+
+    # -- changes ----------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Nothing to re-arm: the global function reads the debugger's state on every call."""
+
+    def breakpoints_changed(self) -> None:
+        self._decisions = {}
+        # Frames already running (a loop at module level, say) never see a new 'call' event:
+        # give those that now hold a breakpoint a local trace function directly.
+        table = self.debugger.breakpoints
+        for frame in _running_frames():
+            code = frame.f_code
+            if table.lines_in_code(code, canonical_code_file(code.co_filename)):
+                self._attach(frame)
+
+    def arm_stack(self, frame: FrameType | None) -> None:
+        """A step needs line events in the frame it began in and in every caller."""
+        while frame is not None:
+            self._attach(frame)
+            frame = frame.f_back
+
+    def arm_all_threads(self) -> None:
+        for frame in _running_frames():
+            self._attach(frame)
+
+    def _attach(self, frame: FrameType) -> None:
+        if frame.f_trace is None:
+            frame.f_trace = self._local
+        frame.f_trace_lines = True
+
+
+def _running_frames() -> list[FrameType]:
+    frames = []
+    for top in sys._current_frames().values():
+        frame: FrameType | None = top
+        while frame is not None:
+            frames.append(frame)
+            frame = frame.f_back
+    return frames

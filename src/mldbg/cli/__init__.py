@@ -1,0 +1,1 @@
+"""The mldbg command line."""

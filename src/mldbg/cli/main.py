@@ -1,0 +1,341 @@
+"""``mldbg``: every verb is one REST call (or a short loop of them) plus rendering.
+
+Human output by default; ``--json`` prints the daemon's JSON unchanged.  Errors exit 1
+with ``{"error": ..., "code": ...}`` (2 for usage errors), saying what to do next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import MldbgError
+from . import render
+from .client import Daemon, connect
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+PROGRESS_EVERY = 5.0
+SLICE = 10.0
+
+_LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::(?P<cond>.*))?$")
+
+
+class UsageError(MldbgError):
+    code = "usage"
+
+
+def parse_location(spec: str, line: str | None = None) -> tuple[str, int, str | None]:
+    """``FILE:LINE[:COND]`` or ``FILE`` + ``LINE``; relative files resolve against this cwd."""
+    if line is not None:
+        if not line.isdigit():
+            raise UsageError(f"line must be a number, not {line!r}")
+        file, number, cond = spec, int(line), None
+    else:
+        match = _LOCATION.match(spec)
+        if not match:
+            raise UsageError(f"expected FILE:LINE (or FILE LINE), got {spec!r}")
+        file, number, cond = match["file"], int(match["line"]), match["cond"] or None
+    return os.path.abspath(os.path.expanduser(file)), number, cond
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env takes KEY=VALUE, got {pair!r}")
+        env[key] = value
+    return env
+
+
+# -- verbs --------------------------------------------------------------------------------------
+
+
+def cmd_start(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    if a.module:
+        script, module, args = None, a.module, ([a.target] if a.target else []) + a.args
+    else:
+        if not a.target:
+            raise UsageError("give a script to run: mldbg start SCRIPT [ARGS...] (or -m MODULE)")
+        script, module, args = a.target, None, a.args
+    breakpoints = []
+    for spec in a.breaks:
+        file, line, cond = parse_location(spec)
+        breakpoints.append({"file": file, "line": line, "condition": cond})
+    body = {
+        "script": script,
+        "module": module,
+        "args": args,
+        "python": a.python,
+        "cwd": os.path.abspath(a.cwd) if a.cwd else os.getcwd(),
+        "env": dict(os.environ),
+        "env_overrides": parse_env(a.env),
+        "breakpoints": breakpoints,
+        "stop_on_entry": not a.run,
+        "replace": a.replace,
+        "wait": 30.0,
+    }
+    data = d.session(a.session, "start", json=body)
+    return data, render.state
+
+
+def cmd_break(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    file, line, cond = parse_location(a.location, a.line)
+    body = {"file": file, "line": line, "condition": a.condition or cond, "hits": a.hits, "log": a.log}
+    data = d.session(a.session, "breakpoints", json=body)
+    return data, lambda bp: render.out.print("breakpoint " + render.breakpoint_line(bp))
+
+
+def cmd_breaks(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.session(a.session, "breakpoints", method="GET"), render.breakpoints
+
+
+def cmd_remove(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    file, line, _ = parse_location(a.location, a.line)
+    data = d.session(a.session, "breakpoints/remove", json={"file": file, "line": line})
+    return data, lambda bp: render.out.print(f"removed {render.breakpoint_line(bp)}")
+
+
+def cmd_clear(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    data = d.session(a.session, "breakpoints/clear")
+    return data, lambda r: render.out.print(f"removed {r['removed']} breakpoint(s)")
+
+
+def _wait_loop(d: Daemon, a: argparse.Namespace, first: dict[str, Any], started: float) -> dict[str, Any]:
+    """Keep waiting in slices until a stop, the end, or --max-wait; say so while waiting."""
+    data = first
+    last_note = started
+    while data.get("state") == "running":
+        elapsed = time.monotonic() - started
+        remaining = a.max_wait - elapsed
+        if remaining <= 0:
+            break
+        if time.monotonic() - last_note >= PROGRESS_EVERY:
+            render.err.print(f"[dim]still running ({elapsed:.0f} s)…[/]")
+            last_note = time.monotonic()
+        data = d.session(a.session, "wait", json={"wait": min(SLICE, remaining, PROGRESS_EVERY)})
+    return data
+
+
+def cmd_continue(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    started = time.monotonic()
+    wait = 0.0 if a.no_wait else min(SLICE, a.max_wait, PROGRESS_EVERY)
+    data = d.session(a.session, "continue", json={"wait": wait})
+    if not a.no_wait:
+        data = _wait_loop(d, a, data, started)
+    return data, render.state
+
+
+def cmd_step(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    started = time.monotonic()
+    body = {"kind": a.kind, "into_libraries": a.into_libraries, "wait": min(SLICE, a.max_wait)}
+    data = d.session(a.session, "step", json=body)
+    return _wait_loop(d, a, data, started), render.state
+
+
+def cmd_pause(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.session(a.session, "pause", json={"wait": 5.0}), render.state
+
+
+def cmd_status(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.session(a.session, "", method="GET"), render.state
+
+
+def cmd_location(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.session(a.session, "location", method="GET"), render.state
+
+
+def cmd_stack(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.session(a.session, "stack", method="GET"), render.stack
+
+
+def cmd_frame(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.session(a.session, "frame", json={"index": a.index}), render.frame
+
+
+def cmd_up(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.session(a.session, "frame", json={"move": a.count}), render.frame
+
+
+def cmd_down(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.session(a.session, "frame", json={"move": -a.count}), render.frame
+
+
+def cmd_vars(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.session(a.session, "variables", method="GET", params={"all": a.all}), render.variables
+
+
+def cmd_eval(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    expression = sys.stdin.read() if a.expression == "-" else a.expression
+    return d.session(a.session, "eval", json={"expression": expression}), render.evaluation
+
+
+def cmd_output(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    params = {"tail": a.tail} if a.tail is not None else None
+    data = d.session(a.session, "output", method="GET", params=params)
+    return data, lambda r: sys.stdout.write(r["output"])
+
+
+def cmd_terminate(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.session(a.session, "terminate"), render.state
+
+
+def cmd_sessions(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    return d.call("GET", "/v1/sessions"), render.sessions
+
+
+VERBS: dict[str, Callable[[Daemon, argparse.Namespace], tuple[Any, Callable[[Any], None]]]] = {
+    name[4:]: fn for name, fn in globals().items() if name.startswith("cmd_")
+}
+
+
+# -- parser -------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--session", "-s", default=argparse.SUPPRESS, help="session name (default: default)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+
+    parser = argparse.ArgumentParser(
+        prog="mldbg",
+        description="Debugger for PyTorch and MLX model code.",
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+
+    def verb(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common], description=help)
+
+    p = verb("start", "start a script under the debugger (stops before its first line)")
+    p.add_argument("-m", dest="module", help="run a module, as python -m does")
+    p.add_argument("--python", help="interpreter to run it with (default: the active venv's python)")
+    p.add_argument("--cwd", help="working directory for the script (default: here)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="set an environment variable")
+    p.add_argument(
+        "--break", dest="breaks", action="append", default=[], metavar="FILE:LINE[:COND]", help="breakpoint set before anything runs"
+    )
+    p.add_argument("--run", action="store_true", help="don't stop at the first line")
+    p.add_argument("--replace", action="store_true", help="terminate a live session of the same name first")
+    p.add_argument("target", nargs="?", default=None, help="script path, then its arguments")
+
+    p = verb("break", "set a breakpoint (FILE:LINE or FILE LINE)")
+    p.add_argument("location")
+    p.add_argument("line", nargs="?")
+    p.add_argument("--if", dest="condition", help="stop only when this expression is true")
+    p.add_argument("--hits", help="N: stop on the Nth hit; >=N: from the Nth on; %%N: every Nth")
+    p.add_argument("--log", help='print this instead of stopping; {expr} is filled in, e.g. "x={x.shape}"')
+
+    verb("breaks", "list breakpoints")
+    p = verb("remove", "remove a breakpoint")
+    p.add_argument("location")
+    p.add_argument("line", nargs="?")
+    verb("clear", "remove all breakpoints")
+
+    p = verb("continue", "resume and wait for the next stop or the end")
+    p.add_argument("--max-wait", type=float, default=60.0, help="seconds to wait (default 60)")
+    p.add_argument("--no-wait", action="store_true", help="return at once")
+
+    p = verb("step", "step over, into or out")
+    p.add_argument("kind", choices=["over", "into", "out"])
+    p.add_argument("--into-libraries", action="store_true", help="also stop in library code")
+    p.add_argument("--max-wait", type=float, default=60.0)
+
+    verb("pause", "stop the running script at its next line of Python")
+    verb("status", "the session's state")
+    verb("location", "where the session is paused, with code")
+    verb("stack", "the paused thread's frames (0 = innermost)")
+    p = verb("frame", "select frame N for vars and eval")
+    p.add_argument("index", type=int)
+    p = verb("up", "select the caller's frame")
+    p.add_argument("count", type=int, nargs="?", default=1)
+    p = verb("down", "select the callee's frame")
+    p.add_argument("count", type=int, nargs="?", default=1)
+    p = verb("vars", "variables of the selected frame, tensors summarized")
+    p.add_argument("--all", action="store_true", help="include globals")
+    p = verb("eval", "evaluate code in the selected frame ('-' reads stdin)")
+    p.add_argument("expression")
+    p = verb("output", "the script's captured stdout and stderr")
+    p.add_argument("--tail", type=int, help="only the last N lines")
+    verb("terminate", "end the script")
+    verb("sessions", "list sessions")
+    p = verb("serve", "run the daemon in the foreground (clients start it on demand)")
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
+    p.add_argument("--stop", action="store_true", help="stop the running daemon and its sessions")
+    p = verb("demo", "a scripted session on the bundled tiny PyTorch model")
+    p.add_argument("--keep", action="store_true", help="leave the demo session open")
+    return parser
+
+
+def _emit_error(exc: MldbgError, as_json: bool) -> None:
+    payload = exc.to_json()
+    if as_json:
+        print(json.dumps(payload, indent=2, default=str))
+    else:
+        render.error(payload)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Options of ``start`` may come before or after the script; the script gets the rest.
+
+    Everything after ``--`` goes to the script untouched, for scripts whose own options
+    share a name with one of mldbg's.
+    """
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, extras = parser.parse_known_args(argv[:cut])
+    if args.verb != "start" and (extras or cut < len(argv)):
+        parser.error(f"unrecognized arguments: {' '.join(extras + argv[cut:])}")
+    if args.verb == "start":
+        args.args = extras + argv[cut + 1 :]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parse_args(parser, list(sys.argv[1:] if argv is None else argv))
+    as_json = bool(getattr(args, "json", False))
+    args.session = getattr(args, "session", "default")
+    try:
+        if args.verb == "serve":
+            if args.stop:
+                data = connect(autostart=False).call("POST", "/v1/shutdown")
+                if not as_json:
+                    render.out.print(f"stopped the mldbg daemon (pid {data['pid']})")
+                else:
+                    print(json.dumps(data))
+                return 0
+            from ..server.serve import serve
+
+            serve(args.port)
+            return 0
+        if args.verb == "demo":
+            from .demo import run_demo
+
+            return run_demo(session=args.session if args.session != "default" else "demo", keep=args.keep, as_json=as_json)
+        daemon = connect()
+        data, show = VERBS[args.verb](daemon, args)
+    except UsageError as exc:
+        _emit_error(exc, as_json)
+        return EXIT_USAGE
+    except MldbgError as exc:
+        _emit_error(exc, as_json)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        show(data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Human output for each kind of answer; ``--json`` bypasses all of this."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def where(location: dict[str, Any] | None) -> str:
+    if not location:
+        return "?"
+    return f"{location.get('file')}:{location.get('line')} in {location.get('function')}()"
+
+
+def code_block(location: dict[str, Any] | None) -> None:
+    if not location or not location.get("code"):
+        return
+    current = location.get("line")
+    for line, text in location["code"]:
+        marker = "[bold green]->[/]" if line == current else "  "
+        style = "bold" if line == current else "dim"
+        out.print(f"{marker} [{style}]{line:>5}  {escape(text)}[/]")
+
+
+def state(data: dict[str, Any]) -> None:
+    name = data.get("session")
+    kind = data.get("state")
+    if kind == "paused":
+        reason = data.get("reason")
+        head = f"[bold]{name}[/]: paused ({reason}) at {escape(where(data.get('location')))}"
+        thread = data.get("thread") or {}
+        if thread.get("name") and thread.get("name") != "MainThread":
+            head += f" [dim]thread {escape(str(thread['name']))}[/]"
+        out.print(head)
+        if data.get("condition_error"):
+            out.print(f"[yellow]{escape(data['condition_error'])}[/]")
+        exception = data.get("exception")
+        if exception:
+            out.print(f"[red]{escape(exception['type'])}: {escape(exception['message'])}[/]")
+        checkpoint = data.get("checkpoint")
+        if checkpoint:
+            out.print(f"checkpoint {escape(str(checkpoint.get('name')))} (hit {checkpoint.get('hit_count')})")
+        code_block(data.get("location"))
+    elif kind == "running":
+        out.print(f"[bold]{name}[/]: running (pid {data.get('pid')})")
+    elif kind in ("exited", "crashed"):
+        how = f"signal {data.get('signal')}" if data.get("signal") else f"exit code {data.get('exit_code')}"
+        colour = "red" if kind == "crashed" or data.get("exit_code") else "green"
+        out.print(f"[bold]{name}[/]: [{colour}]{kind}[/] ({how})")
+        exception = data.get("exception")
+        if exception and exception.get("traceback"):
+            out.print(f"[red]{escape(exception['traceback'].rstrip())}[/]")
+        elif data.get("output_tail"):
+            out.print("[dim]last output:[/]")
+            out.print(escape(data["output_tail"].rstrip()))
+    else:
+        out.print(f"[bold]{name}[/]: {kind}")
+
+
+def evaluation(data: dict[str, Any]) -> None:
+    out.print(escape(str(data.get("result"))))
+
+
+def stack(data: dict[str, Any]) -> None:
+    selected = data.get("selected", 0)
+    for frame in data.get("frames", []):
+        mark = "[bold green]>[/]" if frame["index"] == selected else " "
+        out.print(f"{mark} #{frame['index']:<3} {escape(where(frame))}")
+
+
+def frame(data: dict[str, Any]) -> None:
+    info = data.get("frame") or {}
+    out.print(f"frame #{data.get('selected')}: {escape(where(info))}")
+    code_block(info)
+
+
+def variables(data: dict[str, Any]) -> None:
+    table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+    table.add_column("name")
+    table.add_column("type", style="cyan")
+    table.add_column("value", overflow="fold")
+    for var in data.get("variables", []):
+        name = var["name"] if var.get("scope") == "local" else f"{var['name']} [dim](global)[/]"
+        table.add_row(name if var.get("scope") != "local" else escape(name), escape(var["type"]), escape(var["summary"]))
+    out.print(table)
+    if data.get("truncated"):
+        out.print("[dim](more variables not shown)[/]")
+
+
+def breakpoints(data: dict[str, Any]) -> None:
+    items = data.get("breakpoints", [])
+    if not items:
+        out.print("no breakpoints")
+        return
+    for bp in items:
+        out.print(breakpoint_line(bp))
+
+
+def breakpoint_line(bp: dict[str, Any]) -> str:
+    parts = [f"#{bp['id']} {escape(bp['file'])}:{bp['line']}"]
+    if bp.get("condition"):
+        parts.append(f"if {escape(bp['condition'])}")
+    if bp.get("hits"):
+        parts.append(f"hits {escape(str(bp['hits']))}")
+    if bp.get("log"):
+        parts.append(f"log {escape(repr(bp['log']))}")
+    parts.append(f"[dim](hit {bp.get('hit_count', 0)}x)[/]")
+    return " ".join(parts)
+
+
+def sessions(data: dict[str, Any]) -> None:
+    items = data.get("sessions", [])
+    if not items:
+        out.print("no sessions")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("session", "state", "pid", "where", "run"):
+        table.add_column(column)
+    for s in items:
+        place = where(s.get("location")) if s.get("state") == "paused" else ""
+        if s.get("state") in ("exited", "crashed"):
+            place = f"signal {s['signal']}" if s.get("signal") else f"exit code {s.get('exit_code')}"
+        table.add_row(s["session"], s["state"], str(s.get("pid")), escape(place), s.get("run_id") or "")
+    out.print(table)
+
+
+def error(payload: dict[str, Any]) -> None:
+    err.print(f"[bold red]error:[/] {escape(str(payload.get('error')))}")
+    tail = payload.get("output_tail")
+    if tail:
+        err.print("[dim]last output of the script:[/]")
+        err.print(escape(tail.rstrip()))

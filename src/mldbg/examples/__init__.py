@@ -1,0 +1,1 @@
+"""Small models bundled for the tutorial, the demo and the tests."""

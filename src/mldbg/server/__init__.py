@@ -1,0 +1,1 @@
+"""The mldbg daemon: sessions, the REST API and (later) the MCP server."""

@@ -1,0 +1,125 @@
+"""The classic ``/debug/...`` routes, for people and tools used to that workflow.
+
+They act on the ``default`` session and wrap every answer in the envelope
+``{"success", "message", "data", "error"}``.  Each route calls the same Session methods
+as the versioned API; nothing here has behaviour of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from ..errors import MldbgError
+from .sessions import SessionManager, StartRequest
+
+DEFAULT = "default"
+STEP_WAIT = 10.0
+
+
+class ClassicStart(BaseModel):
+    script_path: str
+    args: list[str] = []
+    cwd: str | None = None
+    python: str | None = None
+    stop_on_entry: bool = True
+
+
+class ClassicBreakpoint(BaseModel):
+    file_path: str
+    line: int
+    condition: str | None = None
+
+
+class ClassicEval(BaseModel):
+    expression: str
+
+
+def _envelope(message: str, action: Callable[[], Any]) -> JSONResponse:
+    try:
+        data = action()
+    except MldbgError as exc:
+        return JSONResponse(
+            status_code=exc.status,
+            content={"success": False, "message": exc.message, "data": exc.extra or None, "error": exc.code},
+        )
+    return JSONResponse(content={"success": True, "message": message, "data": data, "error": None})
+
+
+def classic_router(manager: SessionManager) -> APIRouter:
+    router = APIRouter(prefix="/debug", tags=["classic"])
+
+    def default() -> Any:
+        return manager.get(DEFAULT)
+
+    @router.post("/start")
+    def start(body: ClassicStart) -> JSONResponse:
+        def run() -> Any:
+            request = StartRequest(
+                script=body.script_path,
+                args=body.args,
+                cwd=body.cwd,
+                python=body.python,
+                stop_on_entry=body.stop_on_entry,
+                replace=True,
+            )
+            return manager.start(DEFAULT, request).wait(30.0 if body.stop_on_entry else 0.0)
+
+        return _envelope("started", run)
+
+    @router.post("/breakpoint")
+    def breakpoint(body: ClassicBreakpoint) -> JSONResponse:
+        spec = {"file": body.file_path, "line": body.line, "condition": body.condition}
+        return _envelope("breakpoint set", lambda: default().command("set_breakpoint", spec))
+
+    @router.post("/breakpoint/remove")
+    def remove(body: ClassicBreakpoint) -> JSONResponse:
+        spec = {"file": body.file_path, "line": body.line}
+        return _envelope("breakpoint removed", lambda: default().command("remove_breakpoint", spec))
+
+    @router.get("/breakpoints")
+    def breakpoints() -> JSONResponse:
+        return _envelope("breakpoints", lambda: default().command("list_breakpoints"))
+
+    @router.post("/breakpoints/clear")
+    def clear() -> JSONResponse:
+        return _envelope("breakpoints cleared", lambda: default().command("clear_breakpoints"))
+
+    @router.post("/continue_async")
+    def continue_async() -> JSONResponse:
+        return _envelope("continued", lambda: default().resume("continue", None, 0.0))
+
+    @router.post("/step/{kind}")
+    def step(kind: str) -> JSONResponse:
+        def run() -> Any:
+            if kind not in ("over", "into", "out"):
+                raise MldbgError(f"unknown step kind {kind!r}: use over, into or out", code="bad_step", status=404)
+            return default().resume("step", {"kind": kind}, STEP_WAIT)
+
+        return _envelope(f"stepped {kind}", run)
+
+    @router.post("/evaluate")
+    def evaluate(body: ClassicEval) -> JSONResponse:
+        return _envelope("evaluated", lambda: default().evaluate(body.expression))
+
+    @router.get("/location")
+    def location() -> JSONResponse:
+        return _envelope("location", lambda: default().paused_command("location"))
+
+    @router.get("/status")
+    def status() -> JSONResponse:
+        return _envelope("status", lambda: default().snapshot())
+
+    @router.get("/variables")
+    def variables() -> JSONResponse:
+        return _envelope("variables", lambda: default().paused_command("variables", {"all": False}))
+
+    @router.post("/terminate")
+    def terminate() -> JSONResponse:
+        return _envelope("terminated", lambda: default().terminate())
+
+    return router

@@ -1,0 +1,216 @@
+"""Shared fixtures: one real daemon per test run, real debuggee processes, real HTTP.
+
+The daemon runs as a subprocess on loopback with its own config directory, so tests
+never touch ``~/.mldbg``.  Each test gets its own session name and its own scripts.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_names = itertools.count(1)
+
+
+def find_python(version: str) -> str | None:
+    """A working interpreter of this minor version: installed by pyenv, or on the PATH.
+
+    pyenv's shims are on the PATH but refuse to run versions that are not selected, so
+    each candidate is tried before it is used.
+    """
+    pattern = os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")
+    candidates = sorted(glob.glob(pattern), reverse=True)
+    found = shutil.which(f"python{version}")
+    if found:
+        candidates.append(found)
+    for candidate in candidates:
+        probe = subprocess.run([candidate, "-c", "pass"], capture_output=True)
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+# The engine runs against both tracer backends: settrace (3.10/3.11) and sys.monitoring (3.12+).
+BACKEND_PYTHONS = {
+    "settrace": sys.executable if sys.version_info < (3, 12) else find_python("3.11"),
+    "monitoring": sys.executable if sys.version_info >= (3, 12) else find_python("3.12"),
+}
+
+
+def backend_params() -> list[Any]:
+    params = []
+    for name, python in BACKEND_PYTHONS.items():
+        marks = [] if python else [pytest.mark.skip(reason=f"no interpreter for the {name} backend")]
+        params.append(pytest.param(python, id=name, marks=marks))
+    return params
+
+
+class Api:
+    """A real HTTP client for the test daemon, raising on unexpected statuses."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.info = info
+        self.http = httpx.Client(
+            base_url=info["url"], headers={"Authorization": f"Bearer {info['token']}"}, timeout=90
+        )
+
+    def request(self, method: str, path: str, expect: int = 200, **kwargs: Any) -> Any:
+        response = self.http.request(method, path, **kwargs)
+        assert response.status_code == expect, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json()
+
+    def get(self, path: str, expect: int = 200, **kwargs: Any) -> Any:
+        return self.request("GET", path, expect, **kwargs)
+
+    def post(self, path: str, body: Any = None, expect: int = 200) -> Any:
+        return self.request("POST", path, expect, json=body if body is not None else {})
+
+
+class Session:
+    """One named debug session driven over REST, with small helpers for the common calls."""
+
+    def __init__(self, api: Api, name: str, cwd: Path) -> None:
+        self.api = api
+        self.name = name
+        self.cwd = cwd
+        self.base = f"/v1/sessions/{name}"
+
+    def start(self, script: str | Path, *args: str, python: str | None = None, expect: int = 200, **body: Any) -> Any:
+        payload = {"script": str(script), "args": list(args), "cwd": str(self.cwd), "python": python, **body}
+        payload.setdefault("env", {**os.environ, "MLDBG_HOME": str(self.cwd / ".mldbg")})
+        return self.api.post(f"{self.base}/start", payload, expect)
+
+    def state(self) -> Any:
+        return self.api.get(self.base)
+
+    def cont(self, wait: float = 20.0, expect: int = 200) -> Any:
+        return self.api.post(f"{self.base}/continue", {"wait": wait}, expect)
+
+    def step(self, kind: str, wait: float = 20.0, **extra: Any) -> Any:
+        return self.api.post(f"{self.base}/step", {"kind": kind, "wait": wait, **extra})
+
+    def wait(self, wait: float = 20.0) -> Any:
+        return self.api.post(f"{self.base}/wait", {"wait": wait})
+
+    def eval(self, expression: str, expect: int = 200) -> Any:
+        return self.api.post(f"{self.base}/eval", {"expression": expression}, expect)
+
+    def value(self, expression: str) -> Any:
+        return self.eval(expression)["result"]
+
+    def brk(self, file: str | Path, line: int, expect: int = 200, **extra: Any) -> Any:
+        return self.api.post(f"{self.base}/breakpoints", {"file": str(file), "line": line, **extra}, expect)
+
+    def stack(self) -> Any:
+        return self.api.get(f"{self.base}/stack")
+
+    def output(self) -> str:
+        return self.api.get(f"{self.base}/output")["output"]
+
+    def terminate(self) -> Any:
+        return self.api.post(f"{self.base}/terminate")
+
+    def run_to_end(self, wait: float = 30.0) -> Any:
+        state = self.cont(wait)
+        deadline = time.monotonic() + 60
+        while state["state"] in ("paused", "running") and time.monotonic() < deadline:
+            state = self.cont(wait) if state["state"] == "paused" else self.wait(wait)
+        return state
+
+
+@pytest.fixture(scope="session")
+def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("config")
+
+
+@pytest.fixture(scope="session")
+def daemon(config_dir: Path) -> Iterator[dict[str, Any]]:
+    env = {**os.environ, "MLDBG_CONFIG_DIR": str(config_dir)}
+    log = open(config_dir / "daemon.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mldbg", "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    server_json = config_dir / "server.json"
+    deadline = time.monotonic() + 30
+    info = None
+    while time.monotonic() < deadline:
+        if server_json.exists():
+            info = json.loads(server_json.read_text())
+            if info.get("pid") == process.pid:
+                break
+        assert process.poll() is None, (config_dir / "daemon.log").read_text()
+        time.sleep(0.05)
+    assert info is not None, "daemon did not start"
+    yield info
+    process.terminate()
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def api(daemon: dict[str, Any]) -> Api:
+    return Api(daemon)
+
+
+@pytest.fixture
+def session(api: Api, tmp_path: Path) -> Iterator[Session]:
+    s = Session(api, f"t{next(_names)}", tmp_path)
+    yield s
+    api.http.post(f"{s.base}/terminate")
+
+
+@pytest.fixture
+def write(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Write a dedented script into the test's directory and return its path."""
+
+    def _write(name: str, source: str) -> Path:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source).lstrip("\n"))
+        return path
+
+    return _write
+
+
+def line_of(path: Path, marker: str) -> int:
+    """The 1-based line holding ``marker``, so tests never hard-code line numbers."""
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        if marker in text:
+            return number
+    raise AssertionError(f"{marker!r} not in {path}")
+
+
+@pytest.fixture
+def cli(config_dir: Path, daemon: dict[str, Any], tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Run the real ``mldbg`` command against the test daemon, in the test's directory."""
+
+    def _cli(*args: str, expect: int | None = 0, stdin: str | None = None, json_out: bool = False) -> Any:
+        argv = [sys.executable, "-m", "mldbg", *args]
+        if json_out:
+            argv.append("--json")
+        env = {**os.environ, "MLDBG_CONFIG_DIR": str(config_dir), "MLDBG_HOME": str(tmp_path / ".mldbg")}
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, input=stdin, capture_output=True, text=True, timeout=120)
+        if expect is not None:
+            assert proc.returncode == expect, f"{args}: rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        if json_out:
+            return json.loads(proc.stdout)
+        return proc
+
+    return _cli

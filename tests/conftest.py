@@ -54,7 +54,9 @@ BACKEND_PYTHONS = {
 def backend_params() -> list[Any]:
     params = []
     for name, python in BACKEND_PYTHONS.items():
-        marks = [] if python else [pytest.mark.skip(reason=f"no interpreter for the {name} backend")]
+        marks = (
+            [] if python else [pytest.mark.skip(reason=f"no interpreter for the {name} backend")]
+        )
         params.append(pytest.param(python, id=name, marks=marks))
     return params
 
@@ -70,7 +72,9 @@ class Api:
 
     def request(self, method: str, path: str, expect: int = 200, **kwargs: Any) -> Any:
         response = self.http.request(method, path, **kwargs)
-        assert response.status_code == expect, f"{method} {path}: {response.status_code} {response.text}"
+        assert response.status_code == expect, (
+            f"{method} {path}: {response.status_code} {response.text}"
+        )
         return response.json()
 
     def get(self, path: str, expect: int = 200, **kwargs: Any) -> Any:
@@ -89,8 +93,21 @@ class Session:
         self.cwd = cwd
         self.base = f"/v1/sessions/{name}"
 
-    def start(self, script: str | Path, *args: str, python: str | None = None, expect: int = 200, **body: Any) -> Any:
-        payload = {"script": str(script), "args": list(args), "cwd": str(self.cwd), "python": python, **body}
+    def start(
+        self,
+        script: str | Path,
+        *args: str,
+        python: str | None = None,
+        expect: int = 200,
+        **body: Any,
+    ) -> Any:
+        payload = {
+            "script": str(script),
+            "args": list(args),
+            "cwd": str(self.cwd),
+            "python": python,
+            **body,
+        }
         payload.setdefault("env", {**os.environ, "MLDBG_HOME": str(self.cwd / ".mldbg")})
         return self.api.post(f"{self.base}/start", payload, expect)
 
@@ -113,7 +130,9 @@ class Session:
         return self.eval(expression)["result"]
 
     def brk(self, file: str | Path, line: int, expect: int = 200, **extra: Any) -> Any:
-        return self.api.post(f"{self.base}/breakpoints", {"file": str(file), "line": line, **extra}, expect)
+        return self.api.post(
+            f"{self.base}/breakpoints", {"file": str(file), "line": line, **extra}, expect
+        )
 
     def stack(self) -> Any:
         return self.api.get(f"{self.base}/stack")
@@ -201,14 +220,23 @@ def line_of(path: Path, marker: str) -> int:
 def cli(config_dir: Path, daemon: dict[str, Any], tmp_path: Path):  # type: ignore[no-untyped-def]
     """Run the real ``mldbg`` command against the test daemon, in the test's directory."""
 
-    def _cli(*args: str, expect: int | None = 0, stdin: str | None = None, json_out: bool = False) -> Any:
-        argv = [sys.executable, "-m", "mldbg", *args]
-        if json_out:
-            argv.append("--json")
-        env = {**os.environ, "MLDBG_CONFIG_DIR": str(config_dir), "MLDBG_HOME": str(tmp_path / ".mldbg")}
-        proc = subprocess.run(argv, cwd=tmp_path, env=env, input=stdin, capture_output=True, text=True, timeout=120)
+    def _cli(
+        *args: str, expect: int | None = 0, stdin: str | None = None, json_out: bool = False
+    ) -> Any:
+        # --json right after the verb: after a script name it would belong to the script.
+        argv = [sys.executable, "-m", "mldbg", *args[:1], *(["--json"] if json_out else []), *args[1:]]
+        env = {
+            **os.environ,
+            "MLDBG_CONFIG_DIR": str(config_dir),
+            "MLDBG_HOME": str(tmp_path / ".mldbg"),
+        }
+        proc = subprocess.run(
+            argv, cwd=tmp_path, env=env, input=stdin, capture_output=True, text=True, timeout=120
+        )
         if expect is not None:
-            assert proc.returncode == expect, f"{args}: rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            assert proc.returncode == expect, (
+                f"{args}: rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            )
         if json_out:
             return json.loads(proc.stdout)
         return proc

@@ -26,17 +26,24 @@ print("total", total)  # after loop
 
 
 def test_entry_stop_runs_script_exactly_like_python(session: Session, write, python: str) -> None:
-    script = write("prog.py", """
+    script = write(
+        "prog.py",
+        """
         import os, sys
         seen = (sys.argv, __name__, __file__, sys.path[0], os.environ.get("PYTHONPATH"), os.getcwd())
         print(seen)
-    """)
-    state = session.start(script, "--flag", "value", python=python, env={**os.environ, "PYTHONPATH": "/custom"})
+    """,
+    )
+    state = session.start(
+        script, "--flag", "value", python=python, env={**os.environ, "PYTHONPATH": "/custom"}
+    )
     assert state["state"] == "paused" and state["reason"] == "entry"
     assert state["location"]["line"] == 1 and state["location"]["file"] == str(script.resolve())
     expected_backend = "monitoring" if "3.12" in python or "3.13" in python else "settrace"
     assert state["backend"] == expected_backend
+    session.step("over")
     state = session.step("over")
+    assert state["location"]["line"] == 3
     argv, name, file, path0, pythonpath, cwd = eval(session.value("seen"))
     assert argv == [str(script), "--flag", "value"]
     assert name == "__main__" and file == str(script)
@@ -49,8 +56,17 @@ def test_entry_stop_runs_script_exactly_like_python(session: Session, write, pyt
 
 def test_breakpoint_condition_hits_and_logpoint(session: Session, write, python: str) -> None:
     script = write("loop.py", LOOP)
-    inner, call, after = line_of(script, "in double"), line_of(script, "call site"), line_of(script, "after loop")
-    session.start(script, python=python, stop_on_entry=False, breakpoints=[{"file": str(script), "line": inner, "condition": "x == 3"}])
+    inner, call, after = (
+        line_of(script, "in double"),
+        line_of(script, "call site"),
+        line_of(script, "after loop"),
+    )
+    session.start(
+        script,
+        python=python,
+        stop_on_entry=False,
+        breakpoints=[{"file": str(script), "line": inner, "condition": "x == 3"}],
+    )
     state = session.wait()
     assert state["reason"] == "breakpoint" and state["location"]["line"] == inner
     assert session.value("x") == "3"
@@ -84,7 +100,9 @@ def test_condition_that_raises_stops_and_says_so(session: Session, write, python
     assert "NameError" in state["condition_error"]
 
 
-def test_bad_breakpoints_are_refused_with_a_way_forward(session: Session, write, python: str) -> None:
+def test_bad_breakpoints_are_refused_with_a_way_forward(
+    session: Session, write, python: str
+) -> None:
     script = write("blank.py", "x = 1\n\n\n# comment\ny = 2\n")
     session.start(script, python=python)
     error = session.brk(script, 2, expect=400)
@@ -98,7 +116,9 @@ def test_bad_breakpoints_are_refused_with_a_way_forward(session: Session, write,
     assert "bad hit count" in error["error"]
 
 
-def test_breakpoint_paths_are_normalized(session: Session, write, python: str, tmp_path: Path) -> None:
+def test_breakpoint_paths_are_normalized(
+    session: Session, write, python: str, tmp_path: Path
+) -> None:
     script = write("real/model.py", LOOP)
     link = tmp_path / "linked"
     link.symlink_to(tmp_path / "real")
@@ -112,14 +132,19 @@ def test_breakpoint_paths_are_normalized(session: Session, write, python: str, t
 
 
 def test_step_over_into_out_with_just_my_code(session: Session, write, python: str) -> None:
-    helper = write("helper.py", """
+    helper = write(
+        "helper.py",
+        """
         import json
 
         def encode(value):
             text = json.dumps(value)  # in encode
             return text
-    """)
-    script = write("main.py", """
+    """,
+    )
+    script = write(
+        "main.py",
+        """
         import helper
 
         def run():
@@ -128,8 +153,13 @@ def test_step_over_into_out_with_just_my_code(session: Session, write, python: s
 
         result = run()  # top call
         print(result)
-    """)
-    session.start(script, python=python, breakpoints=[{"file": str(script), "line": line_of(script, "call encode")}])
+    """,
+    )
+    session.start(
+        script,
+        python=python,
+        breakpoints=[{"file": str(script), "line": line_of(script, "call encode")}],
+    )
     assert session.cont()["location"]["line"] == line_of(script, "call encode")
     state = session.step("into")
     assert state["location"]["file"] == str(helper.resolve())
@@ -147,19 +177,28 @@ def test_step_over_into_out_with_just_my_code(session: Session, write, python: s
 
 
 def test_step_into_libraries_when_asked(session: Session, write, python: str) -> None:
-    script = write("main.py", """
+    script = write(
+        "main.py",
+        """
         import json
         data = json.dumps([1])  # call dumps
         print(data)
-    """)
-    session.start(script, python=python, breakpoints=[{"file": str(script), "line": line_of(script, "call dumps")}])
+    """,
+    )
+    session.start(
+        script,
+        python=python,
+        breakpoints=[{"file": str(script), "line": line_of(script, "call dumps")}],
+    )
     session.cont()
     state = session.step("into", into_libraries=True)
     assert state["location"]["file"].endswith(os.path.join("json", "__init__.py"))
 
 
 def test_breakpoints_in_threads(session: Session, write, python: str) -> None:
-    script = write("threads.py", """
+    script = write(
+        "threads.py",
+        """
         import threading
 
         def work(n):
@@ -172,7 +211,8 @@ def test_breakpoints_in_threads(session: Session, write, python: str) -> None:
         for t in threads:
             t.join()
         print("joined")
-    """)
+    """,
+    )
     line = line_of(script, "in worker")
     session.start(script, python=python)
     session.brk(script, line)
@@ -187,15 +227,20 @@ def test_breakpoints_in_threads(session: Session, write, python: str) -> None:
     assert state["exit_code"] == 0 and "joined" in session.output()
 
 
-def test_pause_stops_a_busy_loop_and_breakpoint_set_while_running(session: Session, write, python: str) -> None:
-    script = write("spin.py", """
+def test_pause_stops_a_busy_loop_and_breakpoint_set_while_running(
+    session: Session, write, python: str
+) -> None:
+    script = write(
+        "spin.py",
+        """
         import time
         count = 0
         deadline = time.time() + 60
         while time.time() < deadline:
             count += 1  # spin
         print("done")
-    """)
+    """,
+    )
     session.start(script, python=python, stop_on_entry=False)
     assert session.state()["state"] == "running"
     state = session.api.post(f"{session.base}/pause", {"wait": 10})
@@ -217,7 +262,9 @@ def test_pause_stops_a_busy_loop_and_breakpoint_set_while_running(session: Sessi
 
 
 def test_uncaught_exception_is_post_mortem(session: Session, write, python: str) -> None:
-    script = write("boom.py", """
+    script = write(
+        "boom.py",
+        """
         def inner(values):
             scale = 0
             return [v / scale for v in values]  # raises
@@ -227,7 +274,8 @@ def test_uncaught_exception_is_post_mortem(session: Session, write, python: str)
             return inner(data)
 
         outer()
-    """)
+    """,
+    )
     session.start(script, python=python, stop_on_entry=False)
     state = session.wait()
     assert state["reason"] == "exception"
@@ -250,7 +298,9 @@ def test_uncaught_exception_is_post_mortem(session: Session, write, python: str)
 
 
 def test_exception_in_a_thread_is_post_mortem(session: Session, write, python: str) -> None:
-    script = write("tboom.py", """
+    script = write(
+        "tboom.py",
+        """
         import threading
 
         def work():
@@ -261,7 +311,8 @@ def test_exception_in_a_thread_is_post_mortem(session: Session, write, python: s
         t.start()
         t.join()
         print("main goes on")
-    """)
+    """,
+    )
     session.start(script, python=python, stop_on_entry=False)
     state = session.wait()
     assert state["reason"] == "exception" and state["thread"]["name"] == "w"
@@ -272,15 +323,22 @@ def test_exception_in_a_thread_is_post_mortem(session: Session, write, python: s
 
 
 def test_eval_multiline_imports_and_side_effects(session: Session, write, python: str) -> None:
-    script = write("ev.py", """
+    script = write(
+        "ev.py",
+        """
         def f():
             a = 1
             b = [1, 2, 3]  # stop here
             return a + len(b)
 
         print("result", f())
-    """)
-    session.start(script, python=python, breakpoints=[{"file": str(script), "line": line_of(script, "stop here")}])
+    """,
+    )
+    session.start(
+        script,
+        python=python,
+        breakpoints=[{"file": str(script), "line": line_of(script, "stop here")}],
+    )
     session.cont()
     result = session.eval("import math\nz = math.sqrt(16)\nz + a")
     assert result["result"] == "5.0" and result["type"] == "float"
@@ -301,7 +359,9 @@ def test_eval_multiline_imports_and_side_effects(session: Session, write, python
 
 
 def test_variables_and_frames(session: Session, write, python: str) -> None:
-    script = write("vars.py", """
+    script = write(
+        "vars.py",
+        """
         GLOBAL_CONST = 7
 
         def g(n):
@@ -309,8 +369,11 @@ def test_variables_and_frames(session: Session, write, python: str) -> None:
             return local_list  # here
 
         g(3)
-    """)
-    session.start(script, python=python, breakpoints=[{"file": str(script), "line": line_of(script, "here")}])
+    """,
+    )
+    session.start(
+        script, python=python, breakpoints=[{"file": str(script), "line": line_of(script, "here")}]
+    )
     session.cont()
     data = session.api.get(f"{session.base}/variables")
     by_name = {v["name"]: v for v in data["variables"]}
@@ -325,12 +388,17 @@ def test_variables_and_frames(session: Session, write, python: str) -> None:
     assert session.api.post(f"{session.base}/frame", {"index": 0})["frame"]["function"] == "g"
 
 
-def test_segfault_and_os_exit_leave_the_daemon_running(session: Session, write, python: str, api) -> None:
-    crash = write("crash.py", """
+def test_segfault_and_os_exit_leave_the_daemon_running(
+    session: Session, write, python: str, api
+) -> None:
+    crash = write(
+        "crash.py",
+        """
         import ctypes
         print("about to crash", flush=True)
         ctypes.string_at(0)
-    """)
+    """,
+    )
     session.start(crash, python=python, stop_on_entry=False)
     state = session.wait()
     assert state["state"] == "crashed" and state["signal"] == "SIGSEGV"
@@ -349,10 +417,13 @@ def test_segfault_and_os_exit_leave_the_daemon_running(session: Session, write, 
 
 def test_run_module_with_dash_m(session: Session, write, python: str) -> None:
     write("pkg/__init__.py", "")
-    write("pkg/tool.py", """
+    write(
+        "pkg/tool.py",
+        """
         import sys
         print("argv", sys.argv[1:], __name__)
-    """)
+    """,
+    )
     state = session.api.post(
         f"{session.base}/start",
         {"module": "pkg.tool", "args": ["a"], "cwd": str(session.cwd), "python": python},
@@ -364,7 +435,11 @@ def test_run_module_with_dash_m(session: Session, write, python: str) -> None:
 
 def test_events_and_run_store(session: Session, write, python: str) -> None:
     script = write("loop.py", LOOP)
-    state = session.start(script, python=python, breakpoints=[{"file": str(script), "line": line_of(script, "in double")}])
+    state = session.start(
+        script,
+        python=python,
+        breakpoints=[{"file": str(script), "line": line_of(script, "in double")}],
+    )
     session.cont()
     session.eval("x + 100")
     session.step("over")
@@ -398,7 +473,7 @@ def test_unknown_session_lists_live_ones(api, python: str) -> None:
 
 
 def test_python_version_matches_backend(session: Session, write, python: str) -> None:
-    script = write("v.py", "import sys\nv = sys.version_info[:2]\n")
+    script = write("v.py", "import sys\nv = sys.version_info[:2]\nprint(v)\n")
     session.start(script, python=python)
     session.step("over")
     session.step("over")

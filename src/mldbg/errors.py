@@ -14,7 +14,9 @@ class MldbgError(Exception):
     status = 400
     code = "error"
 
-    def __init__(self, message: str, *, code: str | None = None, status: int | None = None, **extra: Any) -> None:
+    def __init__(
+        self, message: str, *, code: str | None = None, status: int | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:

@@ -8,6 +8,7 @@ any moment leaves every earlier record readable.  Nothing here ever deletes a ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,7 +25,9 @@ EVENTS = "events.jsonl"
 CHECKPOINTS = "checkpoints.jsonl"
 
 
-def mldbg_home(cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Path:
+def mldbg_home(
+    cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Path:
     """Where runs and tensors live: ``$MLDBG_HOME`` or ``<cwd>/.mldbg``.
 
     Both come from the client that started the work, not from the daemon, so that a
@@ -41,7 +44,9 @@ def mldbg_home(cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str]
 def make_run_id(stem: str, pid: int, when: float | None = None) -> str:
     """``<script-stem>-<YYYYmmdd-HHMMSS>-<pid>``; the stem is made filesystem-safe."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("._") or "run"
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when if when is not None else time.time()))
+    stamp = time.strftime(
+        "%Y%m%d-%H%M%S", time.localtime(when if when is not None else time.time())
+    )
     return f"{safe}-{stamp}-{pid}"
 
 
@@ -157,7 +162,5 @@ def point_latest(home: Path, run: RunDir) -> None:
         os.replace(tmp, link)
     except OSError:
         # Filesystems without symlinks still get a usable run store; only the shortcut is missing.
-        try:
+        with contextlib.suppress(OSError):
             tmp.unlink()
-        except OSError:
-            pass

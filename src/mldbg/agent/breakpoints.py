@@ -45,7 +45,9 @@ def _compile_expression(text: str, what: str) -> CodeType:
     try:
         return compile(text, f"<{what}>", "eval")
     except SyntaxError as exc:
-        raise BreakpointError(f"{what} {text!r} is not a valid Python expression: {exc.msg}") from None
+        raise BreakpointError(
+            f"{what} {text!r} is not a valid Python expression: {exc.msg}"
+        ) from None
 
 
 def compile_log_template(template: str) -> list[str | CodeType]:
@@ -106,7 +108,9 @@ def executable_lines(path: str) -> list[int]:
     try:
         stat = os.stat(path)
     except OSError as exc:
-        raise BreakpointError(f"cannot set a breakpoint in {path}: {exc.strerror}", file=path) from None
+        raise BreakpointError(
+            f"cannot set a breakpoint in {path}: {exc.strerror}", file=path
+        ) from None
     key = (stat.st_mtime, stat.st_size)
     with _EXECUTABLE_LOCK:
         cached = _EXECUTABLE_CACHE.get(path)
@@ -208,7 +212,9 @@ def make_breakpoint(
     if line not in lines:
         near = nearest_lines(lines, line)
         hint = (
-            f"; nearest executable lines: {', '.join(map(str, near))}" if near else "; the file has no code"
+            f"; nearest executable lines: {', '.join(map(str, near))}"
+            if near
+            else "; the file has no code"
         )
         raise BreakpointError(
             f"{path}:{line} holds no code (blank, comment or part of a multi-line statement){hint}",

@@ -60,6 +60,8 @@ class Debugger:
         if threading.get_ident() in self._busy:
             return True
         bp = self.breakpoints.at(file, line)
+        if bp is not None and _repeat_of_caller_line(frame, line):
+            bp = None
         if bp is not None and self._breakpoint_hit(bp, frame):
             return True
         if self.pause_requested:
@@ -97,7 +99,13 @@ class Debugger:
                 stream.write(message + "\n")
                 stream.flush()
             self.wire.send(
-                {"event": "log", "message": message, "file": bp.file, "line": bp.line, "breakpoint": bp.id}
+                {
+                    "event": "log",
+                    "message": message,
+                    "file": bp.file,
+                    "line": bp.line,
+                    "breakpoint": bp.id,
+                }
             )
             return False
         self.stop(frame, "breakpoint", breakpoint=bp.to_json())
@@ -140,7 +148,9 @@ class Debugger:
                 self.backend.refresh()  # forget what the previous step or pause armed
                 if resume.kind != "continue" and not post_mortem:
                     frame = frames[0][0]
-                    self.step = StepRequest.from_frame(resume.kind, me, frame, resume.into_libraries)
+                    self.step = StepRequest.from_frame(
+                        resume.kind, me, frame, resume.into_libraries
+                    )
                     self.backend.arm_stack(frame)
                 self.wire.send({"event": "resumed"})
         finally:
@@ -173,7 +183,9 @@ class Debugger:
             if cmd in PAUSED_COMMANDS:
                 paused = self.paused
                 if paused is None:
-                    self.respond(message, False, "the script is not paused; pause it or wait for a stop")
+                    self.respond(
+                        message, False, "the script is not paused; pause it or wait for a stop"
+                    )
                 else:
                     paused.queue.put(message)
                 continue
@@ -186,7 +198,9 @@ class Debugger:
             except BreakpointError as exc:
                 self.respond(message, False, str(exc), exc.extra)
             except Exception as exc:
-                self.respond(message, False, f"internal error in {cmd}: {type(exc).__name__}: {exc}")
+                self.respond(
+                    message, False, f"internal error in {cmd}: {type(exc).__name__}: {exc}"
+                )
             else:
                 self.respond(message, True, result)
                 if cmd == "run":
@@ -250,6 +264,22 @@ class Debugger:
         if paused is not None:
             paused.queue.put({"cmd": "__detach__"})
         self.backend.refresh()
+
+
+_INLINE_CODE = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>", "<lambda>"})
+
+
+def _repeat_of_caller_line(frame: FrameType, line: int) -> bool:
+    """A comprehension or lambda called from the very line that holds the breakpoint.
+
+    It is its own code object on the same line (before 3.12 for comprehensions), so
+    without this the breakpoint would stop once more, inside it, on every element.
+    """
+    code = frame.f_code
+    if code.co_name not in _INLINE_CODE:
+        return False
+    caller = frame.f_back
+    return caller is not None and caller.f_lineno == line and caller.f_code.co_filename == code.co_filename
 
 
 def _choose_backend(debugger: Debugger) -> Any:

@@ -8,6 +8,7 @@ it resumes.
 from __future__ import annotations
 
 import ast
+import contextlib
 import ctypes
 import sys
 import traceback
@@ -40,7 +41,9 @@ def compile_input(source: str) -> tuple[Any | None, Any | None]:
     body, tail = tree.body, None
     if isinstance(last, ast.Expr):
         body, tail = tree.body[:-1], ast.Expression(last.value)
-    statements = compile(ast.Module(body=body, type_ignores=[]), "<mldbg-eval>", "exec") if body else None
+    statements = (
+        compile(ast.Module(body=body, type_ignores=[]), "<mldbg-eval>", "exec") if body else None
+    )
     expression = compile(tail, "<mldbg-eval>", "eval") if tail is not None else None
     return statements, expression
 
@@ -61,6 +64,10 @@ class FrameNamespace:
     def run(self, source: str) -> Any:
         statements, expression = compile_input(source)
         frame = self.frame
+        if not _WRITE_THROUGH:
+            # Re-read: syncs the dict from the frame and re-arms PyFrame_LocalsToFast,
+            # which writes back only once per read.
+            self.locals = frame.f_locals
         try:
             if statements is not None:
                 exec(statements, frame.f_globals, self.locals)
@@ -81,7 +88,5 @@ class FrameNamespace:
     def _write_back(self) -> None:
         if _WRITE_THROUGH or not self.live or self.locals is self.frame.f_globals:
             return
-        try:
+        with contextlib.suppress(AttributeError, OSError):
             ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(self.frame), ctypes.c_int(0))
-        except (AttributeError, OSError):
-            pass

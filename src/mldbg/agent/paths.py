@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from functools import lru_cache
+from functools import cache
 
 _AGENT_DIR = os.path.dirname(os.path.realpath(__file__))
 _PACKAGE_DIR = os.path.dirname(_AGENT_DIR)
@@ -24,7 +24,7 @@ def canonical(path: str, cwd: str | None = None) -> str:
     return os.path.realpath(path)
 
 
-@lru_cache(maxsize=None)
+@cache
 def canonical_code_file(co_filename: str) -> str:
     """Canonical form of a code object's file name; cached because it sits on the hot path."""
     if co_filename.startswith("<"):
@@ -49,7 +49,7 @@ def _library_roots() -> tuple[str, ...]:
 _LIBRARY_ROOTS = _library_roots()
 
 
-@lru_cache(maxsize=None)
+@cache
 def is_library_file(canonical_path: str) -> bool:
     """True for the standard library, installed packages and mldbg itself (not its examples).
 

@@ -51,7 +51,9 @@ def source_context(file: str, line: int, radius: int = CODE_CONTEXT) -> list[lis
     return lines
 
 
-def describe_frame(frame: FrameType, line: int, index: int | None = None, code: bool = False) -> dict[str, Any]:
+def describe_frame(
+    frame: FrameType, line: int, index: int | None = None, code: bool = False
+) -> dict[str, Any]:
     info: dict[str, Any] = {
         "file": canonical_code_file(frame.f_code.co_filename),
         "line": line,
@@ -196,7 +198,8 @@ class PausedThread:
             where = "the outermost" if target >= len(self.frames) else "the innermost"
             raise CommandError(
                 f"no frame {target}: frames are 0 (innermost) to {len(self.frames) - 1}; "
-                f"frame {self.selected} is selected" + (f" ({where} reached)" if index is None else ""),
+                f"frame {self.selected} is selected"
+                + (f" ({where} reached)" if index is None else ""),
                 frames=len(self.frames),
             )
         self.selected = target
@@ -211,7 +214,7 @@ class PausedThread:
         scopes: list[tuple[str, dict[str, Any]]] = [("local", dict(namespace.locals))]
         if all and namespace.locals is not frame.f_globals:
             scopes.append(("global", dict(frame.f_globals)))
-        variables = []
+        variables: list[dict[str, Any]] = []
         truncated = False
         for scope, values in scopes:
             for name, value in values.items():

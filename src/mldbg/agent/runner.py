@@ -8,6 +8,7 @@ would give the script; the agent's own traces (its environment variables, its
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib.machinery
 import os
 import sys
@@ -23,7 +24,13 @@ from .paused import exception_info, strip_agent_frames
 from .stepping import StepRequest
 from .wire import Wire
 
-PRIVATE_ENV = ("MLDBG_AGENT_ADDR", "MLDBG_AGENT_TOKEN", "MLDBG_AGENT_PATH", "MLDBG_AGENT_PYTHONPATH")
+REPORTED_LIBRARIES = ("torch", "mlx", "numpy", "transformers", "diffusers", "mlx-lm", "safetensors")
+PRIVATE_ENV = (
+    "MLDBG_AGENT_ADDR",
+    "MLDBG_AGENT_TOKEN",
+    "MLDBG_AGENT_PATH",
+    "MLDBG_AGENT_PYTHONPATH",
+)
 EXIT_USAGE = 2
 
 
@@ -33,6 +40,19 @@ class Target:
     argv0: str
     main_globals: dict[str, Any]
     path0: str | None
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the ML libraries this interpreter has, from metadata: nothing is imported."""
+    from importlib import metadata
+
+    versions = {}
+    for name in REPORTED_LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
 
 
 def _restore_environment(private: dict[str, str | None]) -> None:
@@ -101,10 +121,8 @@ def _line_buffer_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
-            try:
+            with contextlib.suppress(ValueError, OSError):
                 reconfigure(line_buffering=True)
-            except (ValueError, OSError):
-                pass
 
 
 def _exit_code_of(exc: SystemExit) -> int:
@@ -149,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": sys.version.split()[0],
             "executable": sys.executable,
             "backend": debugger.backend.name,
+            "libraries": library_versions(),
         }
     )
     on_run = threading.Event()
@@ -199,10 +218,8 @@ def _run(debugger: Debugger, target: Target) -> int:
         exit_code = 1
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(AttributeError, OSError, ValueError):
                 stream.flush()
-            except (AttributeError, OSError, ValueError):
-                pass
     debugger.wire.send({"event": "finished", "exit_code": exit_code, "exception": exception})
     return exit_code
 

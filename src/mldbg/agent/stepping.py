@@ -40,7 +40,9 @@ class StepRequest:
         return "entry" if self.kind == "entry" else "step"
 
     @classmethod
-    def from_frame(cls, kind: str, thread: int, frame: FrameType, into_libraries: bool) -> StepRequest:
+    def from_frame(
+        cls, kind: str, thread: int, frame: FrameType, into_libraries: bool
+    ) -> StepRequest:
         started_in_library = is_library_file(canonical_code_file(frame.f_code.co_filename))
         return cls(kind, thread, frame, frame_depth(frame), into_libraries or started_in_library)
 

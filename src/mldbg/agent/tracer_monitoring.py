@@ -126,7 +126,9 @@ class MonitoringBackend:
         if not self._installed:
             return
         with self._lock:
-            wanted = self._events.PY_START if (self.debugger.breakpoints or self.debugger.active) else 0
+            wanted = (
+                self._events.PY_START if (self.debugger.breakpoints or self.debugger.active) else 0
+            )
             if self.debugger.pause_requested:
                 wanted |= self._events.LINE
             self._mon.set_events(self._tool, wanted)

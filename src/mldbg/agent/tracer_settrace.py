@@ -44,7 +44,9 @@ class SettraceBackend:
             return None
         decision = self._decisions.get(code)
         if decision is None:
-            decision = bool(debugger.breakpoints.lines_in_code(code, canonical_code_file(code.co_filename)))
+            decision = bool(
+                debugger.breakpoints.lines_in_code(code, canonical_code_file(code.co_filename))
+            )
             self._decisions[code] = decision
         return self._local if decision else None
 

@@ -7,6 +7,7 @@ events ``{"event": ..., ...}`` unprompted (stopped, resumed, log, finished).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -54,8 +55,6 @@ class Wire:
 
     def close(self) -> None:
         self.closed = True
-        try:
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._sock.close()

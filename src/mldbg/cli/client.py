@@ -24,7 +24,12 @@ class DaemonError(MldbgError):
 
     def __init__(self, payload: dict[str, Any], status: int) -> None:
         extra = {k: v for k, v in payload.items() if k not in ("error", "code")}
-        super().__init__(str(payload.get("error", "unknown error")), code=str(payload.get("code", "error")), status=status, **extra)
+        super().__init__(
+            str(payload.get("error", "unknown error")),
+            code=str(payload.get("code", "error")),
+            status=status,
+            **extra,
+        )
 
 
 class Daemon:
@@ -36,7 +41,9 @@ class Daemon:
             timeout=HTTP_TIMEOUT,
         )
 
-    def call(self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None) -> Any:
+    def call(
+        self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
         try:
             response = self.http.request(method, path, json=json, params=params)
         except httpx.TransportError as exc:
@@ -51,10 +58,20 @@ class Daemon:
         if response.status_code >= 400:
             if isinstance(payload, dict) and "detail" in payload and "error" not in payload:
                 payload = {"error": f"bad request: {payload['detail']}", "code": "bad_request"}
-            raise DaemonError(payload if isinstance(payload, dict) else {"error": str(payload)}, response.status_code)
+            raise DaemonError(
+                payload if isinstance(payload, dict) else {"error": str(payload)},
+                response.status_code,
+            )
         return payload
 
-    def session(self, name: str, verb: str, method: str = "POST", json: Any = None, params: dict[str, Any] | None = None) -> Any:
+    def session(
+        self,
+        name: str,
+        verb: str,
+        method: str = "POST",
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+    ) -> Any:
         path = f"/v1/sessions/{name}" + (f"/{verb}" if verb else "")
         return self.call(method, path, json=json, params=params)
 
@@ -81,7 +98,9 @@ def connect(autostart: bool = True) -> Daemon:
     if info is not None and _healthy(info):
         return Daemon(info)
     if not autostart:
-        raise MldbgError("no mldbg daemon is running; start one with: mldbg serve", code="no_daemon")
+        raise MldbgError(
+            "no mldbg daemon is running; start one with: mldbg serve", code="no_daemon"
+        )
     directory = config_dir()
     with open(directory / "server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two clients at once start one daemon, not two

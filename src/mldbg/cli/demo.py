@@ -34,7 +34,9 @@ class Demo:
         self.as_json = as_json
         self.transcript: list[dict[str, Any]] = []
 
-    def step(self, command: str, verb: str, method: str = "POST", body: Any = None, params: Any = None) -> Any:
+    def step(
+        self, command: str, verb: str, method: str = "POST", body: Any = None, params: Any = None
+    ) -> Any:
         data = self.daemon.session(self.session, verb, method=method, json=body, params=params)
         self.transcript.append({"command": command, "result": data})
         if not self.as_json:
@@ -86,7 +88,9 @@ def run_demo(session: str = "demo", keep: bool = False, as_json: bool = False) -
         ("weights[0, 0].triu(1).abs().max().item()", "causal mask: no weight on future tokens"),
     ):
         demo.say(why)
-        result = demo.step(f"mldbg eval{flag} '{expression}'", "eval", body={"expression": expression})
+        result = demo.step(
+            f"mldbg eval{flag} '{expression}'", "eval", body={"expression": expression}
+        )
         findings[expression] = result
         if not as_json:
             render.evaluation(result)
@@ -97,7 +101,9 @@ def run_demo(session: str = "demo", keep: bool = False, as_json: bool = False) -
     state = demo.step(f"mldbg step over{flag}", "step", body={"kind": "over", "wait": 10.0})
     if not as_json:
         render.state(state)
-    shape = demo.step(f"mldbg eval{flag} 'mixed.shape'", "eval", body={"expression": "tuple(mixed.shape)"})
+    shape = demo.step(
+        f"mldbg eval{flag} 'mixed.shape'", "eval", body={"expression": "tuple(mixed.shape)"}
+    )
     if not as_json:
         render.evaluation(shape)
 
@@ -121,10 +127,23 @@ def run_demo(session: str = "demo", keep: bool = False, as_json: bool = False) -
         else "something in the demo model looked wrong"
     )
     if as_json:
-        print(json.dumps({"ok": ok, "verdict": verdict, "run_dir": state.get("run_dir"), "transcript": demo.transcript}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "ok": ok,
+                    "verdict": verdict,
+                    "run_dir": state.get("run_dir"),
+                    "transcript": demo.transcript,
+                },
+                indent=2,
+                default=str,
+            )
+        )
     else:
         render.out.print(f"\n[bold {'green' if ok else 'red'}]Found: {verdict}.[/]")
-        render.out.print(f"Everything is recorded in {state.get('run_dir')} (events.jsonl, output.log, run.json).")
+        render.out.print(
+            f"Everything is recorded in {state.get('run_dir')} (events.jsonl, output.log, run.json)."
+        )
     if not keep:
         demo.daemon.call("DELETE", f"/v1/sessions/{session}")
     return 0 if ok else 1

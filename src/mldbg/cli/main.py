@@ -88,7 +88,13 @@ def cmd_start(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], No
 
 def cmd_break(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
     file, line, cond = parse_location(a.location, a.line)
-    body = {"file": file, "line": line, "condition": a.condition or cond, "hits": a.hits, "log": a.log}
+    body = {
+        "file": file,
+        "line": line,
+        "condition": a.condition or cond,
+        "hits": a.hits,
+        "log": a.log,
+    }
     data = d.session(a.session, "breakpoints", json=body)
     return data, lambda bp: render.out.print("breakpoint " + render.breakpoint_line(bp))
 
@@ -108,7 +114,9 @@ def cmd_clear(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], No
     return data, lambda r: render.out.print(f"removed {r['removed']} breakpoint(s)")
 
 
-def _wait_loop(d: Daemon, a: argparse.Namespace, first: dict[str, Any], started: float) -> dict[str, Any]:
+def _wait_loop(
+    d: Daemon, a: argparse.Namespace, first: dict[str, Any], started: float
+) -> dict[str, Any]:
     """Keep waiting in slices until a stop, the end, or --max-wait; say so while waiting."""
     data = first
     last_note = started
@@ -180,7 +188,7 @@ def cmd_eval(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], Non
 def cmd_output(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
     params = {"tail": a.tail} if a.tail is not None else None
     data = d.session(a.session, "output", method="GET", params=params)
-    return data, lambda r: sys.stdout.write(r["output"])
+    return data, render.output
 
 
 def cmd_terminate(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
@@ -201,7 +209,9 @@ VERBS: dict[str, Callable[[Daemon, argparse.Namespace], tuple[Any, Callable[[Any
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--session", "-s", default=argparse.SUPPRESS, help="session name (default: default)")
+    common.add_argument(
+        "--session", "-s", default=argparse.SUPPRESS, help="session name (default: default)"
+    )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
 
     parser = argparse.ArgumentParser(
@@ -217,14 +227,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verb("start", "start a script under the debugger (stops before its first line)")
     p.add_argument("-m", dest="module", help="run a module, as python -m does")
-    p.add_argument("--python", help="interpreter to run it with (default: the active venv's python)")
-    p.add_argument("--cwd", help="working directory for the script (default: here)")
-    p.add_argument("--env", action="append", default=[], metavar="K=V", help="set an environment variable")
     p.add_argument(
-        "--break", dest="breaks", action="append", default=[], metavar="FILE:LINE[:COND]", help="breakpoint set before anything runs"
+        "--python", help="interpreter to run it with (default: the active venv's python)"
+    )
+    p.add_argument("--cwd", help="working directory for the script (default: here)")
+    p.add_argument(
+        "--env", action="append", default=[], metavar="K=V", help="set an environment variable"
+    )
+    p.add_argument(
+        "--break",
+        dest="breaks",
+        action="append",
+        default=[],
+        metavar="FILE:LINE[:COND]",
+        help="breakpoint set before anything runs",
     )
     p.add_argument("--run", action="store_true", help="don't stop at the first line")
-    p.add_argument("--replace", action="store_true", help="terminate a live session of the same name first")
+    p.add_argument(
+        "--replace", action="store_true", help="terminate a live session of the same name first"
+    )
     p.add_argument("target", nargs="?", default=None, help="script path, then its arguments")
 
     p = verb("break", "set a breakpoint (FILE:LINE or FILE LINE)")
@@ -232,7 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("line", nargs="?")
     p.add_argument("--if", dest="condition", help="stop only when this expression is true")
     p.add_argument("--hits", help="N: stop on the Nth hit; >=N: from the Nth on; %%N: every Nth")
-    p.add_argument("--log", help='print this instead of stopping; {expr} is filled in, e.g. "x={x.shape}"')
+    p.add_argument(
+        "--log", help='print this instead of stopping; {expr} is filled in, e.g. "x={x.shape}"'
+    )
 
     verb("breaks", "list breakpoints")
     p = verb("remove", "remove a breakpoint")
@@ -319,7 +342,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "demo":
             from .demo import run_demo
 
-            return run_demo(session=args.session if args.session != "default" else "demo", keep=args.keep, as_json=as_json)
+            return run_demo(
+                session=args.session if args.session != "default" else "demo",
+                keep=args.keep,
+                as_json=as_json,
+            )
         daemon = connect()
         data, show = VERBS[args.verb](daemon, args)
     except UsageError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -45,12 +46,18 @@ def state(data: dict[str, Any]) -> None:
             out.print(f"[red]{escape(exception['type'])}: {escape(exception['message'])}[/]")
         checkpoint = data.get("checkpoint")
         if checkpoint:
-            out.print(f"checkpoint {escape(str(checkpoint.get('name')))} (hit {checkpoint.get('hit_count')})")
+            out.print(
+                f"checkpoint {escape(str(checkpoint.get('name')))} (hit {checkpoint.get('hit_count')})"
+            )
         code_block(data.get("location"))
     elif kind == "running":
         out.print(f"[bold]{name}[/]: running (pid {data.get('pid')})")
     elif kind in ("exited", "crashed"):
-        how = f"signal {data.get('signal')}" if data.get("signal") else f"exit code {data.get('exit_code')}"
+        how = (
+            f"signal {data.get('signal')}"
+            if data.get("signal")
+            else f"exit code {data.get('exit_code')}"
+        )
         colour = "red" if kind == "crashed" or data.get("exit_code") else "green"
         out.print(f"[bold]{name}[/]: [{colour}]{kind}[/] ({how})")
         exception = data.get("exception")
@@ -87,7 +94,11 @@ def variables(data: dict[str, Any]) -> None:
     table.add_column("value", overflow="fold")
     for var in data.get("variables", []):
         name = var["name"] if var.get("scope") == "local" else f"{var['name']} [dim](global)[/]"
-        table.add_row(name if var.get("scope") != "local" else escape(name), escape(var["type"]), escape(var["summary"]))
+        table.add_row(
+            name if var.get("scope") != "local" else escape(name),
+            escape(var["type"]),
+            escape(var["summary"]),
+        )
     out.print(table)
     if data.get("truncated"):
         out.print("[dim](more variables not shown)[/]")
@@ -125,9 +136,19 @@ def sessions(data: dict[str, Any]) -> None:
     for s in items:
         place = where(s.get("location")) if s.get("state") == "paused" else ""
         if s.get("state") in ("exited", "crashed"):
-            place = f"signal {s['signal']}" if s.get("signal") else f"exit code {s.get('exit_code')}"
-        table.add_row(s["session"], s["state"], str(s.get("pid")), escape(place), s.get("run_id") or "")
+            place = (
+                f"signal {s['signal']}" if s.get("signal") else f"exit code {s.get('exit_code')}"
+            )
+        table.add_row(
+            s["session"], s["state"], str(s.get("pid")), escape(place), s.get("run_id") or ""
+        )
     out.print(table)
+
+
+def output(data: dict[str, Any]) -> None:
+    """The script's own bytes, unstyled: rich would reflow and interpret them."""
+    sys.stdout.write(data["output"])
+    sys.stdout.flush()
 
 
 def error(payload: dict[str, Any]) -> None:

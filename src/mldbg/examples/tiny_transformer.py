@@ -47,7 +47,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, dim = x.shape
         q, k, v = self.qkv(x).split(dim, dim=-1)
-        q, k, v = (t.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (
+            t.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v)
+        )
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
         causal = torch.ones(seq, seq, dtype=torch.bool).triu(1)
         scores = scores.masked_fill(causal, float("-inf"))

@@ -6,6 +6,7 @@ it is the process we started with a one-time token.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import secrets
@@ -141,12 +142,8 @@ class AgentLink:
     def close(self) -> None:
         self.closed = True
         if self._sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             self._sock.close()
-        try:
+        with contextlib.suppress(OSError):
             self._listener.close()
-        except OSError:
-            pass

@@ -26,8 +26,12 @@ class BreakpointSpec(BaseModel):
     file: str = Field(description="path; relative paths resolve against the session's cwd")
     line: int
     condition: str | None = Field(None, description="stop only when this expression is true")
-    hits: str | None = Field(None, description="N: the Nth hit; >=N: from the Nth on; %N: every Nth")
-    log: str | None = Field(None, description="logpoint: print this, with {expr} filled in; don't stop")
+    hits: str | None = Field(
+        None, description="N: the Nth hit; >=N: from the Nth on; %N: every Nth"
+    )
+    log: str | None = Field(
+        None, description="logpoint: print this, with {expr} filled in; don't stop"
+    )
 
 
 class StartBody(BaseModel):
@@ -36,7 +40,9 @@ class StartBody(BaseModel):
     args: list[str] = []
     python: str | None = None
     cwd: str | None = None
-    env: dict[str, str] | None = Field(None, description="the whole environment (default: the daemon's)")
+    env: dict[str, str] | None = Field(
+        None, description="the whole environment (default: the daemon's)"
+    )
     env_overrides: dict[str, str] = {}
     breakpoints: list[BreakpointSpec] = []
     stop_on_entry: bool = True
@@ -87,7 +93,9 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-        message = f"internal error in the mldbg daemon: {type(exc).__name__}: {exc} (please report it)"
+        message = (
+            f"internal error in the mldbg daemon: {type(exc).__name__}: {exc} (please report it)"
+        )
         return JSONResponse(status_code=500, content={"error": message, "code": "internal"})
 
     def session(name: str) -> Session:
@@ -147,12 +155,16 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
     @app.post("/v1/sessions/{name}/step")
     def step(name: str, body: StepBody) -> dict[str, Any]:
         if body.kind not in ("over", "into", "out"):
-            raise MldbgError(f"unknown step kind {body.kind!r}: use over, into or out", code="bad_step")
+            raise MldbgError(
+                f"unknown step kind {body.kind!r}: use over, into or out", code="bad_step"
+            )
         args = {"kind": body.kind, "into_libraries": body.into_libraries}
         return session(name).resume("step", args, _bounded(body.wait))
 
     @app.post("/v1/sessions/{name}/pause")
-    def pause(name: str, body: WaitBody = Body(default_factory=lambda: WaitBody(wait=5.0))) -> dict[str, Any]:
+    def pause(
+        name: str, body: WaitBody = Body(default_factory=lambda: WaitBody(wait=5.0))
+    ) -> dict[str, Any]:
         return session(name).pause(_bounded(body.wait))
 
     @app.get("/v1/sessions/{name}/location")
@@ -174,7 +186,9 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
         return result
 
     @app.get("/v1/sessions/{name}/variables")
-    def variables(name: str, all: bool = Query(False, description="include globals")) -> dict[str, Any]:
+    def variables(
+        name: str, all: bool = Query(False, description="include globals")
+    ) -> dict[str, Any]:
         result: dict[str, Any] = session(name).paused_command("variables", {"all": all})
         return result
 

@@ -45,7 +45,12 @@ def _envelope(message: str, action: Callable[[], Any]) -> JSONResponse:
     except MldbgError as exc:
         return JSONResponse(
             status_code=exc.status,
-            content={"success": False, "message": exc.message, "data": exc.extra or None, "error": exc.code},
+            content={
+                "success": False,
+                "message": exc.message,
+                "data": exc.extra or None,
+                "error": exc.code,
+            },
         )
     return JSONResponse(content={"success": True, "message": message, "data": data, "error": None})
 
@@ -97,7 +102,11 @@ def classic_router(manager: SessionManager) -> APIRouter:
     def step(kind: str) -> JSONResponse:
         def run() -> Any:
             if kind not in ("over", "into", "out"):
-                raise MldbgError(f"unknown step kind {kind!r}: use over, into or out", code="bad_step", status=404)
+                raise MldbgError(
+                    f"unknown step kind {kind!r}: use over, into or out",
+                    code="bad_step",
+                    status=404,
+                )
             return default().resume("step", {"kind": kind}, STEP_WAIT)
 
         return _envelope(f"stepped {kind}", run)

@@ -6,6 +6,7 @@ bearer token, so it is readable by its owner only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -20,10 +21,8 @@ def config_dir() -> Path:
     configured = os.environ.get("MLDBG_CONFIG_DIR")
     path = Path(configured).expanduser() if configured else Path.home() / ".mldbg"
     path.mkdir(parents=True, exist_ok=True)
-    try:
+    with contextlib.suppress(OSError):
         os.chmod(path, 0o700)
-    except OSError:
-        pass
     return path
 
 
@@ -54,7 +53,5 @@ def remove_server_info(pid: int) -> None:
     """Remove server.json only if it still describes this daemon."""
     info = read_server_info()
     if info is not None and info.get("pid") == pid:
-        try:
+        with contextlib.suppress(OSError):
             server_file().unlink()
-        except OSError:
-            pass

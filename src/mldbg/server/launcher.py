@@ -33,9 +33,21 @@ def agent_path() -> str:
         try:
             os.symlink(_PACKAGE_DIR, os.path.join(shim, "mldbg"), target_is_directory=True)
         except OSError:  # no symlinks here: a copy of the (small, pure-Python) package works too
-            shutil.copytree(_PACKAGE_DIR, os.path.join(shim, "mldbg"), ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                _PACKAGE_DIR,
+                os.path.join(shim, "mldbg"),
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
         _shim_dir = shim
     return _shim_dir
+
+
+def remove_agent_path() -> None:
+    """At daemon exit: debuggees still running have already imported the agent."""
+    global _shim_dir
+    if _shim_dir is not None:
+        shutil.rmtree(_shim_dir, ignore_errors=True)
+        _shim_dir = None
 
 
 def resolve_python(requested: str | None, env: Mapping[str, str], cwd: str) -> str:
@@ -91,7 +103,9 @@ def check_target(script: str | None, module: str | None, cwd: str) -> str | None
     return None
 
 
-def spawn(spec: LaunchSpec, agent_address: str, agent_token: str, output: IO[bytes]) -> subprocess.Popen[bytes]:
+def spawn(
+    spec: LaunchSpec, agent_address: str, agent_token: str, output: IO[bytes]
+) -> subprocess.Popen[bytes]:
     env = dict(spec.env)
     original = env.get("PYTHONPATH")
     shim = agent_path()

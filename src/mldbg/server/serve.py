@@ -12,6 +12,7 @@ import uvicorn
 from .. import __version__
 from .app import create_app
 from .config import remove_server_info, write_server_info
+from .launcher import remove_agent_path
 from .sessions import SessionManager
 
 
@@ -46,3 +47,4 @@ def serve(port: int = 0) -> None:
     finally:
         manager.shutdown()
         remove_server_info(os.getpid())
+        remove_agent_path()

@@ -7,6 +7,7 @@ status read never races with a stop.  Commands that resume the script mark the s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,7 +20,15 @@ from typing import Any
 
 from .. import __version__
 from ..errors import MldbgError, NotPaused, SessionBusy, SessionEnded, SessionNotFound, StartFailed
-from ..runs import EVENTS, OUTPUT_LOG, JsonlWriter, RunDir, finalize_run_dir, mldbg_home, reserve_run_dir
+from ..runs import (
+    EVENTS,
+    OUTPUT_LOG,
+    JsonlWriter,
+    RunDir,
+    finalize_run_dir,
+    mldbg_home,
+    reserve_run_dir,
+)
 from .agent_link import AgentLink
 from .launcher import LaunchSpec, check_target, resolve_python, spawn
 
@@ -140,7 +149,9 @@ class Session:
             process.wait(10)
             self._record_end(process.returncode)
             tail = read_tail(run.file(OUTPUT_LOG), 20)
-            raise StartFailed(exc.message, **exc.extra, output_tail=tail, run_dir=str(run.path)) from None
+            raise StartFailed(
+                exc.message, **exc.extra, output_tail=tail, run_dir=str(run.path)
+            ) from None
         self.log_event("started", pid=process.pid, python=python, backend=self.hello.get("backend"))
         threading.Thread(target=self._watch, name=f"mldbg-watch-{self.name}", daemon=True).start()
 
@@ -181,7 +192,9 @@ class Session:
             if self.state in ENDED:
                 return
             if code < 0:
-                self.signal = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+                self.signal = (
+                    signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+                )
                 self.state = "exited" if self.terminated else "crashed"
             else:
                 self.exit_code = code
@@ -208,7 +221,9 @@ class Session:
 
     def log_event(self, event: str, /, **fields: Any) -> None:
         if self.events is not None:
-            self.events.append({"time": time.time(), **fields, "event": event, "session": self.name})
+            self.events.append(
+                {"time": time.time(), **fields, "event": event, "session": self.name}
+            )
 
     # -- state ------------------------------------------------------------------------------
 
@@ -250,8 +265,11 @@ class Session:
         seq = self.stop_seq if after_seq is None else after_seq
         with self.cond:
             self.cond.wait_for(
-                lambda: self.ended or (self.state == "paused" and self.stop_seq > seq)
-                or (after_seq is None and self.state == "paused"),
+                lambda: (
+                    self.ended
+                    or (self.state == "paused" and self.stop_seq > seq)
+                    or (after_seq is None and self.state == "paused")
+                ),
                 timeout=max(0.0, timeout),
             )
         return self.snapshot()
@@ -271,7 +289,9 @@ class Session:
     def command(self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
         return self._link().request(cmd, args, timeout)
 
-    def paused_command(self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 60.0) -> Any:
+    def paused_command(
+        self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 60.0
+    ) -> Any:
         link = self._link()
         if self.state != "paused":
             raise NotPaused(
@@ -282,7 +302,9 @@ class Session:
             )
         return link.request(cmd, args, timeout)
 
-    def resume(self, cmd: str, args: dict[str, Any] | None = None, wait: float = 0.0) -> dict[str, Any]:
+    def resume(
+        self, cmd: str, args: dict[str, Any] | None = None, wait: float = 0.0
+    ) -> dict[str, Any]:
         """Continue or step; then wait up to ``wait`` seconds for the next stop or the end."""
         link = self._link()
         with self.cond:
@@ -319,7 +341,9 @@ class Session:
         except MldbgError as exc:
             self.log_event("eval", expression=expression, error=exc.message)
             raise
-        self.log_event("eval", expression=expression, result=result.get("result"), type=result.get("type"))
+        self.log_event(
+            "eval", expression=expression, result=result.get("result"), type=result.get("type")
+        )
         return result
 
     def output(self, tail: int | None = None) -> dict[str, Any]:
@@ -340,10 +364,8 @@ class Session:
             self.terminated = True
             self._kill()
             assert self.process is not None
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(TERMINATE_GRACE * 2)
-            except subprocess.TimeoutExpired:
-                pass
             self.wait(TERMINATE_GRACE)
         return self.snapshot()
 
@@ -414,7 +436,11 @@ class SessionManager:
             session = self._sessions.get(name)
             if session is None:
                 live = sorted(self._sessions)
-                hint = f"sessions: {', '.join(live)}" if live else "no sessions exist; start one with: mldbg start SCRIPT"
+                hint = (
+                    f"sessions: {', '.join(live)}"
+                    if live
+                    else "no sessions exist; start one with: mldbg start SCRIPT"
+                )
                 raise SessionNotFound(f"no session named {name!r}; {hint}", sessions=live)
             return session
 

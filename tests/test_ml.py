@@ -1,0 +1,146 @@
+"""The engine on real model code: torch and MLX tensors, and a breakpoint inside transformers."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+
+import pytest
+
+from conftest import Session, line_of
+
+torch = pytest.importorskip("torch")
+
+
+def test_tensor_eval_is_summarized_not_printed(session: Session, write) -> None:
+    script = write(
+        "tensors.py",
+        """
+        import torch
+        big = torch.arange(10_000_000, dtype=torch.float32).reshape(1000, 10_000)
+        half = torch.tensor([1.5, -2.0, float("nan")], dtype=torch.bfloat16)
+        print("ready")  # stop
+    """,
+    )
+    session.start(
+        script,
+        python=sys.executable,
+        breakpoints=[{"file": str(script), "line": line_of(script, "stop")}],
+    )
+    assert session.cont()["reason"] == "breakpoint"
+    result = session.eval("big")
+    assert result["type"] == "torch.Tensor"
+    assert len(result["result"]) < 1000  # one line, not ten million numbers
+    summary = result["summary"]
+    assert (
+        summary["shape"] == [1000, 10_000]
+        and summary["dtype"] == "float32"
+        and summary["device"] == "cpu"
+    )
+    assert summary["stats"]["min"] == 0 and summary["stats"]["max"] == 9_999_999
+    assert summary["preview"][:3] == [0.0, 1.0, 2.0]
+    half = session.eval("half")["summary"]
+    assert half["dtype"] == "bfloat16" and half["stats"]["nan"] == 1
+    assert half["stats"]["min"] == -2.0 and half["stats"]["max"] == 1.5
+    variables = {v["name"]: v for v in session.api.get(f"{session.base}/variables")["variables"]}
+    assert (
+        variables["big"]["type"] == "torch.Tensor"
+        and "float32[1000, 10000]" in variables["big"]["summary"]
+    )
+    assert session.eval("big.sum().item()")["type"] == "float"
+
+
+def test_large_tensor_summary_is_fast(session: Session, write) -> None:
+    script = write(
+        "huge.py",
+        """
+        import torch
+        huge = torch.randn(100_000_000)
+        print("made")  # stop
+    """,
+    )
+    session.start(
+        script,
+        python=sys.executable,
+        breakpoints=[{"file": str(script), "line": line_of(script, "stop")}],
+    )
+    session.cont(wait=30)
+    started = time.monotonic()
+    summary = session.eval("huge")["summary"]
+    elapsed = time.monotonic() - started
+    assert summary["numel"] == 100_000_000
+    assert abs(summary["stats"]["mean"]) < 0.01 and abs(summary["stats"]["std"] - 1) < 0.01
+    assert elapsed < 3.0, f"summarizing 1e8 elements took {elapsed:.2f} s"
+
+
+def test_mlx_arrays_are_evaluated_and_summarized(session: Session, write) -> None:
+    pytest.importorskip("mlx.core")
+    script = write(
+        "mlx_prog.py",
+        """
+        import mlx.core as mx
+        a = mx.arange(12, dtype=mx.float32).reshape(3, 4)
+        lazy = (a * 2).astype(mx.bfloat16)  # not evaluated yet
+        print("ok")  # stop
+    """,
+    )
+    session.start(
+        script,
+        python=sys.executable,
+        breakpoints=[{"file": str(script), "line": line_of(script, "stop")}],
+    )
+    session.cont(wait=30)
+    result = session.eval("lazy")
+    assert result["type"] == "mlx.core.array"
+    summary = result["summary"]
+    assert summary["shape"] == [3, 4] and summary["dtype"] == "bfloat16"
+    assert summary["stats"]["max"] == 22.0 and summary["preview"][:3] == [0.0, 2.0, 4.0]
+    assert session.value("a.sum().item()") == "66.0"  # evaluation runs on the paused thread
+
+
+def test_breakpoint_inside_transformers_llama(session: Session, write) -> None:
+    pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+
+    source, start = inspect.getsourcelines(modeling_llama.LlamaAttention.forward)
+    offset = next(i for i, text in enumerate(source) if "attn_output = attn_output.reshape" in text)
+    library_file = inspect.getsourcefile(modeling_llama.LlamaAttention.forward)
+    library_line = start + offset
+    script = write(
+        "llama.py",
+        """
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+        model = LlamaForCausalLM(config).eval()
+        with torch.no_grad():
+            logits = model(torch.tensor([[1, 2, 3, 4, 5]])).logits
+        print("logits", tuple(logits.shape))
+    """,
+    )
+    session.start(
+        script,
+        python=sys.executable,
+        stop_on_entry=False,
+        breakpoints=[{"file": library_file, "line": library_line}],
+    )
+    state = session.wait(60)
+    assert state["reason"] == "breakpoint", state
+    assert (
+        state["location"]["file"].endswith("modeling_llama.py")
+        and state["location"]["line"] == library_line
+    )
+    assert session.value("self.layer_idx") == "0"
+    shape = session.eval("attn_output")["summary"]["shape"]
+    assert shape[0] == 1 and shape[1] == 5  # batch, sequence
+    frames = session.stack()["frames"]
+    assert frames[0]["function"] == "forward" and frames[-1]["function"] == "<module>"
+    state = session.cont(wait=60)
+    assert state["reason"] == "breakpoint" and session.value("self.layer_idx") == "1"
+    session.api.post(f"{session.base}/breakpoints/clear")
+    final = session.run_to_end()
+    assert final["exit_code"] == 0 and "logits (1, 5, 64)" in session.output()

@@ -1,0 +1,155 @@
+"""The daemon's HTTP surface: the token and Host gates, versioned routes, classic routes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import Api, line_of
+
+ROUTES = [
+    ("GET", "/v1/health"),
+    ("GET", "/v1/sessions"),
+    ("POST", "/v1/sessions/x/eval"),
+    ("POST", "/debug/evaluate"),
+    ("GET", "/docs"),
+    ("GET", "/openapi.json"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+def test_every_route_needs_the_token(daemon: dict[str, Any], method: str, path: str) -> None:
+    url = daemon["url"] + path
+    assert httpx.request(method, url, json={"expression": "1"}).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-token"}
+    response = httpx.request(method, url, headers=wrong, json={"expression": "1"})
+    assert response.status_code == 401
+    assert "token" in response.json()["error"]
+
+
+@pytest.mark.parametrize("host", ["evil.example.com", "127.0.0.1.nip.io", "10.0.0.1:8000"])
+def test_foreign_host_headers_are_refused(daemon: dict[str, Any], host: str) -> None:
+    headers = {"Authorization": f"Bearer {daemon['token']}", "Host": host}
+    response = httpx.get(daemon["url"] + "/v1/health", headers=headers)
+    assert response.status_code == 403
+    assert "loopback" in response.json()["error"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost:1234", "[::1]:80"])
+def test_loopback_host_headers_pass(daemon: dict[str, Any], host: str) -> None:
+    headers = {"Authorization": f"Bearer {daemon['token']}", "Host": host}
+    assert httpx.get(daemon["url"] + "/v1/health", headers=headers).status_code == 200
+
+
+def test_daemon_listens_on_loopback_only_and_hides_its_token(
+    daemon: dict[str, Any], config_dir: Path
+) -> None:
+    assert daemon["url"].startswith("http://127.0.0.1:")
+    mode = stat.S_IMODE(os.stat(config_dir / "server.json").st_mode)
+    assert mode == 0o600
+
+
+def test_openapi_docs_with_the_token(api: Api) -> None:
+    spec = api.get("/openapi.json")
+    for path in (
+        "/v1/sessions/{name}/eval",
+        "/v1/sessions/{name}/step",
+        "/debug/start",
+        "/debug/status",
+    ):
+        assert path in spec["paths"]
+    response = api.http.get("/docs")
+    assert response.status_code == 200 and "swagger" in response.text.lower()
+
+
+def test_bad_request_bodies_get_clear_errors(api: Api) -> None:
+    response = api.http.post("/v1/sessions/x/eval", json={"nope": 1})
+    assert response.status_code == 422
+    error = api.post("/v1/sessions/bad name!/start", {"script": "x.py"}, expect=400)
+    assert "bad session name" in error["error"]
+
+
+def test_classic_routes_drive_the_default_session(api: Api, write, tmp_path: Path) -> None:
+    script = write(
+        "classic.py",
+        """
+        def add(a, b):
+            total = a + b  # here
+            return total
+
+        print(add(2, 3))
+    """,
+    )
+    # Classic /debug/* routes act on the session named "default".
+    started = api.post(
+        "/debug/start", {"script_path": str(script), "cwd": str(tmp_path), "python": sys.executable}
+    )
+    assert started["success"] is True and started["data"]["reason"] == "entry"
+    assert set(started) == {"success", "message", "data", "error"}
+    try:
+        bp = api.post(
+            "/debug/breakpoint",
+            {"file_path": str(script), "line": line_of(script, "here"), "condition": "a == 2"},
+        )
+        assert bp["success"] and bp["data"]["line"] == line_of(script, "here")
+        assert len(api.get("/debug/breakpoints")["data"]["breakpoints"]) == 1
+        assert api.post("/debug/continue_async")["success"]
+        state = api.post("/v1/sessions/default/wait", {"wait": 20})
+        assert state["reason"] == "breakpoint"
+        assert api.get("/debug/status")["data"]["state"] == "paused"
+        assert api.get("/debug/location")["data"]["location"]["line"] == line_of(script, "here")
+        assert api.post("/debug/evaluate", {"expression": "a * 10"})["data"]["result"] == "20"
+        names = {v["name"] for v in api.get("/debug/variables")["data"]["variables"]}
+        assert names == {"a", "b"}
+        stepped = api.post("/debug/step/over")
+        assert stepped["data"]["location"]["line"] == line_of(script, "here") + 1
+        bad = api.post("/debug/step/sideways", expect=404)
+        assert bad["success"] is False and "unknown step kind" in bad["message"]
+        failed = api.post("/debug/evaluate", {"expression": "undefined"}, expect=400)
+        assert failed["success"] is False and "NameError" in failed["message"]
+        assert api.post(
+            "/debug/breakpoint/remove", {"file_path": str(script), "line": line_of(script, "here")}
+        )["success"]
+        assert api.post("/debug/breakpoints/clear")["data"]["removed"] == 0
+        assert api.post("/debug/terminate")["data"]["state"] == "exited"
+    finally:
+        api.http.post("/v1/sessions/default/terminate")
+
+
+def test_several_sessions_side_by_side(api: Api, write, tmp_path: Path) -> None:
+    script = write("side.py", "value = __import__('sys').argv[1]\nprint(value)\n")
+    try:
+        for name in ("reference", "port"):
+            api.post(
+                f"/v1/sessions/{name}/start",
+                {
+                    "script": str(script),
+                    "args": [name],
+                    "cwd": str(tmp_path),
+                    "python": sys.executable,
+                },
+            )
+        listed = {s["session"]: s for s in api.get("/v1/sessions")["sessions"]}
+        assert listed["reference"]["state"] == listed["port"]["state"] == "paused"
+        for name in ("reference", "port"):
+            api.post(f"/v1/sessions/{name}/step", {"kind": "over"})
+            assert api.post(f"/v1/sessions/{name}/eval", {"expression": "value"})["result"] == repr(
+                name
+            )
+        busy = api.post(
+            "/v1/sessions/port/start",
+            {"script": str(script), "args": ["x"], "cwd": str(tmp_path)},
+            expect=409,
+        )
+        assert "still paused" in busy["error"] and "--replace" in busy["error"]
+    finally:
+        for name in ("reference", "port"):
+            api.http.delete(f"/v1/sessions/{name}")
+    error = api.get("/v1/sessions/reference", expect=404)
+    assert "no session named 'reference'" in error["error"]

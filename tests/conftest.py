@@ -45,9 +45,11 @@ def find_python(version: str) -> str | None:
 
 
 # The engine runs against both tracer backends: settrace (3.10/3.11) and sys.monitoring (3.12+).
+# 3.13 too: its frame.f_locals is a write-through proxy (PEP 667), a different eval path.
 BACKEND_PYTHONS = {
     "settrace": sys.executable if sys.version_info < (3, 12) else find_python("3.11"),
     "monitoring": sys.executable if sys.version_info >= (3, 12) else find_python("3.12"),
+    "monitoring-3.13": find_python("3.13"),
 }
 
 
@@ -224,7 +226,14 @@ def cli(config_dir: Path, daemon: dict[str, Any], tmp_path: Path):  # type: igno
         *args: str, expect: int | None = 0, stdin: str | None = None, json_out: bool = False
     ) -> Any:
         # --json right after the verb: after a script name it would belong to the script.
-        argv = [sys.executable, "-m", "mldbg", *args[:1], *(["--json"] if json_out else []), *args[1:]]
+        argv = [
+            sys.executable,
+            "-m",
+            "mldbg",
+            *args[:1],
+            *(["--json"] if json_out else []),
+            *args[1:],
+        ]
         env = {
             **os.environ,
             "MLDBG_CONFIG_DIR": str(config_dir),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -39,8 +40,7 @@ def test_entry_stop_runs_script_exactly_like_python(session: Session, write, pyt
     )
     assert state["state"] == "paused" and state["reason"] == "entry"
     assert state["location"]["line"] == 1 and state["location"]["file"] == str(script.resolve())
-    expected_backend = "monitoring" if "3.12" in python or "3.13" in python else "settrace"
-    assert state["backend"] == expected_backend
+    assert state["backend"] == ("monitoring" if state["python_version"] >= "3.12" else "settrace")
     session.step("over")
     state = session.step("over")
     assert state["location"]["line"] == 3
@@ -221,6 +221,9 @@ def test_breakpoints_in_threads(session: Session, write, python: str) -> None:
     while state["state"] == "paused":
         assert state["location"]["line"] == line
         names.add(state["thread"]["name"])
+        # Evaluation runs on the paused thread itself (MLX streams, CUDA contexts are per thread).
+        current = session.value("__import__('threading').current_thread().name")
+        assert current == repr(state["thread"]["name"])
         assert session.value("n * 10") == str(int(state["thread"]["name"][-1]) * 10)
         state = session.cont()
     assert names == {"worker-0", "worker-1"}
@@ -415,6 +418,24 @@ def test_segfault_and_os_exit_leave_the_daemon_running(
     assert state["state"] == "exited" and state["exit_code"] == 3
 
 
+def test_killed_script_is_reported_as_crashed(session: Session, write, python: str) -> None:
+    script = write("sleepy.py", "import time\nprint('sleeping', flush=True)\ntime.sleep(120)\n")
+    state = session.start(script, python=python, stop_on_entry=False)
+    os.kill(state["pid"], signal.SIGKILL)
+    state = session.wait(10)
+    assert state["state"] == "crashed" and state["signal"] == "SIGKILL"
+    assert state["terminated"] is False and "sleeping" in state["output_tail"]
+
+
+def test_terminate_ends_a_paused_script(session: Session, write, python: str) -> None:
+    script = write("paused.py", "x = 1\ny = 2\n")
+    session.start(script, python=python)
+    state = session.terminate()
+    assert state["state"] == "exited" and state["terminated"] is True
+    run = json.loads((Path(state["run_dir"]) / "run.json").read_text())
+    assert run["terminated"] is True
+
+
 def test_run_module_with_dash_m(session: Session, write, python: str) -> None:
     write("pkg/__init__.py", "")
     write(
@@ -480,3 +501,18 @@ def test_python_version_matches_backend(session: Session, write, python: str) ->
     version = eval(session.value("v"))
     assert (version >= (3, 12)) == (session.state()["backend"] == "monitoring")
     assert sys.version_info >= (3, 10)
+
+
+def test_agent_imports_only_the_standard_library(python: str) -> None:
+    """The agent runs in the user's interpreter, which may have none of mldbg's dependencies."""
+    import subprocess
+
+    src = Path(__file__).resolve().parent.parent / "src"
+    check = (
+        "import sys, mldbg, mldbg.agent.runner, mldbg.agent.debugger, mldbg.summary, mldbg.runs\n"
+        "import mldbg.agent.tracer_settrace\n"
+        "heavy = {'torch', 'numpy', 'mlx', 'fastapi', 'httpx', 'rich', 'pydantic'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([python, "-c", check], env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -9,6 +9,7 @@ host, so a 1e8-element tensor summarizes as quickly and as briefly as a small on
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from typing import Any
@@ -26,7 +27,11 @@ def _framework(value: object) -> str | None:
     elif module.startswith("mlx") and "mlx.core" in sys.modules:
         if isinstance(value, sys.modules["mlx.core"].array):
             return "mlx"
-    elif module == "numpy" and "numpy" in sys.modules and isinstance(value, sys.modules["numpy"].ndarray):
+    elif (
+        module == "numpy"
+        and "numpy" in sys.modules
+        and isinstance(value, sys.modules["numpy"].ndarray)
+    ):
         return "numpy"
     return None
 
@@ -179,7 +184,11 @@ def _mlx_stats(flat: Any, mx: Any) -> dict[str, Any]:
         flat = mx.abs(flat)
     is_bool = flat.dtype == mx.bool_
     integer = mx.issubdtype(flat.dtype, mx.integer)
-    values = flat.astype(mx.float32) if (is_bool or integer or flat.dtype in (mx.bfloat16, mx.float16)) else flat
+    values = (
+        flat.astype(mx.float32)
+        if (is_bool or integer or flat.dtype in (mx.bfloat16, mx.float16))
+        else flat
+    )
     nan = inf = 0
     count = int(values.size)
     finite = None
@@ -210,7 +219,14 @@ def _mlx_stats(flat: Any, mx: Any) -> dict[str, Any]:
         mean_a = mx.mean(values)
         var_a = mx.var(values, ddof=1) if count > 1 else mx.array(0.0)
     std = math.sqrt(max(float(var_a.item()), 0.0)) if count > 1 else 0.0
-    return {"min": low, "max": high, "mean": float(mean_a.item()), "std": std, "nan": nan, "inf": inf}
+    return {
+        "min": low,
+        "max": high,
+        "mean": float(mean_a.item()),
+        "std": std,
+        "nan": nan,
+        "inf": inf,
+    }
 
 
 def _numpy_summary(a: Any) -> dict[str, Any]:
@@ -264,7 +280,14 @@ def _numpy_stats(flat: Any, np: Any) -> dict[str, Any]:
     else:
         low, high = float(values.min()), float(values.max())
     std = float(values.std(ddof=1)) if values.size > 1 else 0.0
-    return {"min": low, "max": high, "mean": float(values.mean()), "std": std, "nan": nan, "inf": inf}
+    return {
+        "min": low,
+        "max": high,
+        "mean": float(values.mean()),
+        "std": std,
+        "nan": nan,
+        "inf": inf,
+    }
 
 
 _TENSOR_SUMMARIES = {"torch": _torch_summary, "mlx": _mlx_summary, "numpy": _numpy_summary}
@@ -283,18 +306,22 @@ def summarize(value: object) -> dict[str, Any]:
         try:
             return _TENSOR_SUMMARIES[framework](value)
         except Exception as exc:  # an exotic dtype or device must not break the session
-            return {"type": type_name(value), "repr": safe_repr(value, REPR_LIMIT), "note": f"summary failed: {exc}"}
+            return {
+                "type": type_name(value),
+                "repr": safe_repr(value, REPR_LIMIT),
+                "note": f"summary failed: {exc}",
+            }
     out: dict[str, Any] = {"type": type_name(value), "repr": safe_repr(value, REPR_LIMIT)}
-    if isinstance(value, _JSON_SCALARS) and not (isinstance(value, str) and len(value) > REPR_LIMIT):
+    if isinstance(value, _JSON_SCALARS) and not (
+        isinstance(value, str) and len(value) > REPR_LIMIT
+    ):
         out["value"] = _json_number(value) if isinstance(value, float) else value
     if isinstance(value, list | tuple | dict | set | frozenset | str | bytes):
         out["len"] = len(value)
     module = sys.modules.get("torch.nn")
     if module is not None and isinstance(value, module.Module):
-        try:
+        with contextlib.suppress(Exception):
             out["parameters"] = sum(p.numel() for p in value.parameters())
-        except Exception:
-            pass
     return out
 
 

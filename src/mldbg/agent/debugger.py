@@ -279,7 +279,11 @@ def _repeat_of_caller_line(frame: FrameType, line: int) -> bool:
     if code.co_name not in _INLINE_CODE:
         return False
     caller = frame.f_back
-    return caller is not None and caller.f_lineno == line and caller.f_code.co_filename == code.co_filename
+    return (
+        caller is not None
+        and caller.f_lineno == line
+        and caller.f_code.co_filename == code.co_filename
+    )
 
 
 def _choose_backend(debugger: Debugger) -> Any:

@@ -102,7 +102,7 @@ def run_demo(session: str = "demo", keep: bool = False, as_json: bool = False) -
     if not as_json:
         render.state(state)
     shape = demo.step(
-        f"mldbg eval{flag} 'mixed.shape'", "eval", body={"expression": "tuple(mixed.shape)"}
+        f"mldbg eval{flag} 'tuple(mixed.shape)'", "eval", body={"expression": "tuple(mixed.shape)"}
     )
     if not as_json:
         render.evaluation(shape)

@@ -514,5 +514,10 @@ def test_agent_imports_only_the_standard_library(python: str) -> None:
         "heavy = {'torch', 'numpy', 'mlx', 'fastapi', 'httpx', 'rich', 'pydantic'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )
-    result = subprocess.run([python, "-c", check], env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True)
+    result = subprocess.run(
+        [python, "-c", check],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr

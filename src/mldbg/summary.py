@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import reprlib
 import sys
 from typing import Any
 
@@ -63,14 +64,33 @@ def _safe_framework(value: object) -> str | None:
         return None
 
 
+def _bounded_repr() -> reprlib.Repr:
+    """reprlib elides inside containers, so a million-element list costs what twenty do."""
+    r = reprlib.Repr()
+    r.maxlevel = 4
+    r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 32
+    r.maxdict = 24
+    r.maxstring = r.maxlong = r.maxother = 400
+    return r
+
+
+_REPR = _bounded_repr()
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
 def safe_repr(value: object, max_chars: int = 4096) -> str:
-    """``repr`` that never raises and never grows past ``max_chars``."""
+    """``repr`` that never raises and never grows past ``max_chars``.
+
+    Containers go through reprlib (elided inside); other objects choose their own repr,
+    cut here when long.
+    """
     try:
-        text = repr(value)
+        text = _REPR.repr(value) if isinstance(value, _CONTAINERS) else repr(value)
     except Exception as exc:
-        return f"<repr failed: {type(exc).__name__}: {exc}>"
+        text = f"<repr failed: {type(exc).__name__}: {exc}>"
     if len(text) > max_chars:
-        return text[:max_chars] + f"… ({len(text)} chars)"
+        suffix = f"… ({len(text)} chars)"
+        return text[: max(0, max_chars - len(suffix))] + suffix
     return text
 
 
@@ -85,6 +105,7 @@ def _json_number(x: float | int | bool) -> float | int | bool | str:
 
 def _torch_summary(t: Any) -> dict[str, Any]:
     torch = sys.modules["torch"]
+    requires_grad = bool(getattr(t, "requires_grad", False))
     t = t.detach()
     out: dict[str, Any] = {
         "type": "torch.Tensor",
@@ -94,7 +115,7 @@ def _torch_summary(t: Any) -> dict[str, Any]:
         "numel": t.numel(),
         "preview": [],
         "stats": None,
-        "requires_grad": bool(getattr(t, "requires_grad", False)),
+        "requires_grad": requires_grad,
     }
     if t.is_meta or t.numel() == 0:
         return out

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -94,7 +95,10 @@ class AgentLink:
                 except ValueError:
                     continue
                 if "event" in message:
-                    self._on_event(message)
+                    try:
+                        self._on_event(message)
+                    except Exception:  # a bug in handling one event must not cut the session off
+                        traceback.print_exc()
                     continue
                 future = self._pending.pop(message.get("id"), None)
                 if future is not None:

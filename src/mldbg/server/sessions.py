@@ -13,7 +13,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,7 +91,7 @@ class Session:
         self.link: AgentLink | None = None
         self.run: RunDir | None = None
         self.events: JsonlWriter | None = None
-        self.recent_logs: deque[str] = deque(maxlen=100)
+        self.store_error: str | None = None
         self.started_at = _now()
 
     # -- start ------------------------------------------------------------------------------
@@ -172,7 +171,6 @@ class Session:
                     self.state = "running"
                 self.cond.notify_all()
         elif kind == "log":
-            self.recent_logs.append(str(message.get("message")))
             self.log_event("log", **message)
         elif kind == "finished":
             self.exception = message.get("exception")
@@ -203,15 +201,18 @@ class Session:
             self.cond.notify_all()
         self.log_event("ended", state=self.state, exit_code=self.exit_code, signal=self.signal)
         if self.run is not None:
-            self.run.update_meta(
-                state=self.state,
-                exit_code=self.exit_code,
-                signal=self.signal,
-                terminated=self.terminated,
-                ended_at=_now(),
-                exception=self.exception,
-                output_tail=read_tail(self.run.file(OUTPUT_LOG), 20),
-            )
+            try:
+                self.run.update_meta(
+                    state=self.state,
+                    exit_code=self.exit_code,
+                    signal=self.signal,
+                    terminated=self.terminated,
+                    ended_at=_now(),
+                    exception=self.exception,
+                    output_tail=read_tail(self.run.file(OUTPUT_LOG), 20),
+                )
+            except OSError as exc:
+                self.store_error = f"could not update {self.run.file('run.json')}: {exc}"
         if self.link is not None:
             self.link.close()
         if self.events is not None:
@@ -220,10 +221,15 @@ class Session:
     # -- the run's event log ----------------------------------------------------------------
 
     def log_event(self, event: str, /, **fields: Any) -> None:
-        if self.events is not None:
+        """Append to events.jsonl; a full disk is reported in the state, never fatal."""
+        if self.events is None:
+            return
+        try:
             self.events.append(
                 {"time": time.time(), **fields, "event": event, "session": self.name}
             )
+        except (OSError, ValueError) as exc:
+            self.store_error = f"could not write {self.events.path}: {exc}"
 
     # -- state ------------------------------------------------------------------------------
 
@@ -255,6 +261,8 @@ class Session:
                 "python_version": self.hello.get("python"),
                 "backend": self.hello.get("backend"),
             }
+        if self.store_error:
+            state["store_error"] = self.store_error
         if self.ended:
             state["output_tail"] = self.output(20)["output"]
             state["terminated"] = self.terminated

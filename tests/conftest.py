@@ -45,11 +45,12 @@ def find_python(version: str) -> str | None:
 
 
 # The engine runs against both tracer backends: settrace (3.10/3.11) and sys.monitoring (3.12+).
-# 3.13 too: its frame.f_locals is a write-through proxy (PEP 667), a different eval path.
+# Also 3.13 (frame.f_locals is a write-through proxy, PEP 667) and 3.10, the oldest supported.
 BACKEND_PYTHONS = {
     "settrace": sys.executable if sys.version_info < (3, 12) else find_python("3.11"),
     "monitoring": sys.executable if sys.version_info >= (3, 12) else find_python("3.12"),
     "monitoring-3.13": find_python("3.13"),
+    "settrace-3.10": find_python("3.10"),
 }
 
 

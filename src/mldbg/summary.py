@@ -103,20 +103,27 @@ def _json_number(x: float | int | bool) -> float | int | bool | str:
 # -- tensors ----------------------------------------------------------------------------------
 
 
+def _header(kind: str, shape: Any, dtype: str, device: str, numel: int) -> dict[str, Any]:
+    """The keys every tensor summary has; preview and stats are filled in when there are values."""
+    return {
+        "type": kind,
+        "shape": list(shape),
+        "dtype": dtype,
+        "device": device,
+        "numel": numel,
+        "preview": [],
+        "stats": None,
+    }
+
+
 def _torch_summary(t: Any) -> dict[str, Any]:
     torch = sys.modules["torch"]
     requires_grad = bool(getattr(t, "requires_grad", False))
     t = t.detach()
-    out: dict[str, Any] = {
-        "type": "torch.Tensor",
-        "shape": list(t.shape),
-        "dtype": str(t.dtype).removeprefix("torch."),
-        "device": str(t.device),
-        "numel": t.numel(),
-        "preview": [],
-        "stats": None,
-        "requires_grad": requires_grad,
-    }
+    out = _header(
+        "torch.Tensor", t.shape, str(t.dtype).removeprefix("torch."), str(t.device), t.numel()
+    )
+    out["requires_grad"] = requires_grad
     if t.is_meta or t.numel() == 0:
         return out
     if t.layout != torch.strided:
@@ -174,15 +181,7 @@ def _mlx_summary(a: Any) -> dict[str, Any]:
     mx = sys.modules["mlx.core"]
     mx.eval(a)
     dtype = str(a.dtype).removeprefix("mlx.core.")
-    out: dict[str, Any] = {
-        "type": "mlx.core.array",
-        "shape": list(a.shape),
-        "dtype": dtype,
-        "device": _mlx_device(mx),
-        "numel": int(a.size),
-        "preview": [],
-        "stats": None,
-    }
+    out = _header("mlx.core.array", a.shape, dtype, _mlx_device(mx), int(a.size))
     if a.size == 0:
         return out
     flat = a.reshape(-1)
@@ -252,15 +251,7 @@ def _mlx_stats(flat: Any, mx: Any) -> dict[str, Any]:
 
 def _numpy_summary(a: Any) -> dict[str, Any]:
     np = sys.modules["numpy"]
-    out: dict[str, Any] = {
-        "type": "numpy.ndarray",
-        "shape": list(a.shape),
-        "dtype": str(a.dtype),
-        "device": "cpu",
-        "numel": int(a.size),
-        "preview": [],
-        "stats": None,
-    }
+    out = _header("numpy.ndarray", a.shape, str(a.dtype), "cpu", int(a.size))
     if a.size == 0:
         return out
     flat = a.reshape(-1)

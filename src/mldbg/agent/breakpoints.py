@@ -10,12 +10,13 @@ import bisect
 import itertools
 import os
 import re
+import sys
 import threading
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
-from .paths import canonical
+from .paths import canonical, canonical_code_file
 
 
 class BreakpointError(ValueError):
@@ -294,9 +295,28 @@ class BreakpointTable:
         self._code_cache[code] = result
         return result
 
+    def running_frames(self) -> list[FrameType]:
+        """Frames already executing code that holds a breakpoint (they see no new 'call')."""
+        return [
+            frame
+            for frame in running_frames()
+            if self.lines_in_code(frame.f_code, canonical_code_file(frame.f_code.co_filename))
+        ]
+
     def at(self, file: str, line: int) -> Breakpoint | None:
         file_bps = self.by_file.get(file)
         return file_bps.get(line) if file_bps else None
+
+
+def running_frames() -> list[FrameType]:
+    """Every frame of every thread, innermost to outermost per thread."""
+    frames = []
+    for top in sys._current_frames().values():
+        frame: FrameType | None = top
+        while frame is not None:
+            frames.append(frame)
+            frame = frame.f_back
+    return frames
 
 
 def format_log(bp: Breakpoint, frame: FrameType) -> str:

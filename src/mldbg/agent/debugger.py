@@ -56,24 +56,32 @@ class Debugger:
         return bool(self.breakpoints.lines_in_code(code, file))
 
     def on_line(self, frame: FrameType, file: str, line: int) -> bool:
-        """Handle a line event; False means this line can stay silent until something changes."""
+        """Handle a line event; False means this line can stay silent until something changes.
+
+        A bug in here must never surface as an exception in the user's code, so errors are
+        reported on stderr and the script goes on.
+        """
         if threading.get_ident() in self._busy:
             return True
-        bp = self.breakpoints.at(file, line)
-        if bp is not None and _repeat_of_caller_line(frame, line):
-            bp = None
-        if bp is not None and self._breakpoint_hit(bp, frame):
+        try:
+            bp = self.breakpoints.at(file, line)
+            if bp is not None and _repeat_of_caller_line(frame, line):
+                bp = None
+            if bp is not None and self._breakpoint_hit(bp, frame):
+                return True
+            if self.pause_requested:
+                if not is_mldbg_file(file):
+                    self.stop(frame, "pause")
+                return True
+            step = self.step
+            if step is not None:
+                if step.should_stop(frame, file, threading.get_ident()):
+                    self.stop(frame, step.reason)
+                return True
+            return bp is not None
+        except Exception as exc:
+            _report_internal_error(exc)
             return True
-        if self.pause_requested:
-            if not is_mldbg_file(file):
-                self.stop(frame, "pause")
-            return True
-        step = self.step
-        if step is not None:
-            if step.should_stop(frame, file, threading.get_ident()):
-                self.stop(frame, step.reason)
-            return True
-        return bp is not None
 
     def _breakpoint_hit(self, bp: Any, frame: FrameType) -> bool:
         """Apply condition, hit count and logpoint; True when this hit stopped the thread."""
@@ -264,6 +272,15 @@ class Debugger:
         if paused is not None:
             paused.queue.put({"cmd": "__detach__"})
         self.backend.refresh()
+
+
+def _report_internal_error(exc: BaseException) -> None:
+    stream = sys.__stderr__
+    if stream is not None:
+        stream.write(
+            f"mldbg: internal error in the tracer (the script goes on): {type(exc).__name__}: {exc}\n"
+        )
+        stream.flush()
 
 
 _INLINE_CODE = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>", "<lambda>"})

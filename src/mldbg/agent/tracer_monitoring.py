@@ -106,11 +106,8 @@ class MonitoringBackend:
 
     def breakpoints_changed(self) -> None:
         self.refresh()
-        table = self.debugger.breakpoints
-        for frame in _running_frames():
-            code = frame.f_code
-            if table.lines_in_code(code, canonical_code_file(code.co_filename)):
-                self._enable_lines(code)
+        for frame in self.debugger.breakpoints.running_frames():
+            self._enable_lines(frame.f_code)
 
     def arm_stack(self, frame: FrameType | None) -> None:
         while frame is not None:
@@ -133,13 +130,3 @@ class MonitoringBackend:
                 wanted |= self._events.LINE
             self._mon.set_events(self._tool, wanted)
             self._mon.restart_events()
-
-
-def _running_frames() -> list[FrameType]:
-    frames = []
-    for top in sys._current_frames().values():
-        frame: FrameType | None = top
-        while frame is not None:
-            frames.append(frame)
-            frame = frame.f_back
-    return frames

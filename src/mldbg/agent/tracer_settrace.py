@@ -12,6 +12,7 @@ import threading
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
+from .breakpoints import running_frames
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
@@ -71,11 +72,8 @@ class SettraceBackend:
         self._decisions = {}
         # Frames already running (a loop at module level, say) never see a new 'call' event:
         # give those that now hold a breakpoint a local trace function directly.
-        table = self.debugger.breakpoints
-        for frame in _running_frames():
-            code = frame.f_code
-            if table.lines_in_code(code, canonical_code_file(code.co_filename)):
-                self._attach(frame)
+        for frame in self.debugger.breakpoints.running_frames():
+            self._attach(frame)
 
     def arm_stack(self, frame: FrameType | None) -> None:
         """A step needs line events in the frame it began in and in every caller."""
@@ -84,20 +82,10 @@ class SettraceBackend:
             frame = frame.f_back
 
     def arm_all_threads(self) -> None:
-        for frame in _running_frames():
+        for frame in running_frames():
             self._attach(frame)
 
     def _attach(self, frame: FrameType) -> None:
         if frame.f_trace is None:
             frame.f_trace = self._local
         frame.f_trace_lines = True
-
-
-def _running_frames() -> list[FrameType]:
-    frames = []
-    for top in sys._current_frames().values():
-        frame: FrameType | None = top
-        while frame is not None:
-            frames.append(frame)
-            frame = frame.f_back
-    return frames

@@ -149,7 +149,16 @@ def cmd_step(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], Non
 
 
 def cmd_pause(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.session(a.session, "pause", json={"wait": 5.0}), render.state
+    def show(data: dict[str, Any]) -> None:
+        render.state(data)
+        if data.get("state") == "running":
+            render.out.print(
+                "pause requested: the script stops at its next line of Python "
+                "(it is probably inside a long call into C, e.g. a big tensor op or a sleep); "
+                "`mldbg continue` or `mldbg status` to see when it does"
+            )
+
+    return d.session(a.session, "pause", json={"wait": 5.0}), show
 
 
 def cmd_status(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:

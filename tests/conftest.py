@@ -132,10 +132,11 @@ class Session:
     def value(self, expression: str) -> Any:
         return self.eval(expression)["result"]
 
-    def brk(self, file: str | Path, line: int, expect: int = 200, **extra: Any) -> Any:
-        return self.api.post(
-            f"{self.base}/breakpoints", {"file": str(file), "line": line, **extra}, expect
-        )
+    def brk(
+        self, file: str | Path | None, line: int | None, expect: int = 200, **extra: Any
+    ) -> Any:
+        body = {"file": None if file is None else str(file), "line": line, **extra}
+        return self.api.post(f"{self.base}/breakpoints", body, expect)
 
     def stack(self) -> Any:
         return self.api.get(f"{self.base}/stack")

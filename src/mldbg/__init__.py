@@ -4,6 +4,8 @@ Importing this package must stay cheap and standard-library only: it is imported
 the debugged process, whose interpreter may have nothing of mldbg's dependencies.
 """
 
+from .checkpoint import debug_checkpoint
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "debug_checkpoint"]

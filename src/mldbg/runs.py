@@ -164,3 +164,124 @@ def point_latest(home: Path, run: RunDir) -> None:
         # Filesystems without symlinks still get a usable run store; only the shortcut is missing.
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+# -- reading the store ----------------------------------------------------------------------
+
+
+def run_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def list_runs(home: Path) -> list[RunDir]:
+    """Runs, oldest first (by start time in the id's order of creation on disk)."""
+    root = runs_root(home)
+    if not root.is_dir():
+        return []
+    runs = [RunDir(p) for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return sorted(
+        runs,
+        key=lambda r: (
+            r.file(RUN_JSON).stat().st_mtime if r.file(RUN_JSON).exists() else 0,
+            r.run_id,
+        ),
+    )
+
+
+def describe_run(run: RunDir) -> dict[str, Any]:
+    meta = run.read_meta()
+    return {
+        "run_id": run.run_id,
+        "path": str(run.path),
+        "state": meta.get("state"),
+        "script": meta.get("script") or meta.get("module"),
+        "started_at": meta.get("started_at"),
+        "ended_at": meta.get("ended_at"),
+        "exit_code": meta.get("exit_code"),
+        "signal": meta.get("signal"),
+        "size_bytes": run_size(run.path),
+        "checkpoints": count_lines(run.file(CHECKPOINTS)),
+    }
+
+
+def count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+    except OSError:
+        return 0
+
+
+def resolve_run(home: Path, spec: str | None) -> RunDir:
+    """A run from ``latest`` (the default), a run id (or a unique prefix of one), or a directory."""
+    from difflib import get_close_matches
+
+    from .errors import MldbgError
+
+    if spec in (None, "", "latest"):
+        link = home / "latest"
+        if link.exists():
+            return RunDir(link.resolve())
+        runs = list_runs(home)
+        if not runs:
+            raise MldbgError(
+                f"no runs under {home}; run a script with mldbg or debug_checkpoint first",
+                code="no_runs",
+            )
+        return runs[-1]
+    assert spec is not None
+    as_path = Path(spec).expanduser()
+    if as_path.is_dir():
+        return RunDir(as_path.resolve())
+    root = runs_root(home)
+    exact = root / spec
+    if exact.is_dir():
+        return RunDir(exact)
+    ids = [r.run_id for r in list_runs(home)]
+    matches = [i for i in ids if i.startswith(spec)]
+    if len(matches) == 1:
+        return RunDir(root / matches[0])
+    if len(matches) > 1:
+        raise MldbgError(
+            f"run {spec!r} is ambiguous: {', '.join(matches[:10])}",
+            code="ambiguous_run",
+            runs=matches,
+        )
+    close = get_close_matches(spec, ids, n=5, cutoff=0.3)
+    hint = (
+        f"; did you mean: {', '.join(close)}"
+        if close
+        else ("; `mldbg runs` lists them" if ids else "")
+    )
+    raise MldbgError(f"no run {spec!r} under {root}{hint}", code="unknown_run", runs=close)
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Records, and how many lines could not be read (a kill can cut the last one short)."""
+    records: list[dict[str, Any]] = []
+    bad = 0
+    try:
+        fh = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
+    except FileNotFoundError:
+        return records, 0
+    with fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                bad += 1
+    return records, bad

@@ -7,6 +7,7 @@ code), so that a mistake is reported at once instead of silently never stopping.
 from __future__ import annotations
 
 import bisect
+import fnmatch
 import itertools
 import os
 import re
@@ -236,6 +237,53 @@ def make_breakpoint(
     )
 
 
+@dataclass
+class CheckpointFilter:
+    """``mldbg break --checkpoint NAME [--if EXPR]``: which ``debug_checkpoint`` calls pause.
+
+    NAME may be a glob (``layer.*``); EXPR runs in the caller's frame, with ``hit_count``.
+    """
+
+    name: str
+    condition: str | None = None
+    id: int = field(default_factory=lambda: next(_ids))
+    hit_count: int = 0
+    condition_code: CodeType | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "checkpoint": self.name,
+            "condition": self.condition,
+            "hit_count": self.hit_count,
+        }
+
+    def matches(self, name: str, frame: FrameType, hit: int) -> bool:
+        """Raises what the condition raises: the caller reports it."""
+        if not fnmatch.fnmatchcase(name, self.name):
+            return False
+        if self.condition_code is not None:
+            scope = dict(frame.f_locals)
+            scope.setdefault("hit_count", hit)
+            if not eval(self.condition_code, frame.f_globals, scope):
+                return False
+        self.hit_count += 1
+        return True
+
+
+def make_checkpoint_filter(name: str, condition: str | None = None) -> CheckpointFilter:
+    if not name:
+        raise BreakpointError(
+            "--checkpoint needs the checkpoint's name (a glob such as 'layer.*' works)"
+        )
+    condition = condition or None
+    return CheckpointFilter(
+        name=name,
+        condition=condition,
+        condition_code=_compile_expression(condition, "condition") if condition else None,
+    )
+
+
 class BreakpointTable:
     """Breakpoints by canonical file and line, plus per-code-object answers for the tracers.
 
@@ -244,6 +292,7 @@ class BreakpointTable:
 
     def __init__(self) -> None:
         self.by_file: dict[str, dict[int, Breakpoint]] = {}
+        self.checkpoints: dict[str, CheckpointFilter] = {}
         self.version = 0
         self.lock = threading.RLock()
         self._code_cache: dict[CodeType, frozenset[int]] = {}
@@ -253,6 +302,18 @@ class BreakpointTable:
             self.by_file.setdefault(bp.file, {})[bp.line] = bp
             self._changed()
             return bp
+
+    def add_checkpoint(self, flt: CheckpointFilter) -> CheckpointFilter:
+        with self.lock:
+            self.checkpoints[flt.name] = flt
+            return flt
+
+    def remove_checkpoint(self, name: str) -> CheckpointFilter:
+        with self.lock:
+            if name not in self.checkpoints:
+                known = ", ".join(self.checkpoints) or "none"
+                raise BreakpointError(f"no checkpoint filter {name!r}; set filters: {known}")
+            return self.checkpoints.pop(name)
 
     def remove(self, file: str, line: int, cwd: str | None = None) -> Breakpoint:
         path = canonical(file, cwd)
@@ -269,8 +330,9 @@ class BreakpointTable:
 
     def clear(self) -> int:
         with self.lock:
-            count = sum(len(lines) for lines in self.by_file.values())
+            count = sum(len(lines) for lines in self.by_file.values()) + len(self.checkpoints)
             self.by_file.clear()
+            self.checkpoints.clear()
             self._changed()
             return count
 

@@ -12,7 +12,15 @@ import threading
 from types import CodeType, FrameType
 from typing import Any
 
-from .breakpoints import BreakpointError, BreakpointTable, format_log, make_breakpoint
+from .breakpoints import (
+    Breakpoint,
+    BreakpointError,
+    BreakpointTable,
+    CheckpointFilter,
+    format_log,
+    make_breakpoint,
+    make_checkpoint_filter,
+)
 from .paths import canonical_code_file, is_mldbg_file
 from .paused import (
     PAUSED_COMMANDS,
@@ -119,6 +127,26 @@ class Debugger:
         self.stop(frame, "breakpoint", breakpoint=bp.to_json())
         return True
 
+    def on_checkpoint(self, frame: FrameType, info: dict[str, Any]) -> None:
+        """A ``debug_checkpoint(..., skip=False)`` call: pause, unless filters leave it out."""
+        if self.detached or threading.get_ident() in self._busy:
+            return
+        filters = list(self.breakpoints.checkpoints.values())
+        if filters:
+            try:
+                matched = any(f.matches(info["name"], frame, info["hit_count"]) for f in filters)
+            except Exception as exc:  # a broken filter condition stops, so the user sees why
+                self.stop(
+                    frame,
+                    "checkpoint",
+                    checkpoint=info,
+                    condition_error=f"checkpoint filter raised {type(exc).__name__}: {exc}",
+                )
+                return
+            if not matched:
+                return
+        self.stop(frame, "checkpoint", checkpoint=info)
+
     # -- stopping ---------------------------------------------------------------------------
 
     def stop(self, frame: FrameType, reason: str, **details: Any) -> None:
@@ -217,21 +245,27 @@ class Debugger:
 
     def cmd_configure(self, breakpoints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Validate and set the start-up breakpoints all at once; any error refuses them all."""
-        made = [self._make(spec) for spec in breakpoints or []]
-        for bp in made:
-            self.breakpoints.add(bp)
+        made = [self._build(spec) for spec in breakpoints or []]
+        for item in made:
+            self._add(item)
         self.backend.breakpoints_changed()
-        return {"breakpoints": [bp.to_json() for bp in made]}
+        return {"breakpoints": [item.to_json() for item in made]}
 
     def cmd_run(self, **_: Any) -> dict[str, Any]:
         return {"running": True}
 
     def cmd_set_breakpoint(self, **spec: Any) -> dict[str, Any]:
-        bp = self.breakpoints.add(self._make(spec))
+        item = self._add(self._build(spec))
         self.backend.breakpoints_changed()
-        return bp.to_json()
+        return item.to_json()
 
-    def cmd_remove_breakpoint(self, file: str, line: int) -> dict[str, Any]:
+    def cmd_remove_breakpoint(
+        self, file: str | None = None, line: int | None = None, checkpoint: str | None = None
+    ) -> dict[str, Any]:
+        if checkpoint:
+            return self.breakpoints.remove_checkpoint(checkpoint).to_json()
+        if not file or line is None:
+            raise BreakpointError("say which breakpoint to remove: FILE:LINE, or --checkpoint NAME")
         bp = self.breakpoints.remove(file, int(line), self.cwd)
         self.backend.breakpoints_changed()
         return bp.to_json()
@@ -242,7 +276,11 @@ class Debugger:
         return {"removed": removed}
 
     def cmd_list_breakpoints(self) -> dict[str, Any]:
-        return {"breakpoints": [bp.to_json() for bp in self.breakpoints.all()]}
+        table = self.breakpoints
+        items = [bp.to_json() for bp in table.all()] + [
+            f.to_json() for f in table.checkpoints.values()
+        ]
+        return {"breakpoints": items}
 
     def cmd_pause(self) -> dict[str, Any]:
         if self.paused is not None:
@@ -252,15 +290,22 @@ class Debugger:
         self.backend.arm_all_threads()
         return {"pause_requested": True}
 
-    def _make(self, spec: dict[str, Any]) -> Any:
+    def _build(self, spec: dict[str, Any]) -> Breakpoint | CheckpointFilter:
+        if spec.get("checkpoint"):
+            return make_checkpoint_filter(spec["checkpoint"], spec.get("condition"))
         return make_breakpoint(
-            spec.get("file", ""),
-            spec.get("line", 0),
+            spec.get("file") or "",
+            spec.get("line") or 0,
             condition=spec.get("condition"),
             hits=spec.get("hits"),
             log=spec.get("log"),
             cwd=self.cwd,
         )
+
+    def _add(self, item: Breakpoint | CheckpointFilter) -> Breakpoint | CheckpointFilter:
+        if isinstance(item, CheckpointFilter):
+            return self.breakpoints.add_checkpoint(item)
+        return self.breakpoints.add(item)
 
     def detach(self) -> None:
         """The daemon is gone: forget breakpoints and let the script run on untraced."""

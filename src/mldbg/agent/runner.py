@@ -195,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         wire.send({"event": "finished", "exit_code": EXIT_USAGE if module is None else 1})
         return EXIT_USAGE if module is None else 1
 
+    if config.get("run_dir"):
+        from .. import checkpoint
+
+        checkpoint.attach_debugger(str(config["run_dir"]), debugger.on_checkpoint)
     _install_main(target, args)
     _line_buffer_output()
     if config.get("stop_on_entry", True):

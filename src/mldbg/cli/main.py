@@ -7,6 +7,7 @@ with ``{"error": ..., "code": ...}`` (2 for usage errors), saying what to do nex
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import MldbgError
+from ..runs import CHECKPOINTS, describe_run, list_runs, mldbg_home, read_jsonl, resolve_run
 from . import render
 from .client import Daemon, connect
 
@@ -87,14 +89,21 @@ def cmd_start(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], No
 
 
 def cmd_break(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    file, line, cond = parse_location(a.location, a.line)
-    body = {
-        "file": file,
-        "line": line,
-        "condition": a.condition or cond,
-        "hits": a.hits,
-        "log": a.log,
-    }
+    if a.checkpoint:
+        if a.location or a.hits or a.log:
+            raise UsageError("--checkpoint NAME takes no FILE:LINE, --hits or --log (only --if)")
+        body: dict[str, Any] = {"checkpoint": a.checkpoint, "condition": a.condition}
+    else:
+        if not a.location:
+            raise UsageError("give FILE:LINE (or FILE LINE), or --checkpoint NAME")
+        file, line, cond = parse_location(a.location, a.line)
+        body = {
+            "file": file,
+            "line": line,
+            "condition": a.condition or cond,
+            "hits": a.hits,
+            "log": a.log,
+        }
     data = d.session(a.session, "breakpoints", json=body)
     return data, lambda bp: render.out.print("breakpoint " + render.breakpoint_line(bp))
 
@@ -104,8 +113,14 @@ def cmd_breaks(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], N
 
 
 def cmd_remove(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    file, line, _ = parse_location(a.location, a.line)
-    data = d.session(a.session, "breakpoints/remove", json={"file": file, "line": line})
+    if a.checkpoint:
+        body: dict[str, Any] = {"checkpoint": a.checkpoint}
+    elif a.location:
+        file, line, _ = parse_location(a.location, a.line)
+        body = {"file": file, "line": line}
+    else:
+        raise UsageError("give FILE:LINE (or FILE LINE), or --checkpoint NAME")
+    data = d.session(a.session, "breakpoints/remove", json=body)
     return data, lambda bp: render.out.print(f"removed {render.breakpoint_line(bp)}")
 
 
@@ -208,8 +223,39 @@ def cmd_sessions(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any],
     return d.call("GET", "/v1/sessions"), render.sessions
 
 
+# -- verbs that read the run store directly (no daemon needed) ---------------------------------
+
+
+def cmd_runs(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    home = mldbg_home()
+    return {"home": str(home), "runs": [describe_run(r) for r in list_runs(home)]}, render.runs
+
+
+def cmd_checkpoints(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    run = resolve_run(mldbg_home(), a.run)
+    records, unreadable = read_jsonl(run.file(CHECKPOINTS))
+    if a.name:
+        records = [r for r in records if fnmatch.fnmatchcase(str(r.get("checkpoint_name")), a.name)]
+    if a.hit is not None:
+        records = [r for r in records if r.get("hit_count") == a.hit]
+    data = {
+        "run_id": run.run_id,
+        "path": str(run.file(CHECKPOINTS)),
+        "checkpoints": records,
+        "unreadable_lines": unreadable,
+    }
+    return data, render.checkpoints
+
+
+LOCAL_VERBS: dict[str, Callable[[argparse.Namespace], tuple[Any, Callable[[Any], None]]]] = {
+    "runs": cmd_runs,
+    "checkpoints": cmd_checkpoints,
+}
+
 VERBS: dict[str, Callable[[Daemon, argparse.Namespace], tuple[Any, Callable[[Any], None]]]] = {
-    name[4:]: fn for name, fn in globals().items() if name.startswith("cmd_")
+    name[4:]: fn
+    for name, fn in globals().items()
+    if name.startswith("cmd_") and name[4:] not in LOCAL_VERBS
 }
 
 
@@ -257,9 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("target", nargs="?", default=None, help="script path, then its arguments")
 
-    p = verb("break", "set a breakpoint (FILE:LINE or FILE LINE)")
-    p.add_argument("location")
+    p = verb("break", "set a breakpoint (FILE:LINE or FILE LINE), or a checkpoint filter")
+    p.add_argument("location", nargs="?")
     p.add_argument("line", nargs="?")
+    p.add_argument(
+        "--checkpoint",
+        metavar="NAME",
+        help="pause only at debug_checkpoint calls named NAME (a glob)",
+    )
     p.add_argument("--if", dest="condition", help="stop only when this expression is true")
     p.add_argument("--hits", help="N: stop on the Nth hit; >=N: from the Nth on; %%N: every Nth")
     p.add_argument(
@@ -267,9 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     verb("breaks", "list breakpoints")
-    p = verb("remove", "remove a breakpoint")
-    p.add_argument("location")
+    p = verb("remove", "remove a breakpoint or a checkpoint filter")
+    p.add_argument("location", nargs="?")
     p.add_argument("line", nargs="?")
+    p.add_argument("--checkpoint", metavar="NAME", help="remove this checkpoint filter")
     verb("clear", "remove all breakpoints")
 
     p = verb("continue", "resume and wait for the next stop or the end")
@@ -299,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=int, help="only the last N lines")
     verb("terminate", "end the script")
     verb("sessions", "list sessions")
+    verb("runs", "list the runs in the run store ($MLDBG_HOME or ./.mldbg)")
+    p = verb("checkpoints", "list checkpoint records of a run")
+    p.add_argument("--run", help="run id (or unique prefix), 'latest' (default) or a run directory")
+    p.add_argument("--name", help="only checkpoints with this name (a glob)")
+    p.add_argument("--hit", type=int, help="only the Nth hit of each name")
     p = verb("serve", "run the daemon in the foreground (clients start it on demand)")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
     p.add_argument("--stop", action="store_true", help="stop the running daemon and its sessions")
@@ -356,8 +413,10 @@ def main(argv: list[str] | None = None) -> int:
                 keep=args.keep,
                 as_json=as_json,
             )
-        daemon = connect()
-        data, show = VERBS[args.verb](daemon, args)
+        if args.verb in LOCAL_VERBS:
+            data, show = LOCAL_VERBS[args.verb](args)
+        else:
+            data, show = VERBS[args.verb](connect(), args)
     except UsageError as exc:
         _emit_error(exc, as_json)
         return EXIT_USAGE

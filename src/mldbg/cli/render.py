@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -114,7 +115,10 @@ def breakpoints(data: dict[str, Any]) -> None:
 
 
 def breakpoint_line(bp: dict[str, Any]) -> str:
-    parts = [f"#{bp['id']} {escape(bp['file'])}:{bp['line']}"]
+    if bp.get("checkpoint"):
+        parts = [f"#{bp['id']} checkpoint {escape(bp['checkpoint'])}"]
+    else:
+        parts = [f"#{bp['id']} {escape(bp['file'])}:{bp['line']}"]
     if bp.get("condition"):
         parts.append(f"if {escape(bp['condition'])}")
     if bp.get("hits"):
@@ -143,6 +147,76 @@ def sessions(data: dict[str, Any]) -> None:
             s["session"], s["state"], str(s.get("pid")), escape(place), s.get("run_id") or ""
         )
     out.print(table)
+
+
+def runs(data: dict[str, Any]) -> None:
+    items = data.get("runs", [])
+    if not items:
+        out.print(f"no runs under {escape(data.get('home', ''))}")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("run", "state", "ended", "checkpoints", "size", "script"):
+        table.add_column(column)
+    for run in items:
+        how = (
+            f"signal {run['signal']}"
+            if run.get("signal")
+            else ("" if run.get("exit_code") is None else f"exit {run['exit_code']}")
+        )
+        table.add_row(
+            run["run_id"],
+            str(run.get("state") or "?"),
+            how,
+            str(run.get("checkpoints", 0)),
+            _size(run.get("size_bytes", 0)),
+            escape(str(run.get("script") or "")),
+        )
+    out.print(table)
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def checkpoints(data: dict[str, Any]) -> None:
+    records = data.get("checkpoints", [])
+    out.print(f"[dim]{escape(data.get('path', ''))}[/]")
+    if not records:
+        out.print("no checkpoint records")
+    for record in records:
+        loc = record.get("location") or {}
+        out.print(
+            f"[bold]{escape(str(record.get('checkpoint_name')))}[/] #{record.get('hit_count')} "
+            f"[dim]{escape(str(loc.get('file')))}:{loc.get('line')} in {escape(str(loc.get('function')))}()[/]"
+        )
+        for name, value in (record.get("variables") or {}).items():
+            out.print(f"    {escape(name)} = {escape(_value_line(value))}")
+    if data.get("unreadable_lines"):
+        out.print(
+            f"[yellow]{data['unreadable_lines']} line(s) could not be read (cut short by a kill?)[/]"
+        )
+
+
+def _value_line(value: Any) -> str:
+    if isinstance(value, dict) and "shape" in value:
+        shape = ", ".join(map(str, value.get("shape", [])))
+        stats = value.get("stats") or {}
+        parts = [f"{value.get('dtype')}[{shape}] {value.get('device')}"]
+        parts += [
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in stats.items()
+            if v not in (None, 0) or k in ("min", "max")
+        ]
+        return " ".join(parts)
+    if isinstance(value, dict) and "repr" in value:
+        return str(value["repr"])
+    text = json.dumps(value)
+    return text if len(text) < 200 else text[:199] + "…"
 
 
 def output(data: dict[str, Any]) -> None:

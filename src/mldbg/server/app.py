@@ -23,8 +23,14 @@ MAX_WAIT = 30.0
 
 
 class BreakpointSpec(BaseModel):
-    file: str = Field(description="path; relative paths resolve against the session's cwd")
-    line: int
+    file: str | None = Field(
+        None, description="path; relative paths resolve against the session's cwd"
+    )
+    line: int | None = None
+    checkpoint: str | None = Field(
+        None,
+        description="instead of file/line: pause only at debug_checkpoint calls of this name (glob)",
+    )
     condition: str | None = Field(None, description="stop only when this expression is true")
     hits: str | None = Field(
         None, description="N: the Nth hit; >=N: from the Nth on; %N: every Nth"
@@ -70,8 +76,9 @@ class EvalBody(BaseModel):
 
 
 class LocationBody(BaseModel):
-    file: str
-    line: int
+    file: str | None = None
+    line: int | None = None
+    checkpoint: str | None = None
 
 
 def _bounded(wait: float) -> float:

@@ -142,7 +142,7 @@ class Session:
             link.request("configure", {"breakpoints": req.breakpoints})
             with self.cond:
                 self.state = "running"
-            link.request("run", {"stop_on_entry": req.stop_on_entry})
+            link.request("run", {"stop_on_entry": req.stop_on_entry, "run_dir": str(run.path)})
         except MldbgError as exc:
             self._kill()
             process.wait(10)
@@ -313,8 +313,19 @@ class Session:
     def resume(
         self, cmd: str, args: dict[str, Any] | None = None, wait: float = 0.0
     ) -> dict[str, Any]:
-        """Continue or step; then wait up to ``wait`` seconds for the next stop or the end."""
+        """Continue or step; then wait up to ``wait`` seconds for the next stop or the end.
+
+        ``continue`` on a running script just waits: it is already doing what was asked.
+        """
         link = self._link()
+        with self.cond:
+            if cmd == "continue" and self.state == "running":
+                seq = self.stop_seq
+                running = True
+            else:
+                running = False
+        if running:
+            return self.wait(wait, after_seq=seq)
         with self.cond:
             if self.state != "paused":
                 raise NotPaused(

@@ -1,0 +1,166 @@
+"""``debug_checkpoint``: named, self-contained records of tensors at points in the code.
+
+Standard library only (it runs inside the user's script, debugged or not).  Every hit
+appends one line to the current run's ``checkpoints.jsonl``; under the debugger a hit
+with ``skip=False`` also pauses there.  ``MLDBG_CHECKPOINTS=off`` (read at import) makes
+the call a no-op, so checkpoints can stay in code that ships.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import linecache
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from . import summary
+from .runs import CHECKPOINTS, JsonlWriter, RunDir, create_run_dir, mldbg_home
+
+CONTEXT_LINES = 3
+_OFF = os.environ.get("MLDBG_CHECKPOINTS", "").strip().lower() in ("off", "0", "false", "no")
+
+# Set by the debugger's agent: the session's run, and the function that may pause.
+PauseHook = Callable[[FrameType, dict[str, Any]], None]
+
+
+class _Recorder:
+    """Per process: the run directory, the writer and the hit counts per name."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.run: RunDir | None = None
+        self.writer: JsonlWriter | None = None
+        self.hits: dict[str, int] = {}
+        self.pause_hook: PauseHook | None = None
+
+    def attach(self, run_dir: str, pause_hook: PauseHook | None) -> None:
+        """Called by the agent: records go to the debug session's run, and hits may pause."""
+        with self.lock:
+            self.run = RunDir(Path(run_dir))
+            self.writer = None
+            self.pause_hook = pause_hook
+
+    def next_hit(self, name: str) -> int:
+        with self.lock:
+            count = self.hits.get(name, 0) + 1
+            self.hits[name] = count
+            return count
+
+    def append(self, record: Mapping[str, Any]) -> str:
+        with self.lock:
+            if self.writer is None:
+                if self.run is None:
+                    self.run = _plain_run()
+                self.writer = JsonlWriter(self.run.file(CHECKPOINTS))
+            writer = self.writer
+        writer.append(record)
+        return str(writer.path)
+
+
+def _plain_run() -> RunDir:
+    """A run directory for a script run without the debugger, made on its first checkpoint."""
+    script = sys.argv[0] if sys.argv and sys.argv[0] else "python"
+    stem = os.path.splitext(os.path.basename(script))[0] or "python"
+    run = create_run_dir(mldbg_home(), stem, os.getpid())
+    run.update_meta(
+        run_id=run.run_id,
+        kind="plain",
+        script=os.path.abspath(script) if os.path.exists(script) else script,
+        argv=sys.argv[1:],
+        cwd=os.getcwd(),
+        python=sys.executable,
+        python_version=sys.version.split()[0],
+        pid=os.getpid(),
+        state="running",
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    atexit.register(_mark_plain_run_ended, run)
+    return run
+
+
+def _mark_plain_run_ended(run: RunDir) -> None:
+    with contextlib.suppress(OSError):
+        run.update_meta(state="exited", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+
+_recorder = _Recorder()
+
+
+def attach_debugger(run_dir: str, pause_hook: PauseHook | None) -> None:
+    _recorder.attach(run_dir, pause_hook)
+
+
+def _json_value(value: object) -> Any:
+    """Tensors become summaries; JSON-able plain values are kept as they are."""
+    if summary.is_tensor(value):
+        return summary.summarize(value)
+    if isinstance(value, bool | int | str | type(None)):
+        return value
+    if isinstance(value, float):
+        return (
+            value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+        )
+    if isinstance(value, list | tuple | dict):
+        try:
+            text = json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            return summary.summarize(value)
+        if len(text) <= 10_000:
+            return json.loads(text)
+    return summary.summarize(value)
+
+
+def _code_context(frame: FrameType, line: int) -> dict[str, Any]:
+    file = frame.f_code.co_filename
+    start = max(1, line - CONTEXT_LINES)
+    lines = {}
+    for n in range(start, line + CONTEXT_LINES + 1):
+        text = linecache.getline(file, n, frame.f_globals)
+        if not text and n > line:
+            break
+        lines[str(n)] = text.rstrip("\n")
+    numbers = [int(n) for n in lines] or [line]
+    return {"start_line": min(numbers), "end_line": max(numbers), "lines": lines}
+
+
+def debug_checkpoint(
+    name: str, *, skip: bool = False, metadata: Mapping[str, Any] | None = None, **variables: Any
+) -> None:
+    """Record ``variables`` (default: the caller's local tensors) under ``name``.
+
+    Under mldbg the script pauses here (reason ``checkpoint``) unless ``skip=True`` or
+    checkpoint filters (``mldbg break --checkpoint``) leave this one out; without the
+    debugger it only records.
+    """
+    if _OFF:
+        return
+    frame = sys._getframe(1)
+    if not variables:
+        variables = {k: v for k, v in frame.f_locals.items() if summary.is_tensor(v)}
+    hit = _recorder.next_hit(name)
+    line = frame.f_lineno
+    record = {
+        "checkpoint_name": name,
+        "hit_count": hit,
+        "timestamp": time.time(),
+        "location": {
+            "file": os.path.abspath(frame.f_code.co_filename),
+            "line": line,
+            "function": frame.f_code.co_name,
+        },
+        "code_context": _code_context(frame, line),
+        "variables": {key: _json_value(value) for key, value in variables.items()},
+        "metadata": _json_value(dict(metadata)) if metadata else None,
+    }
+    _recorder.append(record)
+    hook = _recorder.pause_hook
+    if hook is not None and not skip:
+        hook(frame, {"name": name, "hit_count": hit})

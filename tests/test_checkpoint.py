@@ -1,0 +1,238 @@
+"""debug_checkpoint: records checked value by value, pausing under the debugger, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import Session, line_of
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = """
+import torch
+from mldbg import debug_checkpoint
+
+torch.manual_seed(0)
+x = torch.randn(4, 5)
+for step in range(3):
+    y = torch.tanh(x * (step + 1))
+    debug_checkpoint("layer", skip=True, y=y, step=step, metadata={"lr": 0.1})  # layer
+h = torch.ones(3, dtype=torch.bfloat16) / 3
+debug_checkpoint("final", skip=True)  # final
+torch.save({"x": x}, "x.pt")
+print("done")
+"""
+
+
+def run_plain(tmp_path: Path, source: str, **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "prog.py"
+    script.write_text(source.lstrip())
+    full_env = {**os.environ, "MLDBG_HOME": str(tmp_path / ".mldbg"), **env}
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def records(tmp_path: Path) -> list[dict[str, Any]]:
+    path = (tmp_path / ".mldbg" / "latest" / "checkpoints.jsonl").resolve()
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_records_match_independent_computations(tmp_path: Path) -> None:
+    result = run_plain(tmp_path, SCRIPT)
+    assert result.returncode == 0, result.stderr
+    recs = records(tmp_path)
+    assert [(r["checkpoint_name"], r["hit_count"]) for r in recs] == [
+        ("layer", 1),
+        ("layer", 2),
+        ("layer", 3),
+        ("final", 1),
+    ]
+    x = torch.load(tmp_path / "x.pt")["x"]
+    script = tmp_path / "prog.py"
+    for step, rec in enumerate(recs[:3]):
+        y = torch.tanh(x * (step + 1)).numpy().astype(np.float64)
+        stats = rec["variables"]["y"]["stats"]
+        assert stats["min"] == pytest.approx(y.min(), rel=1e-6)
+        assert stats["max"] == pytest.approx(y.max(), rel=1e-6)
+        assert stats["mean"] == pytest.approx(y.mean(), rel=1e-5, abs=1e-7)
+        assert stats["std"] == pytest.approx(y.std(ddof=1), rel=1e-5)
+        assert rec["variables"]["y"]["preview"] == pytest.approx(
+            y.reshape(-1)[:8].tolist(), rel=1e-6
+        )
+        assert rec["variables"]["step"] == step  # plain values stay JSON values
+        assert rec["metadata"] == {"lr": 0.1}
+        assert rec["location"] == {
+            "file": str(script),
+            "line": line_of(script, "# layer"),
+            "function": "<module>",
+        }
+        context = rec["code_context"]
+        assert (
+            context["lines"][str(line_of(script, "# layer"))].strip().startswith("debug_checkpoint")
+        )
+        assert context["start_line"] <= line_of(script, "# layer") <= context["end_line"]
+    final = recs[3]["variables"]
+    assert set(final) == {"x", "y", "h"}  # no keywords: the caller's local tensors
+    assert final["h"]["dtype"] == "bfloat16"
+    assert final["h"]["stats"]["mean"] == pytest.approx(
+        float(torch.ones(3, dtype=torch.bfloat16)[0] / 3), rel=1e-6
+    )
+    run = json.loads((tmp_path / ".mldbg" / "latest" / "run.json").read_text())
+    assert run["kind"] == "plain" and run["state"] == "exited" and run["pid"] > 0
+
+
+def test_mlx_arrays_in_checkpoints(tmp_path: Path) -> None:
+    mx = pytest.importorskip("mlx.core")
+    result = run_plain(
+        tmp_path,
+        """
+from mldbg import debug_checkpoint
+import mlx.core as mx
+a = mx.arange(10, dtype=mx.float32)
+lazy = mx.exp(a / 10).astype(mx.bfloat16)
+debug_checkpoint("mlx", lazy=lazy)
+""",
+    )
+    assert result.returncode == 0, result.stderr
+    summary = records(tmp_path)[0]["variables"]["lazy"]
+    expected = np.array(
+        mx.exp(mx.arange(10, dtype=mx.float32) / 10).astype(mx.bfloat16).astype(mx.float32).tolist()
+    )
+    assert summary["type"] == "mlx.core.array" and summary["dtype"] == "bfloat16"
+    assert summary["stats"]["max"] == pytest.approx(expected.max(), rel=1e-6)
+    assert summary["stats"]["mean"] == pytest.approx(expected.mean(), rel=1e-5)
+
+
+def test_off_switch_is_a_cheap_no_op(tmp_path: Path) -> None:
+    result = run_plain(
+        tmp_path,
+        """
+import timeit
+from mldbg import debug_checkpoint
+n = 200_000
+best = min(timeit.repeat(lambda: debug_checkpoint("x", a=1), number=n, repeat=5)) / n
+empty = min(timeit.repeat(lambda: None, number=n, repeat=5)) / n
+print(best - empty)
+""",
+        MLDBG_CHECKPOINTS="off",
+    )
+    assert result.returncode == 0, result.stderr
+    per_call = float(result.stdout)
+    assert per_call < 1e-6, f"{per_call * 1e9:.0f} ns per disabled call"
+    assert not (tmp_path / ".mldbg").exists()  # nothing written
+
+
+def test_kill_leaves_earlier_records_readable(tmp_path: Path, cli) -> None:
+    result = run_plain(
+        tmp_path,
+        """
+import os, signal
+from mldbg import debug_checkpoint
+for i in range(50):
+    debug_checkpoint("tick", i=i)
+os.kill(os.getpid(), signal.SIGKILL)
+""",
+    )
+    assert result.returncode == -9
+    recs = records(tmp_path)
+    assert [r["variables"]["i"] for r in recs] == list(range(50))
+    listed = cli("checkpoints", "--name", "tick", "--hit", "50", json_out=True)
+    assert [r["variables"]["i"] for r in listed["checkpoints"]] == [49]
+    with open((tmp_path / ".mldbg" / "latest" / "checkpoints.jsonl").resolve(), "a") as fh:
+        fh.write('{"checkpoint_name": "half')  # a line cut short
+    listed = cli("checkpoints", json_out=True)
+    assert len(listed["checkpoints"]) == 50 and listed["unreadable_lines"] == 1
+
+
+def test_checkpoint_pauses_under_the_debugger(session: Session, write) -> None:
+    script = write(
+        "ck.py",
+        """
+        from mldbg import debug_checkpoint
+
+        def block(i):
+            hidden = [i] * 3
+            debug_checkpoint("block", hidden=hidden, i=i)  # block
+            return hidden
+
+        for i in range(4):
+            block(i)
+        debug_checkpoint("quiet", skip=True, i=i)
+        print("end")
+    """,
+    )
+    state = session.start(script, python=sys.executable, stop_on_entry=False)
+    state = session.wait()
+    assert state["reason"] == "checkpoint"
+    assert state["checkpoint"] == {"name": "block", "hit_count": 1}
+    assert (
+        state["location"]["line"] == line_of(script, "# block")
+        and state["location"]["function"] == "block"
+    )
+    assert session.value("hidden") == "[0, 0, 0]"  # eval sees the caller's frame
+    # Only the 3rd hit (i == 2) of "block" may pause from now on.
+    session.brk(None, None, checkpoint="bl*", condition="i == 2")
+    state = session.cont()
+    assert state["checkpoint"] == {"name": "block", "hit_count": 3} and session.value("i") == "2"
+    listed = session.api.get(f"{session.base}/breakpoints")["breakpoints"]
+    assert listed == [
+        {"id": listed[0]["id"], "checkpoint": "bl*", "condition": "i == 2", "hit_count": 1}
+    ]
+    state = session.step("over")
+    assert state["reason"] == "step" and state["location"]["line"] == line_of(script, "# block") + 1
+    final = session.run_to_end()
+    assert final["exit_code"] == 0
+    recs = [
+        json.loads(line)
+        for line in (Path(final["run_dir"]) / "checkpoints.jsonl").read_text().splitlines()
+    ]
+    assert [(r["checkpoint_name"], r["hit_count"]) for r in recs] == [
+        ("block", n) for n in range(1, 5)
+    ] + [("quiet", 1)]
+
+
+def test_checkpoint_filter_errors(session: Session, write) -> None:
+    script = write(
+        "ck2.py",
+        "from mldbg import debug_checkpoint\nfor i in range(3):\n    debug_checkpoint('c', i=i)\n",
+    )
+    session.start(script, python=sys.executable)
+    error = session.brk(None, None, checkpoint="c", condition="i ==", expect=400)
+    assert "not a valid Python expression" in error["error"]
+    session.brk(None, None, checkpoint="c", condition="missing_name")
+    state = session.cont()
+    assert state["reason"] == "checkpoint" and "NameError" in state["condition_error"]
+    removed = session.api.post(f"{session.base}/breakpoints/remove", {"checkpoint": "c"})
+    assert removed["checkpoint"] == "c"
+    error = session.api.post(f"{session.base}/breakpoints/remove", {"checkpoint": "c"}, expect=400)
+    assert "no checkpoint filter 'c'" in error["error"]
+
+
+def test_runs_and_run_resolution(tmp_path: Path, cli) -> None:
+    for _ in range(2):
+        assert run_plain(tmp_path, SCRIPT).returncode == 0
+    runs = cli("runs", json_out=True)["runs"]
+    assert len(runs) == 2 and all(r["checkpoints"] == 4 and r["state"] == "exited" for r in runs)
+    first = runs[0]["run_id"]
+    assert cli("checkpoints", "--run", first, json_out=True)["run_id"] == first
+    assert cli("checkpoints", "--run", runs[0]["path"], json_out=True)["run_id"] == first
+    assert cli("checkpoints", "--run", "latest", json_out=True)["run_id"] == runs[1]["run_id"]
+    error = cli("checkpoints", "--run", "prog-1999", json_out=True, expect=1)
+    assert error["code"] == "unknown_run" and "prog-1999" in error["error"]
+    human = cli("checkpoints", "--name", "final").stdout
+    assert "final #1" in human and "bfloat16[3]" in human
+    assert "prog" in cli("runs").stdout

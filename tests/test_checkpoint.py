@@ -236,3 +236,11 @@ def test_runs_and_run_resolution(tmp_path: Path, cli) -> None:
     human = cli("checkpoints", "--name", "final").stdout
     assert "final #1" in human and "bfloat16[3]" in human
     assert "prog" in cli("runs").stdout
+
+    dry = cli("clean", "--keep", "1", "--dry-run", json_out=True)
+    assert dry["removed"] == [first] and dry["dry_run"] is True
+    assert len(cli("runs", json_out=True)["runs"]) == 2  # a dry run deletes nothing
+    done = cli("clean", "--keep", "1", json_out=True)
+    assert done["removed"] == [first] and done["freed_bytes"] > 0
+    assert [r["run_id"] for r in cli("runs", json_out=True)["runs"]] == [runs[1]["run_id"]]
+    assert cli("checkpoints", json_out=True)["run_id"] == runs[1]["run_id"]

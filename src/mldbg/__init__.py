@@ -5,7 +5,8 @@ the debugged process, whose interpreter may have nothing of mldbg's dependencies
 """
 
 from .checkpoint import debug_checkpoint
+from .tensors import debug_load, debug_save
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "debug_checkpoint"]
+__all__ = ["__version__", "debug_checkpoint", "debug_load", "debug_save"]

@@ -285,3 +285,42 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
             else:
                 bad += 1
     return records, bad
+
+
+LIVE_STATES = ("starting", "running", "paused")
+
+
+def _alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
+
+
+def clean_runs(home: Path, keep: int, dry_run: bool = False) -> dict[str, Any]:
+    """Remove all but the newest ``keep`` runs; a run whose process still lives is kept."""
+    import shutil
+
+    if keep < 0:
+        raise ValueError("--keep must be 0 or more")
+    runs = list_runs(home)
+    old = runs[: max(0, len(runs) - keep)]
+    removed, kept_live, freed = [], [], 0
+    for run in old:
+        meta = run.read_meta()
+        if meta.get("state") in LIVE_STATES and _alive(meta.get("pid")):
+            kept_live.append(run.run_id)
+            continue
+        freed += run_size(run.path)
+        removed.append(run.run_id)
+        if not dry_run:
+            shutil.rmtree(run.path, ignore_errors=True)
+    latest = home / "latest"
+    if not dry_run and latest.is_symlink() and not latest.exists():
+        remaining = list_runs(home)
+        if remaining:
+            point_latest(home, remaining[-1])
+        else:
+            latest.unlink()
+    return {"removed": removed, "kept_live": kept_live, "freed_bytes": freed, "dry_run": dry_run}

@@ -17,7 +17,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import MldbgError
-from ..runs import CHECKPOINTS, describe_run, list_runs, mldbg_home, read_jsonl, resolve_run
+from ..runs import (
+    CHECKPOINTS,
+    clean_runs,
+    describe_run,
+    list_runs,
+    mldbg_home,
+    read_jsonl,
+    resolve_run,
+)
 from . import render
 from .client import Daemon, connect
 
@@ -247,9 +255,49 @@ def cmd_checkpoints(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
     return data, render.checkpoints
 
 
+def cmd_tensors(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    from .. import tensors
+
+    if a.action == "list":
+        items = tensors.list_tensors()
+        data: dict[str, Any] = {
+            "path": str(tensors.store_dir()),
+            "tensors": items,
+            "size_bytes": tensors.store_size(),
+        }
+        return data, render.tensors
+    if a.action == "info":
+        if not a.name:
+            raise UsageError("mldbg tensors info NAME")
+        return _tensor_call(lambda: tensors.tensor_info(a.name)), render.tensor_info
+    if a.name_opt is None and not a.yes:
+        count = len(tensors.list_tensors())
+        raise UsageError(
+            f"this deletes all {count} tensor(s) in {tensors.store_dir()}; add --yes to do it, or --name NAME for one"
+        )
+    removed = _tensor_call(lambda: tensors.clear_tensors(a.name_opt))
+    return {"removed": removed}, lambda r: render.out.print(
+        f"removed {len(r['removed'])} tensor(s)"
+    )
+
+
+def _tensor_call(action: Callable[[], Any]) -> Any:
+    try:
+        return action()
+    except (FileNotFoundError, ValueError) as exc:
+        raise MldbgError(str(exc), code="tensor_error") from None
+
+
+def cmd_clean(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    result = clean_runs(mldbg_home(), a.keep, a.dry_run)
+    return result, render.cleaned
+
+
 LOCAL_VERBS: dict[str, Callable[[argparse.Namespace], tuple[Any, Callable[[Any], None]]]] = {
     "runs": cmd_runs,
     "checkpoints": cmd_checkpoints,
+    "tensors": cmd_tensors,
+    "clean": cmd_clean,
 }
 
 VERBS: dict[str, Callable[[Daemon, argparse.Namespace], tuple[Any, Callable[[Any], None]]]] = {
@@ -356,6 +404,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", help="run id (or unique prefix), 'latest' (default) or a run directory")
     p.add_argument("--name", help="only checkpoints with this name (a glob)")
     p.add_argument("--hit", type=int, help="only the Nth hit of each name")
+    p = verb(
+        "tensors", "the debug_save tensor store: list | info NAME | clear [--name NAME] [--yes]"
+    )
+    p.add_argument("action", choices=["list", "info", "clear"])
+    p.add_argument("name", nargs="?", help="tensor name (for info)")
+    p.add_argument("--name", dest="name_opt", help="clear only this tensor")
+    p.add_argument("--yes", action="store_true", help="really delete every stored tensor")
+    p = verb("clean", "remove old runs from the run store")
+    p.add_argument("--keep", type=int, default=10, help="newest runs to keep (default 10)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     p = verb("serve", "run the daemon in the foreground (clients start it on demand)")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
     p.add_argument("--stop", action="store_true", help="stop the running daemon and its sessions")

@@ -219,6 +219,46 @@ def _value_line(value: Any) -> str:
     return text if len(text) < 200 else text[:199] + "…"
 
 
+def tensors(data: dict[str, Any]) -> None:
+    items = data.get("tensors", [])
+    out.print(f"[dim]{escape(data.get('path', ''))} ({_size(data.get('size_bytes', 0))})[/]")
+    if not items:
+        out.print("no stored tensors")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("name", "dtype", "shape", "size", "framework", "saved"):
+        table.add_column(column)
+    for item in items:
+        meta = item.get("metadata") or {}
+        table.add_row(
+            escape(item["name"]),
+            str(item.get("dtype", item.get("error", "?"))),
+            str(item.get("shape")),
+            _size(item.get("size_bytes", 0)),
+            str(meta.get("framework", "")),
+            str(meta.get("saved_at", "")),
+        )
+    out.print(table)
+
+
+def tensor_info(item: dict[str, Any]) -> None:
+    out.print(
+        f"[bold]{escape(item['name'])}[/]  {item.get('dtype')} {item.get('shape')}  {_size(item.get('size_bytes', 0))}"
+    )
+    out.print(f"[dim]{escape(item['path'])}[/]")
+    for key, value in sorted((item.get("metadata") or {}).items()):
+        out.print(f"  {escape(key)}: {escape(str(value))}")
+
+
+def cleaned(data: dict[str, Any]) -> None:
+    verb = "would remove" if data.get("dry_run") else "removed"
+    out.print(f"{verb} {len(data['removed'])} run(s), {_size(data.get('freed_bytes', 0))}")
+    for run_id in data["removed"]:
+        out.print(f"  {run_id}")
+    for run_id in data.get("kept_live", []):
+        out.print(f"  kept {run_id} (still running)")
+
+
 def output(data: dict[str, Any]) -> None:
     """The script's own bytes, unstyled: rich would reflow and interpret them."""
     sys.stdout.write(data["output"])

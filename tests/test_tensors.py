@@ -1,0 +1,149 @@
+"""The tensor store: exact round trips between PyTorch, MLX and numpy, and its guards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mldbg import debug_load, debug_save
+from mldbg.tensors import TensorStoreFull, list_tensors, read_header
+
+torch = pytest.importorskip("torch")
+mx = pytest.importorskip("mlx.core")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
+    return tmp_path / ".mldbg"
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits, so NaN payloads and signed zeros compare exactly."""
+    return t.contiguous().view(torch.uint8)
+
+
+def test_bf16_round_trip_torch_mlx_torch_is_bit_exact() -> None:
+    original = torch.randn(17, 33).to(torch.bfloat16)
+    original[0, :4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40])
+    debug_save(original, "act")
+    as_mlx = debug_load("act", to="mlx")
+    assert as_mlx.dtype == mx.bfloat16 and as_mlx.shape == (17, 33)
+    debug_save(as_mlx, "act.from_mlx")
+    back = debug_load("act.from_mlx", to="torch")
+    assert back.dtype == torch.bfloat16 and torch.equal(bits(back), bits(original))
+    as_numpy = debug_load("act", to="numpy")
+    assert str(as_numpy.dtype) == "bfloat16"
+    assert np.array_equal(
+        as_numpy.view(np.uint16), original.view(torch.int16).numpy().view(np.uint16)
+    )
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    ],
+)
+def test_dtypes_survive_every_framework(dtype: torch.dtype) -> None:
+    source = (torch.randn(5, 6) * 50).to(dtype)
+    debug_save(source, "t")
+    assert torch.equal(debug_load("t", to="torch"), source)
+    if dtype != torch.float64:  # MLX has no float64 on its default device
+        via_mlx = debug_load("t", to="mlx")
+        debug_save(via_mlx, "t2")
+        back = debug_load("t2", to="torch")
+        assert back.dtype == dtype and torch.equal(back, source)
+    via_numpy = debug_load("t", to="numpy")
+    debug_save(via_numpy, "t3")
+    assert torch.equal(debug_load("t3", to="torch"), source)
+
+
+def test_metadata_records_where_and_when() -> None:
+    path = debug_save(torch.zeros(2, 3, dtype=torch.float16), "meta_check")
+    header = read_header(path)
+    assert header["dtype"] == "F16" and header["shape"] == [2, 3]
+    meta = header["metadata"]
+    assert (
+        meta["framework"] == "torch"
+        and meta["caller_function"] == "test_metadata_records_where_and_when"
+    )
+    assert meta["caller_file"] == __file__ and meta["saved_at"]
+    assert [t["name"] for t in list_tensors()] == ["meta_check"]
+
+
+def test_missing_and_bad_names() -> None:
+    debug_save(torch.ones(1), "layer0.attn_out")
+    with pytest.raises(FileNotFoundError, match="closest stored names: layer0.attn_out"):
+        debug_load("layer0.attn_output")
+    for bad in ("../escape", "a/b", "", ".hidden", "a..b"):
+        with pytest.raises(ValueError, match="bad tensor name"):
+            debug_save(torch.ones(1), bad)
+    with pytest.raises(TypeError, match="not list"):
+        debug_save([1, 2], "plain")
+    with pytest.raises(ValueError, match="use 'torch', 'mlx' or 'numpy'"):
+        debug_load("layer0.attn_out", to="jax")
+
+
+def test_size_guard_warns_then_refuses(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    import mldbg.tensors as store
+
+    monkeypatch.setattr(store, "_warned", False)
+    monkeypatch.setenv("MLDBG_TENSORS_WARN_GB", "0.000001")  # 1 KB
+    monkeypatch.setenv("MLDBG_TENSORS_MAX_GB", "0.00001")  # 10 KB
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        debug_save(torch.zeros(1000), "a")  # 4 KB: past the warning
+    assert any("mldbg tensors clear" in str(w.message) for w in caught)
+    with pytest.raises(TensorStoreFull) as refused:
+        debug_save(torch.zeros(2000), "b")  # 8 KB more: past the limit
+    message = str(refused.value)
+    assert "holds 0.00 GB" in message and "mldbg tensors clear --yes" in message
+    assert not (home / "tensors" / "b.safetensors").exists()
+    assert debug_load("a").shape == (1000,)  # nothing lost
+
+
+def test_exit_after_ends_the_script_cleanly(tmp_path: Path, home: Path) -> None:
+    script = tmp_path / "ref.py"
+    script.write_text(
+        "import torch\nfrom mldbg import debug_save\n"
+        "x = torch.arange(4.0)\ndebug_save(x, 'x', exit_after=True)\nprint('not reached')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and "not reached" not in result.stdout
+    assert torch.equal(debug_load("x"), torch.arange(4.0))
+
+
+def test_cli_lists_shows_and_clears(cli) -> None:
+    debug_save(torch.ones(2, 2, dtype=torch.bfloat16), "keep")
+    debug_save(torch.ones(3), "drop")
+    listed = cli("tensors", "list", json_out=True)
+    assert [t["name"] for t in listed["tensors"]] == ["drop", "keep"]
+    assert cli("tensors", "info", "keep", json_out=True)["dtype"] == "BF16"
+    assert "keep" in cli("tensors", "list").stdout
+    error = cli("tensors", "info", "nope", json_out=True, expect=1)
+    assert "no tensor named 'nope'" in error["error"]
+    refused = cli("tensors", "clear", expect=2)
+    assert "add --yes" in refused.stderr and len(list_tensors()) == 2
+    assert cli("tensors", "clear", "--name", "drop", json_out=True)["removed"] == ["drop"]
+    assert cli("tensors", "clear", "--yes", json_out=True)["removed"] == ["keep"]
+    assert list_tensors() == []

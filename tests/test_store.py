@@ -104,3 +104,23 @@ def test_corrupt_server_json_is_replaced_by_a_fresh_daemon(tmp_path: Path) -> No
     deadline = time.monotonic() + 10
     while (config / "server.json").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def test_code_made_in_a_loop_is_not_cached_forever(tmp_path: Path) -> None:
+    """eval / namedtuple / torch.fx make new code objects; the tracer must not keep them all."""
+    from mldbg.agent.breakpoints import BreakpointTable, make_breakpoint
+    from mldbg.agent.debugger import Debugger
+    from mldbg.agent.tracer_settrace import SettraceBackend
+
+    script = tmp_path / "m.py"
+    script.write_text("def f():\n    return 1\n")
+    debugger = Debugger(None, str(tmp_path))  # type: ignore[arg-type]
+    table: BreakpointTable = debugger.breakpoints
+    table.add(make_breakpoint(str(script), 2))
+    backend = SettraceBackend(debugger)
+    for i in range(2000):
+        code = compile(f"x + {i}", "<string>", "eval")
+        assert table.lines_in_code(code, "<string>") == frozenset()
+        backend._global(type("F", (), {"f_code": code})(), "call", None)
+    assert len(table._code_cache) == 0
+    assert len(backend._decisions) == 0 and len(backend._files) == 1

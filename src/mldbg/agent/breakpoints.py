@@ -284,6 +284,9 @@ def make_checkpoint_filter(name: str, condition: str | None = None) -> Checkpoin
     )
 
 
+_NO_LINES: frozenset[int] = frozenset()
+
+
 class BreakpointTable:
     """Breakpoints by canonical file and line, plus per-code-object answers for the tracers.
 
@@ -349,13 +352,14 @@ class BreakpointTable:
 
     def lines_in_code(self, code: CodeType, file: str) -> frozenset[int]:
         """Breakpoint lines that belong to this very code object (not to nested ones)."""
-        cached = self._code_cache.get(code)
-        if cached is not None:
-            return cached
         file_bps = self.by_file.get(file)
-        result = frozenset(file_bps.keys() & _code_lines(code)) if file_bps else frozenset()
-        self._code_cache[code] = result
-        return result
+        if not file_bps:
+            # Not cached: code made in a loop (eval, namedtuple, torch.fx) would grow it forever.
+            return _NO_LINES
+        cached = self._code_cache.get(code)
+        if cached is None:
+            cached = self._code_cache[code] = frozenset(file_bps.keys() & _code_lines(code))
+        return cached
 
     def running_frames(self) -> list[FrameType]:
         """Frames already executing code that holds a breakpoint (they see no new 'call')."""

@@ -24,7 +24,8 @@ class SettraceBackend:
 
     def __init__(self, debugger: Debugger) -> None:
         self.debugger = debugger
-        self._decisions: dict[CodeType, bool] = {}
+        self._decisions: dict[CodeType, bool] = {}  # only code in files that hold breakpoints
+        self._files: dict[str, bool] = {}
 
     def install(self) -> None:
         threading.settrace(self._global)
@@ -45,9 +46,17 @@ class SettraceBackend:
             return None
         decision = self._decisions.get(code)
         if decision is None:
-            decision = bool(
-                debugger.breakpoints.lines_in_code(code, canonical_code_file(code.co_filename))
-            )
+            # Files first: one entry per file without breakpoints, not one per code object,
+            # so code created in a loop (eval, namedtuple, torch.fx) costs no memory.
+            name = code.co_filename
+            file_has = self._files.get(name)
+            if file_has is None:
+                file_has = self._files[name] = bool(
+                    debugger.breakpoints.by_file.get(canonical_code_file(name))
+                )
+            if not file_has:
+                return None
+            decision = bool(debugger.breakpoints.lines_in_code(code, canonical_code_file(name)))
             self._decisions[code] = decision
         return self._local if decision else None
 
@@ -70,6 +79,7 @@ class SettraceBackend:
 
     def breakpoints_changed(self) -> None:
         self._decisions = {}
+        self._files = {}
         # Frames already running (a loop at module level, say) never see a new 'call' event:
         # give those that now hold a breakpoint a local trace function directly.
         for frame in self.debugger.breakpoints.running_frames():

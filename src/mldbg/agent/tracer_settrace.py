@@ -48,15 +48,13 @@ class SettraceBackend:
         if decision is None:
             # Files first: one entry per file without breakpoints, not one per code object,
             # so code created in a loop (eval, namedtuple, torch.fx) costs no memory.
-            name = code.co_filename
-            file_has = self._files.get(name)
+            file = canonical_code_file(code.co_filename)
+            file_has = self._files.get(file)
             if file_has is None:
-                file_has = self._files[name] = bool(
-                    debugger.breakpoints.by_file.get(canonical_code_file(name))
-                )
+                file_has = self._files[file] = bool(debugger.breakpoints.by_file.get(file))
             if not file_has:
                 return None
-            decision = bool(debugger.breakpoints.lines_in_code(code, canonical_code_file(name)))
+            decision = bool(debugger.breakpoints.lines_in_code(code, file))
             self._decisions[code] = decision
         return self._local if decision else None
 

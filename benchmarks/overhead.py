@@ -1,373 +1,677 @@
-"""Overhead of running under mldbg, pdb and debugpy, measured side by side in one run.
+"""What it costs to run a script under mldbg, next to plain Python, pdb and debugpy.
 
-This machine is shared and noisy, so absolute times mean little: every configuration of
-a workload runs interleaved with the others, N rounds, and the table reports the median
-of each relative to plain Python from the same rounds.
+Run it with the project's interpreter (it drives the mldbg daemon and needs httpx):
 
-Each workload times itself (``time.perf_counter`` around the work) and prints it, so
-interpreter start-up, daemon round trips and torch's import are not counted.  In every
-debugger the breakpoint sits in a function of the *same file* that is never called:
-the tracer must stay armed, and the question is what that costs while nothing stops.
+    .venv/bin/python benchmarks/overhead.py            # 3 interleaved rounds, ~4 min
+    .venv/bin/python benchmarks/overhead.py --quick    # 1 round, ~1.5 min
 
-    python benchmarks/overhead.py            # 3 rounds
-    python benchmarks/overhead.py --quick    # 1 round
+Why it is built this way:
+
+* The machines this runs on are shared and noisy, so absolute times mean little.  Every
+  configuration of a workload runs once per round, the rounds are interleaved (the order
+  rotates each round), and the table compares medians taken over the same rounds.
+* Each workload times itself with ``time.perf_counter`` around the work and prints it, so
+  the ratio ("inner") excludes interpreter start-up, ``import torch``, the daemon's round
+  trips and the debugger's own start-up.  Those are in the "wall" columns, shown apart.
+* Every debugger gets the same breakpoint: a line in a function of the workload's own
+  file that is never called.  Nothing ever stops, but the tracer is armed for the whole
+  run; that is the everyday case (a breakpoint set "just in case") and it is where a
+  debugger's per-call decision costs show.  mldbg decides once per code object; pdb
+  decides per *file* (every function of a file holding a breakpoint gets line events).
+* A second mldbg configuration sets a breakpoint whose condition is always false in a
+  function called once per outer iteration: the condition is evaluated every time, and
+  every other function must stay untraced.
+* Before the timed rounds, a sanity run checks that mldbg really stops at the marked
+  line, so a "never hit" number cannot come from a breakpoint that silently failed to arm.
+* The benchmark exits non-zero only when something failed to run (a debugger that
+  stopped where nothing should stop counts as a failure), never because a ratio is high.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
+import platform
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
-import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-ELAPSED = re.compile(r"elapsed ([0-9.]+)")
+RUN_TIMEOUT = 600.0  # seconds for one run of one configuration; only a hang gets near it
+ELAPSED = re.compile(r"^elapsed ([0-9.]+)$", re.MULTILINE)
+CONDITION = "epoch < 0"  # always false, and it reads a local: a real evaluation every time
 
-PURE_PYTHON = """
+# Sizes: the pure-Python workload is kept short (~0.3-0.6 s plain) because pdb runs it
+# 40-80x slower and the whole default run must stay under ~5 minutes; the torch one is ~1 s.
+PURE_SIZE = "150"
+TORCH_SIZE = "1000"
+
+# The workloads.  Markers (`# BREAKPOINT never` / `# BREAKPOINT rarely`) name the lines the
+# debuggers break on; both lines hold code, so every debugger accepts them.  The functions
+# that do the work live in the same file as the breakpoints on purpose (see the docstring).
+
+PURE_PYTHON = '''\
+"""Call-heavy pure Python: recursion plus a loop of tiny calls, in a function."""
+import sys
 import time
 
-def never_called():
-    return 0  # BREAKPOINT
+
+def never_called(x):
+    return x + 1  # BREAKPOINT never
+
+
+def rarely(epoch, total):
+    return total % 7  # BREAKPOINT rarely
+
 
 def fib(n):
     return n if n < 2 else fib(n - 1) + fib(n - 2)
 
+
 def small(x):
     return x * 2 + 1
 
-t = time.perf_counter()
-fib(24)
-total = 0
-for i in range(200_000):
-    total += small(i)
-print(f"elapsed {time.perf_counter() - t:.6f}")
-"""
 
-TORCH_MODEL = """
+def main(epochs):
+    total = 0
+    for epoch in range(epochs):
+        total += rarely(epoch, total)
+        total += fib(20)
+        for i in range(20_000):
+            total += small(i)
+    return total
+
+
+start = time.perf_counter()
+main(int(sys.argv[1]))
+print(f"elapsed {time.perf_counter() - start:.6f}")
+'''
+
+TORCH_MODEL = '''\
+"""A tiny transformer (2 blocks, dim 64) run forward on CPU, one thread for steadier times."""
+import sys
 import time
+
 import torch
 from torch import nn
 
-def never_called():
-    return 0  # BREAKPOINT
+
+def never_called(x):
+    return x + 1  # BREAKPOINT never
+
+
+def rarely(epoch, loss):
+    return loss * 0.0  # BREAKPOINT rarely
+
 
 class Block(nn.Module):
-    def __init__(self, dim):
+    def __init__(self, dim, heads):
         super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, 4 * dim)
-        self.down = nn.Linear(4 * dim, dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(self, x):
-        return x + self.down(torch.relu(self.up(self.norm(x))))
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
 
-torch.manual_seed(0)
+
+def main(steps):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block(64, 4) for _ in range(2)]).eval()
+    x = torch.randn(4, 32, 64)
+    total = 0.0
+    with torch.no_grad():
+        model(x)  # first call allocates; keep it out of the timing
+        start = time.perf_counter()
+        for epoch in range(steps):
+            total += rarely(epoch, float(model(x).mean()))
+    return time.perf_counter() - start
+
+
 torch.set_num_threads(1)
-model = nn.Sequential(*[Block(64) for _ in range(4)]).eval()
-x = torch.randn(8, 16, 64)
-with torch.no_grad():
-    model(x)
-    t = time.perf_counter()
-    for _ in range(300):
-        x = model(x) * 0.5
-print(f"elapsed {time.perf_counter() - t:.6f}")
-"""
+print(f"elapsed {main(int(sys.argv[1])):.6f}")
+'''
 
 
-def breakpoint_line(path: Path) -> int:
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
-        if "# BREAKPOINT" in text:
-            return number
-    raise RuntimeError(f"no breakpoint marker in {path}")
+@dataclass
+class Workload:
+    """A script on disk, the argument that sizes it, and its two breakpoint lines."""
+
+    name: str
+    path: Path
+    size: str
+    never_line: int = 0
+    rarely_line: int = 0
+
+    def __post_init__(self) -> None:
+        for number, text in enumerate(self.path.read_text().splitlines(), start=1):
+            if text.endswith("# BREAKPOINT never"):
+                self.never_line = number
+            elif text.endswith("# BREAKPOINT rarely"):
+                self.rarely_line = number
+        if not (self.never_line and self.rarely_line):
+            raise RuntimeError(f"{self.path} lacks a breakpoint marker")
 
 
-def parse_elapsed(text: str) -> float:
-    match = ELAPSED.search(text)
-    if not match:
-        raise RuntimeError(f"the workload printed no elapsed time:\n{text[-2000:]}")
+@dataclass
+class Sample:
+    inner: float  # the workload's own perf_counter time
+    wall: float  # launch to exit, start-up and debugger set-up included
+
+
+class RunFailed(RuntimeError):
+    """A configuration could not be measured; the message says why."""
+
+
+def parse_elapsed(output: str, what: str) -> float:
+    match = ELAPSED.search(output)
+    if match is None:
+        raise RunFailed(f"{what}: the workload printed no elapsed time; output:\n{output[-1500:]}")
     return float(match.group(1))
 
 
-# -- runners: each returns (inner seconds, wall seconds) ------------------------------------------
-
-
-def run_plain(python: str, script: Path) -> tuple[float, float]:
+def run_process(argv: list[str], cwd: Path, what: str) -> tuple[str, float]:
+    """Run to the end with stdin closed (a debugger prompt then sees EOF, never waits)."""
     started = time.perf_counter()
-    out = subprocess.run(
-        [python, str(script)], capture_output=True, text=True, timeout=600, check=True
-    )
-    return parse_elapsed(out.stdout), time.perf_counter() - started
+    try:
+        done = subprocess.run(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=RUN_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"{what}: still running after {RUN_TIMEOUT:.0f}s") from None
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RunFailed(f"{what}: exit code {done.returncode}; output:\n{done.stdout[-1500:]}")
+    return done.stdout, wall
 
 
-def run_pdb(python: str, script: Path) -> tuple[float, float]:
-    """``python -m pdb`` with a breakpoint, then continue; EOF on stdin ends it at the restart prompt."""
-    line = breakpoint_line(script)
-    argv = [python, "-m", "pdb", "-c", f"break {script}:{line}", "-c", "continue", str(script)]
+# -- plain Python and pdb -------------------------------------------------------------------
+
+
+def run_plain(python: str, work: Workload) -> Sample:
+    output, wall = run_process([python, str(work.path), work.size], work.path.parent, "plain")
+    return Sample(parse_elapsed(output, "plain"), wall)
+
+
+def run_pdb(python: str, work: Workload) -> Sample:
+    """``python -m pdb -c 'break FILE:LINE' -c continue SCRIPT``: what a pdb user types.
+
+    This is the honest pdb measure: the same entry point and the same Bdb tracing a user
+    gets, with no driver of ours in between.  When the script ends, ``python -m pdb``
+    prints "The program finished and will be restarted", starts the script again and
+    stops at its first line (before any import); stdin is closed, so that prompt reads
+    EOF and pdb quits.  The restart costs a few milliseconds of the wall time only; the
+    inner time is the first run's, printed once.
+    """
+    argv = [python, "-m", "pdb", "-c", f"break {work.path}:{work.never_line}", "-c", "continue"]
+    output, wall = run_process([*argv, str(work.path), work.size], work.path.parent, "pdb")
+    if f"Breakpoint 1 at {work.path}:{work.never_line}" not in output:
+        raise RunFailed(f"pdb did not confirm the breakpoint; output:\n{output[-1500:]}")
+    if output.count("elapsed ") != 1:
+        raise RunFailed(f"pdb ran the workload more than once; output:\n{output[-1500:]}")
+    return Sample(parse_elapsed(output, "pdb"), wall)
+
+
+# -- debugpy, driven by a minimal DAP client --------------------------------------------------
+
+
+class DapClient:
+    """Just enough of the Debug Adapter Protocol to do what VS Code does on "attach".
+
+    debugpy only arms breakpoints that a client sends, so a fair number needs a client:
+    ``initialize``, ``attach``, wait for ``initialized``, ``setBreakpoints``,
+    ``configurationDone``; then read events until the debuggee terminates.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.stream = sock.makefile("rb")
+        self.seq = 0
+
+    def send(self, command: str, arguments: dict[str, Any]) -> None:
+        self.seq += 1
+        message = {"seq": self.seq, "type": "request", "command": command, "arguments": arguments}
+        body = json.dumps(message).encode()
+        self.sock.sendall(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    def receive(self) -> dict[str, Any] | None:
+        length = 0
+        while True:
+            line = self.stream.readline()
+            if not line:
+                return None
+            line = line.strip()
+            if not line:
+                break
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == b"content-length":
+                length = int(value)
+        message: dict[str, Any] = json.loads(self.stream.read(length))
+        return message
+
+    def until(self, wanted: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+        while True:
+            message = self.receive()
+            if message is None:
+                raise RunFailed(f"debugpy closed the connection while waiting for {what}")
+            if message.get("type") == "response" and not message.get("success", True):
+                raise RunFailed(f"debugpy refused {message.get('command')}: {message}")
+            if wanted(message):
+                return message
+
+
+def run_debugpy(python: str, work: Workload, scratch: Path) -> Sample:
+    """``python -m debugpy --listen PORT --wait-for-client SCRIPT`` plus our DAP client.
+
+    ``--wait-for-client`` holds the script until ``configurationDone``, so the breakpoint
+    is armed before the first line runs, exactly as when an IDE launches it.  The adapter
+    debugpy spawns outlives the script and inherits its stdout, so output goes to a file
+    (a pipe would be held open by the adapter: waiting on it once took 190 s), and the
+    process group is cleaned up at the end.
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = scratch / f"debugpy-{work.name}.out"
+    env = {**os.environ, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}  # silence the frozen-modules note
+    argv = [python, "-m", "debugpy", "--listen", f"127.0.0.1:{port}", "--wait-for-client"]
     started = time.perf_counter()
-    out = subprocess.run(
-        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600
-    )
-    return parse_elapsed(out.stdout), time.perf_counter() - started
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [*argv, str(work.path), work.size],
+            cwd=work.path.parent,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the adapter is cleaned up with it
+        )
+    try:
+        sock = _connect(port, process)
+        with sock:
+            sock.settimeout(RUN_TIMEOUT)
+            dap = DapClient(sock)
+            dap.send("initialize", {"clientID": "mldbg-bench", "adapterID": "debugpy"})
+            dap.until(lambda m: m.get("command") == "initialize", "initialize")
+            dap.send("attach", {"justMyCode": True})
+            dap.until(lambda m: m.get("event") == "initialized", "the initialized event")
+            source = {"path": str(work.path)}
+            dap.send(
+                "setBreakpoints", {"source": source, "breakpoints": [{"line": work.never_line}]}
+            )
+            reply = dap.until(lambda m: m.get("command") == "setBreakpoints", "setBreakpoints")
+            if not all(bp.get("verified") for bp in reply["body"]["breakpoints"]):
+                raise RunFailed(f"debugpy did not verify the breakpoint: {reply}")
+            dap.send("configurationDone", {})
+            stop = dap.until(
+                lambda m: m.get("event") in ("terminated", "exited", "stopped"), "the end"
+            )
+            if stop.get("event") == "stopped":
+                raise RunFailed(f"debugpy stopped where nothing should stop: {stop}")
+            with contextlib.suppress(OSError):
+                dap.send("disconnect", {})
+        code = process.wait(RUN_TIMEOUT)
+        wall = time.perf_counter() - started
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        raise RunFailed(f"debugpy: {type(exc).__name__}: {exc}") from None
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)  # the adapter, if it is still there
+    output = log.read_text(errors="replace")
+    if code != 0:
+        raise RunFailed(f"debugpy: exit code {code}; output:\n{output[-1500:]}")
+    return Sample(parse_elapsed(output, "debugpy"), wall)
+
+
+def _connect(port: int, process: subprocess.Popen[bytes]) -> socket.socket:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            if process.poll() is not None:
+                raise RunFailed(f"debugpy exited ({process.returncode}) before listening") from None
+            if time.monotonic() > deadline:
+                raise RunFailed("debugpy never listened") from None
+            time.sleep(0.05)
+
+
+# -- mldbg, over the daemon's REST API ---------------------------------------------------------
 
 
 class Mldbg:
-    """A private daemon (own config dir), driven over its REST API."""
+    """A private daemon (its own ``MLDBG_CONFIG_DIR``), driven over HTTP.
 
-    def __init__(self, workdir: Path) -> None:
-        self.config = workdir / "mldbg-config"
-        env = {**os.environ, "MLDBG_CONFIG_DIR": str(self.config)}
-        self.process = subprocess.Popen(
+    The REST API rather than the CLI: one CLI call per step would add a Python start-up
+    to the wall time and would not change the inner time at all.
+    """
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        self.env = {**os.environ, "MLDBG_CONFIG_DIR": str(scratch / "config")}
+        self.daemon = subprocess.Popen(
             [sys.executable, "-m", "mldbg", "serve"],
-            env=env,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=open(scratch / "daemon.log", "w"),  # noqa: SIM115 - the daemon holds it
         )
-        deadline = time.monotonic() + 30
-        while not (self.config / "server.json").exists():
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise RuntimeError("the mldbg daemon did not start")
-            time.sleep(0.05)
-        time.sleep(0.2)
-        info = json.loads((self.config / "server.json").read_text())
-        self.http = httpx.Client(
-            base_url=info["url"], headers={"Authorization": f"Bearer {info['token']}"}, timeout=600
-        )
+        self.http = self._connect(scratch / "config" / "server.json")
         self.count = 0
+        self.backends: dict[str, str] = {}  # interpreter -> "3.11.7 settrace"
 
-    def run(self, python: str, script: Path, with_breakpoint: bool) -> tuple[float, float]:
+    def _connect(self, server_json: Path) -> httpx.Client:
+        deadline = time.monotonic() + 60
+        while True:
+            if self.daemon.poll() is not None:
+                log = (self.scratch / "daemon.log").read_text(errors="replace")
+                raise RunFailed(f"the mldbg daemon exited ({self.daemon.returncode}):\n{log}")
+            with contextlib.suppress(OSError, ValueError, KeyError, httpx.HTTPError):
+                info = json.loads(server_json.read_text())
+                auth = {"Authorization": f"Bearer {info['token']}"}
+                client = httpx.Client(base_url=info["url"], headers=auth, timeout=RUN_TIMEOUT)
+                if client.get("/v1/health").json().get("ok"):
+                    return client
+                client.close()
+            if time.monotonic() > deadline:
+                raise RunFailed("the mldbg daemon did not come up within 60s")
+            time.sleep(0.05)
+
+    def _call(self, method: str, url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        try:
+            response = self.http.request(method, url, json=body)
+            data: dict[str, Any] = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise RunFailed(f"mldbg {method} {url}: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 400:
+            raise RunFailed(f"mldbg {method} {url}: {response.status_code} {data}")
+        return data
+
+    def run(
+        self, python: str, work: Workload, breakpoints: list[dict[str, Any]], expect_stop: bool
+    ) -> Sample:
+        """Start with ``stop_on_entry: false`` (``mldbg start --run``) and wait for the end.
+
+        With ``expect_stop`` this is the sanity check instead: the run must pause at the
+        first breakpoint, which proves the line is armed; it is then terminated.
+        """
         self.count += 1
-        name = f"bench{self.count}"
-        breakpoints = (
-            [{"file": str(script), "line": breakpoint_line(script)}] if with_breakpoint else []
-        )
+        name = f"bench-{self.count}"
         body = {
-            "script": str(script),
-            "cwd": str(script.parent),
+            "script": str(work.path),
+            "args": [work.size],
+            "cwd": str(work.path.parent),
             "python": python,
             "breakpoints": breakpoints,
             "stop_on_entry": False,
-            "env": {**os.environ, "MLDBG_HOME": str(script.parent / ".mldbg")},
+            "env_overrides": {"MLDBG_HOME": str(self.scratch / "runs")},
         }
         started = time.perf_counter()
-        state = self.http.post(f"/v1/sessions/{name}/start", json=body).json()
-        while state.get("state") in ("running", "starting"):
-            state = self.http.post(f"/v1/sessions/{name}/wait", json={"wait": 30}).json()
-        wall = time.perf_counter() - started
-        if state.get("state") != "exited" or state.get("exit_code") != 0:
-            raise RuntimeError(f"mldbg run ended badly: {state}")
-        output = self.http.get(f"/v1/sessions/{name}/output").json()["output"]
-        self.http.delete(f"/v1/sessions/{name}")
-        return parse_elapsed(output), wall
+        state = self._call("POST", f"/v1/sessions/{name}/start", body)
+        try:
+            deadline = time.monotonic() + RUN_TIMEOUT
+            while state["state"] in ("starting", "running") and time.monotonic() < deadline:
+                state = self._call("POST", f"/v1/sessions/{name}/wait", {"wait": 30})
+            wall = time.perf_counter() - started
+            self.backends[python] = f"{state.get('python_version')} {state.get('backend')}"
+            if expect_stop:
+                line = (state.get("location") or {}).get("line")
+                want = breakpoints[0]["line"]
+                if state["state"] != "paused" or line != want:
+                    raise RunFailed(f"mldbg did not stop at line {want}: {state}")
+                return Sample(0.0, wall)
+            if state["state"] == "paused":
+                raise RunFailed(f"mldbg stopped where nothing should stop: {state}")
+            if state["state"] != "exited" or state.get("exit_code") != 0:
+                raise RunFailed(f"mldbg run ended {state['state']}: {state}")
+            output = self._call("GET", f"/v1/sessions/{name}/output")["output"]
+            return Sample(parse_elapsed(output, "mldbg"), wall)
+        finally:
+            with contextlib.suppress(RunFailed):  # keep the first error, if any
+                self._call("DELETE", f"/v1/sessions/{name}")  # terminates it if still alive
 
     def close(self) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            self.http.post("/v1/shutdown")
+        """``mldbg serve --stop``, as a user would; kill our own daemon only if that fails."""
+        self.http.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(
+                [sys.executable, "-m", "mldbg", "serve", "--stop"],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=60,
+            )
         try:
-            self.process.wait(15)
+            self.daemon.wait(30)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            self.daemon.kill()
+            self.daemon.wait()
 
 
-class Debugpy:
-    """debugpy as VS Code uses it: a real DAP client sets the breakpoint before the script runs.
-
-    ``python -m debugpy --listen PORT --wait-for-client`` holds the script until the
-    client's ``configurationDone``, so the breakpoint is armed for the whole run.
-    """
-
-    def __init__(self, python: str) -> None:
-        self.python = python
-
-    @staticmethod
-    def _send(sock: socket.socket, seq: int, command: str, arguments: dict[str, Any]) -> None:
-        body = json.dumps(
-            {"seq": seq, "type": "request", "command": command, "arguments": arguments}
-        ).encode()
-        sock.sendall(b"Content-Length: %d\r\n\r\n" % len(body) + body)
-
-    def run(self, script: Path) -> tuple[float, float]:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        argv = [
-            self.python,
-            "-m",
-            "debugpy",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--wait-for-client",
-            str(script),
-        ]
-        started = time.perf_counter()
-        process = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                sock = socket.create_connection(("127.0.0.1", port), timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("debugpy did not listen") from None
-                time.sleep(0.05)
-        with sock:
-            sock.settimeout(None)
-            self._send(
-                sock,
-                1,
-                "initialize",
-                {"adapterID": "bench", "pathFormat": "path", "linesStartAt1": True},
-            )
-            self._send(sock, 2, "attach", {"justMyCode": True})
-            line = breakpoint_line(script)
-            self._send(
-                sock,
-                3,
-                "setBreakpoints",
-                {"source": {"path": str(script)}, "breakpoints": [{"line": line}]},
-            )
-            self._send(sock, 4, "configurationDone", {})
-            threading.Thread(target=_drain, args=(sock,), daemon=True).start()
-            # debugpy lingers for tens of seconds after the script ends: once the workload
-            # has printed its time, end the session instead of waiting for that.
-            assert process.stdout is not None
-            stdout = ""
-            for text in process.stdout:
-                stdout += text
-                if ELAPSED.search(text):
-                    break
-            self._send(sock, 5, "disconnect", {"terminateDebuggee": True})
-            try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        return parse_elapsed(stdout), time.perf_counter() - started
+# -- the plan ----------------------------------------------------------------------------------
 
 
-def _drain(sock: socket.socket) -> None:
-    """Read and drop the adapter's events so it never blocks on a full socket."""
-    try:
-        while sock.recv(65536):
-            pass
-    except OSError:
-        pass
+@dataclass
+class Config:
+    """One row of the table: a way to run a workload, and what it measured."""
+
+    label: str
+    run: Callable[[Workload], Sample]
+    samples: list[Sample] = field(default_factory=list)
+    error: str | None = None
 
 
-def available(python: str, module: str) -> bool:
-    return subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+def version_of(python: str) -> str:
+    done = subprocess.run(
+        [python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.stdout.strip() or "?"
+
+
+def has_module(python: str, module: str) -> bool:
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
 
 
 def find_python312() -> str | None:
-    for candidate in sorted(
-        Path("~/.pyenv/versions").expanduser().glob("3.12.*/bin/python3.12"), reverse=True
-    ):
-        return str(candidate)
-    return shutil.which("python3.12")
+    """A 3.12 for the sys.monitoring backend: pyenv's, else one on the PATH."""
+    found = sorted(Path("~/.pyenv/versions").expanduser().glob("3.12.*/bin/python3.12"))
+    return str(found[-1]) if found else shutil.which("python3.12")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def configs_for(
+    python: str, work: Workload, mldbg: Mldbg, scratch: Path, full: bool
+) -> list[Config]:
+    """The configurations of one workload on one interpreter; plain Python first (the base)."""
+    never = [{"file": str(work.path), "line": work.never_line}]
+    rarely = [{"file": str(work.path), "line": work.rarely_line, "condition": CONDITION}]
+    configs = [
+        Config("plain python", lambda w: run_plain(python, w)),
+        Config("mldbg, no breakpoint", lambda w: mldbg.run(python, w, [], False)),
+        Config("mldbg, bp never hit", lambda w: mldbg.run(python, w, never, False)),
+        Config("mldbg, bp if-false (rare)", lambda w: mldbg.run(python, w, rarely, False)),
+    ]
+    if full:  # pdb and debugpy on the main interpreter only: pdb alone is 40-80x on pure Python
+        configs.append(Config("pdb, bp never hit", lambda w: run_pdb(python, w)))
+        if has_module(python, "debugpy"):
+            configs.append(
+                Config("debugpy, bp never hit", lambda w: run_debugpy(python, w, scratch))
+            )
+        else:
+            skipped = Config("debugpy, bp never hit", lambda w: Sample(0.0, 0.0))
+            skipped.error = "skipped: debugpy is not installed"
+            configs.append(skipped)
+    return configs
+
+
+def sanity_check(mldbg: Mldbg, python: str, work: Workload) -> None:
+    """The 'never hit' numbers only mean something if the breakpoint lines really arm."""
+    bp = [{"file": str(work.path), "line": work.rarely_line}]
+    mldbg.run(python, work, bp, expect_stop=True)
+
+
+def report(plans: list[tuple[Workload, str, list[Config]]], rounds: int, total_s: float) -> None:
+    print()
+    print(
+        f"inner = the workload's own perf_counter time; wall = launch to exit; median of {rounds}"
+    )
+    print("interleaved round(s). Ratios are against plain python in the same group; 'spread' is")
+    print("the range of the per-round inner ratios.")
+    print()
+    header = (
+        f"{'workload':<12} {'python':<7} {'configuration':<26} "
+        f"{'inner s':>8} {'ratio':>7} {'spread':>13} {'wall s':>7} {'ratio':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for work, version, configs in plans:
+        base = configs[0].samples
+        for config in configs:
+            lead = f"{work.name:<12} {version:<7} {config.label:<26}"
+            if config.error is not None or not config.samples or not base:
+                reason = (config.error or "no samples").splitlines()[0][:70]
+                print(f"{lead} {'-':>8} {'-':>7} {'':>13} {'-':>7} {'-':>7}  {reason}")
+                continue
+            inner = statistics.median(s.inner for s in config.samples)
+            wall = statistics.median(s.wall for s in config.samples)
+            base_inner = statistics.median(s.inner for s in base)
+            base_wall = statistics.median(s.wall for s in base)
+            pairs = zip(config.samples, base, strict=False)
+            ratios = [s.inner / b.inner for s, b in pairs if b.inner > 0]
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else ""
+            print(
+                f"{lead} {inner:>8.3f} {inner / base_inner:>6.2f}x {spread:>13} "
+                f"{wall:>7.2f} {wall / base_wall:>6.2f}x"
+            )
+        print()
+    print(f"total benchmark time {total_s:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one round instead of three")
-    parser.add_argument("--rounds", type=int, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, help="rounds to run (default 3, or 1 with --quick)")
+    parser.add_argument(
+        "--python312",
+        default=find_python312(),
+        help="a Python 3.12+ for the sys.monitoring backend (default: found in pyenv or on "
+        "the PATH; '' skips it)",
+    )
+    args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     python = sys.executable
-    work = Path(tempfile.mkdtemp(prefix="mldbg-bench-"))
-    mldbg = Mldbg(work)
+    began = time.perf_counter()
+
+    print("mldbg overhead benchmark", datetime.date.today().isoformat())
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPU(s)")
+    print(
+        f"mldbg {package_version('mldbg')}, torch {package_version('torch')}, "
+        f"debugpy {package_version('debugpy')}"
+    )
+    sys.stdout.flush()
+
+    scratch = Path(tempfile.mkdtemp(prefix="mldbg-bench-"))
+    mldbg: Mldbg | None = None
     try:
-        scripts = {"pure-python": PURE_PYTHON}
-        if available(python, "torch"):
-            scripts["torch-mlp"] = TORCH_MODEL
-        paths = {}
-        for name, source in scripts.items():
-            paths[name] = work / f"{name.replace('-', '_')}.py"
-            paths[name].write_text(textwrap.dedent(source).lstrip())
+        mldbg = Mldbg(scratch)
+        sources = {"pure-python": (PURE_PYTHON, PURE_SIZE)}
+        if has_module(python, "torch"):
+            sources["torch-tiny"] = (TORCH_MODEL, TORCH_SIZE)
+        else:
+            print("torch is not installed for this interpreter: the torch workload is skipped")
+        works = {}
+        for name, (source, size) in sources.items():
+            path = scratch / f"{name.replace('-', '_')}.py"
+            path.write_text(source)
+            works[name] = Workload(name, path, size)
 
-        configs: list[tuple[str, str, str, Callable[[Path], tuple[float, float]]]] = []
-        version = ".".join(map(str, sys.version_info[:2]))
-        backend = "monitoring" if sys.version_info >= (3, 12) else "settrace"
-        configs.append((version, "plain python", "", lambda p: run_plain(python, p)))
-        configs.append(
-            (
-                version,
-                f"mldbg, no breakpoint ({backend})",
-                "",
-                lambda p: mldbg.run(python, p, False),
-            )
-        )
-        configs.append(
-            (
-                version,
-                f"mldbg, breakpoint never hit ({backend})",
-                "",
-                lambda p: mldbg.run(python, p, True),
-            )
-        )
-        configs.append((version, "pdb, breakpoint never hit", "", lambda p: run_pdb(python, p)))
-        if available(python, "debugpy"):
-            debugpy = Debugpy(python)
-            configs.append((version, "debugpy, breakpoint never hit", "", debugpy.run))
-        py312 = find_python312()
-        if py312 and sys.version_info < (3, 12):
-            configs.append(("3.12", "plain python", "pure", lambda p: run_plain(py312, p)))
-            configs.append(
-                (
-                    "3.12",
-                    "mldbg, breakpoint never hit (monitoring)",
-                    "pure",
-                    lambda p: mldbg.run(py312, p, True),
-                )
-            )
-            configs.append(
-                ("3.12", "pdb, breakpoint never hit", "pure", lambda p: run_pdb(py312, p))
-            )
+        interpreters = [(python, True)]
+        py312 = args.python312
+        if py312 and os.path.realpath(py312) != os.path.realpath(python):
+            interpreters.append((py312, False))
+        elif not py312:
+            print("no Python 3.12 found: the sys.monitoring backend is not measured")
 
-        results: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
-        for round_index in range(rounds):
-            for workload, path in paths.items():
-                for version_label, label, only, runner in configs:
-                    if only == "pure" and workload != "pure-python":
+        plans: list[tuple[Workload, str, list[Config]]] = []
+        for interpreter, full in interpreters:
+            version = version_of(interpreter)
+            for name, work in works.items():
+                if not full and name != "pure-python":
+                    continue  # the other interpreter has only the stdlib
+                sanity_check(mldbg, interpreter, work)
+                run_plain(interpreter, work)  # warm caches before the first timed round
+                plans.append((work, version, configs_for(interpreter, work, mldbg, scratch, full)))
+        for interpreter, backend in mldbg.backends.items():
+            print(f"mldbg's tracer on {interpreter}: Python {backend}")
+        sys.stdout.flush()
+
+        for index in range(rounds):
+            round_began = time.perf_counter()
+            for work, _, configs in plans:
+                shift = index % len(configs)  # rotate so no configuration always runs first
+                for config in configs[shift:] + configs[:shift]:
+                    if config.error is not None:
                         continue
-                    key = (workload, version_label, label)
-                    results.setdefault(key, []).append(runner(path))
-            print(f"round {round_index + 1}/{rounds} done", file=sys.stderr, flush=True)
+                    try:
+                        config.samples.append(config.run(work))
+                    except RunFailed as exc:
+                        config.error = f"FAILED: {exc}"
+                        print(f"{work.name} / {config.label}: {config.error}", file=sys.stderr)
+            took = time.perf_counter() - round_began
+            print(f"round {index + 1}/{rounds} done in {took:.0f}s", file=sys.stderr, flush=True)
 
-        print(
-            f"\nmldbg overhead benchmark — {rounds} round(s), median times; ratio = inner time / plain python's"
-        )
-        print(f"python {sys.version.split()[0]} ({sys.executable}), {os.cpu_count()} cores\n")
-        header = f"{'workload':<12} {'python':<7} {'configuration':<44} {'inner s':>8} {'ratio':>7} {'wall s':>7}"
-        print(header)
-        print("-" * len(header))
-        for (workload, version_label, label), samples in results.items():
-            inner = statistics.median(s[0] for s in samples)
-            wall = statistics.median(s[1] for s in samples)
-            base = statistics.median(
-                s[0] for s in results[(workload, version_label, "plain python")]
-            )
-            print(
-                f"{workload:<12} {version_label:<7} {label:<44} {inner:>8.3f} {inner / base:>6.2f}x {wall:>7.2f}"
-            )
+        report(plans, rounds, time.perf_counter() - began)
+        failed = [
+            config
+            for _, _, configs in plans
+            for config in configs
+            if config.error is not None and config.error.startswith("FAILED")
+        ]
+        return 1 if failed else 0
+    except RunFailed as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        return 1
     finally:
-        mldbg.close()
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+        if mldbg is not None:
+            mldbg.close()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ the call a no-op, so checkpoints can stay in code that ships.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import linecache
 import os
@@ -17,12 +15,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from . import summary
-from .runs import CHECKPOINTS, JsonlWriter, RunDir, create_run_dir, mldbg_home
+from . import current_run, summary
+from .runs import CHECKPOINTS, JsonlWriter
 
 CONTEXT_LINES = 3
 _OFF = os.environ.get("MLDBG_CHECKPOINTS", "").strip().lower() in ("off", "0", "false", "no")
@@ -32,19 +29,18 @@ PauseHook = Callable[[FrameType, dict[str, Any]], None]
 
 
 class _Recorder:
-    """Per process: the run directory, the writer and the hit counts per name."""
+    """Per process: the checkpoint writer, the hit counts per name and the pause hook."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.run: RunDir | None = None
         self.writer: JsonlWriter | None = None
         self.hits: dict[str, int] = {}
         self.pause_hook: PauseHook | None = None
 
     def attach(self, run_dir: str, pause_hook: PauseHook | None) -> None:
         """Called by the agent: records go to the debug session's run, and hits may pause."""
+        current_run.attach(run_dir)
         with self.lock:
-            self.run = RunDir(Path(run_dir))
             self.writer = None
             self.pause_hook = pause_hook
 
@@ -57,38 +53,10 @@ class _Recorder:
     def append(self, record: Mapping[str, Any]) -> str:
         with self.lock:
             if self.writer is None:
-                if self.run is None:
-                    self.run = _plain_run()
-                self.writer = JsonlWriter(self.run.file(CHECKPOINTS))
+                self.writer = JsonlWriter(current_run.current_run().file(CHECKPOINTS))
             writer = self.writer
         writer.append(record)
         return str(writer.path)
-
-
-def _plain_run() -> RunDir:
-    """A run directory for a script run without the debugger, made on its first checkpoint."""
-    script = sys.argv[0] if sys.argv and sys.argv[0] else "python"
-    stem = os.path.splitext(os.path.basename(script))[0] or "python"
-    run = create_run_dir(mldbg_home(), stem, os.getpid())
-    run.update_meta(
-        run_id=run.run_id,
-        kind="plain",
-        script=os.path.abspath(script) if os.path.exists(script) else script,
-        argv=sys.argv[1:],
-        cwd=os.getcwd(),
-        python=sys.executable,
-        python_version=sys.version.split()[0],
-        pid=os.getpid(),
-        state="running",
-        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    )
-    atexit.register(_mark_plain_run_ended, run)
-    return run
-
-
-def _mark_plain_run_ended(run: RunDir) -> None:
-    with contextlib.suppress(OSError):
-        run.update_meta(state="exited", ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
 
 _recorder = _Recorder()

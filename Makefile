@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(VENV)/bin/mldbg demo
 
 test: $(STAMP)
+	bash scripts/ensure_chromium.sh
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

@@ -26,7 +26,7 @@ from ..runs import (
     read_jsonl,
     resolve_run,
 )
-from . import render
+from . import compare_cmd, render
 from .client import Daemon, connect
 
 EXIT_ERROR = 1
@@ -294,6 +294,7 @@ def cmd_clean(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
 
 
 LOCAL_VERBS: dict[str, Callable[[argparse.Namespace], tuple[Any, Callable[[Any], None]]]] = {
+    "captures": compare_cmd.cmd_captures,
     "runs": cmd_runs,
     "checkpoints": cmd_checkpoints,
     "tensors": cmd_tensors,
@@ -411,6 +412,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="tensor name (for info)")
     p.add_argument("--name", dest="name_opt", help="clear only this tensor")
     p.add_argument("--yes", action="store_true", help="really delete every stored tensor")
+    p = verb("captures", "list module captures (mldbg.capture) in the run store")
+    p.add_argument("--run", help="only this run's captures")
+    p = verb(
+        "compare",
+        "compare two captures/runs/tensor directories; exit 0 agree, 1 diverge, 2 bad input",
+    )
+    compare_cmd.add_arguments(p)
     p = verb("clean", "remove old runs from the run store")
     p.add_argument("--keep", type=int, default=10, help="newest runs to keep (default 10)")
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
@@ -471,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                 keep=args.keep,
                 as_json=as_json,
             )
+        if args.verb == "compare":
+            return compare_cmd.run_compare(args, as_json)
         if args.verb in LOCAL_VERBS:
             data, show = LOCAL_VERBS[args.verb](args)
         else:

@@ -1,0 +1,94 @@
+"""A capture on disk: ``runs/<run>/captures/<name>/`` with an index and tensor files.
+
+Layout::
+
+    capture.json          name, framework, model class, options, state, counts
+    index.jsonl           one line when a module call starts (its inputs) and one when it
+                          ends (its outputs), in the order they happened
+    000012.in.safetensors / 000012.out.safetensors   the tensors of call 12
+
+Each tensor file is written whole (temp file, then rename) before its index line is
+appended and flushed, so a crash or kill at any point leaves a readable prefix.  The
+entry name of a tensor is ``<module>#<call>.<key>``: the module path as
+``named_modules()`` gives it (``<root>`` for the model itself), the call index of that
+module, and the key from :mod:`.flatten`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from ..runs import JsonlWriter, RunDir, write_json_atomic
+
+CAPTURES = "captures"
+CAPTURE_JSON = "capture.json"
+INDEX = "index.jsonl"
+ROOT = "<root>"
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@-]{0,99}$")
+
+
+def check_capture_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+        raise ValueError(
+            f"bad capture name {name!r}: use letters, digits and _ . + = @ - "
+            "(no '/', no '..', not starting with '.'), at most 100 characters"
+        )
+    return name
+
+
+def module_label(path: str) -> str:
+    return path or ROOT
+
+
+def entry_name(path: str, call: int, key: str) -> str:
+    return f"{module_label(path)}#{call}.{key}"
+
+
+class CaptureDir:
+    """Creates one capture's directory and appends to its index."""
+
+    def __init__(self, run: RunDir, name: str, meta: dict[str, Any]) -> None:
+        root = run.file(CAPTURES)
+        root.mkdir(parents=True, exist_ok=True)
+        self.path = _unique_dir(root, check_capture_name(name))
+        self.meta: dict[str, Any] = {
+            "name": name,
+            "run_id": run.run_id,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "created": time.time(),
+            "state": "capturing",
+            "records": 0,
+            "tensors": 0,
+            "bytes": 0,
+            **meta,
+        }
+        write_json_atomic(self.path / CAPTURE_JSON, self.meta)
+        self.index = JsonlWriter(self.path / INDEX)
+
+    def tensor_path(self, seq: int, role: str) -> tuple[Path, Path]:
+        """The final file and a temp name beside it (the same suffix: MLX insists on it)."""
+        final = self.path / f"{seq:06d}.{role}.safetensors"
+        tmp = self.path / f".{seq:06d}.{role}.{os.getpid()}.{secrets.token_hex(3)}.safetensors"
+        return final, tmp
+
+    def finish(self, state: str, **fields: Any) -> None:
+        self.meta.update(state=state, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields)
+        write_json_atomic(self.path / CAPTURE_JSON, self.meta)
+        self.index.close()
+
+
+def _unique_dir(root: Path, name: str) -> Path:
+    """``name``, or ``name-2``, ``name-3``… when this run already captured under that name."""
+    candidate, n = root / name, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = root / f"{name}-{n}"

@@ -1,0 +1,84 @@
+"""``mldbg compare A B`` and ``mldbg captures``: parity from the command line.
+
+Exit codes: 0 when everything agrees, 1 when something diverges, 2 on bad input (a
+missing capture, a corrupt file, nothing comparable, a bad map file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..compare import CompareInputError, compare
+from ..compare.sources import find_captures, find_captures_in
+from ..errors import MldbgError
+from ..runs import mldbg_home, resolve_run
+from . import compare_render, render
+
+EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", help="reference: capture name, run id, RUN/NAME, directory or file")
+    p.add_argument("b", help="port: the same kinds")
+    p.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")
+    p.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
+    p.add_argument("--map", metavar="FILE", help="JSON map of B's names onto A's (see README)")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    p.add_argument("--all", action="store_true", help="show every row, not the interesting ones")
+    p.add_argument("--inputs", action="store_true", help="show input rows too")
+
+
+def run_compare(args: argparse.Namespace, as_json: bool) -> int:
+    for option in ("rtol", "atol"):
+        value = getattr(args, option)
+        if value is not None and not value >= 0:
+            return _bad_input(
+                CompareInputError(f"--{option} must be 0 or more, not {value}"), as_json
+            )
+    try:
+        with compare_render.progress_bar(enabled=sys.stderr.isatty()) as progress:
+            comparison = compare(
+                args.a,
+                args.b,
+                rtol=args.rtol,
+                atol=args.atol,
+                map=args.map,
+                html=args.html,
+                progress=progress,
+            )
+    except (CompareInputError, MldbgError) as exc:
+        return _bad_input(exc, as_json)
+    except OSError as exc:
+        return _bad_input(
+            CompareInputError(f"{exc.filename or ''}: {exc.strerror or exc}"), as_json
+        )
+    if as_json:
+        print(json.dumps(comparison.result, indent=2, allow_nan=False))
+    else:
+        compare_render.show(comparison.result, show_all=args.all, show_inputs=args.inputs)
+        if args.html:
+            render.out.print(f"report: {args.html}")
+    return EXIT_OK if comparison.ok else EXIT_DIVERGED
+
+
+def _bad_input(exc: MldbgError, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(exc.to_json(), indent=2, default=str))
+    else:
+        render.error(exc.to_json())
+    return EXIT_BAD_INPUT
+
+
+def cmd_captures(a: argparse.Namespace) -> tuple[Any, Any]:
+    home = mldbg_home()
+    if a.run:
+        run = resolve_run(home, a.run)
+        found = find_captures_in(run.path)
+    else:
+        found = find_captures(home)
+    keys = ("name", "run_id", "framework", "model_class", "state", "records", "tensors", "bytes")
+    items = [{k: c.get(k) for k in keys} | {"path": c["path"]} for c in found]
+    return {"home": str(home), "captures": items}, compare_render.captures

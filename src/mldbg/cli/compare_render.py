@@ -1,0 +1,217 @@
+"""Human output of ``mldbg compare``: a table in execution order, the culprit marked.
+
+Long runs of agreeing rows are folded (``--all`` shows them) so the answer fits a
+screen even for a model of thousands of modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from .render import _size, err, out
+
+FOLD = 6  # agreeing rows in a row beyond which the middle ones are folded
+
+
+def number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if 1e-3 <= magnitude < 1e4:
+        return f"{value:.4g}"
+    return f"{value:.2e}"
+
+
+def _shape(entry: dict[str, Any]) -> str:
+    a, b = entry.get("shape_a"), entry.get("shape_b")
+    text = "×".join(str(n) for n in a or []) or "scalar"
+    if a != b:
+        other = "×".join(str(n) for n in b or []) or "scalar"
+        text += f" vs {other}"
+        if entry.get("layout"):
+            text += f" ({entry['layout']})"
+    return text
+
+
+def _status(entry: dict[str, Any]) -> str:
+    if entry.get("culprit"):
+        return "[bold red]◀ culprit[/]"
+    if entry.get("error"):
+        return f"[red]{escape(entry['error'])}[/]"
+    if entry.get("ok"):
+        return "[green]ok[/]"
+    mismatched, numel = entry.get("mismatched"), entry.get("numel")
+    return f"[red]differs[/] [dim]{mismatched}/{numel}[/]"
+
+
+def _rows(entries: list[dict[str, Any]], show_all: bool) -> list[dict[str, Any] | int]:
+    """Entries to show, with an int standing for that many folded agreeing rows."""
+    if show_all:
+        return list(entries)
+    rows: list[dict[str, Any] | int] = []
+    run: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        if len(run) > FOLD:
+            rows.extend([run[0], run[1], len(run) - 4, run[-2], run[-1]])
+        else:
+            rows.extend(run)
+        run.clear()
+
+    for entry in entries:
+        if entry.get("ok") and not entry.get("culprit"):
+            run.append(entry)
+        else:
+            flush()
+            rows.append(entry)
+    flush()
+    return rows
+
+
+def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = False) -> None:
+    a, b = result["a"], result["b"]
+    out.print(f"[bold]A[/] {escape(a['label'])}  [dim]{escape(a['path'])}[/]")
+    out.print(f"[bold]B[/] {escape(b['label'])}  [dim]{escape(b['path'])}[/]")
+    for warning in result.get("warnings", []):
+        out.print(f"[yellow]warning:[/] {escape(warning)}")
+    entries = [e for e in result["entries"] if show_inputs or e.get("role") != "in"]
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column, justify in (
+        ("#", "right"),
+        ("name", "left"),
+        ("shape", "left"),
+        ("dtype", "left"),
+        ("max abs", "right"),
+        ("max rel", "right"),
+        ("cosine", "right"),
+        ("status", "left"),
+    ):
+        # Names are the point of the table: they fold onto more lines, never lose a
+        # character; the short columns never wrap.
+        table.add_column(
+            column,
+            justify=justify,  # type: ignore[arg-type]
+            overflow="fold" if column == "name" else "ellipsis",
+            no_wrap=column != "name",
+        )
+    position = {id(e): i for i, e in enumerate(result["entries"])}
+    for row in _rows(entries, show_all):
+        if isinstance(row, int):
+            table.add_row("", f"[dim]… {row} agreeing rows …[/]", "", "", "", "", "", "")
+            continue
+        dtype = row.get("dtype_a") or ""
+        if row.get("dtype_b") != row.get("dtype_a"):
+            dtype += f"/{row.get('dtype_b')}"
+        name = escape(row["name"])
+        if row.get("role") == "in":
+            name = f"[dim]{name}[/]"
+        if row.get("culprit"):
+            name = f"[bold red]{name}[/]"
+        table.add_row(
+            str(position[id(row)]),
+            name,
+            _shape(row),
+            dtype,
+            number(row.get("max_abs")),
+            number(row.get("max_rel")),
+            number(row.get("cosine")),
+            _status(row),
+        )
+    # Piped output (an agent, a log file) has no width to respect: keep rows whole.
+    if out.is_terminal:
+        out.print(table)
+    else:
+        width = out.width
+        out.width = 240
+        try:
+            out.print(table)
+        finally:
+            out.width = width
+    _verdict(result)
+
+
+def _verdict(result: dict[str, Any]) -> None:
+    counts = result["counts"]
+    summary = f"{counts['passed']}/{counts['compared']} compared tensors agree"
+    if counts["unpaired_a"] or counts["unpaired_b"]:
+        summary += f"; unpaired: {counts['unpaired_a']} only in A, {counts['unpaired_b']} only in B"
+    tolerance = (
+        "dtype defaults"
+        if result.get("rtol") is None and result.get("atol") is None
+        else f"rtol {result.get('rtol')}, atol {result.get('atol')}"
+    )
+    out.print(f"{summary} [dim](tolerances: {tolerance})[/]")
+    for side in ("a", "b"):
+        names = result[f"unpaired_{side}"]
+        if names:
+            shown = ", ".join(escape(n) for n in names[:6]) + (" …" if len(names) > 6 else "")
+            out.print(f"[dim]only in {side.upper()}: {shown}[/]")
+    culprit = result.get("first_divergence")
+    if result["ok"]:
+        out.print("[bold green]match[/]: every compared tensor agrees")
+    elif culprit:
+        out.print(
+            f"[bold red]first divergence: {escape(culprit['name'])}[/] — {escape(culprit['reason'])}"
+            f" (max abs {number(culprit.get('max_abs'))})"
+        )
+    else:
+        out.print("[bold red]diverges[/]")
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool) -> Iterator[Callable[[int, int, str], None] | None]:
+    """A progress bar on stderr for long comparisons; nothing when stderr is not a terminal."""
+    if not enabled:
+        yield None
+        return
+    bar = Progress(
+        TextColumn("comparing"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+        TextColumn("[dim]{task.description}"),
+        console=err,
+        transient=True,
+    )
+    task = None
+
+    def update(done: int, total: int, name: str) -> None:
+        nonlocal task
+        if task is None:
+            task = bar.add_task(name, total=total)
+        bar.update(task, completed=done, description=name[-60:])
+
+    with bar:
+        yield update
+
+
+def captures(data: dict[str, Any]) -> None:
+    items = data.get("captures", [])
+    if not items:
+        out.print(f"no captures under {escape(data.get('home', ''))}")
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("name", "run", "framework", "state", "calls", "tensors", "size", "model"):
+        table.add_column(column)
+    for item in items:
+        table.add_row(
+            escape(str(item.get("name"))),
+            escape(str(item.get("run_id"))),
+            str(item.get("framework") or "?"),
+            str(item.get("state") or "?"),
+            str(item.get("records") or 0),
+            str(item.get("tensors") or 0),
+            _size(item.get("bytes") or 0),
+            escape(str(item.get("model_class") or "")),
+        )
+    out.print(table)

@@ -1,0 +1,106 @@
+"""``mldbg.compare``: does the port match the reference, and where does it stop matching?
+
+Standard library only at import (``import mldbg`` stays cheap); numpy is loaded when a
+comparison runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .sources import CompareInputError
+
+__all__ = ["CompareInputError", "Comparison", "compare"]
+
+
+class Comparison:
+    """The outcome of :func:`compare`; ``.result`` is the JSON document ``--json`` prints."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self.result = result
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.result["ok"])
+
+    @property
+    def first_divergence(self) -> dict[str, Any] | None:
+        return self.result["first_divergence"]
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        return self.result["entries"]
+
+    @property
+    def unpaired_a(self) -> list[str]:
+        return self.result["unpaired_a"]
+
+    @property
+    def unpaired_b(self) -> list[str]:
+        return self.result["unpaired_b"]
+
+    def entry(self, name: str) -> dict[str, Any]:
+        for item in self.entries:
+            if item["name"] == name:
+                return item
+        raise KeyError(name)
+
+    def write_html(self, path: str | os.PathLike[str]) -> Path:
+        from .report_html import write_html
+
+        return write_html(self.result, Path(path))
+
+    def __repr__(self) -> str:
+        counts = self.result["counts"]
+        verdict = "match" if self.ok else "diverges"
+        culprit = self.first_divergence
+        where = f", first divergence {culprit['name']}" if culprit else ""
+        return (
+            f"<mldbg comparison: {verdict}, {counts['passed']}/{counts['compared']} agree{where}>"
+        )
+
+
+def _spec(value: Any) -> str:
+    path = getattr(value, "path", None)  # a Capture from mldbg.capture
+    if path is not None and not isinstance(value, str | os.PathLike):
+        return str(path)
+    return os.fspath(value)
+
+
+def compare(
+    a: Any,
+    b: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    map: str | os.PathLike[str] | Mapping[str, Any] | None = None,  # noqa: A002 - the CLI's name
+    html: str | os.PathLike[str] | None = None,
+    home: str | os.PathLike[str] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> Comparison:
+    """Compare ``a`` (the reference) with ``b`` (the port).
+
+    Each of ``a``/``b`` is a capture name, a run id, ``RUN/NAME``, a directory or file of
+    tensors, or a :class:`mldbg.capture.Capture`.  Tolerances default per dtype (those of
+    ``torch.testing.assert_close``); ``map`` is a map file or the same dict inline.
+    Raises :class:`CompareInputError` for bad input (the CLI's exit code 2).
+    """
+    from ..runs import mldbg_home
+    from .comparison import compare_sources
+    from .mapping import load_map, parse_map
+    from .sources import open_source
+
+    base = Path(home) if home is not None else mldbg_home()
+    names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)
+    source_a = open_source(_spec(a), base)
+    source_b = open_source(_spec(b), base)
+    result = compare_sources(
+        source_a, source_b, rtol=rtol, atol=atol, names=names, progress=progress
+    )
+    comparison = Comparison(result)
+    if html is not None:
+        comparison.write_html(html)
+    return comparison

@@ -1,0 +1,111 @@
+"""``--map FILE``: how the second run's names become the first run's.
+
+A port rarely keeps every module name of its reference.  The map is a JSON file::
+
+    {
+      "rename": {"transformer.h.0.attn": "model.layers.0.self_attn"},
+      "regex":  [["^transformer\\.h\\.(\\d+)\\.", "model.layers.\\1."]],
+      "ignore": ["*.rotary_emb#*", "*.rope#*"]
+    }
+
+``rename`` replaces whole module paths or whole entry names, ``regex`` rules are
+``re.sub`` applied in order to each name of B, and ``ignore`` globs drop entries of
+either side (after renaming) from the comparison.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .sources import CompareInputError
+
+_ENTRY = re.compile(r"^(?P<module>.*)#(?P<call>\d+)\.(?P<key>(?:in|out)(?:\..*)?)$")
+
+
+@dataclass
+class NameMap:
+    rename: dict[str, str] = field(default_factory=dict)
+    regex: list[tuple[re.Pattern[str], str]] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+
+    def to_a(self, name: str) -> str:
+        """B's entry name in A's terms."""
+        if name in self.rename:
+            return self.rename[name]
+        match = _ENTRY.match(name)
+        if match and match["module"] in self.rename:
+            name = f"{self.rename[match['module']]}#{match['call']}.{match['key']}"
+        for pattern, replacement in self.regex:
+            name = pattern.sub(replacement, name)
+        return name
+
+    def ignored(self, name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.ignore)
+
+
+def load_map(path: str | os.PathLike[str] | None) -> NameMap:
+    if path is None:
+        return NameMap()
+    file = Path(path).expanduser()
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CompareInputError(f"map file {file} does not exist", code="bad_map") from None
+    except (OSError, ValueError) as exc:
+        raise CompareInputError(
+            f"map file {file} is not valid JSON: {exc}", code="bad_map"
+        ) from None
+    return parse_map(data, str(file))
+
+
+def parse_map(data: Any, where: str = "map") -> NameMap:
+    if not isinstance(data, dict):
+        raise CompareInputError(f"{where}: expected an object with rename / regex / ignore")
+    unknown = set(data) - {"rename", "regex", "ignore"}
+    if unknown:
+        raise CompareInputError(
+            f"{where}: unknown key(s) {', '.join(sorted(unknown))}; use rename, regex, ignore",
+            code="bad_map",
+        )
+    rename = data.get("rename") or {}
+    if not isinstance(rename, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in rename.items()
+    ):
+        raise CompareInputError(f"{where}: rename must map names to names", code="bad_map")
+    rules = data.get("regex") or []
+    if isinstance(rules, dict):
+        rules = list(rules.items())
+    compiled = []
+    for rule in rules:
+        if not (
+            isinstance(rule, list | tuple)
+            and len(rule) == 2
+            and all(isinstance(s, str) for s in rule)
+        ):
+            raise CompareInputError(
+                f"{where}: each regex rule is [pattern, replacement], not {rule!r}", code="bad_map"
+            )
+        try:
+            compiled.append((re.compile(rule[0]), rule[1]))
+        except re.error as exc:
+            raise CompareInputError(
+                f"{where}: bad regex {rule[0]!r}: {exc}", code="bad_map"
+            ) from None
+    ignore = data.get("ignore") or []
+    if isinstance(ignore, str):
+        ignore = [ignore]
+    if not all(isinstance(p, str) for p in ignore):
+        raise CompareInputError(f"{where}: ignore takes glob patterns", code="bad_map")
+    return NameMap(dict(rename), compiled, list(ignore))
+
+
+def split_name(name: str) -> tuple[str, int, str] | None:
+    """``(module, call, key)`` of a capture entry name, None for a plain tensor name."""
+    match = _ENTRY.match(name)
+    return (match["module"], int(match["call"]), match["key"]) if match else None

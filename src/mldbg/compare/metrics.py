@@ -1,0 +1,392 @@
+"""Per-pair numbers for ``mldbg compare``: how far a port's tensor is from its reference.
+
+Everything here is numpy only (bf16 and fp8 arrive as ``ml_dtypes`` arrays, which numpy
+converts like any other dtype), so the daemon can compare runs of either framework
+without importing torch or MLX.
+
+Three decisions shape the code:
+
+* **float64 throughout.**  Differences between a bf16 reference and its port are often a
+  few ulps of the *input* dtype; computing them in that dtype (or in float32 for large
+  sums) would round away exactly what is being measured, and int64 token ids would
+  saturate.  float64 holds every value of every supported dtype exactly (integers up
+  to 2**53).
+* **Streaming.**  The inputs are usually memory maps of safetensors files that can be
+  larger than memory.  ``compare_arrays`` reads ``chunk_elements`` elements at a time
+  and folds them into running totals, so peak memory is about 46 bytes per chunk
+  element (about 190 MB with the default chunk), whatever the tensor size.  Maxima,
+  minima, counts and the worst element do not depend on the chunk size at all; sums
+  (``mean_abs``, ``cosine``) may differ in their last bits, as float sums in a different
+  order do.
+* **JSON-ready results.**  The dict holds plain ``int``/``float``/``list``/``None``/``str``.
+  ``None`` means "nothing to measure" (no element finite in both tensors, a zero range
+  for ``range_ratio``).  A float that is not finite -- a value in ``head_a``/``worst``, or
+  a metric that overflowed float64 -- is written as the string ``"nan"``, ``"inf"`` or
+  ``"-inf"``, never as a bare NaN (which is not JSON).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# torch.testing.assert_close defaults (torch/testing/_comparison.py), keyed by safetensors
+# dtype name.  fp8 is not in torch's table; its entries are ours: one machine epsilon
+# relative (2**-3 for E4M3's 3 mantissa bits, 2**-2 for E5M2's 2), i.e. a port may round
+# once differently, and an absolute floor of 1e-2, about E4M3's smallest normal value
+# (2**-6), below which fp8 keeps almost no relative precision.
+_TOLERANCES: dict[str, tuple[float, float]] = {
+    "F64": (1e-7, 1e-7),
+    "F32": (1.3e-6, 1e-5),
+    "F16": (1e-3, 1e-5),
+    "BF16": (1.6e-2, 1e-5),
+    "F8_E4M3": (0.125, 1e-2),
+    "F8_E5M2": (0.25, 1e-2),
+    "C128": (1e-7, 1e-7),
+    "C64": (1.3e-6, 1e-5),
+}
+# numpy / ml_dtypes names, for callers that pass ``str(array.dtype)`` instead.
+_ALIASES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e4m3": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "complex128": "C128",
+    "complex64": "C64",
+}
+_EXACT_PREFIXES = ("I", "U", "BOOL", "int", "uint", "bool")
+_FALLBACK_TOLERANCE = _TOLERANCES["F32"]
+
+# channels-last -> channels-first first (the usual MLX-port-vs-PyTorch case), then back.
+_LAYOUT_CANDIDATES: dict[int, tuple[tuple[int, ...], ...]] = {
+    2: ((1, 0),),
+    3: ((0, 2, 1),),
+    4: ((0, 3, 1, 2), (0, 2, 3, 1)),
+    5: ((0, 4, 1, 2, 3), (0, 2, 3, 4, 1)),
+}
+
+
+def default_tolerance(dtype_a: str, dtype_b: str) -> tuple[float, float]:
+    """``(rtol, atol)`` that ``torch.testing.assert_close`` would use for these dtypes.
+
+    Using torch's defaults means "ok" here agrees with the check a porter would write in
+    a unit test.  Like assert_close with mixed dtypes, the looser value of each wins: a
+    float32 port of a bf16 reference can only be held to bf16 precision.  Integer and bool
+    dtypes compare exactly (0, 0); fp8 gets (0.125, 1e-2) for E4M3 and (0.25, 1e-2) for
+    E5M2 (torch has no default for them).  Dtype names are safetensors names (``"BF16"``)
+    or numpy names (``"bfloat16"``); an unknown name is held to float32's defaults.
+    """
+    rtol_a, atol_a = _tolerance_of(dtype_a)
+    rtol_b, atol_b = _tolerance_of(dtype_b)
+    return max(rtol_a, rtol_b), max(atol_a, atol_b)
+
+
+def _tolerance_of(dtype: str) -> tuple[float, float]:
+    name = _ALIASES.get(dtype, dtype)
+    if name in _TOLERANCES:
+        return _TOLERANCES[name]
+    if name.startswith(_EXACT_PREFIXES):
+        return (0.0, 0.0)
+    if name.startswith("F8"):
+        return _TOLERANCES["F8_E5M2"] if "E5M2" in name else _TOLERANCES["F8_E4M3"]
+    return _FALLBACK_TOLERANCE
+
+
+def layout_permutation(
+    shape_a: tuple[int, ...], shape_b: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """The axes ``p`` with ``b.transpose(p).shape == shape_a``, for a layout-only difference.
+
+    Ports to MLX keep convolution activations channels-last (NHWC, NLC) where PyTorch is
+    channels-first; such a pair holds the same numbers in a different order, so it should
+    be compared after a transpose rather than reported as a shape error.  Only these
+    transposes are tried, channels-last-to-first first: 4-D ``(0, 3, 1, 2)`` then
+    ``(0, 2, 3, 1)``, 5-D the same, 3-D ``(0, 2, 1)``, 2-D ``(1, 0)``.  ``None`` when the
+    shapes are already equal (an ambiguous square case is compared as is) or nothing fits.
+    """
+    shape_a, shape_b = tuple(shape_a), tuple(shape_b)
+    if shape_a == shape_b or len(shape_a) != len(shape_b):
+        return None
+    for perm in _LAYOUT_CANDIDATES.get(len(shape_a), ()):
+        if tuple(shape_b[axis] for axis in perm) == shape_a:
+            return perm
+    return None
+
+
+def compare_arrays(
+    a: Any,
+    b: Any,
+    *,
+    rtol: float,
+    atol: float,
+    permutation: tuple[int, ...] | None = None,
+    chunk_elements: int = 1 << 22,
+    head: int = 5,
+) -> dict[str, Any]:
+    """Compare reference ``a`` with ``b`` (first transposed by ``permutation``), streaming.
+
+    Returns a JSON-ready dict with the keys ``numel``, ``max_abs``, ``mean_abs``,
+    ``max_rel``, ``cosine``, ``range_a``, ``range_b``, ``range_ratio``, ``mismatched``,
+    ``min_atol``, ``nan_a``, ``nan_b``, ``inf_a``, ``inf_b``, ``head_a``, ``head_b``,
+    ``worst`` and ``ok``.  ``mismatched`` counts elements failing assert_close's test
+    ``|b - a| <= atol + rtol * |a|`` (``a`` is the "expected" side), with NaN equal to
+    NaN and an infinity equal only to the same infinity; ``ok`` is ``mismatched == 0``.
+    The other metrics cover the elements finite in both tensors.  Shapes must agree after
+    the permutation (``ValueError`` otherwise); complex dtypes raise ``TypeError``.
+    """
+    a, b = np.asanyarray(a), np.asanyarray(b)
+    if chunk_elements < 1:
+        raise ValueError(f"chunk_elements must be positive, got {chunk_elements}")
+    if head < 0:
+        raise ValueError(f"head must be >= 0, got {head}")
+    for array in (a, b):
+        if np.issubdtype(array.dtype, np.complexfloating):
+            raise TypeError(f"complex tensors are not supported (dtype {array.dtype})")
+    if permutation is not None:
+        b = b.transpose(tuple(permutation))
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} vs {b.shape} (b after the permutation)")
+    totals = _Totals(rtol=float(rtol), atol=float(atol))
+    # Overflow (|a - b| or a square beyond float64) is reported as "inf"/"nan", not warned.
+    with np.errstate(over="ignore", invalid="ignore"):
+        for offset, view_a, view_b in _blocks(a, b, chunk_elements):
+            # The float64 copies live only inside add(): one chunk's worth is alive at a time.
+            totals.add(offset, _to_float64(view_a), _to_float64(view_b))
+    return {
+        "numel": int(a.size),
+        **totals.summary(),
+        "head_a": _head(a, head),
+        "head_b": _head(b, head),
+        "worst": _worst(a, b, totals.worst_index),
+        "ok": totals.mismatched == 0,
+    }
+
+
+# ---------------------------------------------------------------------------- chunking
+
+
+def _blocks(a: np.ndarray, b: np.ndarray, chunk: int) -> Iterator[tuple[int, Any, Any]]:
+    """``(flat offset, view of a, view of b)``: runs of consecutive C-order elements, at
+    most ``chunk`` each, cut at the same places in both arrays so they line up element for
+    element.  Views only: nothing is read from a memory map until the caller converts them.
+
+    Contiguous arrays are cut from their flat view; anything else (a transposed ``b``)
+    by index blocks, each of which is one strided read.
+    """
+    if a.size == 0:
+        return
+    if a.flags.c_contiguous and b.flags.c_contiguous:
+        flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+        for start in range(0, a.size, chunk):
+            stop = min(start + chunk, a.size)
+            yield start, flat_a[start:stop], flat_b[start:stop]
+        return
+    offset = 0
+    for index in _index_blocks(a.shape, chunk):
+        view_a = a[index]
+        yield offset, view_a, b[index]
+        offset += int(np.size(view_a))
+
+
+def _index_blocks(shape: tuple[int, ...], chunk: int) -> Iterator[tuple[Any, ...]]:
+    """Index tuples that cover ``shape`` in C order, each selecting at most ``chunk``
+    consecutive elements: whole trailing sub-arrays while they fit, otherwise going one
+    axis deeper and slicing that axis (so a single huge row is still split)."""
+    inner = 1  # elements in one step along the split axis
+    split = len(shape)  # axes from here on are taken whole
+    while split > 0 and inner * shape[split - 1] <= chunk:
+        split -= 1
+        inner *= shape[split]
+    if split == 0:
+        yield (Ellipsis,)
+        return
+    axis = split - 1
+    step = max(1, chunk // inner)
+    for outer in np.ndindex(*shape[:axis]):
+        for start in range(0, shape[axis], step):
+            yield (*outer, slice(start, min(start + step, shape[axis])))
+
+
+def _to_float64(block: Any) -> Any:
+    """A C-contiguous flat float64 copy of ``block`` (bf16/fp8/int/bool convert exactly)."""
+    return np.ascontiguousarray(block, dtype=np.float64).reshape(-1)
+
+
+# ---------------------------------------------------------------------------- running totals
+
+
+@dataclass
+class _Totals:
+    """Running totals over the blocks seen so far; ``summary`` turns them into the result."""
+
+    rtol: float
+    atol: float
+    mismatched: int = 0
+    nan_a: int = 0
+    nan_b: int = 0
+    inf_a: int = 0
+    inf_b: int = 0
+    finite_pairs: int = 0
+    sum_abs: float = 0.0
+    max_abs: float = -1.0
+    max_rel: float = 0.0
+    max_excess: float = 0.0
+    dot: float = 0.0
+    norm2_a: float = 0.0
+    norm2_b: float = 0.0
+    worst_index: int | None = None
+    range_a: tuple[float, float] | None = None
+    range_b: tuple[float, float] | None = None
+
+    def add(self, offset: int, block_a: Any, block_b: Any) -> None:
+        finite_a, finite_b = np.isfinite(block_a), np.isfinite(block_b)
+        nan_a, nan_b = np.isnan(block_a), np.isnan(block_b)
+        self.nan_a += int(np.count_nonzero(nan_a))
+        self.nan_b += int(np.count_nonzero(nan_b))
+        self.inf_a += block_a.size - int(np.count_nonzero(finite_a | nan_a))
+        self.inf_b += block_b.size - int(np.count_nonzero(finite_b | nan_b))
+        self.range_a = _merge_range(self.range_a, block_a, finite_a)
+        self.range_b = _merge_range(self.range_b, block_b, finite_b)
+        both = finite_a & finite_b
+        positions = None
+        if not both.all():
+            # NaN matches NaN and an infinity matches the same infinity (== is True for
+            # +inf == +inf); every other pair involving a non-finite value is a mismatch.
+            same = (nan_a & nan_b) | (block_a == block_b)
+            self.mismatched += int(np.count_nonzero(~both & ~same))
+            positions = np.flatnonzero(both)
+            block_a, block_b = block_a[positions], block_b[positions]
+        if block_a.size:
+            self._add_finite(offset, block_a, block_b, positions)
+
+    def _add_finite(self, offset: int, xa: Any, xb: Any, positions: Any) -> None:
+        """Fold in a block of pairs that are finite in both (``positions`` maps them back
+        to the block's element numbers when some were dropped)."""
+        # Written with out= so that about three float64 buffers per chunk element are alive.
+        diff = np.subtract(xa, xb)
+        np.abs(diff, out=diff)
+        self.finite_pairs += xa.size
+        self.sum_abs += float(np.sum(diff))
+        at = int(np.argmax(diff))  # the first of equal maxima: stable across chunkings
+        if float(diff[at]) > self.max_abs:
+            self.max_abs = float(diff[at])
+            self.worst_index = offset + (at if positions is None else int(positions[at]))
+        abs_a = np.abs(xa)
+        # Relative to the larger magnitude of the two: symmetric, bounded by 2, and only
+        # 0/0 (both exactly zero, a perfect match) needs guarding -- dividing by |a| alone
+        # would explode wherever the reference happens to be zero or tiny.  Where the
+        # larger magnitude is 0 the division is skipped and the 0 left in place is the answer.
+        larger = np.abs(xb)
+        np.maximum(larger, abs_a, out=larger)
+        np.divide(diff, larger, out=larger, where=larger > 0)
+        self.max_rel = max(self.max_rel, float(np.max(larger)))
+        del larger
+        scaled = np.multiply(abs_a, self.rtol, out=abs_a)
+        self.max_excess = max(self.max_excess, float(np.max(diff - scaled)))
+        # atol + rtol * |a|: the expression torch.isclose evaluates, so boundaries round alike.
+        allowed = np.add(scaled, self.atol, out=scaled)
+        self.mismatched += int(np.count_nonzero(diff > allowed))
+        self.dot += float(np.dot(xa, xb))
+        self.norm2_a += float(np.dot(xa, xa))
+        self.norm2_b += float(np.dot(xb, xb))
+
+    def summary(self) -> dict[str, Any]:
+        measured = self.finite_pairs > 0
+        return {
+            "max_abs": _json_float(self.max_abs) if measured else None,
+            "mean_abs": _json_float(self.sum_abs / self.finite_pairs) if measured else None,
+            "max_rel": _json_float(self.max_rel) if measured else None,
+            "cosine": self._cosine() if measured else None,
+            "range_a": _json_range(self.range_a),
+            "range_b": _json_range(self.range_b),
+            "range_ratio": self._range_ratio(),
+            "mismatched": self.mismatched,
+            "min_atol": _json_float(self.max_excess),
+            "nan_a": self.nan_a,
+            "nan_b": self.nan_b,
+            "inf_a": self.inf_a,
+            "inf_b": self.inf_b,
+        }
+
+    def _cosine(self) -> float | str:
+        if self.norm2_a == 0.0 and self.norm2_b == 0.0:
+            return 1.0  # two zero tensors agree perfectly
+        if self.norm2_a == 0.0 or self.norm2_b == 0.0:
+            return 0.0  # no direction to share
+        if not all(map(math.isfinite, (self.dot, self.norm2_a, self.norm2_b))):
+            return "nan"  # squares beyond float64 (|values| > 1e154): no usable answer
+        cosine = self.dot / (math.sqrt(self.norm2_a) * math.sqrt(self.norm2_b))
+        return min(1.0, max(-1.0, cosine))  # rounding can step just outside [-1, 1]
+
+    def _range_ratio(self) -> float | str | None:
+        if self.range_a is None or self.range_b is None:
+            return None
+        width_a = self.range_a[1] - self.range_a[0]
+        if width_a == 0.0:
+            return None
+        return _json_float((self.range_b[1] - self.range_b[0]) / width_a)
+
+
+def _merge_range(
+    current: tuple[float, float] | None, block: Any, finite: Any
+) -> tuple[float, float] | None:
+    """``[min, max]`` of the finite values seen so far (NaN/inf are counted separately)."""
+    values = block if finite.all() else block[finite]
+    if values.size == 0:
+        return current
+    low, high = float(np.min(values)), float(np.max(values))
+    if current is None:
+        return low, high
+    return min(current[0], low), max(current[1], high)
+
+
+# ---------------------------------------------------------------------------- JSON values
+
+
+def _json_float(value: float) -> float | str:
+    """A finite float as is; NaN and infinities as ``"nan"``, ``"inf"``, ``"-inf"``."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return float(value)
+
+
+def _json_range(bounds: tuple[float, float] | None) -> list[float | str] | None:
+    return None if bounds is None else [_json_float(bounds[0]), _json_float(bounds[1])]
+
+
+def _json_value(value: Any, dtype: np.dtype[Any]) -> int | float | str:
+    """One element as its dtype suggests: ``int`` for integers and bools, else a float."""
+    if dtype == np.bool_ or np.issubdtype(dtype, np.integer):
+        return int(value)
+    return _json_float(float(value))
+
+
+def _head(array: np.ndarray, count: int) -> list[int | float | str]:
+    """The first ``count`` elements in C order of ``array``'s (logical) shape, read one by
+    one so a memory map is touched only where they lie."""
+    count = min(count, int(array.size))
+    return [_json_value(array[_unravel(i, array.shape)], array.dtype) for i in range(count)]
+
+
+def _worst(a: np.ndarray, b: np.ndarray, flat_index: int | None) -> dict[str, Any] | None:
+    if flat_index is None:
+        return None
+    index = _unravel(flat_index, a.shape)
+    return {
+        "index": list(index),
+        "a": _json_value(a[index], a.dtype),
+        "b": _json_value(b[index], b.dtype),
+    }
+
+
+def _unravel(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.unravel_index(flat_index, shape))

@@ -1,0 +1,398 @@
+"""What ``mldbg compare A B`` compares: a capture, a run, a directory or a file of tensors.
+
+A spec is tried as a path first (a capture directory, a run directory holding one
+capture, a directory of ``.safetensors`` / ``.npy`` / ``.npz`` files, or one such
+file), then as ``RUN/NAME``, then as a capture name (the newest capture with that
+name wins), then as a run id.  Every source lists its entries in the order they were
+recorded, without reading any tensor data.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..capture.safetensors_header import CorruptTensorFile, read_header
+from ..capture.store import CAPTURE_JSON, CAPTURES, INDEX, module_label
+from ..errors import MldbgError
+from ..runs import RunDir, read_jsonl, resolve_run, runs_root
+from . import arrays
+
+TENSOR_SUFFIXES = (".safetensors", ".npy", ".npz")
+
+
+class CompareInputError(MldbgError):
+    """Bad input to a comparison: exit code 2, nothing compared."""
+
+    code = "bad_compare_input"
+
+
+@dataclass
+class Entry:
+    """One stored tensor, located but not read."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    file: Path
+    key: str
+    order: int
+    module: str | None = None
+    call: int | None = None
+    role: str | None = None
+
+    @property
+    def call_key(self) -> tuple[str, int] | None:
+        return None if self.module is None or self.call is None else (self.module, self.call)
+
+
+@dataclass
+class Call:
+    """One module call of a capture: where it sits in the run's order and nesting."""
+
+    module: str
+    call: int
+    seq: int
+    class_name: str = ""
+    parent: int | None = None
+    depth: int = 0
+    end: int | None = None
+    error: str | None = None
+    start_order: int = 0  # position of its start / end in the capture's event order
+    end_order: int | None = None
+
+
+@dataclass
+class Source:
+    spec: str
+    kind: str
+    path: Path
+    label: str
+    entries: list[Entry] = field(default_factory=list)
+    calls: dict[tuple[str, int], Call] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def load(self, entry: Entry) -> Any:
+        """The entry's tensor as a read-only numpy array (memory-mapped where possible)."""
+        suffix = entry.file.suffix
+        if suffix == ".npy":
+            return arrays.map_npy(entry.file)
+        if suffix == ".npz":
+            return _load_npz(entry.file, entry.key)
+        return arrays.map_safetensors(entry.file, entry.key)
+
+    def describe(self) -> dict[str, Any]:
+        return {"spec": self.spec, "kind": self.kind, "path": str(self.path), "label": self.label}
+
+
+# -- resolving a spec ------------------------------------------------------------------------
+
+
+def open_source(spec: str, home: Path) -> Source:
+    """The source ``spec`` names; unreadable files become bad input (exit 2), named."""
+    try:
+        return _open_source(spec, home)
+    except CorruptTensorFile as exc:
+        raise CompareInputError(str(exc), code="corrupt_file") from None
+    except OSError as exc:
+        raise CompareInputError(
+            f"cannot read {exc.filename or spec}: {exc.strerror}", code="unreadable"
+        ) from None
+
+
+def _open_source(spec: str, home: Path) -> Source:
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _from_path(spec, path)
+    if "/" in spec and not spec.startswith((".", "/", "~")):
+        run_spec, name = spec.rsplit("/", 1)
+        try:
+            run = resolve_run(home, run_spec)
+        except MldbgError:
+            run = None
+        if run is not None:
+            return _capture_in_run(spec, run, name)
+    found = [c for c in find_captures(home) if c["name"] == spec]
+    if found:
+        return open_capture(spec, Path(found[-1]["path"]))
+    try:
+        run = resolve_run(home, spec)
+    except MldbgError as exc:
+        if exc.code == "ambiguous_run":
+            raise CompareInputError(exc.message) from None
+        run = None
+    if run is not None:
+        return _capture_in_run(spec, run, None)
+    names = sorted({c["name"] for c in find_captures(home)})
+    known = (
+        f"captures under {home}: {', '.join(names[:20])}" if names else f"no captures under {home}"
+    )
+    raise CompareInputError(
+        f"{spec!r} is not a file, a directory, a capture name or a run id ({known})",
+        code="unknown_source",
+        captures=names[:50],
+    )
+
+
+def _from_path(spec: str, path: Path) -> Source:
+    if path.is_file():
+        if path.name in (INDEX, CAPTURE_JSON):
+            return open_capture(spec, path.parent)
+        return _file_source(spec, path)
+    if (path / INDEX).exists() or (path / CAPTURE_JSON).exists():
+        return open_capture(spec, path)
+    if (path / CAPTURES).is_dir():
+        return _capture_in_run(spec, RunDir(path), None)
+    return _directory_source(spec, path)
+
+
+def _capture_in_run(spec: str, run: RunDir, name: str | None) -> Source:
+    captures = find_captures_in(run.path)
+    if name is not None:
+        captures = [c for c in captures if c["name"] == name]
+        if not captures:
+            raise CompareInputError(
+                f"run {run.run_id} has no capture named {name!r}"
+                + _listing(find_captures_in(run.path)),
+                code="unknown_capture",
+            )
+    if not captures:
+        raise CompareInputError(
+            f"run {run.run_id} has no captures: record one with `with mldbg.capture(model, NAME):`",
+            code="no_captures",
+        )
+    if len(captures) > 1 and name is None:
+        raise CompareInputError(
+            f"run {run.run_id} has several captures; name one as {run.run_id}/NAME"
+            + _listing(captures),
+            code="ambiguous_capture",
+        )
+    return open_capture(spec, Path(captures[-1]["path"]))
+
+
+def _listing(captures: list[dict[str, Any]]) -> str:
+    names = ", ".join(c["name"] for c in captures)
+    return f" (captures: {names})" if names else ""
+
+
+# -- captures --------------------------------------------------------------------------------
+
+
+def find_captures_in(run_path: Path) -> list[dict[str, Any]]:
+    """The captures of one run, oldest first."""
+    root = run_path / CAPTURES
+    if not root.is_dir():
+        return []
+    found = []
+    for directory in root.iterdir():
+        meta = _read_meta(directory)
+        if meta is None:
+            continue
+        meta["path"] = str(directory)
+        meta.setdefault("name", directory.name)
+        meta.setdefault("run_id", run_path.name)
+        found.append(meta)
+    return sorted(found, key=lambda m: (m.get("created") or 0, m["path"]))
+
+
+def find_captures(home: Path) -> list[dict[str, Any]]:
+    """Every capture under ``home``, oldest first (so the last of a name is the newest)."""
+    root = runs_root(home)
+    if not root.is_dir():
+        return []
+    found: list[dict[str, Any]] = []
+    for run_path in root.iterdir():
+        if run_path.is_dir() and not run_path.name.startswith("."):
+            found.extend(find_captures_in(run_path))
+    return sorted(found, key=lambda m: (m.get("created") or 0, m["path"]))
+
+
+def _read_meta(directory: Path) -> dict[str, Any] | None:
+    if not directory.is_dir() or directory.name.startswith("."):
+        return None
+    try:
+        with open(directory / CAPTURE_JSON, encoding="utf-8") as fh:
+            meta = json.load(fh)
+        return meta if isinstance(meta, dict) else {}
+    except FileNotFoundError:
+        return {} if (directory / INDEX).exists() else None
+    except (OSError, ValueError):
+        return {"state": "unreadable capture.json"}
+
+
+def open_capture(spec: str, directory: Path) -> Source:
+    meta = _read_meta(directory) or {}
+    index = directory / INDEX
+    if not index.exists():
+        raise CompareInputError(f"{directory} is not a capture: it has no {INDEX}")
+    records, bad = read_jsonl(index)
+    name = meta.get("name") or directory.name
+    run_id = meta.get("run_id") or directory.parent.parent.name
+    source = Source(spec, "capture", directory, f"{name} (run {run_id})", meta=meta)
+    if bad:
+        source.warnings.append(f"{index}: {bad} unreadable line(s) skipped (a run cut short?)")
+    if meta.get("state") == "capturing":
+        source.warnings.append(
+            f"capture {name!r} never finished (its process ended inside the capture): "
+            "comparing what it wrote"
+        )
+    by_seq: dict[int, Call] = {}
+    for position, record in enumerate(records):
+        try:
+            _add_record(source, directory, record, by_seq, position)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CompareInputError(
+                f"{index} has a corrupt record ({exc}): {json.dumps(record)[:200]}",
+                code="corrupt_capture",
+            ) from None
+    return source
+
+
+def _add_record(
+    source: Source, directory: Path, record: dict[str, Any], by_seq: dict[int, Call], position: int
+) -> None:
+    seq = int(record["seq"])
+    if record.get("event") == "call":
+        call = Call(
+            module=module_label(str(record["module"])),
+            call=int(record["call"]),
+            seq=seq,
+            class_name=str(record.get("class", "")),
+            parent=record.get("parent"),
+            depth=int(record.get("depth", 0)),
+            start_order=position,
+        )
+        by_seq[seq] = call
+        source.calls[(call.module, call.call)] = call
+        role = "in"
+    else:
+        known = by_seq.get(seq)
+        if known is None:
+            return
+        known.end = int(record.get("end", 0))
+        known.error = record.get("error")
+        known.end_order = position
+        call = known
+        role = "out"
+    file = record.get("file")
+    for name, info in (record.get("tensors") or {}).items():
+        source.entries.append(
+            Entry(
+                name=name,
+                shape=[int(n) for n in info["shape"]],
+                dtype=str(info["dtype"]),
+                file=directory / str(file),
+                key=str(info["key"]),
+                order=len(source.entries),
+                module=call.module,
+                call=call.call,
+                role=role,
+            )
+        )
+
+
+# -- plain tensors ---------------------------------------------------------------------------
+
+
+def _natural(text: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _directory_source(spec: str, directory: Path) -> Source:
+    files = sorted(
+        (
+            p
+            for p in directory.rglob("*")
+            if p.is_file() and p.suffix in TENSOR_SUFFIXES and not p.name.startswith(".")
+        ),
+        key=lambda p: _natural(str(p.relative_to(directory))),
+    )
+    if not files:
+        raise CompareInputError(
+            f"{directory} holds no .safetensors, .npy or .npz files (and is not a capture or a run)",
+            code="no_tensors",
+        )
+    source = Source(spec, "directory", directory, str(directory))
+    for file in files:
+        stem = str(file.relative_to(directory).with_suffix("")).replace("\\", "/")
+        _add_file(source, file, stem)
+    _check_unique(source)
+    return source
+
+
+def _file_source(spec: str, path: Path) -> Source:
+    if path.suffix not in TENSOR_SUFFIXES:
+        raise CompareInputError(
+            f"{path} is not a tensor file: compare takes .safetensors, .npy or .npz files, "
+            "directories of them, capture names and run ids",
+            code="not_tensors",
+        )
+    source = Source(spec, "file", path, str(path))
+    _add_file(source, path, path.stem)
+    return source
+
+
+def _add_file(source: Source, file: Path, stem: str) -> None:
+    if file.suffix == ".npy":
+        info = arrays.npy_header(file)
+        _append(source, stem, info, file, "")
+        return
+    if file.suffix == ".npz":
+        for key, info in _npz_headers(file).items():
+            _append(source, f"{stem}.{key}", info, file, key)
+        return
+    header, _ = read_header(file)
+    keys = [k for k in header if k != "__metadata__"]
+    for key in keys:
+        entry = header[key]
+        info = {"shape": entry.get("shape", []), "dtype": entry.get("dtype", "?")}
+        # A one-tensor file (the tensor store's kind) is named by its file; several, by key.
+        name = stem if len(keys) == 1 else (key if source.kind == "file" else f"{stem}.{key}")
+        _append(source, name, info, file, key)
+
+
+def _append(source: Source, name: str, info: dict[str, Any], file: Path, key: str) -> None:
+    source.entries.append(
+        Entry(
+            name=name,
+            shape=[int(n) for n in info["shape"]],
+            dtype=str(info["dtype"]),
+            file=file,
+            key=key,
+            order=len(source.entries),
+        )
+    )
+
+
+def _check_unique(source: Source) -> None:
+    seen: set[str] = set()
+    for entry in source.entries:
+        if entry.name in seen:
+            raise CompareInputError(f"{source.path}: two tensors are named {entry.name!r}")
+        seen.add(entry.name)
+
+
+def _npz_headers(path: Path) -> dict[str, dict[str, Any]]:
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {
+                key: {"shape": list(data[key].shape), "dtype": arrays.dtype_name(data[key].dtype)}
+                for key in data.files
+            }
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise CorruptTensorFile(f"{path} is not a readable .npz file: {exc}") from None
+
+
+def _load_npz(path: Path, key: str) -> Any:
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as data:
+        return data[key]

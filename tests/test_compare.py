@@ -1,0 +1,222 @@
+"""mldbg compare on directories, files and captures: pairing, exit codes, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import mldbg
+from mldbg import current_run
+
+
+def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MLDBG_HOME": str(cwd / "store"), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "mldbg", "compare", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> dict:
+    try:
+        return json.loads(result.stdout)
+    except ValueError:
+        raise AssertionError(f"not JSON: {result.stdout!r} {result.stderr!r}") from None
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    rng = np.random.default_rng(0)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    for i in range(12):
+        value = rng.standard_normal((4, 5)).astype(np.float32)
+        np.save(a / f"step{i}.npy", value)
+        np.save(b / f"step{i}.npy", value + np.float32(1e-7) * (i % 2))
+    return a, b
+
+
+def test_directories_that_agree_exit_0(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
+    result = run_cli(tmp_path, str(dirs[0]), str(dirs[1]), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = as_json(result)
+    assert data["ok"] and data["first_divergence"] is None
+    # natural order: step2 comes before step10
+    names = [e["name"] for e in data["entries"]]
+    assert names[:3] == ["step0", "step1", "step2"] and names[-1] == "step11"
+    entry = data["entries"][1]
+    assert entry["dtype_a"] == "F32" and entry["rtol"] == pytest.approx(1.3e-6)
+    for key in ("shape_a", "shape_b", "max_abs", "mean_abs", "max_rel", "cosine", "ok"):
+        assert key in entry
+
+
+def test_first_diverging_entry_and_unpaired(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
+    a, b = dirs
+    np.save(b / "step7.npy", np.load(a / "step7.npy") * 1.01)
+    np.save(b / "step9.npy", np.load(a / "step9.npy") + 1)
+    np.save(b / "extra.npy", np.zeros(3, np.float32))
+    (a / "step11.npy").rename(a / "only_a.npy")
+    result = run_cli(tmp_path, str(a), str(b), "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    data = as_json(result)
+    assert not data["ok"]
+    assert data["first_divergence"]["name"] == "step7"
+    assert data["unpaired_a"] == ["only_a"] and sorted(data["unpaired_b"]) == ["extra", "step11"]
+    bad = {e["name"] for e in data["entries"] if not e["ok"]}
+    assert bad == {"step7", "step9"}
+    step9 = next(e for e in data["entries"] if e["name"] == "step9")
+    assert step9["max_abs"] == pytest.approx(1.0, rel=1e-6)
+    assert step9["min_atol"] == pytest.approx(1.0, rel=1e-3)
+    # A loose tolerance makes the 1% difference pass but not the +1.
+    loose = as_json(run_cli(tmp_path, str(a), str(b), "--json", "--rtol", "0.02", "--atol", "0"))
+    assert loose["first_divergence"]["name"] == "step9"
+    human = run_cli(tmp_path, str(a), str(b))
+    assert human.returncode == 1
+    assert "first divergence: step7" in human.stdout and "only in B" in human.stdout
+
+
+def test_two_single_tensors_pair_whatever_their_names(tmp_path: Path) -> None:
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    np.save(tmp_path / "ours.npy", x)
+    np.save(tmp_path / "theirs.npy", x)
+    result = run_cli(tmp_path, "ours.npy", "theirs.npy", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert as_json(result)["entries"][0]["name_b"] == "theirs"
+
+
+def test_channels_last_is_compared_after_the_transpose(tmp_path: Path) -> None:
+    nchw = np.random.default_rng(1).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    np.save(tmp_path / "torch.npy", nchw)
+    np.save(tmp_path / "mlx.npy", nchw.transpose(0, 2, 3, 1).copy())
+    data = as_json(run_cli(tmp_path, "torch.npy", "mlx.npy", "--json"))
+    (entry,) = data["entries"]
+    assert data["ok"] and entry["layout"] == "NHWC→NCHW" and entry["transpose"] == [0, 3, 1, 2]
+    assert entry["max_abs"] == 0.0
+
+
+def test_mismatched_shapes_with_nothing_else_is_bad_input(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((3, 4), np.float32))
+    np.save(tmp_path / "y.npy", np.zeros((3, 5), np.float32))
+    result = run_cli(tmp_path, "x.npy", "y.npy")
+    assert result.returncode == 2
+    assert "shapes differ: [3, 4] vs [3, 5]" in result.stdout + result.stderr
+
+
+def test_shape_mismatch_among_others_is_a_divergence(
+    tmp_path: Path, dirs: tuple[Path, Path]
+) -> None:
+    a, b = dirs
+    np.save(b / "step3.npy", np.zeros((4, 6), np.float32))
+    data = as_json(run_cli(tmp_path, str(a), str(b), "--json"))
+    assert data["first_divergence"]["name"] == "step3"
+    step3 = next(e for e in data["entries"] if e["name"] == "step3")
+    assert step3["error"].startswith("shapes differ") and step3["max_abs"] is None
+
+
+def test_bf16_from_torch_and_mlx_tensor_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlx.core as mx
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
+    values = torch.randn(64, 8).to(torch.bfloat16)
+    mldbg.debug_save(values, "h")
+    port = tmp_path / "port"
+    port.mkdir()
+    mx.save_safetensors(
+        str(port / "h.safetensors"),
+        {"tensor": mx.array(values.float().numpy()).astype(mx.bfloat16)},
+    )
+    data = as_json(run_cli(tmp_path, str(tmp_path / "store" / "tensors"), str(port), "--json"))
+    (entry,) = data["entries"]
+    assert data["ok"] and entry["dtype_a"] == entry["dtype_b"] == "BF16"
+    assert entry["max_abs"] == 0.0 and entry["rtol"] == pytest.approx(1.6e-2)
+
+
+def test_missing_capture_lists_the_known_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
+    current_run.reset()
+    net = torch.nn.Linear(2, 2)
+    with mldbg.capture(net, "reference"):
+        net(torch.ones(1, 2))
+    current_run.reset()
+    result = run_cli(tmp_path, "reference", "nonesuch", "--json")
+    assert result.returncode == 2
+    error = as_json(result)
+    assert "nonesuch" in error["error"] and "reference" in error["error"]
+    assert error["code"] == "unknown_source"
+    human = run_cli(tmp_path, "referenc", "reference")
+    assert human.returncode == 2 and "captures under" in human.stdout + human.stderr
+
+
+def test_corrupt_files_are_named(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
+    a, b = dirs
+    (b / "step4.npy").write_bytes(b"not numpy at all")
+    result = run_cli(tmp_path, str(a), str(b))
+    assert result.returncode == 2
+    assert "step4.npy" in result.stdout + result.stderr
+    good = tmp_path / "good.safetensors"
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.ones((100, 100), np.float32)}, str(good))
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(good.read_bytes()[:5000])
+    result = run_cli(tmp_path, str(good), str(cut), "--json")
+    assert result.returncode == 2
+    assert "cut.safetensors" in as_json(result)["error"]
+
+
+def test_map_files_rename_and_bad_maps_are_bad_input(
+    tmp_path: Path, dirs: tuple[Path, Path]
+) -> None:
+    a, b = dirs
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for file in b.iterdir():
+        (renamed / file.name.replace("step", "iter_")).write_bytes(file.read_bytes())
+    no_map = run_cli(tmp_path, str(a), str(renamed))
+    assert no_map.returncode == 2 and "--map" in no_map.stdout + no_map.stderr
+    mapping = tmp_path / "map.json"
+    mapping.write_text(json.dumps({"regex": [["^iter_", "step"]], "ignore": ["step1?"]}))
+    data = as_json(run_cli(tmp_path, str(a), str(renamed), "--map", str(mapping), "--json"))
+    assert data["ok"] and len(data["entries"]) == 10 and data["entries"][0]["name_b"] == "iter_0"
+    for bad in ('{"regex": [["(", "x"]]}', '{"rename": 3}', "[1, 2", '{"colour": {}}'):
+        mapping.write_text(bad)
+        result = run_cli(tmp_path, str(a), str(renamed), "--map", str(mapping))
+        assert result.returncode == 2, bad
+        assert "map" in (result.stdout + result.stderr).lower()
+    assert run_cli(tmp_path, str(a), str(b), "--map", "missing.json").returncode == 2
+    assert run_cli(tmp_path, str(a), str(b), "--rtol", "-1").returncode == 2
+    assert run_cli(tmp_path, str(a)).returncode == 2  # argparse: B missing
+
+
+def test_a_dtype_without_metrics_is_an_entry_error_not_a_crash(
+    tmp_path: Path, dirs: tuple[Path, Path]
+) -> None:
+    a, b = dirs
+    for side in (a, b):
+        np.save(side / "spectrum.npy", np.ones(3, np.complex64))
+    data = as_json(run_cli(tmp_path, str(a), str(b), "--json"))
+    entry = next(e for e in data["entries"] if e["name"] == "spectrum")
+    assert entry["ok"] is False and "complex" in entry["error"]
+    assert sum(1 for e in data["entries"] if e["ok"]) == 12
+    only = tmp_path / "only"
+    only.mkdir()
+    np.save(only / "spectrum.npy", np.ones(3, np.complex64))
+    result = run_cli(tmp_path, str(only), str(only), "--json")
+    assert result.returncode == 2 and "complex" in as_json(result)["error"]

@@ -1,0 +1,262 @@
+"""What parity costs: a forward pass under ``mldbg.capture``, and ``mldbg compare``'s speed and memory.
+
+    .venv/bin/python benchmarks/parity.py            # 5 rounds and 2 GB compared, about 4 minutes
+    .venv/bin/python benchmarks/parity.py --quick    # 2 rounds and 0.5 GB compared, about 1 minute
+
+Why it is built this way:
+
+* Capture's cost is what a porter pays on every run they want to compare, so it is
+  measured as a ratio against the same forward pass without capture, on a model big
+  enough that the kernels matter (a transformers Llama, hidden 512, 4 layers, 128 tokens)
+  and on its mlx-lm port with the same weights.  Configurations alternate within each
+  round and the table shows medians, because this machine is shared and noisy.
+* Capture writes every module's tensors to disk, so the table also shows how many
+  megabytes one forward writes and at what rate: most of the cost is the write.
+* ``mldbg compare`` promises to stream: memory-map one pair at a time and reduce it in
+  chunks.  The benchmark compares two large safetensors files in a child process and
+  reports its peak resident memory next to the size of the data, which is the evidence
+  that the two models are never both in memory.
+* It exits non-zero only when something failed to run, never because a ratio is high.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+LLAMA = dict(
+    vocab_size=1024,
+    hidden_size=512,
+    intermediate_size=1376,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+)
+TOKENS = 128
+
+
+def build_models() -> tuple[Callable[[], Any], Callable[[], Any], Any, Any]:
+    """A random transformers Llama and the same weights in mlx-lm; runners for one forward."""
+    import mlx.core as mx
+    import numpy as np
+    import torch
+    from mlx_lm.models import llama as mlx_llama
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    ref = LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation="eager")).eval()
+    args = mlx_llama.ModelArgs(
+        model_type="llama",
+        hidden_size=LLAMA["hidden_size"],
+        num_hidden_layers=LLAMA["num_hidden_layers"],
+        intermediate_size=LLAMA["intermediate_size"],
+        num_attention_heads=LLAMA["num_attention_heads"],
+        num_key_value_heads=LLAMA["num_key_value_heads"],
+        rms_norm_eps=LLAMA["rms_norm_eps"],
+        vocab_size=LLAMA["vocab_size"],
+        tie_word_embeddings=False,
+    )
+    port = mlx_llama.Model(args)
+    port.load_weights([(k, mx.array(v.numpy())) for k, v in ref.state_dict().items()])
+    ids = torch.randint(
+        0, LLAMA["vocab_size"], (1, TOKENS), generator=torch.Generator().manual_seed(1)
+    )
+    ids_mx = mx.array(ids.numpy().astype(np.int32))
+
+    def run_ref() -> Any:
+        with torch.no_grad():
+            return ref(ids).logits
+
+    def run_port() -> Any:
+        out = port(ids_mx)
+        mx.eval(out)
+        return out
+
+    return run_ref, run_port, ref, port
+
+
+def timed(work: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def capture_rounds(rounds: int, home: Path) -> list[tuple[str, float, float, float]]:
+    """Median seconds per forward for each configuration, with MB written per capture."""
+    import mldbg
+    from mldbg import current_run
+
+    run_ref, run_port, ref, port = build_models()
+    for run in (run_ref, run_port):  # warm-up: first calls allocate and compile
+        run()
+        run()
+
+    times: dict[str, list[float]] = {}
+    written: dict[str, float] = {}
+    configs: list[tuple[str, Callable[[], Any], Any, bool | None]] = [
+        ("torch  plain", run_ref, ref, None),
+        ("torch  capture outputs", run_ref, ref, False),
+        ("torch  capture inputs+outputs", run_ref, ref, True),
+        ("mlx    plain", run_port, port, None),
+        ("mlx    capture outputs", run_port, port, False),
+        ("mlx    capture inputs+outputs", run_port, port, True),
+    ]
+    for round_no in range(rounds):
+        order = configs[round_no % len(configs) :] + configs[: round_no % len(configs)]
+        for label, run, model, inputs in order:
+            if inputs is None:
+                seconds = timed(run)
+            else:
+                current_run.reset()
+                start = time.perf_counter()
+                with mldbg.capture(model, f"bench{round_no}", inputs=inputs) as cap:
+                    run()
+                seconds = time.perf_counter() - start
+                if cap.errors:
+                    raise SystemExit(f"capture failed: {cap.errors[:3]}")
+                written[label] = cap.bytes / 1e6
+            times.setdefault(label, []).append(seconds)
+    current_run.reset()
+    rows = []
+    for label, _, _, _ in configs:
+        median = statistics.median(times[label])
+        base = statistics.median(times[label.split()[0].ljust(7) + "plain"])
+        rows.append((label, median, median / base, written.get(label, 0.0)))
+    return rows
+
+
+PEAK = """
+def peak_kb():
+    # VmHWM is this process's own high-water mark; ru_maxrss would include the RSS of
+    # the parent at fork time (Linux keeps it across exec).
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    import resource, sys
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak
+"""
+
+BIG_COMPARE = (
+    PEAK
+    + """
+import sys, time
+import mldbg
+start = time.perf_counter()
+result = mldbg.compare(sys.argv[1], sys.argv[2])
+seconds = time.perf_counter() - start
+print(seconds, peak_kb(), result.ok, result.result["counts"]["compared"])
+"""
+)
+
+BASELINE = (
+    PEAK
+    + """
+import mldbg, numpy, ml_dtypes, rich
+import mldbg.compare.comparison, mldbg.compare.metrics, mldbg.compare.sources
+print(peak_kb())
+"""
+)
+
+
+def big_compare(elements: int, tensors: int, directory: Path) -> dict[str, float]:
+    """Peak RSS of ``mldbg compare`` on two directories of ``tensors`` float32 files."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    a, b = directory / "a", directory / "b"
+    a.mkdir()
+    b.mkdir()
+    for i in range(tensors):
+        value = rng.standard_normal(elements, dtype=np.float32)
+        save_file({"t": value}, str(a / f"layer{i}.safetensors"))
+        value[::1000] += np.float32(1e-3)
+        save_file({"t": value}, str(b / f"layer{i}.safetensors"))
+        del value
+    script = directory / "compare_big.py"
+    script.write_text(textwrap.dedent(BIG_COMPARE))
+    baseline = directory / "baseline.py"
+    baseline.write_text(textwrap.dedent(BASELINE))
+    env = {**os.environ, "MLDBG_HOME": str(directory / "home")}
+    base_kb = int(
+        subprocess.run(
+            [sys.executable, str(baseline)], capture_output=True, text=True, check=True, env=env
+        ).stdout
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(a), str(b)], capture_output=True, text=True, env=env
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"compare failed:\n{done.stderr}")
+    seconds, peak_kb, ok, compared = done.stdout.split()
+    data_mb = 2 * tensors * elements * 4 / 1e6
+    return {
+        "data_mb": data_mb,
+        "seconds": float(seconds),
+        "peak_mb": int(peak_kb) / 1024,
+        "baseline_mb": base_kb / 1024,
+        "compared": int(compared),
+        "ok": ok == "True",
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="2 rounds, 0.5 GB compared instead of 2 GB"
+    )
+    parser.add_argument("--rounds", type=int, help="capture rounds (default 5, 2 with --quick)")
+    args = parser.parse_args()
+    rounds = args.rounds or (2 if args.quick else 5)
+
+    with tempfile.TemporaryDirectory(prefix="mldbg-parity-bench-") as tmp:
+        home = Path(tmp) / "home"
+        os.environ["MLDBG_HOME"] = str(home)
+        print(
+            f"Llama hidden {LLAMA['hidden_size']}, {LLAMA['num_hidden_layers']} layers, "
+            f"{TOKENS} tokens, float32, one CPU thread for torch; {rounds} interleaved rounds"
+        )
+        rows = capture_rounds(rounds, home)
+        print(
+            f"\n{'configuration':34} {'s/forward':>10} {'x plain':>8} {'MB written':>11} {'MB/s':>8}"
+        )
+        for label, seconds, ratio, mb in rows:
+            rate = f"{mb / seconds:8.0f}" if mb else f"{'':>8}"
+            written = f"{mb:11.1f}" if mb else f"{'':>11}"
+            print(f"{label:34} {seconds:10.4f} {ratio:8.2f} {written} {rate}")
+
+        elements = (1 << 24) if args.quick else (1 << 26)  # 64 MB or 256 MB per tensor
+        tensors = 4
+        big = big_compare(elements, tensors, Path(tmp))
+        print(
+            f"\ncompare: {tensors} pairs of {elements * 4 / 1e6:.0f} MB float32 tensors "
+            f"({big['data_mb']:.0f} MB read in all) in {big['seconds']:.1f} s "
+            f"({big['data_mb'] / big['seconds']:.0f} MB/s); peak RSS {big['peak_mb']:.0f} MB "
+            f"against {big['baseline_mb']:.0f} MB for the imports alone "
+            f"(verdict ok={big['ok']}, expected False: one element in 1000 moved by 1e-3)"
+        )
+        if big["compared"] != tensors or big["ok"]:
+            print("error: the big comparison did not see what was written", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

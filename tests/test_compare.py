@@ -195,13 +195,24 @@ def test_map_files_rename_and_bad_maps_are_bad_input(
     mapping.write_text(json.dumps({"regex": [["^iter_", "step"]], "ignore": ["step1?"]}))
     data = as_json(run_cli(tmp_path, str(a), str(renamed), "--map", str(mapping), "--json"))
     assert data["ok"] and len(data["entries"]) == 10 and data["entries"][0]["name_b"] == "iter_0"
-    for bad in ('{"regex": [["(", "x"]]}', '{"rename": 3}', "[1, 2", '{"colour": {}}'):
+    for bad in (
+        '{"regex": [["(", "x"]]}',
+        '{"regex": [["^(iter)_", "\\\\9"]]}',  # a group the pattern lacks: found on use
+        '{"regex": 5}',
+        '{"ignore": 5}',
+        '{"rename": 3}',
+        "[1, 2",
+        "[]",
+        '{"colour": {}}',
+    ):
         mapping.write_text(bad)
         result = run_cli(tmp_path, str(a), str(renamed), "--map", str(mapping))
         assert result.returncode == 2, bad
         assert "map" in (result.stdout + result.stderr).lower()
     assert run_cli(tmp_path, str(a), str(b), "--map", "missing.json").returncode == 2
     assert run_cli(tmp_path, str(a), str(b), "--rtol", "-1").returncode == 2
+    infinite = run_cli(tmp_path, str(a), str(b), "--atol", "inf", "--json")
+    assert infinite.returncode == 2 and as_json(infinite)["code"] == "bad_tolerance"
     assert run_cli(tmp_path, str(a)).returncode == 2  # argparse: B missing
 
 
@@ -220,3 +231,111 @@ def test_a_dtype_without_metrics_is_an_entry_error_not_a_crash(
     np.save(only / "spectrum.npy", np.ones(3, np.complex64))
     result = run_cli(tmp_path, str(only), str(only), "--json")
     assert result.returncode == 2 and "complex" in as_json(result)["error"]
+
+
+def test_a_map_that_merges_two_names_is_refused(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
+    """Two of B's tensors mapped onto one name would hide one of them: bad input, named."""
+    a, b = dirs
+    np.save(b / "extra.npy", np.zeros((4, 5), np.float32))
+    with pytest.raises(mldbg.CompareInputError, match="'extra'.*'step0'|'step0'.*'extra'") as err:
+        mldbg.compare(a, b, map={"regex": [["^extra$", "step0"]]})
+    assert err.value.code == "bad_map"
+
+
+def test_only_inputs_differing_is_said_plainly(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
+    current_run.reset()
+
+    class Gate(torch.nn.Module):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return x * 2  # the mask is ignored: outputs agree whatever it holds
+
+    gate = Gate()
+    with mldbg.capture(gate, "one"):
+        gate(torch.ones(3), mask=torch.zeros(3))
+    with mldbg.capture(gate, "two"):
+        gate(torch.ones(3), mask=torch.ones(3))
+    current_run.reset()
+    comparison = mldbg.compare("one", "two")
+    assert not comparison.ok
+    culprit = comparison.first_divergence
+    assert culprit["name"] == "<root>#0.in.mask"
+    assert culprit["reason"].startswith("outputs agree, only inputs differ")
+
+
+def test_npz_members_are_mapped_and_compressed_ones_read(tmp_path: Path) -> None:
+    from mldbg.compare import arrays
+
+    big = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    np.savez(tmp_path / "plain.npz", x=big, f=np.asfortranarray(big), empty=np.zeros((0, 2)))
+    np.savez_compressed(tmp_path / "packed.npz", x=big, f=np.asfortranarray(big))
+    headers = arrays.npz_headers(tmp_path / "plain.npz")
+    assert headers["x"] == {"shape": [3, 4, 5], "dtype": "F32"}
+    assert isinstance(arrays.map_npz(tmp_path / "plain.npz", "x"), np.memmap)
+    for name in ("plain.npz", "packed.npz"):
+        for key in ("x", "f"):
+            np.testing.assert_array_equal(arrays.map_npz(tmp_path / name, key), big)
+    result = mldbg.compare(tmp_path / "plain.npz", tmp_path / "packed.npz").result
+    assert result["ok"] and {e["name"] for e in result["entries"]} == {"x", "f"}
+    (tmp_path / "broken.npz").write_bytes((tmp_path / "plain.npz").read_bytes()[:300])
+    with pytest.raises(mldbg.CompareInputError, match="broken.npz") as err:
+        mldbg.compare(tmp_path / "plain.npz", tmp_path / "broken.npz")
+    assert err.value.code == "corrupt_file"
+
+
+def test_a_dtype_numpy_lacks_is_an_entry_error(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
+    """A well-formed safetensors file in a dtype numpy lacks (F8_E8M0) is not corrupt."""
+    a, b = dirs
+    header = json.dumps({"scale": {"dtype": "F8_E8M0", "shape": [4], "data_offsets": [0, 4]}})
+    blob = len(header).to_bytes(8, "little") + header.encode() + bytes([127, 127, 128, 126])
+    for side in (a, b):
+        (side / "scale.safetensors").write_bytes(blob)
+    result = mldbg.compare(a, b).result
+    entry = next(e for e in result["entries"] if e["name"] == "scale")
+    assert not entry["ok"] and "F8_E8M0" in entry["error"]
+    assert result["counts"]["passed"] == 12
+
+
+def test_a_folder_named_like_a_capture_does_not_hide_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
+    monkeypatch.chdir(tmp_path)
+    current_run.reset()
+    net = torch.nn.Linear(2, 2)
+    with mldbg.capture(net, "ref"):
+        net(torch.ones(1, 2))
+    current_run.reset()
+    (tmp_path / "ref").mkdir()  # e.g. the reference repository's checkout
+    result = run_cli(tmp_path, "ref", "ref", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert any("compared the capture 'ref'" in w for w in as_json(result)["warnings"])
+    listed = subprocess.run(
+        [sys.executable, "-m", "mldbg", "captures"],
+        cwd=tmp_path,
+        env={**os.environ, "MLDBG_HOME": str(tmp_path / "store")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    run_id = next(iter(mldbg.compare("ref", "ref").result["a"]["label"].split("run ")[1:]))
+    assert run_id.rstrip(")") in listed.stdout  # piped: the whole run id, copyable
+
+
+def test_a_nan_only_divergence_is_shown_as_such(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    np.save(a / "h.npy", np.array([1.0, 2.0, 3.0], np.float32))
+    np.save(b / "h.npy", np.array([1.0, np.nan, 3.0], np.float32))
+    np.save(a / "k.npy", np.ones(2, np.float32))
+    np.save(b / "k.npy", np.ones(2, np.float32))
+    report = tmp_path / "r.html"
+    human = run_cli(tmp_path, str(a), str(b), "--html", str(report))
+    assert human.returncode == 1
+    assert "1/3 (1 NaN/Inf)" in human.stdout
+    data = as_json(run_cli(tmp_path, str(a), str(b), "--json"))
+    entry = data["entries"][0]
+    assert entry["nonfinite_mismatched"] == 1 and entry["min_atol"] is None
+    assert data["first_divergence"]["name"] == "h"
+    assert "1 NaN/Inf" in report.read_text()

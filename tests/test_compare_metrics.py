@@ -42,6 +42,7 @@ KEYS = {
     "range_b",
     "range_ratio",
     "mismatched",
+    "nonfinite_mismatched",
     "min_atol",
     "nan_a",
     "nan_b",
@@ -343,6 +344,159 @@ def test_nan_and_inf() -> None:
     assert result["worst"] == {"index": [7], "a": 3.0, "b": 3.5}
     assert result["head_a"] == ["nan", "inf", "-inf", 1.0, "nan"]
     assert result["head_b"] == ["nan", "inf", "inf", 1.0, 0.0]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 1 << 20])
+def test_a_nonfinite_mismatch_shows_in_worst_and_min_atol(chunk: int) -> None:
+    """The finite metrics cannot see NaN-vs-number or inf-vs-(-inf); the count, ``worst``
+    and ``min_atol`` must, while every value stays JSON."""
+    nan, inf = np.nan, np.inf
+    result = compare_arrays(
+        np.array([1.0, nan]), np.array([1.0, 2.0]), rtol=0, atol=0, chunk_elements=chunk
+    )
+    check_json(result)
+    assert result["ok"] is False
+    assert result["mismatched"] == result["nonfinite_mismatched"] == 1
+    assert result["max_abs"] == 0.0 and result["cosine"] == 1.0  # finite pairs only
+    assert result["worst"] == {"index": [1], "a": "nan", "b": 2.0}
+    assert result["min_atol"] is None  # no atol passes
+
+    result = compare_arrays(np.array([inf]), np.array([-inf]), rtol=1e-5, atol=1e-8)
+    check_json(result)
+    assert result["ok"] is False
+    assert result["mismatched"] == result["nonfinite_mismatched"] == 1
+    assert result["max_abs"] is None and result["min_atol"] is None
+    assert result["worst"] == {"index": [0], "a": "inf", "b": "-inf"}
+
+    # Finite pairs all pass, several NaN/inf mismatches: the first of them, in C order of
+    # the logical shape, also through a transposed b and tiny chunks.
+    a = np.array([[1.0, 2.0, 3.0], [4.0, inf, 6.0]], dtype=np.float32)
+    b = np.array([[1.0, 2.0, nan], [4.0, 5.0, -inf]], dtype=np.float32)
+    b_t = np.ascontiguousarray(b.T)
+    result = compare_arrays(a, b_t, rtol=0, atol=0, permutation=(1, 0), chunk_elements=chunk)
+    check_json(result)
+    assert result["mismatched"] == result["nonfinite_mismatched"] == 3
+    assert result["worst"] == {"index": [0, 2], "a": 3.0, "b": "nan"}
+    assert result["max_abs"] == 0.0 and result["min_atol"] is None and not result["ok"]
+
+
+def test_a_failing_finite_pair_stays_worst_beside_nonfinite_mismatches() -> None:
+    a = np.array([1.0, np.nan, 3.0, np.inf])
+    b = np.array([1.0, 2.0, 5.0, 1.0])
+    result = compare_arrays(a, b, rtol=0, atol=0)
+    check_json(result)
+    assert result["mismatched"] == 3 and result["nonfinite_mismatched"] == 2
+    assert result["worst"] == {"index": [2], "a": 3.0, "b": 5.0}
+    assert result["max_abs"] == 2.0
+    assert result["min_atol"] is None  # 2.0 would fix the finite pair, not the others
+
+
+def test_matching_nonfinite_values_do_not_count() -> None:
+    nan, inf = np.nan, np.inf
+    a = np.array([nan, inf, -inf, 1.0])
+    result = compare_arrays(a, np.array([nan, inf, -inf, 1.5]), rtol=0, atol=0)
+    check_json(result)
+    assert result["mismatched"] == 1 and result["nonfinite_mismatched"] == 0
+    assert result["min_atol"] == 0.5 and result["worst"]["index"] == [3]
+    same = compare_arrays(a, a.copy(), rtol=0, atol=0)
+    assert same["ok"] and same["nonfinite_mismatched"] == 0 and same["min_atol"] == 0.0
+
+
+def exact_reference(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+    """Mismatches, the largest difference and where it first occurs, in Python ints."""
+    pairs = zip(a.ravel().tolist(), b.ravel().tolist(), strict=True)
+    diffs = [abs(int(x) - int(y)) for x, y in pairs]
+    largest = max(diffs)
+    return {
+        "mismatched": sum(d != 0 for d in diffs),
+        "max_abs": float(largest),
+        "worst": list(np.unravel_index(diffs.index(largest), a.shape)),
+    }
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "max_abs"),
+    [
+        (np.array([2**60], np.int64), np.array([2**60 + 1], np.int64), 1.0),
+        (np.array([2**64 - 1], np.uint64), np.array([2**64 - 2], np.uint64), 1.0),
+        (np.array([2**63 + 1], np.uint64), np.array([2**63], np.uint64), 1.0),
+        (np.array([-(2**63)], np.int64), np.array([-(2**63) + 1], np.int64), 1.0),
+        (np.array([2**63 - 1], np.int64), np.array([2**63 - 1], np.uint64), None),
+        (np.array([2**64 - 1], np.uint64), np.array([-1], np.int64), float(2**64)),
+        (np.array([-(2**63)], np.int64), np.array([2**64 - 1], np.uint64), float(3 * 2**63 - 1)),
+        (np.array([-(2**63)], np.int64), np.array([2**63 - 1], np.int64), float(2**64 - 1)),
+    ],
+)
+def test_integers_compare_exactly_beyond_2_53(
+    a: np.ndarray, b: np.ndarray, max_abs: float | None
+) -> None:
+    rtol, atol = default_tolerance(str(a.dtype), str(b.dtype))
+    assert (rtol, atol) == (0.0, 0.0)
+    result = compare_arrays(a, b, rtol=rtol, atol=atol)
+    check_json(result)
+    if max_abs is None:
+        assert result["ok"] and result["mismatched"] == 0 and result["max_abs"] == 0.0
+        return
+    assert result["ok"] is False and result["mismatched"] == 1
+    assert result["max_abs"] == max_abs > 0
+    assert result["min_atol"] == max_abs
+    assert result["worst"] == {"index": [0], "a": int(a[0]), "b": int(b[0])}
+    assert result["nonfinite_mismatched"] == 0
+
+
+def test_int64_mismatches_agree_with_torch_beyond_2_53() -> None:
+    a = np.array([2**60, 2**62 + 3, -(2**61), 7, 2**53 + 1], np.int64)
+    b = np.array([2**60 + 1, 2**62 + 3, -(2**61) - 2, 7, 2**53], np.int64)
+    result = compare_arrays(a, b, rtol=0, atol=0)
+    torch_count = assert_close_outcome(torch.from_numpy(b), torch.from_numpy(a))
+    assert result["mismatched"] == torch_count == 3
+    assert result["max_abs"] == 2.0 and result["worst"]["index"] == [2]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 20])
+def test_exact_integer_path_streams_by_chunks(rng: np.random.Generator, chunk: int) -> None:
+    """Huge int64 vs uint64 values, ties and carries past 2**64, through contiguous and
+    strided blocks: the exact answers never depend on the chunking."""
+    shape = (4, 5, 6)
+    a = rng.integers(-(2**63), 2**63 - 1, shape, dtype=np.int64, endpoint=True)
+    a[0] = rng.integers(0, 2**62, shape[1:], dtype=np.int64)
+    b = a.astype(np.uint64)  # equal where a >= 0, wrapped (far off) where a < 0
+    b[0, 0, :3] += np.uint64(1)  # off by one at ~2**62: invisible to float64
+    expected = exact_reference(a, b)
+    result = compare_arrays(a, b, rtol=0, atol=0, chunk_elements=chunk)
+    check_json(result)
+    assert result["mismatched"] == expected["mismatched"] == int((a < 0).sum()) + 3
+    assert result["max_abs"] == expected["max_abs"]
+    assert result["worst"]["index"] == expected["worst"]
+    b_t = np.ascontiguousarray(b.transpose(0, 2, 1))
+    strided = compare_arrays(a, b_t, rtol=0, atol=0, permutation=(0, 2, 1), chunk_elements=chunk)
+    assert_same_result(strided, result)
+
+    near = a[0].copy()  # only the three ones: max_abs 1, first of the ties is worst
+    result = compare_arrays(near, b[0].astype(np.int64), rtol=0, atol=0, chunk_elements=chunk)
+    assert result["mismatched"] == 3 and result["max_abs"] == 1.0 and result["min_atol"] == 1.0
+    assert result["worst"]["index"] == [0, 0]
+
+
+@pytest.mark.parametrize(
+    ("dtype_a", "dtype_b"),
+    [(np.int64, np.int64), (np.int32, np.uint8), (np.uint64, np.int16), (np.bool_, np.int8)],
+)
+@pytest.mark.parametrize(("rtol", "atol"), [(0.0, 0.0), (0.1, 2.0)])
+def test_small_integers_give_the_float64_answers(
+    rng: np.random.Generator, dtype_a: Any, dtype_b: Any, rtol: float, atol: float
+) -> None:
+    """Below 2**53 the exact path must give every metric the float64 path gives."""
+    high = 2 if np.bool_ in (dtype_a, dtype_b) else 100
+    low = 0 if np.issubdtype(dtype_a, np.unsignedinteger) or dtype_a is np.bool_ else -high
+    a = rng.integers(low, high, (9, 11)).astype(dtype_a)
+    b = a.astype(np.int64) + rng.integers(-3, 4, a.shape) * (rng.random(a.shape) < 0.3)
+    b = np.clip(b, 0 if dtype_b in (np.uint8, np.bool_) else -200, high).astype(dtype_b)
+    result = compare_arrays(a, b, rtol=rtol, atol=atol, chunk_elements=17)
+    check_json(result)
+    floats = compare_arrays(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol)
+    assert_same_result(result, floats)  # ints compare equal to the same floats
+    assert all(type(x) is int for x in result["head_a"] + result["head_b"])
 
 
 def test_nothing_finite_to_measure() -> None:

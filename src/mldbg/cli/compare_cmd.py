@@ -32,12 +32,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_compare(args: argparse.Namespace, as_json: bool) -> int:
-    for option in ("rtol", "atol"):
-        value = getattr(args, option)
-        if value is not None and not value >= 0:
-            return _bad_input(
-                CompareInputError(f"--{option} must be 0 or more, not {value}"), as_json
-            )
     try:
         with compare_render.progress_bar(enabled=sys.stderr.isatty()) as progress:
             comparison = compare(

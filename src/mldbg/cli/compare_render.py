@@ -44,14 +44,18 @@ def _shape(entry: dict[str, Any]) -> str:
 
 
 def _status(entry: dict[str, Any]) -> str:
-    if entry.get("culprit"):
-        return "[bold red]◀ culprit[/]"
     if entry.get("error"):
-        return f"[red]{escape(entry['error'])}[/]"
-    if entry.get("ok"):
+        mark = "[bold red]◀ culprit[/] " if entry.get("culprit") else ""
+        return f"{mark}[red]{escape(entry['error'])}[/]"
+    if entry.get("ok") and not entry.get("culprit"):
         return "[green]ok[/]"
+    label = "[bold red]◀ culprit[/]" if entry.get("culprit") else "[red]differs[/]"
     mismatched, numel = entry.get("mismatched"), entry.get("numel")
-    return f"[red]differs[/] [dim]{mismatched}/{numel}[/]"
+    if mismatched is None:
+        return label
+    nonfinite = entry.get("nonfinite_mismatched")
+    extra = f" ({nonfinite} NaN/Inf)" if nonfinite else ""
+    return f"{label} [dim]{mismatched}/{numel}{extra}[/]"
 
 
 def _rows(entries: list[dict[str, Any]], show_all: bool) -> list[dict[str, Any] | int]:
@@ -128,15 +132,7 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
             _status(row),
         )
     # Piped output (an agent, a log file) has no width to respect: keep rows whole.
-    if out.is_terminal:
-        out.print(table)
-    else:
-        width = out.width
-        out.width = 240
-        try:
-            out.print(table)
-        finally:
-            out.width = width
+    _print_whole(table)
     _verdict(result)
 
 
@@ -162,7 +158,12 @@ def _verdict(result: dict[str, Any]) -> None:
     elif culprit:
         out.print(
             f"[bold red]first divergence: {escape(culprit['name'])}[/] — {escape(culprit['reason'])}"
-            f" (max abs {number(culprit.get('max_abs'))})"
+            f" (max abs {number(culprit.get('max_abs'))}"
+            + (
+                f", {culprit['nonfinite_mismatched']} NaN/Inf mismatches)"
+                if culprit.get("nonfinite_mismatched")
+                else ")"
+            )
         )
     else:
         out.print("[bold red]diverges[/]")
@@ -195,6 +196,20 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int, str], None] | No
         yield update
 
 
+def _print_whole(table: Table) -> None:
+    """Piped output (an agent, a log file) has no width to respect: keep rows whole, so
+    names and run ids can be copied."""
+    if out.is_terminal:
+        out.print(table)
+        return
+    width = out.width
+    out.width = 240
+    try:
+        out.print(table)
+    finally:
+        out.width = width
+
+
 def captures(data: dict[str, Any]) -> None:
     items = data.get("captures", [])
     if not items:
@@ -214,4 +229,4 @@ def captures(data: dict[str, Any]) -> None:
             _size(item.get("bytes") or 0),
             escape(str(item.get("model_class") or "")),
         )
-    out.print(table)
+    _print_whole(table)

@@ -6,6 +6,7 @@ comparison runs.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -93,6 +94,11 @@ def compare(
     from .mapping import load_map, parse_map
     from .sources import open_source
 
+    for option, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise CompareInputError(
+                f"{option} must be a finite number, 0 or more, not {value}", code="bad_tolerance"
+            )
     base = Path(home) if home is not None else mldbg_home()
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)
     source_a = open_source(_spec(a), base)

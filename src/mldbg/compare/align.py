@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .mapping import NameMap, split_name
-from .sources import Entry, Source
+from .sources import CompareInputError, Entry, Source
 
 
 @dataclass
@@ -44,8 +44,15 @@ def align(a: Source, b: Source, names: NameMap) -> Alignment:
     b_by_name: dict[str, Entry] = {}
     for entry in b.entries:
         mapped = names.to_a(entry.name)
-        if not names.ignored(mapped) and mapped not in b_by_name:
-            b_by_name[mapped] = entry
+        if names.ignored(mapped):
+            continue
+        if mapped in b_by_name:  # only a map can do this: names within a source are unique
+            raise CompareInputError(
+                f"the map sends {b_by_name[mapped].name!r} and {entry.name!r} of {b.label} "
+                f"both to {mapped!r}; make the rules tell them apart, or ignore one",
+                code="bad_map",
+            )
+        b_by_name[mapped] = entry
     if len(a_entries) == 1 and len(b_by_name) == 1:
         (b_only,) = b_by_name.values()
         return Alignment([Pair(a_entries[0], b_only, b_only.name, "single")], [], [])

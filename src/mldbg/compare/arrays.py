@@ -30,6 +30,13 @@ _NUMPY_DTYPES = {
 _ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
+class UnsupportedDtype(TypeError):
+    """A well-formed tensor in a dtype numpy cannot hold (``F8_E8M0``, a future format).
+
+    Not a corrupt file: the pair gets an error of its own and the rest still compare.
+    """
+
+
 def numpy_dtype(name: str) -> Any:
     import numpy as np
 
@@ -39,7 +46,7 @@ def numpy_dtype(name: str) -> Any:
         import ml_dtypes
 
         return np.dtype(getattr(ml_dtypes, _ML_DTYPES[name]))
-    raise CorruptTensorFile(f"unsupported safetensors dtype {name!r}")
+    raise UnsupportedDtype(f"dtype {name} cannot be compared (numpy has no such type)")
 
 
 def dtype_name(dtype: Any) -> str:
@@ -95,3 +102,93 @@ def npy_header(path: Path) -> dict[str, Any]:
     """Shape and dtype of a ``.npy`` file, from its header only."""
     array = map_npy(path)
     return {"shape": list(array.shape), "dtype": dtype_name(array.dtype)}
+
+
+def _npz_members(path: Path) -> dict[str, Any]:
+    """``{key: ZipInfo}`` of an ``.npz`` file's arrays (``np.savez`` names them ``key.npy``)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return {
+                info.filename[: -len(".npy")]: info
+                for info in archive.infolist()
+                if info.filename.endswith(".npy")
+            }
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise CorruptTensorFile(f"{path} is not a readable .npz file: {exc}") from None
+
+
+def _read_npy_header(handle: Any, where: str) -> tuple[tuple[int, ...], bool, Any]:
+    import numpy as np
+
+    try:
+        version = np.lib.format.read_magic(handle)
+        read = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0  # versions 2 and 3 (utf-8 names)
+        )
+        shape, fortran, dtype = read(handle)
+    except (ValueError, OSError, EOFError) as exc:
+        raise CorruptTensorFile(f"{where} is not a readable .npy array: {exc}") from None
+    if dtype.hasobject:
+        raise CorruptTensorFile(f"{where} holds Python objects, not numbers")
+    return tuple(shape), bool(fortran), dtype
+
+
+def npz_headers(path: Path) -> dict[str, dict[str, Any]]:
+    """Shape and dtype of each array of an ``.npz`` file, from the member headers only."""
+    import zipfile
+
+    found = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for key, info in _npz_members(path).items():
+                with archive.open(info) as member:
+                    shape, _, dtype = _read_npy_header(member, f"{path}:{key}")
+                found[key] = {"shape": list(shape), "dtype": dtype_name(dtype)}
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise CorruptTensorFile(f"{path} is not a readable .npz file: {exc}") from None
+    return found
+
+
+def map_npz(path: Path, key: str) -> Any:
+    """Array ``key`` of an ``.npz`` file: memory-mapped when stored uncompressed (``np.savez``),
+    decompressed whole when deflated (``np.savez_compressed`` leaves no other way)."""
+    import struct
+    import zipfile
+
+    import numpy as np
+
+    info = _npz_members(path).get(key)
+    if info is None:
+        raise CorruptTensorFile(f"{path} holds no array {key!r}")
+    where = f"{path}:{key}"
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open(info) as member:
+            shape, fortran, dtype = _read_npy_header(member, where)
+            if info.compress_type != zipfile.ZIP_STORED:
+                count = int(np.prod(shape, dtype=np.int64))
+                data = np.frombuffer(member.read(count * dtype.itemsize), dtype=dtype)
+                if data.size != count:
+                    raise CorruptTensorFile(f"{where} is truncated")
+                return data.reshape(shape, order="F" if fortran else "C")
+            header_size = member.tell()
+        with open(path, "rb") as raw:
+            raw.seek(info.header_offset)
+            local = raw.read(30)
+        if len(local) != 30 or local[:4] != b"PK\x03\x04":
+            raise CorruptTensorFile(f"{where}: bad zip member header")
+        name_length, extra_length = struct.unpack("<HH", local[26:30])
+        offset = info.header_offset + 30 + name_length + extra_length + header_size
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise CorruptTensorFile(f"{path} is not a readable .npz file: {exc}") from None
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return np.empty(shape, dtype)
+    if offset + count * dtype.itemsize > path.stat().st_size:
+        raise CorruptTensorFile(f"{where} is truncated")
+    return np.memmap(
+        path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C"
+    )

@@ -13,6 +13,7 @@ from typing import Any
 from ..capture.safetensors_header import CorruptTensorFile
 from . import metrics
 from .align import Alignment, Pair, align
+from .arrays import UnsupportedDtype
 from .divergence import first_divergence
 from .mapping import NameMap
 from .sources import CompareInputError, Source
@@ -133,6 +134,9 @@ def _compare_pair(
     try:
         array_a = a.load(ea)
         array_b = b.load(eb)
+    except UnsupportedDtype as exc:
+        result.update(_empty_metrics(), error=str(exc), ok=False)
+        return result
     except CorruptTensorFile as exc:
         raise CompareInputError(str(exc), code="corrupt_file") from None
     except OSError as exc:
@@ -169,6 +173,7 @@ def _empty_metrics() -> dict[str, Any]:
         "range_ratio",
         "min_atol",
         "mismatched",
+        "nonfinite_mismatched",
         "numel",
         "head_a",
         "head_b",

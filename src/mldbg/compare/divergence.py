@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..capture.store import ROOT
 from .sources import Source
 
 
@@ -31,6 +32,7 @@ def first_divergence(source: Source, results: list[dict[str, Any]]) -> dict[str,
             "reason": "first entry that differs",
             "entries": [first["name"]],
             "max_abs": first.get("max_abs"),
+            "nonfinite_mismatched": first.get("nonfinite_mismatched") or 0,
             "inputs_compared": False,
         }
     by_call: dict[tuple[str, int], dict[str, list[dict[str, Any]]]] = {}
@@ -72,20 +74,30 @@ def first_divergence(source: Source, results: list[dict[str, Any]]) -> dict[str,
         "reason": reason,
         "entries": [r["name"] for r in bad_out],
         "max_abs": max(
-            (r["max_abs"] for r in bad_out if r.get("max_abs") is not None), default=None
+            (r["max_abs"] for r in bad_out if r.get("max_abs") is not None),
+            key=float,  # "inf" (a float64 overflow) is a string in JSON-ready results
+            default=None,
         ),
+        "nonfinite_mismatched": sum(r.get("nonfinite_mismatched") or 0 for r in bad_out),
         "inputs_compared": inputs_compared,
     }
 
 
 def _fallback(failing: list[dict[str, Any]]) -> dict[str, Any]:
     first = failing[0]
+    if all(r.get("role") == "in" for r in failing):
+        reason = "outputs agree, only inputs differ; first input that differs"
+    elif first.get("role") == "in" and first.get("module") == ROOT:
+        reason = "the two runs were given different inputs"
+    else:
+        reason = "every differing output has differing inputs; first entry that differs"
     return {
         "name": first["name"],
         "module": first.get("module"),
         "call": first.get("call"),
-        "reason": "every differing output has differing inputs; first entry that differs",
+        "reason": reason,
         "entries": [first["name"]],
         "max_abs": first.get("max_abs"),
+        "nonfinite_mismatched": first.get("nonfinite_mismatched") or 0,
         "inputs_compared": True,
     }

@@ -42,7 +42,13 @@ class NameMap:
         if match and match["module"] in self.rename:
             name = f"{self.rename[match['module']]}#{match['call']}.{match['key']}"
         for pattern, replacement in self.regex:
-            name = pattern.sub(replacement, name)
+            try:
+                name = pattern.sub(replacement, name)
+            except (re.error, IndexError) as exc:  # the replacement is only parsed on a match
+                raise CompareInputError(
+                    f"map: bad replacement {replacement!r} for {pattern.pattern!r}: {exc}",
+                    code="bad_map",
+                ) from None
         return name
 
     def ignored(self, name: str) -> bool:
@@ -66,7 +72,9 @@ def load_map(path: str | os.PathLike[str] | None) -> NameMap:
 
 def parse_map(data: Any, where: str = "map") -> NameMap:
     if not isinstance(data, dict):
-        raise CompareInputError(f"{where}: expected an object with rename / regex / ignore")
+        raise CompareInputError(
+            f"{where}: expected an object with rename / regex / ignore", code="bad_map"
+        )
     unknown = set(data) - {"rename", "regex", "ignore"}
     if unknown:
         raise CompareInputError(
@@ -81,6 +89,10 @@ def parse_map(data: Any, where: str = "map") -> NameMap:
     rules = data.get("regex") or []
     if isinstance(rules, dict):
         rules = list(rules.items())
+    if not isinstance(rules, list):
+        raise CompareInputError(
+            f"{where}: regex takes a list of [pattern, replacement] rules", code="bad_map"
+        )
     compiled = []
     for rule in rules:
         if not (
@@ -100,7 +112,7 @@ def parse_map(data: Any, where: str = "map") -> NameMap:
     ignore = data.get("ignore") or []
     if isinstance(ignore, str):
         ignore = [ignore]
-    if not all(isinstance(p, str) for p in ignore):
+    if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
         raise CompareInputError(f"{where}: ignore takes glob patterns", code="bad_map")
     return NameMap(dict(rename), compiled, list(ignore))
 

@@ -9,20 +9,27 @@ Three decisions shape the code:
 * **float64 throughout.**  Differences between a bf16 reference and its port are often a
   few ulps of the *input* dtype; computing them in that dtype (or in float32 for large
   sums) would round away exactly what is being measured, and int64 token ids would
-  saturate.  float64 holds every value of every supported dtype exactly (integers up
-  to 2**53).
+  saturate.  float64 holds every value of every supported float dtype exactly, but
+  integers only up to 2**53, so a pair of two integer (or bool) tensors is also held as
+  sign and uint64 magnitude: which elements differ, ``mismatched``, ``max_abs`` (the
+  exact difference, rounded once to float) and ``worst`` are exact for any int64/uint64
+  values, mixes included; the other metrics stay float64.
 * **Streaming.**  The inputs are usually memory maps of safetensors files that can be
   larger than memory.  ``compare_arrays`` reads ``chunk_elements`` elements at a time
   and folds them into running totals, so peak memory is about 46 bytes per chunk
-  element (about 50 MB with the default chunk of 2**20), whatever the tensor size.  Maxima,
+  element (about 50 MB with the default chunk of 2**20; integer pairs need a little more
+  for their exact differences), whatever the tensor size.  Maxima,
   minima, counts and the worst element do not depend on the chunk size at all; sums
   (``mean_abs``, ``cosine``) may differ in their last bits, as float sums in a different
   order do.
 * **JSON-ready results.**  The dict holds plain ``int``/``float``/``list``/``None``/``str``.
   ``None`` means "nothing to measure" (no element finite in both tensors, a zero range
-  for ``range_ratio``).  A float that is not finite -- a value in ``head_a``/``worst``, or
-  a metric that overflowed float64 -- is written as the string ``"nan"``, ``"inf"`` or
-  ``"-inf"``, never as a bare NaN (which is not JSON).
+  for ``range_ratio``) or, for ``min_atol``, "no atol passes" (a NaN/inf mismatch).  A
+  float that is not finite -- a value in ``head_a``/``worst``, or a metric that
+  overflowed float64 -- is written as the string ``"nan"``, ``"inf"`` or ``"-inf"``,
+  never as a bare NaN (which is not JSON).  A NaN/inf mismatch is therefore not folded
+  into ``max_abs`` (which stays a number over the pairs finite in both) but counted in
+  ``nonfinite_mismatched``.
 """
 
 from __future__ import annotations
@@ -134,14 +141,27 @@ def compare_arrays(
 
     Returns a JSON-ready dict with the keys ``numel``, ``max_abs``, ``mean_abs``,
     ``max_rel``, ``cosine``, ``range_a``, ``range_b``, ``range_ratio``, ``mismatched``,
-    ``min_atol``, ``nan_a``, ``nan_b``, ``inf_a``, ``inf_b``, ``head_a``, ``head_b``,
-    ``worst`` and ``ok``.  ``mismatched`` counts elements failing assert_close's test
-    ``|b - a| <= atol + rtol * |a|`` (``a`` is the "expected" side), with NaN equal to
-    NaN and an infinity equal only to the same infinity; ``ok`` is ``mismatched == 0``.
-    The other metrics cover the elements finite in both tensors.  Shapes must agree after
-    the permutation (``ValueError`` otherwise); complex dtypes raise ``TypeError``.
+    ``nonfinite_mismatched``, ``min_atol``, ``nan_a``, ``nan_b``, ``inf_a``, ``inf_b``,
+    ``head_a``, ``head_b``, ``worst`` and ``ok``.
+
+    ``mismatched`` counts elements failing assert_close's test ``|b - a| <= atol + rtol *
+    |a|`` (``a`` is the "expected" side), with NaN equal to NaN and an infinity equal only
+    to the same infinity; ``nonfinite_mismatched`` is the part of that count where NaN or
+    an infinity is involved (NaN vs a number, inf vs -inf, inf vs a number); ``ok`` is
+    ``mismatched == 0``.  ``max_abs``, ``mean_abs``, ``max_rel``, ``cosine``, the ranges
+    and ``min_atol`` (the smallest atol that would pass at this rtol) cover only the
+    elements finite in both tensors, so the first four can read 0, 0, 0, 1 while
+    ``nonfinite_mismatched`` is not 0; ``min_atol`` is then ``None``: no atol passes.
+    ``worst`` is the first element with the largest finite ``|b - a|``, except that when
+    every pair finite in both passes and some NaN/inf pair does not, it is the first such
+    NaN/inf mismatch.  When both tensors are integer or bool, which elements
+    differ, ``max_abs`` and ``worst`` are decided on exact integers (tolerances of 0 mean
+    exact equality for any int64/uint64 values; nonzero ones compare the exact difference,
+    rounded to float64, with ``atol + rtol * |a|``).  Shapes must agree after the
+    permutation (``ValueError`` otherwise); complex dtypes raise ``TypeError``.
     """
     a, b = np.asanyarray(a), np.asanyarray(b)
+    exact = _is_exact(a.dtype) and _is_exact(b.dtype)
     if chunk_elements < 1:
         raise ValueError(f"chunk_elements must be positive, got {chunk_elements}")
     if head < 0:
@@ -157,14 +177,17 @@ def compare_arrays(
     # Overflow (|a - b| or a square beyond float64) is reported as "inf"/"nan", not warned.
     with np.errstate(over="ignore", invalid="ignore"):
         for offset, view_a, view_b in _blocks(a, b, chunk_elements):
-            # The float64 copies live only inside add(): one chunk's worth is alive at a time.
-            totals.add(offset, _to_float64(view_a), _to_float64(view_b))
+            if exact:
+                totals.add_exact(offset, view_a, view_b)
+            else:
+                # The float64 copies live only inside add(): one chunk's worth at a time.
+                totals.add(offset, _to_float64(view_a), _to_float64(view_b))
     return {
         "numel": int(a.size),
         **totals.summary(),
         "head_a": _head(a, head),
         "head_b": _head(b, head),
-        "worst": _worst(a, b, totals.worst_index),
+        "worst": _worst(a, b, totals.worst()),
         "ok": totals.mismatched == 0,
     }
 
@@ -215,8 +238,48 @@ def _index_blocks(shape: tuple[int, ...], chunk: int) -> Iterator[tuple[Any, ...
 
 
 def _to_float64(block: Any) -> Any:
-    """A C-contiguous flat float64 copy of ``block`` (bf16/fp8/int/bool convert exactly)."""
+    """A C-contiguous flat float64 copy of ``block`` (bf16/fp8 exactly, integers to 2**53)."""
     return np.ascontiguousarray(block, dtype=np.float64).reshape(-1)
+
+
+def _is_exact(dtype: np.dtype[Any]) -> bool:
+    """Integer and bool dtypes, whose pairs are compared in exact integer arithmetic."""
+    return dtype == np.bool_ or np.issubdtype(dtype, np.integer)
+
+
+def _sign_magnitude(block: Any) -> tuple[Any, Any]:
+    """``(negative, magnitude)`` of an integer/bool block, flat: a bool mask (``None`` for
+    an unsigned dtype, which has no negatives) and ``|value|`` as uint64, which holds
+    every int64 and uint64 magnitude exactly (``|-2**63|`` included)."""
+    if np.issubdtype(block.dtype, np.signedinteger):
+        values = np.array(block, dtype=np.int64, order="C").reshape(-1)  # a copy: see abs
+        negative = values < 0
+        # abs(-2**63) wraps to -2**63 in int64, whose uint64 view is 2**63: still exact.
+        return negative, np.abs(values, out=values).view(np.uint64)
+    return None, np.ascontiguousarray(block, dtype=np.uint64).reshape(-1)
+
+
+def _exact_difference(
+    negative_a: Any, magnitude_a: Any, negative_b: Any, magnitude_b: Any
+) -> tuple[Any, Any]:
+    """``|a - b|`` as ``(low, carry)``: the uint64 value ``low`` plus ``2**64`` where the
+    bool mask ``carry`` is set (``None`` when it is set nowhere), so that
+    ``uint64 max - int64 min`` still fits.  Same signs subtract the magnitudes, opposite
+    signs add them."""
+    low = np.subtract(magnitude_a, magnitude_b)  # wraps where b is larger: redone below
+    np.subtract(magnitude_b, magnitude_a, out=low, where=magnitude_b > magnitude_a)
+    if negative_a is None and negative_b is None:
+        return low, None
+    if negative_a is None or negative_b is None:
+        opposite = negative_b if negative_a is None else negative_a
+    else:
+        opposite = negative_a != negative_b
+    if not opposite.any():
+        return low, None
+    total = np.add(magnitude_a, magnitude_b)  # wraps past 2**64: the carry
+    np.copyto(low, total, where=opposite)
+    carry = opposite & (total < magnitude_a)
+    return low, (carry if carry.any() else None)
 
 
 # ---------------------------------------------------------------------------- running totals
@@ -229,6 +292,9 @@ class _Totals:
     rtol: float
     atol: float
     mismatched: int = 0
+    nonfinite_mismatched: int = 0
+    first_nonfinite: int | None = None  # flat index of the first NaN/inf mismatch
+    exact_max: int = -1  # the largest |b - a| so far, integer pairs only
     nan_a: int = 0
     nan_b: int = 0
     inf_a: int = 0
@@ -260,11 +326,45 @@ class _Totals:
             # NaN matches NaN and an infinity matches the same infinity (== is True for
             # +inf == +inf); every other pair involving a non-finite value is a mismatch.
             same = (nan_a & nan_b) | (block_a == block_b)
-            self.mismatched += int(np.count_nonzero(~both & ~same))
+            failed = ~both & ~same
+            count = int(np.count_nonzero(failed))
+            if count:
+                self.mismatched += count
+                self.nonfinite_mismatched += count
+                if self.first_nonfinite is None:
+                    self.first_nonfinite = offset + int(np.argmax(failed))
             positions = np.flatnonzero(both)
             block_a, block_b = block_a[positions], block_b[positions]
         if block_a.size:
             self._add_finite(offset, block_a, block_b, positions)
+
+    def add_exact(self, offset: int, block_a: Any, block_b: Any) -> None:
+        """Fold in a block of two integer/bool views: the difference is taken exactly
+        (``_exact_difference``), then rounded once to float64 for the float metrics."""
+        negative_a, magnitude_a = _sign_magnitude(block_a)
+        negative_b, magnitude_b = _sign_magnitude(block_b)
+        low, carry = _exact_difference(negative_a, magnitude_a, negative_b, magnitude_b)
+        del negative_a, magnitude_a, negative_b, magnitude_b
+        if carry is None:
+            at = int(np.argmax(low))  # the first of equal maxima, as for floats
+            largest = int(low[at])
+        else:  # every carried difference is larger than every other one
+            carried = np.flatnonzero(carry)
+            at = int(carried[np.argmax(low[carried])])
+            largest = int(low[at]) + (1 << 64)
+        if largest > self.exact_max:
+            self.exact_max = largest
+            self.max_abs = float(largest)  # Python rounds the exact integer once
+            self.worst_index = offset + at
+        diff = low.astype(np.float64)
+        del low
+        if carry is not None:
+            diff[carry] += 2.0**64
+        xa, xb = _to_float64(block_a), _to_float64(block_b)
+        self.range_a = _merge_range(self.range_a, xa, None)  # integers are all finite
+        self.range_b = _merge_range(self.range_b, xb, None)
+        if diff.size:
+            self._fold(xa, xb, diff)
 
     def _add_finite(self, offset: int, xa: Any, xb: Any, positions: Any) -> None:
         """Fold in a block of pairs that are finite in both (``positions`` maps them back
@@ -272,12 +372,17 @@ class _Totals:
         # Written with out= so that about three float64 buffers per chunk element are alive.
         diff = np.subtract(xa, xb)
         np.abs(diff, out=diff)
-        self.finite_pairs += xa.size
-        self.sum_abs += float(np.sum(diff))
         at = int(np.argmax(diff))  # the first of equal maxima: stable across chunkings
         if float(diff[at]) > self.max_abs:
             self.max_abs = float(diff[at])
             self.worst_index = offset + (at if positions is None else int(positions[at]))
+        self._fold(xa, xb, diff)
+
+    def _fold(self, xa: Any, xb: Any, diff: Any) -> None:
+        """The sums, maxima and the tolerance test over pairs finite in both, given
+        ``diff = |xa - xb|`` (a buffer this may overwrite)."""
+        self.finite_pairs += xa.size
+        self.sum_abs += float(np.sum(diff))
         abs_a = np.abs(xa)
         # Relative to the larger magnitude of the two: symmetric, bounded by 2, and only
         # 0/0 (both exactly zero, a perfect match) needs guarding -- dividing by |a| alone
@@ -308,12 +413,21 @@ class _Totals:
             "range_b": _json_range(self.range_b),
             "range_ratio": self._range_ratio(),
             "mismatched": self.mismatched,
-            "min_atol": _json_float(self.max_excess),
+            "nonfinite_mismatched": self.nonfinite_mismatched,
+            # A NaN/inf mismatch fails under every atol: there is no smallest one.
+            "min_atol": None if self.nonfinite_mismatched else _json_float(self.max_excess),
             "nan_a": self.nan_a,
             "nan_b": self.nan_b,
             "inf_a": self.inf_a,
             "inf_b": self.inf_b,
         }
+
+    def worst(self) -> int | None:
+        """Flat index of the element ``worst`` shows: the first largest finite difference,
+        unless only NaN/inf pairs fail, then the first of those (so it is a mismatch)."""
+        if self.first_nonfinite is not None and self.mismatched == self.nonfinite_mismatched:
+            return self.first_nonfinite
+        return self.worst_index
 
     def _cosine(self) -> float | str:
         if self.norm2_a == 0.0 and self.norm2_b == 0.0:
@@ -337,8 +451,9 @@ class _Totals:
 def _merge_range(
     current: tuple[float, float] | None, block: Any, finite: Any
 ) -> tuple[float, float] | None:
-    """``[min, max]`` of the finite values seen so far (NaN/inf are counted separately)."""
-    values = block if finite.all() else block[finite]
+    """``[min, max]`` of the finite values seen so far (NaN/inf are counted separately);
+    ``finite`` is the mask of finite elements, ``None`` when all are."""
+    values = block if finite is None or finite.all() else block[finite]
     if values.size == 0:
         return current
     low, high = float(np.min(values)), float(np.max(values))

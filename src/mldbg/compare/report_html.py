@@ -439,6 +439,9 @@ def _plot_points(entries: list[Entry]) -> list[_Point]:
         if entry.get("role") not in ("out", None):
             continue
         value = _as_float(entry.get("max_abs"))
+        if entry.get("nonfinite_mismatched"):  # a NaN/Inf mismatch: off the scale, at the top
+            points.append(_Point(row, entry, "top"))
+            continue
         if value is None:
             if entry.get("error") or not entry.get("ok"):
                 points.append(_Point(row, entry, "top"))
@@ -821,6 +824,9 @@ def _status_cell(entry: Entry) -> str:
         return badge
     count = _fmt(mismatched) + (f"/{_fmt(numel)}" if numel is not None else "")
     tip = f"{_mismatch_text(entry)} elements outside tolerance"
+    if entry.get("nonfinite_mismatched"):
+        tip += f", {_fmt(entry['nonfinite_mismatched'])} of them NaN/Inf"
+        count += f" ({_fmt(entry['nonfinite_mismatched'])} NaN/Inf)"
     return f'{badge} <span class="sub" title="{_esc(tip)}">{_esc(count)}</span>'
 
 

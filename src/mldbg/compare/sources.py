@@ -82,7 +82,7 @@ class Source:
         if suffix == ".npy":
             return arrays.map_npy(entry.file)
         if suffix == ".npz":
-            return _load_npz(entry.file, entry.key)
+            return arrays.map_npz(entry.file, entry.key)
         return arrays.map_safetensors(entry.file, entry.key)
 
     def describe(self) -> dict[str, Any]:
@@ -107,7 +107,18 @@ def open_source(spec: str, home: Path) -> Source:
 def _open_source(spec: str, home: Path) -> Source:
     path = Path(spec).expanduser()
     if path.exists():
-        return _from_path(spec, path)
+        try:
+            return _from_path(spec, path)
+        except CompareInputError as exc:
+            # A folder named like a capture (``ref/`` beside the script) must not hide it.
+            found = [c for c in find_captures(home) if c["name"] == spec]
+            if exc.code not in ("no_tensors", "not_tensors") or not found:
+                raise
+            source = open_capture(spec, Path(found[-1]["path"]))
+            source.warnings.append(
+                f"{path} is not a tensor file or folder: compared the capture {spec!r} instead"
+            )
+            return source
     if "/" in spec and not spec.startswith((".", "/", "~")):
         run_spec, name = spec.rsplit("/", 1)
         try:
@@ -342,8 +353,8 @@ def _add_file(source: Source, file: Path, stem: str) -> None:
         _append(source, stem, info, file, "")
         return
     if file.suffix == ".npz":
-        for key, info in _npz_headers(file).items():
-            _append(source, f"{stem}.{key}", info, file, key)
+        for key, info in arrays.npz_headers(file).items():
+            _append(source, key if source.kind == "file" else f"{stem}.{key}", info, file, key)
         return
     header, _ = read_header(file)
     keys = [k for k in header if k != "__metadata__"]
@@ -374,25 +385,3 @@ def _check_unique(source: Source) -> None:
         if entry.name in seen:
             raise CompareInputError(f"{source.path}: two tensors are named {entry.name!r}")
         seen.add(entry.name)
-
-
-def _npz_headers(path: Path) -> dict[str, dict[str, Any]]:
-    import zipfile
-
-    import numpy as np
-
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {
-                key: {"shape": list(data[key].shape), "dtype": arrays.dtype_name(data[key].dtype)}
-                for key in data.files
-            }
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise CorruptTensorFile(f"{path} is not a readable .npz file: {exc}") from None
-
-
-def _load_npz(path: Path, key: str) -> Any:
-    import numpy as np
-
-    with np.load(path, allow_pickle=False) as data:
-        return data[key]

@@ -20,15 +20,6 @@ from .sources import CompareInputError, Source
 
 Progress = Callable[[int, int, str], None]
 
-_LAYOUTS = {
-    (0, 3, 1, 2): "NHWC→NCHW",
-    (0, 2, 3, 1): "NCHW→NHWC",
-    (0, 4, 1, 2, 3): "NDHWC→NCDHW",
-    (0, 2, 3, 4, 1): "NCDHW→NDHWC",
-    (0, 2, 1): "NLC→NCL",
-    (1, 0): "transposed",
-}
-
 
 def compare_sources(
     a: Source,
@@ -130,7 +121,7 @@ def _compare_pair(
             )
             return result
         result["transpose"] = list(permutation)
-        result["layout"] = _LAYOUTS.get(permutation, "transposed")
+        result["layout"] = metrics.layout_name(permutation)
     try:
         array_a = a.load(ea)
         array_b = b.load(eb)

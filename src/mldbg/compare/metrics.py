@@ -106,6 +106,22 @@ def _tolerance_of(dtype: str) -> tuple[float, float]:
     return _FALLBACK_TOLERANCE
 
 
+# Names for the permutations ports most often need: channels-last vision and audio.
+LAYOUT_NAMES: dict[tuple[int, ...], str] = {
+    (0, 3, 1, 2): "NHWC→NCHW",
+    (0, 2, 3, 1): "NCHW→NHWC",
+    (0, 4, 1, 2, 3): "NDHWC→NCDHW",
+    (0, 2, 3, 4, 1): "NCDHW→NDHWC",
+    (0, 2, 1): "NLC→NCL",
+    (1, 0): "transposed",
+}
+
+
+def layout_name(permutation: tuple[int, ...]) -> str:
+    """What a person calls the layout change ``permutation`` undoes (``NHWC→NCHW``)."""
+    return LAYOUT_NAMES.get(tuple(permutation), f"transposed {list(permutation)}")
+
+
 def layout_permutation(
     shape_a: tuple[int, ...], shape_b: tuple[int, ...]
 ) -> tuple[int, ...] | None:

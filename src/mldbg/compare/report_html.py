@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .metrics import layout_name
+
 __all__ = ["render_html", "write_html"]
 
 Entry = Mapping[str, Any]
@@ -31,14 +33,6 @@ Entry = Mapping[str, Any]
 POINTS_LIMIT = 500
 _BUCKETS = 900
 _FLOOR = 1e-12  # max_abs below this (zero included) is drawn on the floor band
-_LAYOUTS = {
-    (0, 3, 1, 2): "NHWC→NCHW",
-    (0, 2, 3, 1): "NCHW→NHWC",
-    (0, 4, 1, 2, 3): "NDHWC→NCDHW",
-    (0, 2, 3, 4, 1): "NCDHW→NDHWC",
-    (0, 2, 1): "NLC→NCL",
-    (1, 0): "transposed",
-}
 # One 11px monospace character of an x label rotated by 30°: its horizontal run and its rise.
 _LABEL_RUN = 6.6 * 0.866
 _LABEL_RISE = 6.6 * 0.5
@@ -748,7 +742,7 @@ def _layout(entry: Entry) -> str | None:
         return str(entry.get("layout"))
     transpose = entry.get("transpose")
     if isinstance(transpose, list | tuple) and transpose:
-        return _LAYOUTS.get(tuple(transpose), f"transposed {list(transpose)}")
+        return layout_name(tuple(transpose))
     return None
 
 

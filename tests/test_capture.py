@@ -159,15 +159,39 @@ def test_include_exclude_and_inputs_off(home: Path) -> None:
     assert all(".in" not in name for name in stored(cap))
 
 
-def test_same_name_twice_in_one_run_keeps_both(home: Path) -> None:
+def test_same_name_twice_in_one_run_keeps_both_under_their_own_names(
+    home: Path, tmp_path: Path
+) -> None:
     net = Net().eval()
-    paths = []
+    caps = []
     for _ in range(2):
         with torch.no_grad(), mldbg.capture(net, "again") as cap:
             net(torch.randn(1, 4))
-        paths.append(cap.path)
-    assert paths[0].name == "again" and paths[1].name == "again-2"
-    assert json.loads((paths[1] / "capture.json").read_text())["name"] == "again"
+        caps.append(cap)
+    assert [c.path.name for c in caps] == ["again", "again-2"]
+    assert [c.name for c in caps] == ["again", "again-2"]
+    metas = [json.loads((c.path / "capture.json").read_text()) for c in caps]
+    assert metas[0]["name"] == "again" and "requested_name" not in metas[0]
+    assert metas[1]["name"] == "again-2" and metas[1]["requested_name"] == "again"
+    env = {**__import__("os").environ, "MLDBG_HOME": str(home)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "mldbg", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    listed = cli("captures", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(c["name"] for c in json.loads(listed.stdout)["captures"]) == ["again", "again-2"]
+    compared = cli("compare", "--json", "again-2", "again")
+    assert compared.returncode in (0, 1), compared.stdout + compared.stderr
+    result = json.loads(compared.stdout)
+    assert Path(result["a"]["path"]) == caps[1].path and Path(result["b"]["path"]) == caps[0].path
 
 
 def test_bad_arguments_say_what_to_do() -> None:
@@ -335,3 +359,281 @@ def test_capture_under_the_debugger_lands_in_the_session_run(session: Session, w
     assert final["exit_code"] == 0 and "records 3" in session.output()
     meta = json.loads((Path(final["run_dir"]) / "captures" / "dbg" / "capture.json").read_text())
     assert meta["state"] == "complete" and meta["records"] == 3
+
+
+# -- write failures, odd values, odd modules ---------------------------------------------------
+
+FULL_DISK_SCRIPT = """
+import json, os, resource, signal, sys
+import torch, mldbg
+
+class Step(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        for _ in range(20):
+            x = torch.tanh(self.lin(x))
+        if self.fail:
+            raise ValueError("the model's own error")
+        return x
+
+torch.manual_seed(0)
+model, x = Step(), torch.randn(16, 64)
+model.fail = False
+with torch.no_grad():
+    expected = model(x)
+model.fail = sys.argv[1] == "raise"
+# Every file this process writes is cut at 3000 bytes: the capture's tensor files (4 KiB
+# each), then its index and its final capture.json fail with EFBIG, as on a full disk.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+raised = None
+try:
+    with torch.no_grad(), mldbg.capture(model, "full") as cap:
+        y = model(x)
+except BaseException as exc:
+    raised = f"{type(exc).__name__}: {exc}"
+    y = expected
+print(json.dumps({
+    "raised": raised,
+    "same": bool(torch.equal(y, expected)),
+    "errors": cap.errors,
+    "path": str(cap.path),
+}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["return", "raise"])
+def test_a_full_disk_never_reaches_the_model(tmp_path: Path, mode: str) -> None:
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK_SCRIPT)
+    env = {**__import__("os").environ, "MLDBG_HOME": str(tmp_path / "store")}
+    result = subprocess.run(
+        [sys.executable, str(script), mode],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    if mode == "raise":  # the model's exception, not an OSError from the capture
+        assert report["raised"] == "ValueError: the model's own error"
+    else:
+        assert report["raised"] is None and report["same"]
+    errors = report["errors"]
+    assert any(e.startswith("<root>#0.in: ") and "File too large" in e for e in errors), errors
+    assert any(e.startswith("lin#") and "File too large" in e for e in errors), errors
+    assert any(": index.jsonl: " in e and "File too large" in e for e in errors), errors
+    assert any(e.startswith("capture.json: ") for e in errors), errors
+    capture_dir = Path(report["path"])
+    assert not [p.name for p in capture_dir.iterdir() if p.name.startswith(".")]  # no temp files
+    lines = (capture_dir / "index.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    assert first["module"] == "" and "File too large" in first["write_error"]
+
+
+def test_one_unsavable_tensor_skips_alone(home: Path) -> None:
+    class Spectrum(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple:
+            return torch.fft.fft(x.double()), x * 2, {"ok": x + 1}
+
+    model = Spectrum()
+    x = torch.randn(2, 4)
+    with mldbg.capture(model, "cplx") as cap:
+        model(x)
+    assert cap.errors == []
+    (out,) = [r for r in index(cap) if r["event"] == "return"]
+    assert set(out["tensors"]) == {"<root>#0.out.1", "<root>#0.out.2.ok"}
+    assert "complex128" in out["skipped"]["<root>#0.out.0"]
+    np.testing.assert_array_equal(stored(cap)["<root>#0.out.1"], (x * 2).numpy())
+
+
+def test_one_unsavable_mlx_array_skips_alone(home: Path) -> None:
+    class Wide(mnn.Module):
+        def __call__(self, x: mx.array) -> tuple:
+            return x.astype(mx.float64), x * 2
+
+    model = Wide()
+    x = mx.ones((2, 3))
+    with mx.stream(mx.cpu), mldbg.capture(model, "f64") as cap:
+        model(x)
+    assert cap.errors == []
+    (out,) = [r for r in index(cap) if r["event"] == "return"]
+    assert set(out["tensors"]) == {"<root>#0.out.1"}
+    assert "float64" in out["skipped"]["<root>#0.out.0"]
+    np.testing.assert_array_equal(stored(cap)["<root>#0.out.1"], np.full((2, 3), 2.0))
+
+
+def test_a_call_inside_an_except_block_is_not_an_error(home: Path) -> None:
+    class Silent(nn.Module):
+        def forward(self, x: torch.Tensor) -> None:
+            return None
+
+    class Handler(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = Silent()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            try:
+                raise KeyError("unrelated")
+            except KeyError:
+                self.c(x)
+                try:
+                    self.c.forward = lambda x: (_ for _ in ()).throw(ValueError("own"))
+                    self.c(x)
+                except ValueError:
+                    pass
+                del self.c.forward
+            return x
+
+    model = Handler()
+    with mldbg.capture(model, "handled") as cap:
+        model(torch.ones(2))
+    ends = {r["seq"]: r for r in index(cap) if r["event"] == "return"}
+    assert "error" not in ends[1]  # returned None inside the `except KeyError`
+    assert ends[2]["error"] == "ValueError: own"  # raised its own exception there
+    assert "error" not in ends[0]
+
+
+def test_torch_compile_is_captured_under_eager_names(home: Path) -> None:
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    compiled = torch.compile(eager, backend="eager")
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = eager(x)
+        compiled(x)  # compiled before the capture: dynamo recompiles for the hooks
+        with mldbg.capture(compiled, "comp") as cap:
+            y = compiled(x)
+        assert torch.equal(compiled(x), expected)
+    assert torch.equal(y, expected) and cap.errors == []
+    calls = [r["module"] for r in index(cap) if r["event"] == "call"]
+    assert calls == ["", "0", "1", "2"]
+    assert len(index(cap)) == 8  # the call after the capture recorded nothing
+    meta = json.loads((cap.path / "capture.json").read_text())
+    assert meta["model_class"] == "torch.nn.modules.container.Sequential"
+    np.testing.assert_array_equal(stored(cap)["<root>#0.out"], expected.numpy())
+    for module in eager.modules():
+        assert not module._forward_hooks and not module._forward_pre_hooks
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
+def test_torchscript_and_fullgraph_are_refused_before_anything_is_written(home: Path) -> None:
+    eager = nn.Sequential(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="TorchScript.*Capture the eager torch.nn.Module"):
+        mldbg.capture(torch.jit.script(eager), "js")
+    holder = nn.Sequential(nn.ReLU())
+    holder.add_module("traced", torch.jit.trace(nn.Linear(2, 2), torch.ones(1, 2)))
+    with pytest.raises(TypeError, match="submodule 'traced'"):
+        mldbg.capture(holder, "jt")
+    with pytest.raises(TypeError, match="fullgraph=True"):
+        mldbg.capture(torch.compile(eager, backend="eager", fullgraph=True), "fg")
+    assert not home.exists()
+
+
+def test_mlx_captures_may_end_in_any_order(home: Path) -> None:
+    net = MNet()
+    before = {name: type(m) for name, m in net.named_modules()}
+    first, second = mldbg.capture(net, "first"), mldbg.capture(net, "second")
+    first.__enter__()
+    second.__enter__()
+    net(mx.ones((1, 4)))
+    first.__exit__(None, None, None)
+    net(mx.ones((1, 4)))  # only the second capture still records
+    second.__exit__(None, None, None)
+    assert {name: type(m) for name, m in net.named_modules()} == before
+    assert sum(r["event"] == "call" for r in index(first)) == 12
+    assert sum(r["event"] == "call" for r in index(second)) == 24
+    with mldbg.capture(net, "third") as third:  # and a later capture works as usual
+        net(mx.ones((1, 4)))
+    assert sum(r["event"] == "call" for r in index(third)) == 12
+    assert {name: type(m) for name, m in net.named_modules()} == before
+
+
+def test_a_shared_module_gets_its_first_name_in_mlx_as_in_torch(home: Path) -> None:
+    class TShared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            lin = nn.Linear(2, 2)
+            self.first = lin
+            self.layers = nn.ModuleList([nn.ReLU(), lin])
+            self.table = nn.ModuleDict({"b": nn.Tanh(), "a": lin})
+            self.second = lin
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.second(self.layers[0](x))
+            return self.first(self.table["b"](x))
+
+    class MShared(mnn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            lin = mnn.Linear(2, 2)
+            self.first = lin
+            self.layers = [mnn.ReLU(), lin]
+            self.table = {"b": mnn.Tanh(), "a": lin}
+            self.second = lin
+
+        def __call__(self, x: mx.array) -> mx.array:
+            x = self.second(self.layers[0](x))
+            return self.first(self.table["b"](x))
+
+    with torch.no_grad(), mldbg.capture(t := TShared(), "t") as tcap:
+        t(torch.ones(1, 2))
+    with mldbg.capture(m := MShared(), "m") as mcap:
+        m(mx.ones((1, 2)))
+    torch_calls = [(r["module"], r["call"]) for r in index(tcap) if r["event"] == "call"]
+    mlx_calls = [(r["module"], r["call"]) for r in index(mcap) if r["event"] == "call"]
+    assert torch_calls == [("", 0), ("layers.0", 0), ("first", 0), ("table.b", 0), ("first", 1)]
+    assert mlx_calls == torch_calls
+
+
+def test_flatten_reports_truncation_depth_and_collisions(home: Path) -> None:
+    class Odd(nn.Module):
+        def forward(self, x: torch.Tensor) -> dict:
+            return {
+                "a.b": x,
+                "a": {"b": x + 1},
+                "many": [x * i for i in range(300)],
+                "deep": [[[[[[[x - 1]]]]]]],
+            }
+
+    model = Odd()
+    x = torch.arange(3.0)
+    with mldbg.capture(model, "odd") as cap:
+        model(x)
+    (out,) = [r for r in index(cap) if r["event"] == "return"]
+    values = stored(cap)
+    np.testing.assert_array_equal(values["<root>#0.out.a.b"], x.numpy())
+    np.testing.assert_array_equal(values["<root>#0.out.a.b~2"], (x + 1).numpy())
+    assert "'out.a.b'" in out["renamed"]["<root>#0.out.a.b~2"]
+    assert len(out["tensors"]) == 256
+    assert "<root>#0.out.many.253" in values and "<root>#0.out.many.254" not in values
+    assert "45 after it" in out["skipped"]["<root>#0.out.many.254"]
+    assert "nested more than 6 levels" in out["skipped"]["<root>#0.out.deep.0.0.0.0.0"]
+
+
+def test_no_room_for_the_capture_directory_leaves_the_model_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("MLDBG_HOME", str(blocker))
+    net = Net().eval()
+    x = torch.randn(1, 4)
+    with (
+        torch.no_grad(),
+        pytest.warns(RuntimeWarning, match="cannot create the capture"),
+        mldbg.capture(net, "nowhere") as cap,
+    ):
+        y = net(x)
+    with torch.no_grad():
+        assert torch.equal(y, net(x))
+    assert cap.path is None and cap.records == 0
+    assert len(cap.errors) == 1 and "cannot create the capture" in cap.errors[0]
+    for module in net.modules():
+        assert not module._forward_hooks and not module._forward_pre_hooks

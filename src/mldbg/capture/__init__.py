@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
@@ -44,9 +45,10 @@ def _patterns(value: str | Iterable[str] | None, option: str) -> list[str] | Non
 class Capture:
     """A capture in progress or done: ``with mldbg.capture(model, "ref") as cap: model(x)``.
 
-    After the block, ``cap.path`` is the directory and ``cap.records`` / ``cap.tensors`` /
-    ``cap.bytes`` say how much was written; ``cap.errors`` lists tensors that could not be
-    written (a full disk), which never stop the model.
+    After the block, ``cap.path`` is the directory, ``cap.name`` its name (``ref``, or
+    ``ref-2`` when the run already had a ``ref``) and ``cap.records`` / ``cap.tensors`` /
+    ``cap.bytes`` say how much was written; ``cap.errors`` lists what could not be written
+    (a full disk: tensor files, index lines, ``capture.json``), which never stops the model.
     """
 
     def __init__(
@@ -60,15 +62,28 @@ class Capture:
     ) -> None:
         self.model = model
         self.name = check_capture_name(name)
+        self.requested_name = self.name
         self.framework = _framework(model)
+        self._backend().prepare(model)  # a model that cannot be captured fails here, early
         self.inputs = inputs
         self.include = _patterns(include, "include")
         self.exclude = _patterns(exclude, "exclude")
         self.path: Path | None = None
+        self._entered = False
         self._directory: CaptureDir | None = None
         self._recorder: Recorder | None = None
         self._detach: Callable[[], None] | None = None
         self._started = 0.0
+        self._errors: list[str] = []  # failures outside the recorder (the directory, capture.json)
+
+    def _backend(self) -> Any:
+        if self.framework == "torch":
+            from . import torch_hooks
+
+            return torch_hooks
+        from . import mlx_wrappers
+
+        return mlx_wrappers
 
     def keeps(self, path: str) -> bool:
         """Whether module ``path`` is recorded: matches an include (if any), no exclude."""
@@ -80,30 +95,38 @@ class Capture:
         return not (self.exclude and any(fnmatch.fnmatchcase(label, p) for p in self.exclude))
 
     def __enter__(self) -> Capture:
-        if self._directory is not None:
+        if self._entered:
             raise RuntimeError(f"capture {self.name!r} was already used; make a new one")
-        if self.framework == "torch":
-            from . import torch_hooks as backend
-        else:
-            from . import mlx_wrappers as backend  # type: ignore[no-redef]
-        self._directory = CaptureDir(
-            current_run(),
-            self.name,
-            {
-                "framework": self.framework,
-                "model_class": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
-                "inputs": self.inputs,
-                "include": self.include,
-                "exclude": self.exclude,
-            },
-        )
+        self._entered = True
+        backend = self._backend()
+        target = backend.prepare(self.model)  # before anything is written
+        try:
+            self._directory = CaptureDir(
+                current_run(),
+                self.requested_name,
+                {
+                    "framework": self.framework,
+                    "model_class": f"{type(target).__module__}.{type(target).__qualname__}",
+                    "inputs": self.inputs,
+                    "include": self.include,
+                    "exclude": self.exclude,
+                },
+            )
+        except OSError as exc:  # no room for even the directory: the model runs uncaptured
+            message = f"cannot create the capture: {type(exc).__name__}: {exc}"
+            self._errors.append(message)
+            warnings.warn(f"mldbg.capture {self.name!r}: {message}", RuntimeWarning, stacklevel=2)
+            return self
         self.path = self._directory.path
+        self.name = self._directory.name
         self._recorder = Recorder(self._directory, backend.save, self.inputs)
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
         except BaseException as exc:
-            self._directory.finish("failed", error=f"{type(exc).__name__}: {exc}")
+            self._errors.extend(
+                self._directory.finish("failed", error=f"{type(exc).__name__}: {exc}")
+            )
             raise
         return self
 
@@ -113,21 +136,37 @@ class Capture:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._detach is not None:
-            self._detach()
-            self._detach = None
-        assert self._directory is not None and self._recorder is not None
+        """Restore the model and write ``capture.json``; never raises, never hides ``exc``."""
+        try:
+            if self._detach is not None:
+                detach, self._detach = self._detach, None
+                detach()
+        except Exception as error:  # restoring must not replace the model's own exception
+            self._errors.append(f"restoring the model: {type(error).__name__}: {error}")
+        if self._directory is None or self._recorder is None:
+            return
+        recorder = self._recorder
         fields: dict[str, Any] = {
-            "records": self._recorder.records,
-            "tensors": self._recorder.tensors,
-            "bytes": self._recorder.bytes,
+            "records": recorder.records,
+            "tensors": recorder.tensors,
+            "bytes": recorder.bytes,
             "seconds": round(time.perf_counter() - self._started, 3),
         }
-        if self._recorder.errors:
-            fields["write_errors"] = self._recorder.errors[:100]
+        if recorder.error_count:
+            fields["write_errors"] = recorder.errors[:100]
+            fields["write_error_count"] = recorder.error_count
         if exc is not None:
-            fields["error"] = f"{type(exc).__name__}: {exc}"
-        self._directory.finish("failed" if exc is not None else "complete", **fields)
+            try:
+                fields["error"] = f"{type(exc).__name__}: {exc}"
+            except Exception:
+                fields["error"] = type(exc).__name__
+        state = (
+            "failed" if exc is not None else "incomplete" if recorder.error_count else "complete"
+        )
+        try:
+            self._errors.extend(self._directory.finish(state, **fields))
+        except Exception as error:
+            self._errors.append(f"finishing the capture: {type(error).__name__}: {error}")
 
     @property
     def records(self) -> int:
@@ -143,7 +182,7 @@ class Capture:
 
     @property
     def errors(self) -> list[str]:
-        return list(self._recorder.errors) if self._recorder else []
+        return (list(self._recorder.errors) if self._recorder else []) + self._errors
 
     def __repr__(self) -> str:
         return (

@@ -2,9 +2,18 @@
 
 Every kept module's ``__class__`` is swapped for a subclass made once per original
 class whose ``__call__`` records and then calls the original one; ``isinstance`` and
-``type(m).__name__`` still answer as before.  Detaching puts every original class back,
-in reverse order, so nested captures unwind cleanly.  Arrays are evaluated as they are
+``type(m).__name__`` still answer as before.  Arrays are evaluated as they are
 written: what lands on disk is what the model computed at that point.
+
+Captures may overlap and end in any order: a capture entered on top of another one
+subclasses the recording class it finds.  Detaching marks the capture's classes dead
+(their ``__call__`` then only passes through) and puts back, on each module still on
+its own class, the class it found with every dead recording class peeled off, so the
+last capture to end leaves each module exactly on its original class.
+
+Module paths follow torch's ``named_modules()``: a depth-first walk in the order the
+children were set (lists and dicts of modules included), each instance once, under
+the first path that reaches it.
 """
 
 from __future__ import annotations
@@ -16,35 +25,100 @@ from typing import Any
 from .recorder import Recorder
 from .safetensors_header import header_entries
 
+_LAYER = "_mldbg_capture_layer"
+
+
+class _Layer:
+    """The state one capture shares with its recording classes."""
+
+    def __init__(self) -> None:
+        self.live = True
+
+
+def prepare(model: Any) -> Any:
+    return model
+
+
+def named_modules(model: Any) -> list[tuple[str, Any]]:
+    """``(path, module)`` depth-first in insertion order, each instance once, first path wins.
+
+    mlx's own ``named_modules()`` walks children last-first, so a module set under two
+    names would get its last name there; torch gives the first one.
+    """
+    import mlx.nn as nn
+
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    containers: set[int] = set()
+
+    def visit(value: Any, path: str) -> None:
+        if isinstance(value, nn.Module):
+            if id(value) in seen:
+                return
+            seen.add(id(value))
+            found.append((path, value))
+            for key, child in value.items():
+                if isinstance(child, dict | list):  # mlx's valid_child_filter
+                    visit(child, _join(path, key))
+        elif isinstance(value, dict | list):
+            if id(value) in containers:  # a list or dict that holds itself
+                return
+            containers.add(id(value))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, child in items:
+                visit(child, _join(path, key))
+            containers.discard(id(value))
+
+    visit(model, "")
+    return found
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
 
 def attach(model: Any, recorder: Recorder, keep: Callable[[str], bool]) -> Callable[[], None]:
+    layer = _Layer()
     paths: dict[int, str] = {}
     classes: dict[type, type] = {}
-    swapped: list[tuple[Any, type]] = []
+    swapped: list[tuple[Any, type, type]] = []  # module, class found, recording class
 
     def detach() -> None:
-        for module, original in reversed(swapped):
-            module.__class__ = original
-        swapped.clear()
+        layer.live = False
         paths.clear()
+        for module, found, recording in reversed(swapped):
+            if type(module) is recording:  # otherwise a later capture sits on top: it restores
+                module.__class__ = _peel(found)
+        swapped.clear()
 
     try:
-        for path, module in model.named_modules():
-            if not keep(path) or id(module) in paths:
+        for path, module in named_modules(model):
+            if not keep(path):
                 continue
-            original = type(module)
-            if original not in classes:
-                classes[original] = _recording_class(original, recorder, paths)
+            found = type(module)
+            if found not in classes:
+                classes[found] = _recording_class(found, recorder, paths, layer)
             paths[id(module)] = path
-            module.__class__ = classes[original]
-            swapped.append((module, original))
+            module.__class__ = classes[found]
+            swapped.append((module, found, classes[found]))
     except BaseException:
         detach()
         raise
     return detach
 
 
-def _recording_class(original: type, recorder: Recorder, paths: dict[int, str]) -> type:
+def _peel(cls: type) -> type:
+    """``cls`` without the recording classes of captures that have ended."""
+    while True:
+        layer = vars(cls).get(_LAYER)
+        if layer is None or layer.live:
+            return cls
+        cls = cls.__bases__[0]
+
+
+def _recording_class(
+    original: type, recorder: Recorder, paths: dict[int, str], layer: _Layer
+) -> type:
     call = original.__call__
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -68,26 +142,58 @@ def _recording_class(original: type, recorder: Recorder, paths: dict[int, str]) 
             "__module__": original.__module__,
             "__qualname__": original.__qualname__,
             "__doc__": original.__doc__,
+            _LAYER: layer,
         },
     )
     return recording
 
 
 def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Evaluate and write MLX arrays (numpy arrays too) to ``tmp`` with their dtypes."""
+    """Evaluate and write MLX arrays (numpy arrays too) to ``tmp`` with their dtypes.
+
+    A value that cannot be stored (a float64 array, an object array) is skipped alone.
+    """
     import mlx.core as mx
 
     ready: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for key, value in tensors.items():
-        if isinstance(value, mx.array):
-            ready[key] = value
-        elif type(value).__module__.startswith("numpy"):
-            ready[key] = mx.array(value)
+        try:
+            if not isinstance(value, mx.array):
+                if not type(value).__module__.startswith("numpy"):
+                    skipped[key] = (
+                        f"{type(value).__module__}.{type(value).__name__} in an MLX model"
+                    )
+                    continue
+                value = mx.array(value)
+            unsupported = _unsupported_dtype(mx, value.dtype)
+        except Exception as exc:
+            skipped[key] = f"{type(exc).__name__}: {exc}"
+            continue
+        if unsupported:
+            skipped[key] = unsupported
         else:
-            skipped[key] = f"{type(value).__module__}.{type(value).__name__} in an MLX model"
+            ready[key] = value
     if not ready:
         return {}, skipped
     mx.eval(list(ready.values()))
     mx.save_safetensors(str(tmp), ready)
     return header_entries(tmp), skipped
+
+
+_DTYPES: dict[Any, str | None] = {}
+
+
+def _unsupported_dtype(mx: Any, dtype: Any) -> str | None:
+    """Why MLX cannot write ``dtype`` to safetensors (asked once per dtype, in memory), or None."""
+    if dtype not in _DTYPES:
+        import io
+
+        try:
+            mx.save_safetensors(io.BytesIO(), {"probe": mx.zeros((0,), dtype=dtype)})
+            _DTYPES[dtype] = None
+        except Exception as exc:
+            _DTYPES[dtype] = (
+                f"{dtype} cannot be stored in safetensors ({type(exc).__name__}: {exc})"
+            )
+    return _DTYPES[dtype]

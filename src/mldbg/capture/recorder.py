@@ -7,21 +7,28 @@ call its sequence number, call index and parent, writes its tensors and index li
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .flatten import flatten, flatten_call
-from .store import CaptureDir, entry_name
+from .flatten import Flat, flatten, flatten_call
+from .store import INDEX, CaptureDir, entry_name, module_label
 
 # (tensors by key, final path, temp path) -> {key: {"shape", "dtype"}} of what was written,
 # {key: reason} of what could not be; the framework writes the file.
 SaveFn = Callable[[dict[str, Any], Path], tuple[dict[str, dict[str, Any]], dict[str, str]]]
 
 
+MAX_ERRORS = 1000  # messages kept in ``errors``; ``error_count`` counts them all
+
+
 class Recorder:
+    """Never raises into the model: a failed write (a full disk, an odd value) is an error
+    message in ``errors`` and, where the index line can still be written, on that line."""
+
     def __init__(self, directory: CaptureDir, save: SaveFn, inputs: bool) -> None:
         self.directory = directory
         self.save = save
@@ -34,6 +41,7 @@ class Recorder:
         self.tensors = 0
         self.bytes = 0
         self.errors: list[str] = []
+        self.error_count = 0
 
     def _stack(self) -> list[tuple[int, int, str]]:
         """This thread's open calls as (seq, call index, module path), outermost first."""
@@ -41,6 +49,12 @@ class Recorder:
         if stack is None:
             stack = self._local.stack = []
         return stack
+
+    def error(self, message: str) -> None:
+        with self._lock:
+            self.error_count += 1
+            if len(self.errors) < MAX_ERRORS:
+                self.errors.append(message)
 
     def enter(
         self, path: str, class_name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
@@ -63,8 +77,8 @@ class Recorder:
         }
         stack.append((seq, call, path))
         if self.inputs:
-            record.update(self._write(seq, "in", path, call, flatten_call(args, kwargs)))
-        self.directory.index.append(record)
+            record.update(self._write(seq, "in", path, call, lambda: flatten_call(args, kwargs)))
+        self._append(record, path, call, "in")
         return seq
 
     def open_seq(self, path: str) -> int | None:
@@ -88,43 +102,64 @@ class Recorder:
             self._ends += 1
         record: dict[str, Any] = {"event": "return", "seq": seq, "end": end}
         if error is not None:
-            record["error"] = f"{type(error).__name__}: {error}"
+            record["error"] = _describe(error)
         else:
-            record.update(self._write(seq, "out", path, call, flatten(output, "out")))
-        self.directory.index.append(record)
+            record.update(self._write(seq, "out", path, call, lambda: flatten(output, "out")))
+        self._append(record, path, call, "out")
+
+    def _append(self, record: dict[str, Any], path: str, call: int, role: str) -> None:
+        try:
+            self.directory.index.append(record)
+        except Exception as exc:  # a full disk must not break the model
+            self.error(f"{module_label(path)}#{call}.{role}: {INDEX}: {_describe(exc)}")
 
     def _write(
-        self, seq: int, role: str, path: str, call: int, pairs: list[tuple[str, Any]]
+        self, seq: int, role: str, path: str, call: int, collect: Callable[[], Flat]
     ) -> dict[str, Any]:
-        if not pairs:
-            return {}
-        final, tmp = self.directory.tensor_path(seq, role)
+        """Write the call's tensors to one file; the index fields that describe them."""
+        result: dict[str, Any] = {}
+        written: dict[str, dict[str, Any]] = {}
+        tmp: Path | None = None
         try:
-            written, skipped = self.save(dict(pairs), tmp)
-            if written:
-                os.replace(tmp, final)
-        except Exception as exc:  # a full disk or an odd tensor must not break the model
-            message = f"{type(exc).__name__}: {exc}"
-            self.errors.append(f"{path}#{call}.{role}: {message}")
-            return {"write_error": message}
+            flat = collect()
+            skipped = dict(flat.skipped)
+            if flat.renamed:
+                result["renamed"] = {entry_name(path, call, k): w for k, w in flat.renamed.items()}
+            if flat.pairs:
+                final, tmp = self.directory.tensor_path(seq, role)
+                written, not_saved = self.save(dict(flat.pairs), tmp)
+                skipped.update(not_saved)
+                if written:
+                    os.replace(tmp, final)
+                    size = final.stat().st_size
+                    with self._lock:
+                        self.tensors += len(written)
+                        self.bytes += size
+                    result["file"] = final.name
+            if written or flat.pairs:
+                result["tensors"] = {
+                    entry_name(path, call, key): {"key": key, **info}
+                    for key, info in written.items()
+                }
+            if skipped:
+                result["skipped"] = {entry_name(path, call, k): why for k, why in skipped.items()}
+        except Exception as exc:  # a full disk or an odd value must not break the model
+            message = _describe(exc)
+            self.error(f"{module_label(path)}#{call}.{role}: {message}")
+            result = {"write_error": message}
         finally:
-            if tmp.exists():
-                tmp.unlink()
-        size = final.stat().st_size if written else 0
-        with self._lock:
-            self.tensors += len(written)
-            self.bytes += size
-        result: dict[str, Any] = {
-            "tensors": {
-                entry_name(path, call, key): {"key": key, **info} for key, info in written.items()
-            },
-        }
-        if written:
-            result["file"] = final.name
-        if skipped:
-            result["skipped"] = {entry_name(path, call, k): why for k, why in skipped.items()}
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
         return result
 
     @property
     def records(self) -> int:
         return self._seq
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # an exception whose __str__ fails
+        return type(exc).__name__

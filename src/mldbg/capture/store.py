@@ -16,6 +16,8 @@ module, and the key from :mod:`.flatten`.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import secrets
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..runs import JsonlWriter, RunDir, write_json_atomic
+from ..runs import JsonlWriter, RunDir
 
 CAPTURES = "captures"
 CAPTURE_JSON = "capture.json"
@@ -50,14 +52,20 @@ def entry_name(path: str, call: int, key: str) -> str:
 
 
 class CaptureDir:
-    """Creates one capture's directory and appends to its index."""
+    """Creates one capture's directory and appends to its index.
+
+    The capture's name is its directory's: ``ref``, or ``ref-2`` when this run already
+    has a ``ref`` (then ``requested_name`` keeps ``ref``), so ``mldbg compare ref-2`` finds it.
+    """
 
     def __init__(self, run: RunDir, name: str, meta: dict[str, Any]) -> None:
         root = run.file(CAPTURES)
         root.mkdir(parents=True, exist_ok=True)
         self.path = _unique_dir(root, check_capture_name(name))
+        self.name = self.path.name
         self.meta: dict[str, Any] = {
-            "name": name,
+            "name": self.name,
+            **({"requested_name": name} if name != self.name else {}),
             "run_id": run.run_id,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "created": time.time(),
@@ -67,8 +75,15 @@ class CaptureDir:
             "bytes": 0,
             **meta,
         }
-        write_json_atomic(self.path / CAPTURE_JSON, self.meta)
-        self.index = JsonlWriter(self.path / INDEX)
+        try:
+            _write_json(self.path / CAPTURE_JSON, self.meta)
+            self.index = JsonlWriter(self.path / INDEX)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                for leftover in self.path.iterdir():
+                    leftover.unlink()
+                self.path.rmdir()
+            raise
 
     def tensor_path(self, seq: int, role: str) -> tuple[Path, Path]:
         """The final file and a temp name beside it (the same suffix: MLX insists on it)."""
@@ -76,10 +91,40 @@ class CaptureDir:
         tmp = self.path / f".{seq:06d}.{role}.{os.getpid()}.{secrets.token_hex(3)}.safetensors"
         return final, tmp
 
-    def finish(self, state: str, **fields: Any) -> None:
+    def finish(self, state: str, **fields: Any) -> list[str]:
+        """Close the index and write the final ``capture.json``; returns what failed (never raises)."""
+        errors: list[str] = []
+        try:
+            self.index.close()
+        except Exception as exc:  # its last lines could not be flushed (a full disk)
+            errors.append(f"{INDEX}: {type(exc).__name__}: {exc}")
         self.meta.update(state=state, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields)
-        write_json_atomic(self.path / CAPTURE_JSON, self.meta)
-        self.index.close()
+        if errors:
+            self.meta["write_errors"] = [*self.meta.get("write_errors", []), *errors]
+            self.meta["write_error_count"] = self.meta.get("write_error_count", 0) + len(errors)
+            if self.meta["state"] == "complete":
+                self.meta["state"] = "incomplete"
+        try:
+            _write_json(self.path / CAPTURE_JSON, self.meta)
+        except Exception as exc:
+            errors.append(f"{CAPTURE_JSON}: {type(exc).__name__}: {exc}")
+        return errors
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Write-then-rename, like :func:`mldbg.runs.write_json_atomic`, leaving no temp file behind."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def _unique_dir(root: Path, name: str) -> Path:

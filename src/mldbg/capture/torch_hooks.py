@@ -16,39 +16,166 @@ from .recorder import Recorder
 from .safetensors_header import header_entries
 
 
+def prepare(model: Any) -> Any:
+    """The module to hook: ``model``, or the eager module inside a ``torch.compile`` one.
+
+    Raises TypeError, naming the module, for TorchScript modules (``torch.jit.script`` /
+    ``trace``), which take no Python hooks.
+    """
+    named_modules(model)
+    return _unwrap(model)
+
+
+def named_modules(model: Any, wrappers: list[Any] | None = None) -> list[tuple[str, Any]]:
+    """``model.named_modules()``, with each ``torch.compile`` wrapper replaced by the module
+    it wraps under the wrapper's own path: the names are those of the eager model.  The
+    wrappers met are added to ``wrappers``."""
+    import torch
+
+    script = getattr(torch.jit, "ScriptModule", ())
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+
+    def visit(module: Any, path: str) -> None:
+        while (inner := _compiled_inner(module)) is not None:
+            _check_fullgraph(module, path)
+            if wrappers is not None:
+                wrappers.append(module)
+            module = inner
+        if id(module) in seen:
+            return
+        if isinstance(module, script):
+            where = "the model" if not path else f"its submodule {path!r}"
+            raise TypeError(
+                f"mldbg.capture cannot record a TorchScript module ({where} is a "
+                f"{type(module).__name__}, from torch.jit.script or torch.jit.trace): "
+                "TorchScript takes no Python hooks. Capture the eager torch.nn.Module instead."
+            )
+        seen.add(id(module))
+        found.append((path, module))
+        for name, child in module.named_children():
+            visit(child, f"{path}.{name}" if path else name)
+
+    visit(model, "")
+    return found
+
+
+def _check_fullgraph(module: Any, path: str) -> None:
+    """A ``torch.compile(fullgraph=True)`` wrapper cannot run the hooks: say so before writing."""
+    context = getattr(module, "dynamo_ctx", None)
+    if getattr(context, "fullgraph", False) or getattr(context, "error_on_graph_break", False):
+        where = "the model" if not path else f"its submodule {path!r}"
+        raise TypeError(
+            f"mldbg.capture cannot record {where}: it was compiled with "
+            "torch.compile(..., fullgraph=True), and the capture's hooks need graph breaks. "
+            "Capture the eager module (compiled._orig_mod) or compile without fullgraph=True."
+        )
+
+
+def _eager(torch: Any, hook: Callable[..., None]) -> Callable[..., None]:
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    if disable is None:
+        return hook
+    try:
+        return disable(hook, reason=_GRAPH_BREAK)  # type: ignore[no-any-return]
+    except TypeError:  # a torch without `reason`
+        return disable(hook)  # type: ignore[no-any-return]
+
+
+_GRAPH_BREAK = (
+    "mldbg.capture records module calls in Python hooks, which break the graph; "
+    "compile without fullgraph=True while capturing"
+)
+
+
+def _unwrap(module: Any) -> Any:
+    """The eager module inside a ``torch.compile`` (dynamo ``OptimizedModule``) wrapper."""
+    while (inner := _compiled_inner(module)) is not None:
+        module = inner
+    return module
+
+
+def _compiled_inner(module: Any) -> Any:
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(dynamo, "OptimizedModule", None)
+    if wrapper is not None and isinstance(module, wrapper):
+        return module._orig_mod
+    return None
+
+
 def attach(model: Any, recorder: Recorder, keep: Callable[[str], bool]) -> Callable[[], None]:
-    """Hook every kept submodule of ``model``; returns the function that removes the hooks."""
+    """Hook every kept submodule of ``model``; returns the function that removes the hooks.
+
+    Dynamo does not guard compiled code on module hooks: with a ``torch.compile`` module
+    in the tree its caches are reset when the hooks come and again when they go, so the
+    capture sees every call and the model afterwards runs without them.
+    """
     handles: list[Any] = []
+    handled_at_entry: dict[int, BaseException | None] = {}
+    live = [True]  # code compiled during the capture may still call the hooks after it
+    wrappers: list[Any] = []
 
     def detach() -> None:
+        live[0] = False
         for handle in reversed(handles):
             handle.remove()
         handles.clear()
+        handled_at_entry.clear()
+        if wrappers:
+            _reset_dynamo()
 
     try:
-        for path, module in model.named_modules():
+        for path, module in named_modules(model, wrappers):
             if keep(path):
-                handles.extend(_hook(module, path, recorder))
+                handles.extend(_hook(module, path, recorder, handled_at_entry, live))
+        if wrappers:
+            _reset_dynamo()
     except BaseException:
         detach()
         raise
     return detach
 
 
-def _hook(module: Any, path: str, recorder: Recorder) -> list[Any]:
+def _reset_dynamo() -> None:
+    try:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+    except Exception:  # a torch without it: compiled code keeps what it had
+        pass
+
+
+def _hook(
+    module: Any,
+    path: str,
+    recorder: Recorder,
+    handled_at_entry: dict[int, BaseException | None],
+    live: list[bool],
+) -> list[Any]:
+    import torch
+
     class_name = type(module).__name__
 
     def before(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        recorder.enter(path, class_name, args, kwargs)
+        if not live[0]:
+            return
+        seq = recorder.enter(path, class_name, args, kwargs)
+        # The exception being handled around this call (a call inside an `except` block).
+        handled_at_entry[seq] = sys.exc_info()[1]
 
     def after(_module: Any, _args: Any, _kwargs: Any, output: Any) -> None:
-        seq = recorder.open_seq(path)
+        seq = recorder.open_seq(path) if live[0] else None
         if seq is None:
             return
-        # On the error path torch calls always_call hooks inside its `except` block.
-        error = sys.exc_info()[1] if output is None else None
+        handled = handled_at_entry.pop(seq, None)
+        # When the forward raises, torch calls always_call hooks inside its `except` block:
+        # an exception other than the one handled at entry is the forward's own.
+        current = sys.exc_info()[1]
+        error = current if output is None and current is not handled else None
         recorder.exit(seq, path, output, error)
 
+    # Under torch.compile the hooks run eagerly (a graph break), not traced: they write files.
+    before, after = _eager(torch, before), _eager(torch, after)
     return [
         module.register_forward_pre_hook(before, with_kwargs=True),
         module.register_forward_hook(after, with_kwargs=True, always_call=True),
@@ -84,9 +211,30 @@ def _cpu_copy(torch: Any, value: Any) -> Any:
         raise TypeError(f"{tensor.layout} tensors are not captured")
     if tensor.is_quantized:
         tensor = tensor.dequantize()
+    unsupported = _unsupported_dtype(torch, tensor.dtype)
+    if unsupported:
+        raise TypeError(unsupported)
     tensor = tensor.cpu().contiguous()
     if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
         tensor = tensor.clone()
     elif tensor.data_ptr() == value.data_ptr() and value.device.type == "cpu":
         tensor = tensor.clone()  # the caller's own memory: another entry may alias it
     return tensor
+
+
+_DTYPES: dict[Any, str | None] = {}
+
+
+def _unsupported_dtype(torch: Any, dtype: Any) -> str | None:
+    """Why safetensors cannot store ``dtype`` (asked once per dtype, in memory), or None."""
+    if dtype not in _DTYPES:
+        from safetensors.torch import save as to_bytes
+
+        try:
+            to_bytes({"probe": torch.empty(0, dtype=dtype)})
+            _DTYPES[dtype] = None
+        except Exception as exc:
+            _DTYPES[dtype] = (
+                f"{dtype} cannot be stored in safetensors ({type(exc).__name__}: {exc})"
+            )
+    return _DTYPES[dtype]

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -17,6 +18,8 @@ from ..server.config import config_dir, read_server_info
 START_TIMEOUT = 30.0
 # Waits happen server-side in slices of at most 30 s; the HTTP timeout leaves room for that.
 HTTP_TIMEOUT = httpx.Timeout(90.0, connect=5.0)
+# A long wait is a loop of short server-side waits, so a client can say it is still waiting.
+WAIT_SLICE = 5.0
 
 
 class DaemonError(MldbgError):
@@ -74,6 +77,33 @@ class Daemon:
     ) -> Any:
         path = f"/v1/sessions/{name}" + (f"/{verb}" if verb else "")
         return self.call(method, path, json=json, params=params)
+
+    def resume(
+        self,
+        name: str,
+        verb: str,
+        body: dict[str, Any],
+        max_wait: float,
+        still_running: Callable[[float], None] | None = None,
+    ) -> dict[str, Any]:
+        """``continue`` or ``step``, then wait up to ``max_wait`` s for the next stop or the end.
+
+        The wait is a loop of ``WAIT_SLICE`` s server-side waits: each HTTP call stays short
+        and ``still_running(elapsed)`` hears about it in between.
+        """
+        started = time.monotonic()
+        data: dict[str, Any] = self.session(
+            name, verb, json={**body, "wait": min(WAIT_SLICE, max(max_wait, 0.0))}
+        )
+        while data.get("state") == "running":
+            elapsed = time.monotonic() - started
+            remaining = max_wait - elapsed
+            if remaining <= 0:
+                break
+            if still_running is not None:
+                still_running(elapsed)
+            data = self.session(name, "wait", json={"wait": min(WAIT_SLICE, remaining)})
+        return data
 
 
 def _healthy(info: dict[str, Any]) -> bool:

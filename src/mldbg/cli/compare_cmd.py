@@ -11,10 +11,9 @@ import json
 import sys
 from typing import Any
 
+from .. import store_queries
 from ..compare import CompareInputError, compare
-from ..compare.sources import find_captures, find_captures_in
 from ..errors import MldbgError
-from ..runs import mldbg_home, resolve_run
 from . import compare_render, render
 
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
@@ -67,12 +66,4 @@ def _bad_input(exc: MldbgError, as_json: bool) -> int:
 
 
 def cmd_captures(a: argparse.Namespace) -> tuple[Any, Any]:
-    home = mldbg_home()
-    if a.run:
-        run = resolve_run(home, a.run)
-        found = find_captures_in(run.path)
-    else:
-        found = find_captures(home)
-    keys = ("name", "run_id", "framework", "model_class", "state", "records", "tensors", "bytes")
-    items = [{k: c.get(k) for k in keys} | {"path": c["path"]} for c in found]
-    return {"home": str(home), "captures": items}, compare_render.captures
+    return store_queries.captures(a.run), compare_render.captures

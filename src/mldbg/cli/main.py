@@ -7,32 +7,21 @@ with ``{"error": ..., "code": ...}`` (2 for usage errors), saying what to do nex
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import os
 import re
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import store_queries
 from ..errors import MldbgError
-from ..runs import (
-    CHECKPOINTS,
-    clean_runs,
-    describe_run,
-    list_runs,
-    mldbg_home,
-    read_jsonl,
-    resolve_run,
-)
+from ..runs import clean_runs, mldbg_home
 from . import compare_cmd, render
 from .client import Daemon, connect
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-PROGRESS_EVERY = 5.0
-SLICE = 10.0
 
 _LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::(?P<cond>.*))?$")
 
@@ -137,38 +126,19 @@ def cmd_clear(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], No
     return data, lambda r: render.out.print(f"removed {r['removed']} breakpoint(s)")
 
 
-def _wait_loop(
-    d: Daemon, a: argparse.Namespace, first: dict[str, Any], started: float
-) -> dict[str, Any]:
-    """Keep waiting in slices until a stop, the end, or --max-wait; say so while waiting."""
-    data = first
-    last_note = started
-    while data.get("state") == "running":
-        elapsed = time.monotonic() - started
-        remaining = a.max_wait - elapsed
-        if remaining <= 0:
-            break
-        if time.monotonic() - last_note >= PROGRESS_EVERY:
-            render.err.print(f"[dim]still running ({elapsed:.0f} s)…[/]")
-            last_note = time.monotonic()
-        data = d.session(a.session, "wait", json={"wait": min(SLICE, remaining, PROGRESS_EVERY)})
-    return data
+def _still_running(elapsed: float) -> None:
+    render.err.print(f"[dim]still running ({elapsed:.0f} s)…[/]")
 
 
 def cmd_continue(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    started = time.monotonic()
-    wait = 0.0 if a.no_wait else min(SLICE, a.max_wait, PROGRESS_EVERY)
-    data = d.session(a.session, "continue", json={"wait": wait})
-    if not a.no_wait:
-        data = _wait_loop(d, a, data, started)
-    return data, render.state
+    if a.no_wait:
+        return d.session(a.session, "continue", json={"wait": 0.0}), render.state
+    return d.resume(a.session, "continue", {}, a.max_wait, _still_running), render.state
 
 
 def cmd_step(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    started = time.monotonic()
-    body = {"kind": a.kind, "into_libraries": a.into_libraries, "wait": min(SLICE, a.max_wait)}
-    data = d.session(a.session, "step", json=body)
-    return _wait_loop(d, a, data, started), render.state
+    body = {"kind": a.kind, "into_libraries": a.into_libraries}
+    return d.resume(a.session, "step", body, a.max_wait, _still_running), render.state
 
 
 def cmd_pause(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
@@ -235,24 +205,11 @@ def cmd_sessions(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any],
 
 
 def cmd_runs(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    home = mldbg_home()
-    return {"home": str(home), "runs": [describe_run(r) for r in list_runs(home)]}, render.runs
+    return store_queries.runs(), render.runs
 
 
 def cmd_checkpoints(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    run = resolve_run(mldbg_home(), a.run)
-    records, unreadable = read_jsonl(run.file(CHECKPOINTS))
-    if a.name:
-        records = [r for r in records if fnmatch.fnmatchcase(str(r.get("checkpoint_name")), a.name)]
-    if a.hit is not None:
-        records = [r for r in records if r.get("hit_count") == a.hit]
-    data = {
-        "run_id": run.run_id,
-        "path": str(run.file(CHECKPOINTS)),
-        "checkpoints": records,
-        "unreadable_lines": unreadable,
-    }
-    return data, render.checkpoints
+    return store_queries.checkpoints(a.run, a.name, a.hit), render.checkpoints
 
 
 def cmd_tensors(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
@@ -425,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("serve", "run the daemon in the foreground (clients start it on demand)")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
     p.add_argument("--stop", action="store_true", help="stop the running daemon and its sessions")
+    verb("mcp", "serve the debugger as MCP tools on stdin/stdout (for coding agents)")
     p = verb("demo", "a scripted session on the bundled tiny PyTorch model")
     p.add_argument("--keep", action="store_true", help="leave the demo session open")
     return parser
@@ -470,6 +428,11 @@ def main(argv: list[str] | None = None) -> int:
             from ..server.serve import serve
 
             serve(args.port)
+            return 0
+        if args.verb == "mcp":
+            from ..server.mcp_server import run_stdio
+
+            run_stdio()
             return 0
         if args.verb == "demo":
             from .demo import run_demo

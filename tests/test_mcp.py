@@ -1,0 +1,272 @@
+"""``mldbg mcp`` through the real MCP SDK client over stdio, against the test daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from conftest import line_of
+
+SCRIPT = """
+import torch
+
+def scale(t, factor):
+    out = t * factor  # in scale
+    return out
+
+x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+y = scale(x, 2.0)  # call scale
+print("total", y.sum().item())
+"""
+
+PARITY = """
+import copy
+import torch
+from torch import nn
+import mldbg
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        return self.act(self.lin(x))
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block(), Block()])
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+torch.manual_seed(0)
+ref = Net()
+port = copy.deepcopy(ref)
+port.blocks[1].act = nn.ReLU()  # the deliberate bug
+x = torch.randn(4, 8)
+with torch.no_grad():
+    with mldbg.capture(ref, "ref"):
+        ref(x)
+    with mldbg.capture(port, "port"):
+        port(x)
+print("captured")
+"""
+
+SLOW = """
+import time
+for _ in range(70):
+    time.sleep(0.1)
+print("slept")
+"""
+
+
+class Tools:
+    """Calls tools and unwraps their results: the JSON document, or the error's JSON."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def __call__(self, name: str, **arguments: Any) -> dict[str, Any]:
+        result = await self.client.call_tool(name, arguments)
+        text = result.content[0].text if result.content else ""  # type: ignore[union-attr]
+        assert not result.is_error, f"{name}{arguments}: {text}"
+        data = result.structured_content
+        assert isinstance(data, dict), text
+        return data
+
+    async def error(self, name: str, **arguments: Any) -> dict[str, Any]:
+        result = await self.client.call_tool(name, arguments)
+        assert result.is_error, f"{name} should have failed: {result.structured_content}"
+        text = result.content[0].text  # type: ignore[union-attr]
+        payload = json.loads(text[text.index("{") :])
+        assert isinstance(payload, dict) and payload["error"] and payload["code"], text
+        return payload
+
+
+def run_mcp(
+    config_dir: Path, cwd: Path, scenario: Callable[[Tools, Client], Awaitable[None]]
+) -> None:
+    env = {
+        **os.environ,
+        "MLDBG_CONFIG_DIR": str(config_dir),
+        "MLDBG_HOME": str(cwd / ".mldbg"),
+    }
+    server = StdioServerParameters(
+        command=sys.executable, args=["-m", "mldbg", "mcp"], env=env, cwd=str(cwd)
+    )
+
+    async def main() -> None:
+        async with Client(server, read_timeout_seconds=120) as client:
+            await scenario(Tools(client), client)
+
+    try:
+        anyio.run(main)
+    except Exception as error:  # the SDK's task groups wrap a failing assertion in groups
+        leaf: BaseException = error
+        while isinstance(getattr(leaf, "exceptions", None), tuple) and leaf.exceptions:  # type: ignore[attr-defined]
+            leaf = leaf.exceptions[0]  # type: ignore[attr-defined]
+        if leaf is error:
+            raise
+        raise leaf from None
+
+
+@pytest.fixture
+def mcp(config_dir: Path, daemon: dict[str, Any], tmp_path: Path):  # type: ignore[no-untyped-def]
+    return lambda scenario: run_mcp(config_dir, tmp_path, scenario)
+
+
+def test_a_debug_session_through_mcp(mcp, write) -> None:
+    script = write("prog.py", SCRIPT)
+    inside = line_of(script, "in scale")
+
+    async def scenario(tool: Tools, client: Client) -> None:
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        assert {
+            "start_session",
+            "set_breakpoint",
+            "continue_run",
+            "step",
+            "evaluate",
+            "variables",
+            "stack",
+            "compare",
+        } <= set(listed)
+        assert all(t.description for t in listed.values())
+
+        state = await tool(
+            "start_session",
+            script="prog.py",
+            breakpoints=[{"file": "prog.py", "line": inside}],
+            session="mcp1",
+        )
+        assert state["state"] == "paused" and state["reason"] == "entry"
+
+        state = await tool("continue_run", session="mcp1")
+        assert state["state"] == "paused" and state["location"]["line"] == inside
+        assert state["location"]["file"] == str(script)
+
+        names = {v["name"]: v for v in (await tool("variables", session="mcp1"))["variables"]}
+        assert "float32[2, 3]" in names["t"]["summary"] and names["t"]["type"] == "torch.Tensor"
+        assert names["factor"]["summary"] == "2.0"
+
+        value = await tool("evaluate", expression="(t * factor).sum().item()", session="mcp1")
+        assert value["result"] == "30.0"
+        frames = (await tool("stack", session="mcp1"))["frames"]
+        assert [f["function"] for f in frames[:2]] == ["scale", "<module>"]
+        chosen = await tool("select_frame", index=1, session="mcp1")
+        assert chosen["frame"]["function"] == "<module>"
+        assert (await tool("evaluate", expression="x.shape[0]", session="mcp1"))["result"] == "2"
+
+        stepped = await tool("step", kind="over", session="mcp1")
+        assert stepped["state"] == "paused" and stepped["location"]["line"] == inside + 1
+
+        # Bad input comes back as a tool error carrying the daemon's JSON.
+        bad_line = await tool.error("set_breakpoint", file="prog.py", line=1000, session="mcp1")
+        assert bad_line["code"] == "agent_error" and "nearest" in bad_line["error"]
+        unknown = await tool.error("status", session="no-such-session")
+        assert unknown["code"] == "unknown_session" and "mcp1" in unknown["sessions"]
+        failed_eval = await tool.error("evaluate", expression="undefined_name", session="mcp1")
+        assert "NameError" in failed_eval["error"]
+        missing = await tool.error("start_session", script="missing.py", session="mcp2")
+        assert "missing.py" in missing["error"]
+        nothing = await tool.error("start_session", session="mcp2")
+        assert nothing["code"] == "usage"
+        invalid = await client.call_tool("step", {"kind": "sideways", "session": "mcp1"})
+        assert invalid.is_error
+
+        done = await tool("continue_run", session="mcp1")
+        assert done["state"] == "exited" and done["exit_code"] == 0
+        assert "total 30.0" in (await tool("output", session="mcp1"))["output"]
+        sessions = {s["session"] for s in (await tool("list_sessions"))["sessions"]}
+        assert "mcp1" in sessions
+        assert any(r["script"].endswith("prog.py") for r in (await tool("list_runs"))["runs"])
+
+    mcp(scenario)
+
+
+def test_parity_through_mcp(mcp, write, tmp_path: Path) -> None:
+    write("parity.py", PARITY)
+
+    async def scenario(tool: Tools, client: Client) -> None:
+        state = await tool(
+            "start_session", script="parity.py", stop_on_entry=False, session="mcp-parity"
+        )
+        if state["state"] != "exited":
+            state = await tool("wait_for_stop", max_wait=120, session="mcp-parity")
+        assert state["state"] == "exited" and state["exit_code"] == 0, state
+
+        captures = {c["name"] for c in (await tool("list_captures"))["captures"]}
+        assert {"ref", "port"} <= captures
+
+        report = tmp_path / "report.html"
+        result = await tool("compare", a="ref", b="port", html=str(report))
+        assert result["ok"] is False
+        assert result["first_divergence"]["module"] == "blocks.1.act"
+        assert report.read_text().startswith("<!DOCTYPE html>")
+
+        few = await tool("compare", a="ref", b="port", max_entries=3)
+        assert len(few["entries"]) == 3 and few["entries_left_out"] == len(result["entries"]) - 3
+        assert any(e.get("culprit") for e in few["entries"])
+
+        clean = await tool("compare", a="ref", b="ref")
+        assert clean["ok"] is True and clean["first_divergence"] is None
+
+        renamed = await tool(
+            "compare", a="ref", b="port", name_map={"ignore": ["blocks.1.act#*", "blocks.1#*"]}
+        )
+        assert renamed["first_divergence"]["module"] != "blocks.1.act"
+
+        unknown = await tool.error("compare", a="ref", b="no-such-capture")
+        assert unknown["code"] == "unknown_source" and "port" in unknown["error"] + json.dumps(
+            unknown
+        )
+        (tmp_path / "corrupt.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{bad")
+        corrupt = await tool.error("compare", a="ref", b=str(tmp_path / "corrupt.safetensors"))
+        assert "corrupt.safetensors" in corrupt["error"]
+        negative = await client.call_tool("compare", {"a": "ref", "b": "port", "rtol": -1})
+        assert negative.is_error
+
+    mcp(scenario)
+
+
+def test_long_waits_report_progress_and_can_be_paused(mcp, write) -> None:
+    write("slow.py", SLOW)
+
+    async def scenario(tool: Tools, client: Client) -> None:
+        await tool("start_session", script="slow.py", session="mcp-slow")
+        notes: list[tuple[float, float | None, str | None]] = []
+
+        async def progress(value: float, total: float | None, message: str | None) -> None:
+            notes.append((value, total, message))
+
+        result = await client.call_tool(
+            "continue_run", {"session": "mcp-slow", "max_wait": 60}, progress_callback=progress
+        )
+        state = result.structured_content
+        assert state is not None and state["state"] == "exited", result.content
+        assert notes and notes[0][1] == 60 and "still running" in str(notes[0][2])
+
+        await tool("start_session", script="slow.py", session="mcp-slow", replace=True)
+        running = await tool("continue_run", max_wait=0.5, session="mcp-slow")
+        assert running["state"] == "running"
+        paused = await tool("pause", session="mcp-slow")
+        assert paused["state"] == "paused" and paused["location"]["file"].endswith("slow.py")
+        ended = await tool("terminate", session="mcp-slow")
+        assert ended["state"] == "exited"
+
+    mcp(scenario)

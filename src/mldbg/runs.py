@@ -53,12 +53,17 @@ def make_run_id(stem: str, pid: int, when: float | None = None) -> str:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON beside the target and rename it into place: readers never see half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, default=str)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: leave no half-written temp file behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 class JsonlWriter:

@@ -64,7 +64,7 @@ class Capture:
         self.name = check_capture_name(name)
         self.requested_name = self.name
         self.framework = _framework(model)
-        self._backend().prepare(model)  # a model that cannot be captured fails here, early
+        self._target = self._backend().prepare(model)  # one that cannot be captured fails here
         self.inputs = inputs
         self.include = _patterns(include, "include")
         self.exclude = _patterns(exclude, "exclude")
@@ -99,7 +99,7 @@ class Capture:
             raise RuntimeError(f"capture {self.name!r} was already used; make a new one")
         self._entered = True
         backend = self._backend()
-        target = backend.prepare(self.model)  # before anything is written
+        target = self._target
         try:
             self._directory = CaptureDir(
                 current_run(),

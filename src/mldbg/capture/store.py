@@ -17,7 +17,6 @@ module, and the key from :mod:`.flatten`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import secrets
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..runs import JsonlWriter, RunDir
+from ..runs import JsonlWriter, RunDir, write_json_atomic
 
 CAPTURES = "captures"
 CAPTURE_JSON = "capture.json"
@@ -76,7 +75,7 @@ class CaptureDir:
             **meta,
         }
         try:
-            _write_json(self.path / CAPTURE_JSON, self.meta)
+            write_json_atomic(self.path / CAPTURE_JSON, self.meta)
             self.index = JsonlWriter(self.path / INDEX)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -105,26 +104,10 @@ class CaptureDir:
             if self.meta["state"] == "complete":
                 self.meta["state"] = "incomplete"
         try:
-            _write_json(self.path / CAPTURE_JSON, self.meta)
+            write_json_atomic(self.path / CAPTURE_JSON, self.meta)
         except Exception as exc:
             errors.append(f"{CAPTURE_JSON}: {type(exc).__name__}: {exc}")
         return errors
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Write-then-rename, like :func:`mldbg.runs.write_json_atomic`, leaving no temp file behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 def _unique_dir(root: Path, name: str) -> Path:

@@ -88,6 +88,18 @@ def _daemon() -> Daemon:
     return connect()
 
 
+def _session(
+    name: str,
+    verb: str,
+    method: str = "POST",
+    json: Any = None,
+    params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One REST call on session ``name``; every session route answers a JSON object."""
+    result: dict[str, Any] = _daemon().session(name, verb, method=method, json=json, params=params)
+    return result
+
+
 def build_server() -> MCPServer:
     """The MCP server with every tool registered; ``run_stdio`` serves it."""
     server = MCPServer(
@@ -161,8 +173,7 @@ def build_server() -> MCPServer:
             "replace": replace,
             "wait": 30.0,
         }
-        result: dict[str, Any] = _daemon().session(session, "start", json=body)
-        return result
+        return _session(session, "start", json=body)
 
     @tool
     def set_breakpoint(
@@ -198,14 +209,12 @@ def build_server() -> MCPServer:
             "log": log,
             "checkpoint": checkpoint,
         }
-        result: dict[str, Any] = _daemon().session(session, "breakpoints", json=body)
-        return result
+        return _session(session, "breakpoints", json=body)
 
     @tool
     def list_breakpoints(session: Session = "default") -> dict[str, Any]:
         """The session's breakpoints with their hit counts."""
-        result: dict[str, Any] = _daemon().session(session, "breakpoints", method="GET")
-        return result
+        return _session(session, "breakpoints", method="GET")
 
     @tool
     def remove_breakpoint(
@@ -216,14 +225,12 @@ def build_server() -> MCPServer:
     ) -> dict[str, Any]:
         """Remove the breakpoint at file:line, or a checkpoint filter."""
         body = {"file": file, "line": line, "checkpoint": checkpoint}
-        result: dict[str, Any] = _daemon().session(session, "breakpoints/remove", json=body)
-        return result
+        return _session(session, "breakpoints/remove", json=body)
 
     @tool
     def clear_breakpoints(session: Session = "default") -> dict[str, Any]:
         """Remove every breakpoint of the session."""
-        result: dict[str, Any] = _daemon().session(session, "breakpoints/clear")
-        return result
+        return _session(session, "breakpoints/clear")
 
     @tool
     async def continue_run(
@@ -258,26 +265,22 @@ def build_server() -> MCPServer:
     @tool
     def pause(session: Session = "default") -> dict[str, Any]:
         """Stop the running script at its next line of Python (a long C call finishes first)."""
-        result: dict[str, Any] = _daemon().session(session, "pause", json={"wait": 5.0})
-        return result
+        return _session(session, "pause", json={"wait": 5.0})
 
     @tool
     def status(session: Session = "default") -> dict[str, Any]:
         """The session's state: running, paused (where, why) or exited (exit code, exception)."""
-        result: dict[str, Any] = _daemon().session(session, "", method="GET")
-        return result
+        return _session(session, "", method="GET")
 
     @tool
     def location(session: Session = "default") -> dict[str, Any]:
         """Where the paused script is, with the code around the line."""
-        result: dict[str, Any] = _daemon().session(session, "location", method="GET")
-        return result
+        return _session(session, "location", method="GET")
 
     @tool
     def stack(session: Session = "default") -> dict[str, Any]:
         """The paused thread's frames, innermost (0) first."""
-        result: dict[str, Any] = _daemon().session(session, "stack", method="GET")
-        return result
+        return _session(session, "stack", method="GET")
 
     @tool
     def select_frame(
@@ -287,16 +290,12 @@ def build_server() -> MCPServer:
     ) -> dict[str, Any]:
         """Choose the frame that variables and evaluate look at."""
         body = {"index": index, "move": move}
-        result: dict[str, Any] = _daemon().session(session, "frame", json=body)
-        return result
+        return _session(session, "frame", json=body)
 
     @tool
     def variables(include_globals: bool = False, session: Session = "default") -> dict[str, Any]:
         """The selected frame's variables; tensors are summarized (shape, dtype, device, stats)."""
-        result: dict[str, Any] = _daemon().session(
-            session, "variables", method="GET", params={"all": include_globals}
-        )
-        return result
+        return _session(session, "variables", method="GET", params={"all": include_globals})
 
     @tool
     def evaluate(expression: str, session: Session = "default") -> dict[str, Any]:
@@ -304,8 +303,7 @@ def build_server() -> MCPServer:
 
         Tensors in the result are summarized; assignments change the script's variables.
         """
-        result: dict[str, Any] = _daemon().session(session, "eval", json={"expression": expression})
-        return result
+        return _session(session, "eval", json={"expression": expression})
 
     @tool
     def output(
@@ -314,14 +312,12 @@ def build_server() -> MCPServer:
     ) -> dict[str, Any]:
         """The script's captured stdout and stderr."""
         params = {"tail": tail} if tail is not None else None
-        result: dict[str, Any] = _daemon().session(session, "output", method="GET", params=params)
-        return result
+        return _session(session, "output", method="GET", params=params)
 
     @tool
     def terminate(session: Session = "default") -> dict[str, Any]:
         """End the script (its run record stays in the run store)."""
-        result: dict[str, Any] = _daemon().session(session, "terminate")
-        return result
+        return _session(session, "terminate")
 
     @tool
     def list_sessions() -> dict[str, Any]:

@@ -155,7 +155,12 @@ os.kill(os.getpid(), signal.SIGKILL)
     with open((tmp_path / ".mldbg" / "latest" / "checkpoints.jsonl").resolve(), "a") as fh:
         fh.write('{"checkpoint_name": "half')  # a line cut short
     listed = cli("checkpoints", json_out=True)
-    assert len(listed["checkpoints"]) == 50 and listed["unreadable_lines"] == 1
+    assert len(listed["checkpoints"]) == 20 and listed["unreadable_lines"] == 1
+    assert listed["total"] == 50 and listed["truncated"]
+    assert listed["next"] == {"verb": "checkpoints", "args": {
+        "run": listed["run_id"], "limit": 20, "offset": 20}}
+    listed = cli("checkpoints", "--limit", "100", json_out=True)
+    assert len(listed["checkpoints"]) == 50 and not listed["truncated"]
 
 
 def test_checkpoint_pauses_under_the_debugger(session: Session, write) -> None:
@@ -227,10 +232,11 @@ def test_runs_and_run_resolution(tmp_path: Path, cli) -> None:
         assert run_plain(tmp_path, SCRIPT).returncode == 0
     runs = cli("runs", json_out=True)["runs"]
     assert len(runs) == 2 and all(r["checkpoints"] == 4 and r["state"] == "exited" for r in runs)
-    first = runs[0]["run_id"]
+    first = runs[1]["run_id"]  # newest first: the oldest run is the last listed
     assert cli("checkpoints", "--run", first, json_out=True)["run_id"] == first
-    assert cli("checkpoints", "--run", runs[0]["path"], json_out=True)["run_id"] == first
-    assert cli("checkpoints", "--run", "latest", json_out=True)["run_id"] == runs[1]["run_id"]
+    assert cli("checkpoints", "--run", runs[1]["path"], json_out=True)["run_id"] == first
+    # newest first: the latest run is the first listed
+    assert cli("checkpoints", "--run", "latest", json_out=True)["run_id"] == runs[0]["run_id"]
     error = cli("checkpoints", "--run", "prog-1999", json_out=True, expect=1)
     assert error["code"] == "unknown_run" and "prog-1999" in error["error"]
     human = cli("checkpoints", "--name", "final").stdout
@@ -242,5 +248,5 @@ def test_runs_and_run_resolution(tmp_path: Path, cli) -> None:
     assert len(cli("runs", json_out=True)["runs"]) == 2  # a dry run deletes nothing
     done = cli("clean", "--keep", "1", json_out=True)
     assert done["removed"] == [first] and done["freed_bytes"] > 0
-    assert [r["run_id"] for r in cli("runs", json_out=True)["runs"]] == [runs[1]["run_id"]]
-    assert cli("checkpoints", json_out=True)["run_id"] == runs[1]["run_id"]
+    assert [r["run_id"] for r in cli("runs", json_out=True)["runs"]] == [runs[0]["run_id"]]
+    assert cli("checkpoints", json_out=True)["run_id"] == runs[0]["run_id"]

@@ -137,64 +137,74 @@ def test_a_debug_session_through_mcp(mcp, write) -> None:
     async def scenario(tool: Tools, client: Client) -> None:
         listed = {t.name: t for t in (await client.list_tools()).tools}
         assert {
-            "start_session",
-            "set_breakpoint",
-            "continue_run",
+            "start",
+            "break",
+            "continue",
             "step",
-            "evaluate",
-            "variables",
+            "eval",
+            "vars",
             "stack",
             "compare",
+            "trace",
         } <= set(listed)
         assert all(t.description for t in listed.values())
+        # one JSON per result: structured content with a real output schema
+        assert listed["eval"].output_schema and "result" in listed["eval"].output_schema["properties"]
 
         state = await tool(
-            "start_session",
+            "start",
             script="prog.py",
             breakpoints=[{"file": "prog.py", "line": inside}],
             session="mcp1",
         )
         assert state["state"] == "paused" and state["reason"] == "entry"
 
-        state = await tool("continue_run", session="mcp1")
+        state = await tool("continue", session="mcp1")
         assert state["state"] == "paused" and state["location"]["line"] == inside
         assert state["location"]["file"] == str(script)
 
-        names = {v["name"]: v for v in (await tool("variables", session="mcp1"))["variables"]}
+        names = {v["name"]: v for v in (await tool("vars", session="mcp1"))["variables"]}
         assert "float32[2, 3]" in names["t"]["summary"] and names["t"]["type"] == "torch.Tensor"
         assert names["factor"]["summary"] == "2.0"
 
-        value = await tool("evaluate", expression="(t * factor).sum().item()", session="mcp1")
+        value = await tool("eval", expression="(t * factor).sum().item()", session="mcp1")
         assert value["result"] == "30.0"
         frames = (await tool("stack", session="mcp1"))["frames"]
         assert [f["function"] for f in frames[:2]] == ["scale", "<module>"]
-        chosen = await tool("select_frame", index=1, session="mcp1")
+        chosen = await tool("frame", index=1, session="mcp1")
         assert chosen["frame"]["function"] == "<module>"
-        assert (await tool("evaluate", expression="x.shape[0]", session="mcp1"))["result"] == "2"
+        assert (await tool("eval", expression="x.shape[0]", session="mcp1"))["result"] == "2"
 
         stepped = await tool("step", kind="over", session="mcp1")
         assert stepped["state"] == "paused" and stepped["location"]["line"] == inside + 1
 
         # Bad input comes back as a tool error carrying the daemon's JSON.
-        bad_line = await tool.error("set_breakpoint", file="prog.py", line=1000, session="mcp1")
-        assert bad_line["code"] == "agent_error" and "nearest" in bad_line["error"]
+        bad_line = await tool.error("break", file="prog.py", line=1000, session="mcp1")
+        assert bad_line["code"] == "no_code_at_line" and "nearest" in bad_line["error"]
         unknown = await tool.error("status", session="no-such-session")
         assert unknown["code"] == "unknown_session" and "mcp1" in unknown["sessions"]
-        failed_eval = await tool.error("evaluate", expression="undefined_name", session="mcp1")
-        assert "NameError" in failed_eval["error"]
-        missing = await tool.error("start_session", script="missing.py", session="mcp2")
+        assert unknown["hint"].startswith("call sessions(")  # worded as a tool call, no CLI flags
+        failed_eval = await tool.error("eval", expression="undefined_name", session="mcp1")
+        assert "NameError" in failed_eval["error"] and failed_eval["code"] == "eval_error"
+        missing = await tool.error("start", script="missing.py", session="mcp2")
         assert "missing.py" in missing["error"]
-        nothing = await tool.error("start_session", session="mcp2")
-        assert nothing["code"] == "usage"
+        nothing = await tool.error("start", session="mcp2")
+        assert nothing["code"] == "bad_argument"
+        hostile = await tool.error("pause", session="x/../../shutdown#")
+        assert hostile["code"] == "bad_session_name"
+        assert (await tool("status", session="mcp1"))["state"] == "paused"  # daemon still up
         invalid = await client.call_tool("step", {"kind": "sideways", "session": "mcp1"})
         assert invalid.is_error
 
-        done = await tool("continue_run", session="mcp1")
+        done = await tool("continue", session="mcp1")
         assert done["state"] == "exited" and done["exit_code"] == 0
         assert "total 30.0" in (await tool("output", session="mcp1"))["output"]
-        sessions = {s["session"] for s in (await tool("list_sessions"))["sessions"]}
+        sessions = {s["session"] for s in (await tool("sessions"))["sessions"]}
         assert "mcp1" in sessions
-        assert any(r["script"].endswith("prog.py") for r in (await tool("list_runs"))["runs"])
+        assert any(r["script"].endswith("prog.py") for r in (await tool("runs"))["runs"])
+        steps = (await tool("trace", session="mcp1"))["steps"]
+        assert [s["reason"] for s in steps][:2] == ["entry", "breakpoint"]
+        assert any(v["name"] == "t" for v in steps[1]["variables"])
 
     mcp(scenario)
 
@@ -204,13 +214,13 @@ def test_parity_through_mcp(mcp, write, tmp_path: Path) -> None:
 
     async def scenario(tool: Tools, client: Client) -> None:
         state = await tool(
-            "start_session", script="parity.py", stop_on_entry=False, session="mcp-parity"
+            "start", script="parity.py", stop_on_entry=False, session="mcp-parity"
         )
         if state["state"] != "exited":
-            state = await tool("wait_for_stop", max_wait=120, session="mcp-parity")
+            state = await tool("wait", wait=120, session="mcp-parity")
         assert state["state"] == "exited" and state["exit_code"] == 0, state
 
-        captures = {c["name"] for c in (await tool("list_captures"))["captures"]}
+        captures = {c["name"] for c in (await tool("captures"))["captures"]}
         assert {"ref", "port"} <= captures
 
         report = tmp_path / "report.html"
@@ -219,15 +229,18 @@ def test_parity_through_mcp(mcp, write, tmp_path: Path) -> None:
         assert result["first_divergence"]["module"] == "blocks.1.act"
         assert report.read_text().startswith("<!DOCTYPE html>")
 
-        few = await tool("compare", a="ref", b="port", max_entries=3)
-        assert len(few["entries"]) == 3 and few["entries_left_out"] == len(result["entries"]) - 3
-        assert any(e.get("culprit") for e in few["entries"])
+        # bounded: failures only by default, the culprit first; passing entries on request
+        assert all(not e["ok"] or e.get("culprit") for e in result["entries"])
+        assert result["entries"][0]["culprit"] and result["left_out"]["passing"] > 0
+        few = await tool("compare", a="ref", b="port", passing=True, limit=3)
+        assert len(few["entries"]) == 3 and few["truncated"] and few["next"]["args"]["offset"] == 3
+        assert few["entries"][0].get("culprit") and few["total"] > 3
 
         clean = await tool("compare", a="ref", b="ref")
         assert clean["ok"] is True and clean["first_divergence"] is None
 
         renamed = await tool(
-            "compare", a="ref", b="port", name_map={"ignore": ["blocks.1.act#*", "blocks.1#*"]}
+            "compare", a="ref", b="port", map={"ignore": ["blocks.1.act#*", "blocks.1#*"]}
         )
         assert renamed["first_divergence"]["module"] != "blocks.1.act"
 
@@ -248,21 +261,21 @@ def test_long_waits_report_progress_and_can_be_paused(mcp, write) -> None:
     write("slow.py", SLOW)
 
     async def scenario(tool: Tools, client: Client) -> None:
-        await tool("start_session", script="slow.py", session="mcp-slow")
+        await tool("start", script="slow.py", session="mcp-slow")
         notes: list[tuple[float, float | None, str | None]] = []
 
         async def progress(value: float, total: float | None, message: str | None) -> None:
             notes.append((value, total, message))
 
         result = await client.call_tool(
-            "continue_run", {"session": "mcp-slow", "max_wait": 60}, progress_callback=progress
+            "continue", {"session": "mcp-slow", "wait": 60}, progress_callback=progress
         )
         state = result.structured_content
         assert state is not None and state["state"] == "exited", result.content
         assert notes and notes[0][1] == 60 and "still running" in str(notes[0][2])
 
-        await tool("start_session", script="slow.py", session="mcp-slow", replace=True)
-        running = await tool("continue_run", max_wait=0.5, session="mcp-slow")
+        await tool("start", script="slow.py", session="mcp-slow", replace=True)
+        running = await tool("continue", wait=0.5, session="mcp-slow")
         assert running["state"] == "running"
         paused = await tool("pause", session="mcp-slow")
         assert paused["state"] == "paused" and paused["location"]["file"].endswith("slow.py")

@@ -70,7 +70,10 @@ def test_openapi_docs_with_the_token(api: Api) -> None:
 
 def test_bad_request_bodies_get_clear_errors(api: Api) -> None:
     response = api.http.post("/v1/sessions/x/eval", json={"nope": 1})
-    assert response.status_code == 422
+    assert response.status_code == 400
+    error = response.json()
+    assert error["code"] == "bad_argument" and "nope: no such argument" in error["error"]
+    assert "expression: required" in error["error"] and "http" not in error["error"]
     error = api.post("/v1/sessions/bad name!/start", {"script": "x.py"}, expect=400)
     assert "bad session name" in error["error"]
 
@@ -147,7 +150,8 @@ def test_several_sessions_side_by_side(api: Api, write, tmp_path: Path) -> None:
             {"script": str(script), "args": ["x"], "cwd": str(tmp_path)},
             expect=409,
         )
-        assert "still paused" in busy["error"] and "--replace" in busy["error"]
+        assert "still paused" in busy["error"] and "--replace" not in busy["error"]
+        assert {"verb": "start", "args": {"session": "port", "replace": True}} in busy["fix"]
     finally:
         for name in ("reference", "port"):
             api.http.delete(f"/v1/sessions/{name}")

@@ -1,15 +1,29 @@
 """mldbg: a debugger for PyTorch and MLX model code.
 
 Importing this package must stay cheap and standard-library only: it is imported inside
-the debugged process, whose interpreter may have nothing of mldbg's dependencies.
+the debugged process (by the agent, and by every ``debug_checkpoint`` call), whose
+interpreter may have nothing of mldbg's dependencies.  So the public names are loaded on
+first use (PEP 562): ``import mldbg`` alone imports no submodule.
 """
 
-from .capture import Capture, capture
-from .checkpoint import debug_checkpoint
-from .compare import CompareInputError, Comparison, compare
-from .tensors import debug_load, debug_save
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> the submodule that defines it
+_PUBLIC = {
+    "Capture": "capture",
+    "capture": "capture",
+    "CompareInputError": "compare",
+    "Comparison": "compare",
+    "compare": "compare",
+    "debug_checkpoint": "checkpoint",
+    "debug_load": "tensors",
+    "debug_save": "tensors",
+}
 
 __all__ = [
     "Capture",
@@ -22,3 +36,22 @@ __all__ = [
     "debug_load",
     "debug_save",
 ]
+
+if TYPE_CHECKING:
+    from .capture import Capture, capture
+    from .checkpoint import debug_checkpoint
+    from .compare import CompareInputError, Comparison, compare
+    from .tensors import debug_load, debug_save
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mldbg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

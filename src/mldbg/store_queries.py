@@ -1,15 +1,20 @@
-"""What the run store holds, as the JSON documents its clients show.
+"""What the run store holds, as the JSON documents every surface shows, within a budget.
 
-``mldbg runs | checkpoints | captures`` print these and the MCP tools return them, so
-the two never disagree.  They read files only: no daemon is needed.
+``runs``, ``checkpoints``, ``captures`` and ``trace`` answer these (the daemon runs them
+for the CLI, REST and MCP alike).  Each takes the store's ``home`` explicitly: which
+store a client means (its session's, ``--home``, its own ``./.mldbg``) is decided once,
+by the caller.  Every list is newest first, paged (``offset``/``limit``) and says how
+many items there are in all, with the call that gets the next page.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
+from pathlib import Path
 from typing import Any
 
-from .runs import CHECKPOINTS, describe_run, list_runs, mldbg_home, read_jsonl, resolve_run
+from .runs import CHECKPOINTS, EVENTS, describe_run, list_runs, resolve_run
 
 CAPTURE_KEYS = (
     "name",
@@ -21,35 +26,166 @@ CAPTURE_KEYS = (
     "tensors",
     "bytes",
 )
+RECORD_BYTES = 8_000  # one checkpoint record or trace step, at most
 
 
-def runs() -> dict[str, Any]:
-    """Every run under ``MLDBG_HOME``, newest first."""
-    home = mldbg_home()
-    return {"home": str(home), "runs": [describe_run(r) for r in list_runs(home)]}
-
-
-def checkpoints(run: str | None, name: str | None = None, hit: int | None = None) -> dict[str, Any]:
-    """A run's checkpoint records (``run`` None: the latest), filtered by name glob and hit."""
-    found = resolve_run(mldbg_home(), run)
-    records, unreadable = read_jsonl(found.file(CHECKPOINTS))
-    if name:
-        records = [r for r in records if fnmatch.fnmatchcase(str(r.get("checkpoint_name")), name)]
-    if hit is not None:
-        records = [r for r in records if r.get("hit_count") == hit]
-    return {
-        "run_id": found.run_id,
-        "path": str(found.file(CHECKPOINTS)),
-        "checkpoints": records,
-        "unreadable_lines": unreadable,
+def page(
+    items: list[Any], offset: int, limit: int, verb: str, args: dict[str, Any]
+) -> dict[str, Any]:
+    """``items[offset:offset+limit]`` plus the counts and the call for the next page."""
+    shown = items[offset : offset + limit]
+    info: dict[str, Any] = {
+        "total": len(items),
+        "shown": len(shown),
+        "truncated": offset + len(shown) < len(items),
     }
+    if info["truncated"]:
+        next_args = {k: v for k, v in args.items() if v is not None}
+        info["next"] = {"verb": verb, "args": {**next_args, "offset": offset + len(shown)}}
+    return {"items": shown, **info}
 
 
-def captures(run: str | None = None) -> dict[str, Any]:
-    """The module captures of every run (or of ``run``), as ``mldbg compare`` finds them."""
+def runs(home: Path, offset: int = 0, limit: int = 20) -> dict[str, Any]:
+    """Runs under ``home``, newest first."""
+    found = list(reversed(list_runs(home)))
+    paged = page(found, offset, limit, "runs", {"limit": limit})
+    items = paged.pop("items")
+    return {"home": str(home), "runs": [describe_run(r) for r in items], **paged}
+
+
+def checkpoints(
+    home: Path,
+    run: str | None,
+    name: str | None = None,
+    hit: int | None = None,
+    offset: int = 0,
+    limit: int = 20,
+) -> dict[str, Any]:
+    """A run's checkpoint records (``run`` None: the latest), filtered by name glob and hit.
+
+    Lines are parsed one at a time and only the requested page is kept, so a run with
+    100k records answers as fast and as small as one with ten.
+    """
+    found = resolve_run(home, run)
+    path = found.file(CHECKPOINTS)
+    kept: list[dict[str, Any]] = []
+    total = bad = 0
+    for record in _records(path):
+        if record is None:
+            bad += 1
+            continue
+        if name and not fnmatch.fnmatchcase(str(record.get("checkpoint_name")), name):
+            continue
+        if hit is not None and record.get("hit_count") != hit:
+            continue
+        if offset <= total < offset + limit:
+            kept.append(_bounded_record(record))
+        total += 1
+    result: dict[str, Any] = {
+        "run_id": found.run_id,
+        "path": str(path),
+        "checkpoints": kept,
+        "unreadable_lines": bad,
+        "total": total,
+        "shown": len(kept),
+        "truncated": offset + len(kept) < total,
+    }
+    if result["truncated"]:
+        args = {"run": found.run_id, "name": name, "hit": hit, "limit": limit}
+        result["next"] = {
+            "verb": "checkpoints",
+            "args": {
+                **{k: v for k, v in args.items() if v is not None},
+                "offset": offset + len(kept),
+            },
+        }
+    return result
+
+
+def captures(home: Path, run: str | None = None, limit: int = 50) -> dict[str, Any]:
+    """The module captures of every run (or of ``run``), newest first."""
     from .compare.sources import find_captures, find_captures_in
 
-    home = mldbg_home()
     found = find_captures_in(resolve_run(home, run).path) if run else find_captures(home)
-    items = [{k: c.get(k) for k in CAPTURE_KEYS} | {"path": c["path"]} for c in found]
-    return {"home": str(home), "captures": items}
+    items = [{k: c.get(k) for k in CAPTURE_KEYS} | {"path": c["path"]} for c in reversed(found)]
+    paged = page(items, 0, limit, "captures", {"run": run, "limit": len(items)})
+    return {"home": str(home), "captures": paged.pop("items"), **paged}
+
+
+def trace(home: Path, run: str | None, last: int = 10) -> dict[str, Any]:
+    """The last ``last`` stops recorded in a run's events.jsonl: where, the stack, the variables."""
+    found = resolve_run(home, run)
+    path = found.file(EVENTS)
+    steps: list[dict[str, Any]] = []
+    total = 0
+    for record in _records(path):
+        if record is None or record.get("event") != "stopped":
+            continue
+        total += 1
+        steps.append(_step(record))
+        if len(steps) > last:
+            del steps[0]
+    result: dict[str, Any] = {
+        "run_id": found.run_id,
+        "path": str(path),
+        "steps": steps,
+        "total": total,
+        "shown": len(steps),
+        "truncated": len(steps) < total,
+    }
+    if result["truncated"]:
+        result["next"] = {"verb": "trace", "args": {"run": found.run_id, "last": min(total, 1000)}}
+    return result
+
+
+def _step(record: dict[str, Any]) -> dict[str, Any]:
+    step = {
+        "time": record.get("time"),
+        "event": record.get("event"),
+        "reason": record.get("reason"),
+        "location": {
+            "file": record.get("file"),
+            "line": record.get("line"),
+            "function": record.get("function"),
+            "code": record.get("code"),
+        },
+        "stack": record.get("stack") or [],
+        "variables": record.get("variables") or [],
+    }
+    for key in ("exception", "breakpoint", "checkpoint", "condition_error"):
+        if record.get(key):
+            step[key] = record[key]
+    return _bounded_record(step)
+
+
+def _records(path: Path) -> Any:
+    """Each line's record, or None for a line that cannot be read (a kill can cut one short)."""
+    try:
+        fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                yield None
+                continue
+            yield record if isinstance(record, dict) else None
+
+
+def _bounded_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as it is, unless it is huge: then its largest values are replaced by a note."""
+    text = json.dumps(record, default=str)
+    if len(text) <= RECORD_BYTES:
+        return record
+    bounded = dict(record)
+    for key in sorted(bounded, key=lambda k: -len(json.dumps(bounded[k], default=str))):
+        size = len(json.dumps(bounded[key], default=str))
+        bounded[key] = {"truncated": True, "bytes": size}
+        if len(json.dumps(bounded, default=str)) <= RECORD_BYTES:
+            break
+    bounded["truncated"] = True
+    return bounded

@@ -775,6 +775,14 @@ def one_line(value: object, max_chars: int = 200) -> str:
         return _truncate(f"<summary failed: {_describe_exception(exc)}>", max_chars)
 
 
+def one_line_from_summary(described: dict[str, Any], max_chars: int = 200) -> str:
+    """The one line of a tensor whose ``summarize`` result is at hand: stats computed once."""
+    try:
+        return _truncate(_tensor_line(described), max_chars)
+    except Exception as exc:
+        return _truncate(f"<summary failed: {_describe_exception(exc)}>", max_chars)
+
+
 def _fold(text: str) -> str:
     """Multi-line reprs (modules, data frames) on one line: breaks and indents become a space."""
     return re.sub(r"\s*\n\s*", " ", text)

@@ -21,11 +21,16 @@ from .paths import canonical, canonical_code_file
 
 
 class BreakpointError(ValueError):
-    """A breakpoint that cannot be set; ``extra`` carries machine-readable hints."""
+    """A breakpoint that cannot be set: a stable ``code`` and machine-readable hints."""
 
-    def __init__(self, message: str, **extra: Any) -> None:
+    def __init__(self, message: str, code: str = "bad_argument", **extra: Any) -> None:
         super().__init__(message)
+        self.code = code
         self.extra = extra
+
+
+MAX_SOURCE_BYTES = 16 * 1024 * 1024  # larger "source files" are generated data, not code
+_SOURCE_SUFFIXES = (".py", ".pyw", ".pyi")
 
 
 _HITS = re.compile(r"^\s*(>=|%|==)?\s*(\d+)\s*$")
@@ -38,17 +43,19 @@ def parse_hits(spec: str | int | None) -> tuple[str, int] | None:
     match = _HITS.match(str(spec))
     if not match or int(match.group(2)) < 1:
         raise BreakpointError(
-            f"bad hit count {spec!r}: use N (the Nth hit), >=N (from the Nth on) or %N (every Nth)"
+            f"bad hit count {spec!r}: use N (the Nth hit), >=N (from the Nth on) or %N (every Nth)",
+            code="bad_hits",
         )
     return (match.group(1) or "==", int(match.group(2)))
 
 
-def _compile_expression(text: str, what: str) -> CodeType:
+def _compile_expression(text: str, what: str, code: str = "bad_condition") -> CodeType:
     try:
         return compile(text, f"<{what}>", "eval")
-    except SyntaxError as exc:
+    except (SyntaxError, ValueError) as exc:
+        message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
         raise BreakpointError(
-            f"{what} {text!r} is not a valid Python expression: {exc.msg}"
+            f"{what} {text!r} is not a valid Python expression: {message}", code=code
         ) from None
 
 
@@ -68,7 +75,9 @@ def compile_log_template(template: str) -> list[str | CodeType]:
             i += 2
             continue
         if char == "}":
-            raise BreakpointError(f"log message {template!r} has an unmatched '}}' (write '}}}}')")
+            raise BreakpointError(
+                f"log message {template!r} has an unmatched '}}' (write '}}}}')", code="bad_log"
+            )
         if char != "{":
             literal.append(char)
             i += 1
@@ -78,11 +87,15 @@ def compile_log_template(template: str) -> list[str | CodeType]:
             depth += {"{": 1, "}": -1}.get(template[j], 0)
             j += 1
         if depth:
-            raise BreakpointError(f"log message {template!r} has an unmatched '{{' (write '{{{{')")
+            raise BreakpointError(
+                f"log message {template!r} has an unmatched '{{' (write '{{{{')", code="bad_log"
+            )
         if literal:
             parts.append("".join(literal))
             literal = []
-        parts.append(_compile_expression(template[i + 1 : j - 1].strip(), "log expression"))
+        parts.append(
+            _compile_expression(template[i + 1 : j - 1].strip(), "log expression", "bad_log")
+        )
         i = j
     if literal:
         parts.append("".join(literal))
@@ -107,12 +120,7 @@ _EXECUTABLE_LOCK = threading.Lock()
 
 def executable_lines(path: str) -> list[int]:
     """Sorted line numbers that hold code in ``path``, by compiling it as this Python would."""
-    try:
-        stat = os.stat(path)
-    except OSError as exc:
-        raise BreakpointError(
-            f"cannot set a breakpoint in {path}: {exc.strerror}", file=path
-        ) from None
+    stat = check_source_file(path)
     key = (stat.st_mtime, stat.st_size)
     with _EXECUTABLE_LOCK:
         cached = _EXECUTABLE_CACHE.get(path)
@@ -125,10 +133,13 @@ def executable_lines(path: str) -> list[int]:
     except SyntaxError as exc:
         raise BreakpointError(
             f"cannot set a breakpoint in {path}: it does not compile ({exc.msg}, line {exc.lineno})",
+            code="not_a_source_file",
             file=path,
         ) from None
     except (OSError, ValueError) as exc:
-        raise BreakpointError(f"cannot read {path}: {exc}", file=path) from None
+        raise BreakpointError(
+            f"cannot read {path}: {exc}", code="not_a_source_file", file=path
+        ) from None
     lines: set[int] = set()
     for code in _walk_codes(module):
         lines |= _code_lines(code)
@@ -137,6 +148,57 @@ def executable_lines(path: str) -> list[int]:
     with _EXECUTABLE_LOCK:
         _EXECUTABLE_CACHE[path] = (key[0], key[1], result)
     return result
+
+
+def check_source_file(path: str) -> os.stat_result:
+    """A breakpoint file must be a regular Python source file of sane size.
+
+    Checked before anything reads it: ``/dev/zero`` would be read forever and a named
+    pipe would block the session.  A file without a ``.py`` suffix needs a python shebang
+    (an executable script), so ``/etc/hostname`` is refused rather than "compiled".
+    """
+    import stat as stat_module
+
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise BreakpointError(f"no such file: {path}", code="file_not_found", file=path) from None
+    except OSError as exc:
+        raise BreakpointError(
+            f"cannot set a breakpoint in {path}: {exc.strerror}", code="file_not_found", file=path
+        ) from None
+    if stat_module.S_ISDIR(info.st_mode):
+        raise BreakpointError(
+            f"{path} is a directory, not a Python file", code="not_a_source_file", file=path
+        )
+    if not stat_module.S_ISREG(info.st_mode):
+        raise BreakpointError(
+            f"{path} is not a regular file (a device, pipe or socket): breakpoints go in "
+            "Python source files",
+            code="not_a_source_file",
+            file=path,
+        )
+    if info.st_size > MAX_SOURCE_BYTES:
+        raise BreakpointError(
+            f"{path} is {info.st_size} bytes: too large for a Python source file",
+            code="not_a_source_file",
+            file=path,
+        )
+    if not path.endswith(_SOURCE_SUFFIXES):
+        try:
+            with open(path, "rb") as fh:
+                first = fh.readline(256)
+        except OSError as exc:
+            raise BreakpointError(
+                f"cannot read {path}: {exc.strerror}", code="not_a_source_file", file=path
+            ) from None
+        if not (first.startswith(b"#!") and b"python" in first):
+            raise BreakpointError(
+                f"{path} is not a Python source file (no .py suffix, no python #! line)",
+                code="not_a_source_file",
+                file=path,
+            )
+    return info
 
 
 def nearest_lines(lines: list[int], line: int) -> list[int]:
@@ -192,7 +254,7 @@ class Breakpoint:
 
 def make_breakpoint(
     file: str,
-    line: int,
+    line: int | None,
     condition: str | None = None,
     hits: str | int | None = None,
     log: str | None = None,
@@ -200,16 +262,22 @@ def make_breakpoint(
 ) -> Breakpoint:
     """Validate and build a breakpoint; raises :class:`BreakpointError` with a way forward."""
     if not file:
-        raise BreakpointError("a breakpoint needs a file")
+        raise BreakpointError("a breakpoint needs a file (FILE:LINE)", code="bad_argument")
     path = canonical(file, cwd)
-    if not os.path.exists(path):
-        raise BreakpointError(f"no such file: {file} (resolved to {path})", file=path)
-    if os.path.isdir(path):
-        raise BreakpointError(f"{file} is a directory, not a Python file", file=path)
+    if not os.path.lexists(path):
+        raise BreakpointError(
+            f"no such file: {file} (resolved to {path})", code="file_not_found", file=path
+        )
+    if line is None or line == "" or line == 0:
+        raise BreakpointError(
+            f"a breakpoint in {file} needs a line number (FILE:LINE)", code="bad_argument"
+        )
     try:
         line = int(line)
     except (TypeError, ValueError):
-        raise BreakpointError(f"line must be a number, not {line!r}") from None
+        raise BreakpointError(f"line must be a number, not {line!r}", code="bad_argument") from None
+    if line < 1:
+        raise BreakpointError(f"line numbers start at 1, not {line}", code="bad_argument")
     lines = executable_lines(path)
     if line not in lines:
         near = nearest_lines(lines, line)
@@ -220,6 +288,7 @@ def make_breakpoint(
         )
         raise BreakpointError(
             f"{path}:{line} holds no code (blank, comment or part of a multi-line statement){hint}",
+            code="no_code_at_line",
             file=path,
             line=line,
             nearest_lines=near,
@@ -274,7 +343,8 @@ class CheckpointFilter:
 def make_checkpoint_filter(name: str, condition: str | None = None) -> CheckpointFilter:
     if not name:
         raise BreakpointError(
-            "--checkpoint needs the checkpoint's name (a glob such as 'layer.*' works)"
+            "a checkpoint filter needs the checkpoint's name (a glob such as 'layer.*' works)",
+            code="bad_argument",
         )
     condition = condition or None
     return CheckpointFilter(
@@ -315,7 +385,10 @@ class BreakpointTable:
         with self.lock:
             if name not in self.checkpoints:
                 known = ", ".join(self.checkpoints) or "none"
-                raise BreakpointError(f"no checkpoint filter {name!r}; set filters: {known}")
+                raise BreakpointError(
+                    f"no checkpoint filter {name!r}; set filters: {known}",
+                    code="no_such_breakpoint",
+                )
             return self.checkpoints.pop(name)
 
     def remove(self, file: str, line: int, cwd: str | None = None) -> Breakpoint:
@@ -324,7 +397,10 @@ class BreakpointTable:
             lines = self.by_file.get(path, {})
             if line not in lines:
                 known = ", ".join(f"{b.file}:{b.line}" for b in self.all()) or "none"
-                raise BreakpointError(f"no breakpoint at {path}:{line}; set breakpoints: {known}")
+                raise BreakpointError(
+                    f"no breakpoint at {path}:{line}; set breakpoints: {known[:1000]}",
+                    code="no_such_breakpoint",
+                )
             bp = lines.pop(line)
             if not lines:
                 del self.by_file[path]

@@ -1,37 +1,25 @@
 """The debugger inside the debuggee: when to stop, and what a stop does.
 
 Tracer backends only deliver events; every decision (breakpoint, condition, hit count,
-logpoint, step, pause) is made here, once, for both backends.
+logpoint, step, pause) is made here, once, for both backends.  The daemon's commands
+are served by ``commands.py``; a stopped thread serves its own (``paused.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 from types import CodeType, FrameType
 from typing import Any
 
-from .breakpoints import (
-    Breakpoint,
-    BreakpointError,
-    BreakpointTable,
-    CheckpointFilter,
-    format_log,
-    make_breakpoint,
-    make_checkpoint_filter,
-)
+from . import protocol as P
+from .breakpoints import BreakpointTable, format_log
 from .paths import canonical_code_file, is_mldbg_file
-from .paused import (
-    PAUSED_COMMANDS,
-    PausedThread,
-    Resume,
-    exception_info,
-    frames_from_stack,
-    frames_from_traceback,
-)
+from .paused import PausedThread, Resume, exception_info, frames_from_stack, frames_from_traceback
 from .stepping import StepRequest
-from .wire import Wire
+from .wire import Wire, reply
 
 
 class Debugger:
@@ -116,7 +104,7 @@ class Debugger:
                 stream.flush()
             self.wire.send(
                 {
-                    "event": "log",
+                    "event": P.LOG,
                     "message": message,
                     "file": bp.file,
                     "line": bp.line,
@@ -177,10 +165,13 @@ class Debugger:
                 paused = PausedThread(frames, reason, post_mortem, details)
                 self.paused = paused
                 self.backend.refresh()
-                self.wire.send({"event": "stopped", **paused.state()})
-                resume = paused.serve(self.respond) if not self.wire.closed else Resume()
+                self.wire.send(
+                    {"event": P.STOPPED, **paused.state(), "trace": paused.trace_record()}
+                )
+                respond = functools.partial(reply, self.wire)
+                resume = paused.serve(respond) if not self.wire.closed else Resume()
                 self.paused = None
-                paused.drain(self.respond)
+                paused.drain(respond)
                 self.backend.refresh()  # forget what the previous step or pause armed
                 if resume.kind != "continue" and not post_mortem:
                     frame = frames[0][0]
@@ -188,124 +179,21 @@ class Debugger:
                         resume.kind, me, frame, resume.into_libraries
                     )
                     self.backend.arm_stack(frame)
-                self.wire.send({"event": "resumed"})
+                self.wire.send({"event": P.RESUMED})
         finally:
             self._busy.discard(me)
 
-    # -- the daemon's commands (reader thread) ------------------------------------------------
+    def mark_busy(self) -> None:
+        """The calling thread works for the debugger: it never stops, whatever it runs."""
+        self._busy.add(threading.get_ident())
 
-    def respond(
-        self, message: dict[str, Any], ok: bool, result: Any, extra: dict[str, Any] | None = None
-    ) -> None:
-        reply: dict[str, Any] = {"id": message.get("id"), "ok": ok}
-        if ok:
-            reply["result"] = result
-        else:
-            reply["error"] = result
-            reply["extra"] = extra or {}
-        self.wire.send(reply)
-
-    def serve_daemon(self, on_run: threading.Event, config: dict[str, Any]) -> None:
-        """The reader thread: route each command to the paused thread or handle it here."""
-        me = threading.get_ident()
-        self._busy.add(me)
-        while True:
-            message = self.wire.receive()
-            if message is None:
-                self.detach()
-                on_run.set()
-                return
-            cmd = message.get("cmd", "")
-            if cmd in PAUSED_COMMANDS:
-                paused = self.paused
-                if paused is None:
-                    self.respond(
-                        message, False, "the script is not paused; pause it or wait for a stop"
-                    )
-                else:
-                    paused.queue.put(message)
-                continue
-            handler = getattr(self, f"cmd_{cmd}", None)
-            if handler is None:
-                self.respond(message, False, f"unknown command {cmd!r}")
-                continue
-            try:
-                result = handler(**(message.get("args") or {}))
-            except BreakpointError as exc:
-                self.respond(message, False, str(exc), exc.extra)
-            except Exception as exc:
-                self.respond(
-                    message, False, f"internal error in {cmd}: {type(exc).__name__}: {exc}"
-                )
-            else:
-                self.respond(message, True, result)
-                if cmd == "run":
-                    config.update(message.get("args") or {})
-                    on_run.set()
-
-    def cmd_configure(self, breakpoints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """Validate and set the start-up breakpoints all at once; any error refuses them all."""
-        made = [self._build(spec) for spec in breakpoints or []]
-        for item in made:
-            self._add(item)
-        self.backend.breakpoints_changed()
-        return {"breakpoints": [item.to_json() for item in made]}
-
-    def cmd_run(self, **_: Any) -> dict[str, Any]:
-        return {"running": True}
-
-    def cmd_set_breakpoint(self, **spec: Any) -> dict[str, Any]:
-        item = self._add(self._build(spec))
-        self.backend.breakpoints_changed()
-        return item.to_json()
-
-    def cmd_remove_breakpoint(
-        self, file: str | None = None, line: int | None = None, checkpoint: str | None = None
-    ) -> dict[str, Any]:
-        if checkpoint:
-            return self.breakpoints.remove_checkpoint(checkpoint).to_json()
-        if not file or line is None:
-            raise BreakpointError("say which breakpoint to remove: FILE:LINE, or --checkpoint NAME")
-        bp = self.breakpoints.remove(file, int(line), self.cwd)
-        self.backend.breakpoints_changed()
-        return bp.to_json()
-
-    def cmd_clear_breakpoints(self) -> dict[str, Any]:
-        removed = self.breakpoints.clear()
-        self.backend.breakpoints_changed()
-        return {"removed": removed}
-
-    def cmd_list_breakpoints(self) -> dict[str, Any]:
-        table = self.breakpoints
-        items = [bp.to_json() for bp in table.all()] + [
-            f.to_json() for f in table.checkpoints.values()
-        ]
-        return {"breakpoints": items}
-
-    def cmd_pause(self) -> dict[str, Any]:
+    def request_pause(self) -> dict[str, Any]:
         if self.paused is not None:
             return {"already_paused": True}
         self.pause_requested = True
         self.backend.refresh()
         self.backend.arm_all_threads()
         return {"pause_requested": True}
-
-    def _build(self, spec: dict[str, Any]) -> Breakpoint | CheckpointFilter:
-        if spec.get("checkpoint"):
-            return make_checkpoint_filter(spec["checkpoint"], spec.get("condition"))
-        return make_breakpoint(
-            spec.get("file") or "",
-            spec.get("line") or 0,
-            condition=spec.get("condition"),
-            hits=spec.get("hits"),
-            log=spec.get("log"),
-            cwd=self.cwd,
-        )
-
-    def _add(self, item: Breakpoint | CheckpointFilter) -> Breakpoint | CheckpointFilter:
-        if isinstance(item, CheckpointFilter):
-            return self.breakpoints.add_checkpoint(item)
-        return self.breakpoints.add(item)
 
     def detach(self) -> None:
         """The daemon is gone: forget breakpoints and let the script run on untraced."""

@@ -15,6 +15,16 @@ import traceback
 from types import FrameType
 from typing import Any
 
+from .. import budget
+
+
+def _safe_str(value: object) -> str:
+    try:
+        return str(value)
+    except Exception as exc:
+        return f"<str failed: {type(exc).__name__}>"
+
+
 _WRITE_THROUGH = sys.version_info >= (3, 13)  # PEP 667: frame.f_locals is a live proxy
 
 
@@ -32,6 +42,8 @@ def compile_input(source: str) -> tuple[Any | None, Any | None]:
         raise EvalError("nothing to evaluate: the expression is empty", {"type": "ValueError"})
     try:
         tree = ast.parse(source, "<mldbg-eval>", "exec")
+    except ValueError as exc:  # NUL bytes
+        raise EvalError(f"cannot compile: {exc}", {"type": "ValueError"}) from None
     except SyntaxError as exc:
         raise EvalError(
             f"syntax error: {exc.msg} (line {exc.lineno}, column {exc.offset})",
@@ -74,11 +86,13 @@ class FrameNamespace:
             result = eval(expression, frame.f_globals, self.locals) if expression else None
         except BaseException as exc:  # the user's code: even sys.exit() must not end the script
             tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+            lines = traceback.format_exception(type(exc), exc, tb)
+            text = "".join(budget.capped(line, budget.TRACEBACK) for line in lines)
             raise EvalError(
-                f"{type(exc).__name__}: {exc}",
+                budget.capped(f"{type(exc).__name__}: {_safe_str(exc)}", budget.MESSAGE),
                 {
                     "type": type(exc).__name__,
-                    "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
+                    "traceback": budget.capped(text, budget.TRACEBACK, "tail"),
                 },
             ) from None
         finally:

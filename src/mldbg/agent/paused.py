@@ -7,29 +7,33 @@ paused thread itself: MLX streams and CUDA contexts belong to a thread, so evalu
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import linecache
 import queue
+import sys
 import threading
 import traceback
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
 
+from .. import budget
+from . import protocol as P
 from .evaluation import EvalError, FrameNamespace
-from .paths import canonical_code_file, is_mldbg_file
+from .paths import canonical_code_file, is_library_file, is_mldbg_file
 
 CODE_CONTEXT = 5
 MAX_VARIABLES = 500
-
-# Commands that only make sense on a paused thread; the reader thread routes them here.
-PAUSED_COMMANDS = frozenset(
-    {"continue", "step", "stack", "select_frame", "variables", "eval", "location"}
-)
+TRACE_VARIABLES = 20  # variables recorded with each stop in the trace
+TRACE_FRAMES = 10
+TRACE_VALUE = 200
 
 
 class CommandError(Exception):
-    def __init__(self, message: str, **extra: Any) -> None:
+    def __init__(self, message: str, code: str = "bad_argument", **extra: Any) -> None:
         super().__init__(message)
+        self.code = code
         self.extra = extra
 
 
@@ -95,12 +99,17 @@ def strip_agent_frames(tb: TracebackType | None) -> TracebackType | None:
 
 
 def exception_info(exc: BaseException) -> dict[str, Any]:
+    """An exception for the daemon, bounded: its message and traceback may be megabytes."""
     tb = strip_agent_frames(exc.__traceback__)
-    return {
-        "type": type(exc).__qualname__,
-        "message": _safe_str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
-    }
+    message, message_cut = budget.cap(_safe_str(exc), budget.MESSAGE)
+    lines = traceback.format_exception(type(exc), exc, tb)
+    text, traceback_cut = budget.cap(
+        "".join(budget.capped(line, budget.TRACEBACK) for line in lines), budget.TRACEBACK, "tail"
+    )
+    info: dict[str, Any] = {"type": type(exc).__qualname__, "message": message, "traceback": text}
+    if message_cut or traceback_cut:
+        info["truncated"] = True
+    return info
 
 
 def _safe_str(value: object) -> str:
@@ -152,22 +161,28 @@ class PausedThread:
             cmd = message.get("cmd", "")
             args = message.get("args") or {}
             try:
-                if cmd == "continue":
+                if cmd == P.CONTINUE:
                     respond(message, True, {"resumed": True})
                     return Resume()
-                if cmd == "step":
+                if cmd == P.STEP:
                     kind = args.get("kind", "over")
-                    if kind not in ("over", "into", "out"):
+                    if kind not in P.STEP_KINDS:
                         raise CommandError(f"unknown step kind {kind!r}: use over, into or out")
                     respond(message, True, {"resumed": True})
                     return Resume(kind, bool(args.get("into_libraries")))
                 result = getattr(self, f"cmd_{cmd}")(**args)
             except CommandError as exc:
-                respond(message, False, str(exc), exc.extra)
+                respond(message, False, str(exc), exc.extra, exc.code)
             except EvalError as exc:
-                respond(message, False, str(exc), exc.details)
+                respond(message, False, str(exc), exc.details, "eval_error")
             except Exception as exc:  # a bug of ours must not leave the script hanging
-                respond(message, False, f"internal error in {cmd}: {type(exc).__name__}: {exc}")
+                respond(
+                    message,
+                    False,
+                    budget.capped(f"internal error in {cmd}: {type(exc).__name__}: {exc}", 2000),
+                    None,
+                    "internal",
+                )
             else:
                 respond(message, True, result)
 
@@ -179,20 +194,45 @@ class PausedThread:
             except queue.Empty:
                 return
             if message.get("cmd") != "__detach__":
-                respond(message, False, "the script is running again; pause it first")
+                respond(
+                    message,
+                    False,
+                    "the script is running again; pause it first",
+                    None,
+                    "not_paused",
+                )
 
     # -- commands ---------------------------------------------------------------------------
 
     def cmd_location(self) -> dict[str, Any]:
         return self.state()
 
-    def cmd_stack(self) -> dict[str, Any]:
-        return {
-            "frames": [describe_frame(f, line, i) for i, (f, line) in enumerate(self.frames)],
+    def cmd_stack(self, limit: int = 30, all: bool = False) -> dict[str, Any]:
+        """Frames innermost first; library frames hidden unless ``all`` (indices stay true)."""
+        frames: list[dict[str, Any]] = []
+        hidden = 0
+        for i, (f, line) in enumerate(self.frames):
+            info = describe_frame(f, line, i)
+            info["library"] = is_library_file(info["file"])
+            if info["library"] and not all and i != self.selected:
+                hidden += 1
+                continue
+            frames.append(info)
+        total = len(frames)
+        shown = frames[:limit]
+        result: dict[str, Any] = {
+            "frames": shown,
             "selected": self.selected,
+            "hidden_library_frames": hidden,
+            "total": total,
         }
+        if total > len(shown):
+            result["truncated"] = True
+            result["shown"] = len(shown)
+            result["next"] = {"verb": "stack", "args": {"limit": min(total, 1000), "all": all}}
+        return result
 
-    def cmd_select_frame(self, index: int | None = None, move: int = 0) -> dict[str, Any]:
+    def cmd_frame(self, index: int | None = None, move: int = 0) -> dict[str, Any]:
         target = self.selected + int(move) if index is None else int(index)
         if not 0 <= target < len(self.frames):
             where = "the outermost" if target >= len(self.frames) else "the innermost"
@@ -200,13 +240,16 @@ class PausedThread:
                 f"no frame {target}: frames are 0 (innermost) to {len(self.frames) - 1}; "
                 f"frame {self.selected} is selected"
                 + (f" ({where} reached)" if index is None else ""),
+                "no_such_frame",
                 frames=len(self.frames),
             )
         self.selected = target
         frame, line = self.frames[target]
         return {"selected": target, "frame": describe_frame(frame, line, target, code=True)}
 
-    def cmd_variables(self, all: bool = False) -> dict[str, Any]:
+    def cmd_vars(
+        self, all: bool = False, filter: str | None = None, offset: int = 0, limit: int = 50
+    ) -> dict[str, Any]:
         from .. import summary
 
         frame, line = self.frames[self.selected]
@@ -214,40 +257,84 @@ class PausedThread:
         scopes: list[tuple[str, dict[str, Any]]] = [("local", dict(namespace.locals))]
         if all and namespace.locals is not frame.f_globals:
             scopes.append(("global", dict(frame.f_globals)))
-        variables: list[dict[str, Any]] = []
-        truncated = False
+        matching: list[tuple[str, str, Any]] = []
         for scope, values in scopes:
             for name, value in values.items():
                 if scope == "global" and name.startswith("__") and name.endswith("__"):
                     continue
-                if len(variables) >= MAX_VARIABLES:
-                    truncated = True
-                    break
-                variables.append(
-                    {
-                        "name": name,
-                        "scope": scope,
-                        "type": summary.type_name(value),
-                        "summary": summary.one_line(value),
-                    }
-                )
-        return {
+                if filter and not fnmatch.fnmatchcase(name, filter):
+                    continue
+                matching.append((name, scope, value))
+        page = matching[offset : offset + limit]
+        variables = [
+            {
+                "name": name,
+                "scope": scope,
+                "type": summary.type_name(value),
+                "summary": summary.one_line(value),
+            }
+            for name, scope, value in page
+        ]
+        result: dict[str, Any] = {
             "frame": describe_frame(frame, line, self.selected),
             "variables": variables,
-            "truncated": truncated,
+            "total": len(matching),
+            "shown": len(variables),
+            "truncated": offset + len(page) < len(matching),
         }
+        if result["truncated"]:
+            args = {"offset": offset + len(page), "limit": limit, "all": all, "filter": filter}
+            result["next"] = {"verb": "vars", "args": {k: v for k, v in args.items() if v}}
+        return result
 
     def cmd_eval(self, expression: str) -> dict[str, Any]:
         from .. import summary
 
-        value = self._namespace().run(expression)
-        tensor = summary.is_tensor(value)
-        return {
-            "expression": expression,
-            "result": summary.one_line(value, 1000) if tensor else summary.safe_repr(value),
+        printed = _Tee(sys.stdout)
+        with contextlib.redirect_stdout(printed):
+            value = self._namespace().run(expression)
+        described = summary.summarize(value)
+        if summary.is_tensor(value):  # its one line comes from the same stats: computed once
+            text = summary.one_line_from_summary(described, 1000)
+        else:
+            text = summary.safe_repr(value)
+        text, result_cut = budget.cap(text, budget.VALUE)
+        output, output_cut = budget.cap(printed.getvalue(), budget.EVAL_OUTPUT, "tail")
+        result: dict[str, Any] = {
+            "expression": budget.capped(expression, budget.VALUE),
+            "result": text,
             "type": summary.type_name(value),
-            "summary": summary.summarize(value),
+            "summary": described,
+            "output": output,
         }
+        if result_cut:
+            result["result_truncated"] = True
+        if output_cut:
+            result["output_truncated"] = True
+        return result
+
+    def trace_record(self) -> dict[str, Any]:
+        """A bounded picture of this stop for the run's trace: the stack and the variables."""
+        from .. import summary
+
+        stack = [
+            describe_frame(f, line, i)
+            for i, (f, line) in enumerate(self.frames)
+            if i == self.selected or not is_library_file(canonical_code_file(f.f_code.co_filename))
+        ][:TRACE_FRAMES]
+        variables = []
+        try:
+            frame, _ = self.frames[self.selected]
+            names = [
+                (n, v)
+                for n, v in frame.f_locals.items()
+                if not (n.startswith("__") and n.endswith("__"))
+            ]
+            for name, value in names[:TRACE_VARIABLES]:
+                variables.append({"name": name, "summary": summary.one_line(value, TRACE_VALUE)})
+        except Exception as exc:  # a hostile __repr__ never breaks a stop
+            variables.append({"name": "?", "summary": f"<unavailable: {type(exc).__name__}>"})
+        return {"stack": stack, "variables": variables}
 
     def _namespace(self) -> FrameNamespace:
         frame, _ = self.frames[self.selected]
@@ -256,3 +343,32 @@ class PausedThread:
             namespace = FrameNamespace(frame, live=not self.post_mortem)
             self._namespaces[self.selected] = namespace
         return namespace
+
+
+class _Tee:
+    """What an evaluation prints: kept (its tail) for the answer, and still written to the
+    script's own output, where the run's output.log has all of it."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._parts: list[str] = []
+        self._size = 0
+
+    def write(self, text: str) -> int:
+        with contextlib.suppress(Exception):
+            if self._stream is not None:
+                self._stream.write(text)
+        self._parts.append(text)
+        self._size += len(text)
+        if self._size > 4 * budget.EVAL_OUTPUT:  # keep a bounded tail, never all of it
+            kept = "".join(self._parts)[-2 * budget.EVAL_OUTPUT :]
+            self._parts, self._size = [kept], len(kept)
+        return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._stream is not None:
+                self._stream.flush()
+
+    def getvalue(self) -> str:
+        return "".join(self._parts)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
+from . import protocol as P
+from .commands import CommandServer
 from .debugger import Debugger
 from .paused import exception_info, strip_agent_frames
 from .stepping import StepRequest
@@ -173,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     on_run = threading.Event()
     config: dict[str, Any] = {}
     reader = threading.Thread(
-        target=debugger.serve_daemon, args=(on_run, config), name="mldbg-agent", daemon=True
+        target=CommandServer(debugger).serve,
+        args=(on_run, config),
+        name="mldbg-agent",
+        daemon=True,
     )
     reader.start()
     on_run.wait()
@@ -224,7 +229,7 @@ def _run(debugger: Debugger, target: Target) -> int:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(AttributeError, OSError, ValueError):
                 stream.flush()
-    debugger.wire.send({"event": "finished", "exit_code": exit_code, "exception": exception})
+    debugger.wire.send({"event": P.FINISHED, "exit_code": exit_code, "exception": exception})
     return exit_code
 
 

@@ -58,3 +58,22 @@ class Wire:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+
+
+def reply(
+    wire: Wire,
+    message: dict[str, Any],
+    ok: bool,
+    result: Any,
+    extra: dict[str, Any] | None = None,
+    code: str | None = None,
+) -> None:
+    """Answer one command: ``result`` on success, else ``result`` is the error message."""
+    answer: dict[str, Any] = {"id": message.get("id"), "ok": ok}
+    if ok:
+        answer["result"] = result
+    else:
+        answer["error"] = result
+        answer["code"] = code or "agent_error"
+        answer["extra"] = extra or {}
+    wire.send(answer)

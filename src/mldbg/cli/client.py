@@ -1,29 +1,46 @@
-"""Talking to the daemon from a client: find it, start it when needed, call its routes."""
+"""The one typed client of the daemon, used by the CLI, the MCP server, the demo and tests.
+
+``Client.call(verb, session=..., **args)`` checks the arguments against the verb table
+(names, session name, paths made absolute here, where the client is), builds the REST
+request the table derives, and returns the verb's result (``results.py``) or raises
+``DaemonError`` carrying the daemon's ``{"error", "code", ...}``.
+
+Fast by construction: the standard library's ``http.client`` (cheap to import), one
+persistent connection per thread with ``TCP_NODELAY`` (no Nagle/delayed-ACK stall), no
+health probe per call: a dead connection is reopened once, and only a daemon that is
+really gone is reported (``daemon_unreachable``).
+"""
 
 from __future__ import annotations
 
 import fcntl
+import http.client
+import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-import httpx
-
+from .. import verbs
 from ..errors import MldbgError
+from ..names import check_session_name
 from ..server.config import config_dir, read_server_info
 
 START_TIMEOUT = 30.0
-# Waits happen server-side in slices of at most 30 s; the HTTP timeout leaves room for that.
-HTTP_TIMEOUT = httpx.Timeout(90.0, connect=5.0)
+# Waits happen server-side in slices; the socket timeout leaves room for the longest one.
+HTTP_TIMEOUT = 90.0
 # A long wait is a loop of short server-side waits, so a client can say it is still waiting.
 WAIT_SLICE = 5.0
 
 
 class DaemonError(MldbgError):
-    """The daemon answered with an error; ``payload`` is its JSON body."""
+    """The daemon answered with an error; its JSON body is kept whole."""
 
     def __init__(self, payload: dict[str, Any], status: int) -> None:
         extra = {k: v for k, v in payload.items() if k not in ("error", "code")}
@@ -35,65 +52,126 @@ class DaemonError(MldbgError):
         )
 
 
-class Daemon:
+class Client:
+    """A connection to the daemon described by ``info`` (``url`` and ``token``)."""
+
     def __init__(self, info: dict[str, Any]) -> None:
         self.info = info
-        self.http = httpx.Client(
-            base_url=info["url"],
-            headers={"Authorization": f"Bearer {info['token']}"},
-            timeout=HTTP_TIMEOUT,
-        )
+        parsed = urllib.parse.urlsplit(info["url"])
+        self.host = parsed.hostname or "127.0.0.1"
+        self.port = parsed.port or 80
+        self.headers = {
+            "Authorization": f"Bearer {info['token']}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+        }
+        self._local = threading.local()
 
-    def call(
-        self, method: str, path: str, json: Any = None, params: dict[str, Any] | None = None
+    # -- transport ------------------------------------------------------------------------------
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=HTTP_TIMEOUT)
+            conn.connect()
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._local.conn = conn
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+        self._local.conn = None
+
+    def request(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
     ) -> Any:
+        """One HTTP exchange; a stale kept-alive connection is reopened once."""
+        query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
+        target = path + ("?" + urllib.parse.urlencode(query) if query else "")
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        for attempt in (1, 2):
+            try:
+                conn = self._connection()
+                conn.request(method, target, body=data, headers=self.headers)
+                response = conn.getresponse()
+                raw = response.read()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop_connection()
+                if attempt == 2:
+                    raise MldbgError(
+                        f"lost the daemon at {self.info['url']} ({exc}); run the command again "
+                        "to restart it",
+                        code="daemon_unreachable",
+                    ) from None
         try:
-            response = self.http.request(method, path, json=json, params=params)
-        except httpx.TransportError as exc:
-            raise MldbgError(
-                f"lost the daemon at {self.info['url']} ({exc}); run the command again to restart it",
-                code="daemon_unreachable",
-            ) from None
-        try:
-            payload = response.json()
+            payload = json.loads(raw) if raw else {}
         except ValueError:
-            payload = {"error": response.text or f"HTTP {response.status_code}"}
-        if response.status_code >= 400:
-            if isinstance(payload, dict) and "detail" in payload and "error" not in payload:
-                payload = {"error": f"bad request: {payload['detail']}", "code": "bad_request"}
-            raise DaemonError(
-                payload if isinstance(payload, dict) else {"error": str(payload)},
-                response.status_code,
-            )
+            payload = {"error": raw[:500].decode("utf-8", "replace") or f"HTTP {response.status}"}
+        if response.status >= 400:
+            if not isinstance(payload, dict):
+                payload = {"error": str(payload)[:500]}
+            payload.setdefault("code", "http_error")
+            raise DaemonError(payload, response.status)
         return payload
 
-    def session(
-        self,
-        name: str,
-        verb: str,
-        method: str = "POST",
-        json: Any = None,
-        params: dict[str, Any] | None = None,
-    ) -> Any:
-        path = f"/v1/sessions/{name}" + (f"/{verb}" if verb else "")
-        return self.call(method, path, json=json, params=params)
+    def close(self) -> None:
+        self._drop_connection()
+
+    # -- verbs ----------------------------------------------------------------------------------
+
+    def call(self, verb_name: str, session: str | None = None, **args: Any) -> Any:
+        """Call a verb of the table; ``session`` for session verbs (default ``default``)."""
+        verb = verbs.get(verb_name)
+        known = {a.name for a in verb.args}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise MldbgError(
+                f"{verb_name} takes no argument {unknown[0]!r}; it takes: "
+                f"{', '.join(sorted(known)) or 'nothing'}",
+                code="bad_argument",
+                argument=unknown[0],
+            )
+        values = {k: v for k, v in args.items() if v is not None}
+        for arg in verb.args:
+            if arg.kind == "path" and isinstance(values.get(arg.name), str):
+                values[arg.name] = _absolute(values[arg.name])
+        if verb.scope == "session":
+            name = check_session_name(session or "default")
+            path = verb.path.replace("{name}", urllib.parse.quote(name, safe=""))
+        else:
+            path = verb.path
+            if values.get("session") is not None:
+                check_session_name(values["session"])
+        if verb.store:
+            values.setdefault("client_cwd", os.getcwd())
+            if os.environ.get("MLDBG_HOME"):
+                values.setdefault("client_home", os.environ["MLDBG_HOME"])
+        if verb.name == "start":
+            values.setdefault("cwd", os.getcwd())
+            values.setdefault("base_env", dict(os.environ))
+        if verb.method == "GET":
+            return self.request("GET", path, params=values)
+        return self.request(verb.method, path, body=values)
 
     def resume(
         self,
-        name: str,
-        verb: str,
-        body: dict[str, Any],
+        verb_name: str,
+        session: str | None,
         max_wait: float,
         still_running: Callable[[float], None] | None = None,
-    ) -> dict[str, Any]:
-        """``continue`` or ``step``, then wait up to ``max_wait`` s for the next stop or the end.
+        **args: Any,
+    ) -> Any:
+        """A waiting verb (continue, step, wait) for up to ``max_wait`` s, as short calls.
 
-        The wait is a loop of ``WAIT_SLICE`` s server-side waits: each HTTP call stays short
-        and ``still_running(elapsed)`` hears about it in between.
+        Each HTTP call waits at most ``WAIT_SLICE`` s server-side, so ``still_running
+        (elapsed)`` hears about a long wait in between and the connection never idles long.
         """
         started = time.monotonic()
-        data: dict[str, Any] = self.session(
-            name, verb, json={**body, "wait": min(WAIT_SLICE, max(max_wait, 0.0))}
+        data: dict[str, Any] = self.call(
+            verb_name, session, **args, wait=min(WAIT_SLICE, max(max_wait, 0.0))
         )
         while data.get("state") == "running":
             elapsed = time.monotonic() - started
@@ -102,31 +180,63 @@ class Daemon:
                 break
             if still_running is not None:
                 still_running(elapsed)
-            data = self.session(name, "wait", json={"wait": min(WAIT_SLICE, remaining)})
+            data = self.call("wait", session, wait=min(WAIT_SLICE, remaining))
         return data
 
 
-def _healthy(info: dict[str, Any]) -> bool:
+def _query_value(value: Any) -> Any:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def source_path(file: str) -> str:
+    """A breakpoint's file as the client means it: made absolute where it exists here;
+    otherwise sent as typed, for the debuggee to resolve against the session's cwd."""
+    candidate = os.path.abspath(os.path.expanduser(file))
+    return candidate if os.path.exists(candidate) else file
+
+
+# -- finding (or starting) the daemon ---------------------------------------------------------
+
+
+def _pid_alive(info: dict[str, Any]) -> bool:
     try:
         os.kill(int(info["pid"]), 0)
-    except (OSError, ValueError):
+    except PermissionError:
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def _healthy(info: dict[str, Any], timeout: float = 3.0) -> bool:
+    if not _pid_alive(info):
         return False
     try:
-        response = httpx.get(
-            f"{info['url']}/v1/health",
-            headers={"Authorization": f"Bearer {info['token']}"},
-            timeout=3.0,
-        )
-    except httpx.HTTPError:
+        client = Client(info)
+        conn = http.client.HTTPConnection(client.host, client.port, timeout=timeout)
+        conn.request("GET", "/v1/health", headers=client.headers)
+        ok = conn.getresponse().status == 200
+        conn.close()
+        return ok
+    except (OSError, http.client.HTTPException, KeyError, ValueError):
         return False
-    return response.status_code == 200
 
 
-def connect(autostart: bool = True) -> Daemon:
-    """The running daemon, starting one (once, under a lock) if there is none."""
+def connect(autostart: bool = True) -> Client:
+    """The running daemon, starting one (once, under a lock) if there is none.
+
+    A daemon whose process is alive is never replaced: a busy one is waited for, so its
+    sessions are never stranded behind a second daemon.
+    """
     info = read_server_info()
-    if info is not None and _healthy(info):
-        return Daemon(info)
+    if info is not None and _pid_alive(info):
+        return Client(info)
     if not autostart:
         raise MldbgError(
             "no mldbg daemon is running; start one with: mldbg serve", code="no_daemon"
@@ -135,12 +245,12 @@ def connect(autostart: bool = True) -> Daemon:
     with open(directory / "server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two clients at once start one daemon, not two
         info = read_server_info()
-        if info is not None and _healthy(info):
-            return Daemon(info)
-        return Daemon(_start_daemon(directory))
+        if info is not None and _pid_alive(info):
+            return Client(info)
+        return Client(_start_daemon(directory))
 
 
-def _start_daemon(directory: Any) -> dict[str, Any]:
+def _start_daemon(directory: Path) -> dict[str, Any]:
     log_path = directory / "server.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(

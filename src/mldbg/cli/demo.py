@@ -7,13 +7,12 @@ the command a person (or agent) would type, so the demo doubles as a tutorial.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from . import render
-from .client import Daemon, connect
+from .client import Client, connect
 
 MARKER = "# demo: breakpoint"
 # The path, not an import: importing the example would load torch into the client.
@@ -28,16 +27,15 @@ def _breakpoint_line(path: Path) -> int:
 
 
 class Demo:
-    def __init__(self, daemon: Daemon, session: str, as_json: bool) -> None:
-        self.daemon = daemon
+    def __init__(self, client: Client, session: str, as_json: bool) -> None:
+        self.client = client
         self.session = session
         self.as_json = as_json
         self.transcript: list[dict[str, Any]] = []
 
-    def step(
-        self, command: str, verb: str, method: str = "POST", body: Any = None, params: Any = None
-    ) -> Any:
-        data = self.daemon.session(self.session, verb, method=method, json=body, params=params)
+    def step(self, command: str, verb: str, **args: Any) -> Any:
+        """Run one verb through the typed client, shown as the command a person would type."""
+        data = self.client.call(verb, self.session, **args)
         self.transcript.append({"command": command, "result": data})
         if not self.as_json:
             render.out.print(f"\n[bold cyan]$ {command}[/]")
@@ -59,24 +57,20 @@ def run_demo(session: str = "demo", keep: bool = False, as_json: bool = False) -
     state = demo.step(
         f"mldbg start{flag} --run --break {short} {script.name}",
         "start",
-        body={
-            "script": str(script),
-            "cwd": os.getcwd(),
-            "python": sys.executable,
-            "env": dict(os.environ),
-            "breakpoints": [{"file": str(script), "line": line}],
-            "stop_on_entry": False,
-            "replace": True,
-        },
+        script=str(script),
+        python=sys.executable,
+        breakpoints=[{"file": str(script), "line": line}],
+        stop_on_entry=False,
+        replace=True,
     )
-    state = demo.daemon.session(session, "wait", json={"wait": 30.0})
+    state = demo.client.call("wait", session, wait=30.0)
     if not as_json:
         render.state(state)
     if state.get("state") != "paused":
         render.err.print("[red]the demo script did not reach its breakpoint[/]")
         return 1
 
-    stack = demo.step(f"mldbg stack{flag}", "stack", method="GET")
+    stack = demo.step(f"mldbg stack{flag}", "stack")
     if not as_json:
         render.stack(stack)
 
@@ -88,27 +82,25 @@ def run_demo(session: str = "demo", keep: bool = False, as_json: bool = False) -
         ("weights[0, 0].triu(1).abs().max().item()", "causal mask: no weight on future tokens"),
     ):
         demo.say(why)
-        result = demo.step(
-            f"mldbg eval{flag} '{expression}'", "eval", body={"expression": expression}
-        )
+        result = demo.step(f"mldbg eval{flag} '{expression}'", "eval", expression=expression)
         findings[expression] = result
         if not as_json:
             render.evaluation(result)
 
-    variables = demo.step(f"mldbg vars{flag}", "variables", method="GET")
+    variables = demo.step(f"mldbg vars{flag}", "vars")
     if not as_json:
         render.variables(variables)
-    state = demo.step(f"mldbg step over{flag}", "step", body={"kind": "over", "wait": 10.0})
+    state = demo.step(f"mldbg step over{flag}", "step", kind="over", wait=10.0)
     if not as_json:
         render.state(state)
     shape = demo.step(
-        f"mldbg eval{flag} 'tuple(mixed.shape)'", "eval", body={"expression": "tuple(mixed.shape)"}
+        f"mldbg eval{flag} 'tuple(mixed.shape)'", "eval", expression="tuple(mixed.shape)"
     )
     if not as_json:
         render.evaluation(shape)
 
-    demo.step(f"mldbg clear{flag}", "breakpoints/clear")
-    state = demo.step(f"mldbg continue{flag}", "continue", body={"wait": 30.0})
+    demo.step(f"mldbg clear{flag}", "clear")
+    state = demo.step(f"mldbg continue{flag}", "continue", wait=30.0)
     if not as_json:
         render.state(state)
 
@@ -145,5 +137,5 @@ def run_demo(session: str = "demo", keep: bool = False, as_json: bool = False) -
             f"Everything is recorded in {state.get('run_dir')} (events.jsonl, output.log, run.json)."
         )
     if not keep:
-        demo.daemon.call("DELETE", f"/v1/sessions/{session}")
+        demo.client.call("forget", session)
     return 0 if ok else 1

@@ -1,7 +1,15 @@
-"""``mldbg``: every verb is one REST call (or a short loop of them) plus rendering.
+"""``mldbg``: the command line, its parser derived from the verb table.
 
-Human output by default; ``--json`` prints the daemon's JSON unchanged.  Errors exit 1
-with ``{"error": ..., "code": ...}`` (2 for usage errors), saying what to do next.
+Each verb of ``verbs.py`` becomes a sub-command whose options are the verb's arguments
+(flags spelled by the table); running it is one call of the typed client plus a human
+renderer (``render.py``), or the daemon's JSON unchanged with ``--json``.  Errors exit 1
+with ``{"error", "code", ...}`` and a ``hint`` worded as a command to type (2 for usage
+errors, in JSON too when ``--json`` was asked).  A few commands are not verbs: they run a
+process (``serve``, ``mcp``), a script (``demo``) or stream a comparison in this process
+(``compare``).
+
+Imports are kept to what a verb needs: sending a request costs the standard library,
+the verb table and ``rich`` for human output; nothing here imports FastAPI or numpy.
 """
 
 from __future__ import annotations
@@ -11,14 +19,11 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
-from .. import store_queries
+from .. import verbs
 from ..errors import MldbgError
-from ..runs import clean_runs, mldbg_home
-from . import compare_cmd, render
-from .client import Daemon, connect
+from ..verbs import VERBS, Arg, Verb
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -30,8 +35,18 @@ class UsageError(MldbgError):
     code = "usage"
 
 
-def parse_location(spec: str, line: str | None = None) -> tuple[str, int, str | None]:
-    """``FILE:LINE[:COND]`` or ``FILE`` + ``LINE``; relative files resolve against this cwd."""
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing, so ``--json`` can answer in JSON."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}", usage=self.format_usage().strip())
+
+
+def parse_location(spec: str, line: str | None = None) -> tuple[str, int | None, str | None]:
+    """``FILE:LINE[:COND]`` or ``FILE`` + ``LINE``; relative files are resolved here, where
+    they exist, else left for the debuggee to resolve against the session's cwd."""
+    from .client import source_path
+
     if line is not None:
         if not line.isdigit():
             raise UsageError(f"line must be a number, not {line!r}")
@@ -39,9 +54,11 @@ def parse_location(spec: str, line: str | None = None) -> tuple[str, int, str | 
     else:
         match = _LOCATION.match(spec)
         if not match:
-            raise UsageError(f"expected FILE:LINE (or FILE LINE), got {spec!r}")
+            raise UsageError(
+                f"expected FILE:LINE (or FILE LINE), got {spec!r}", argument="location"
+            )
         file, number, cond = match["file"], int(match["line"]), match["cond"] or None
-    return os.path.abspath(os.path.expanduser(file)), number, cond
+    return source_path(file), number, cond
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
@@ -49,417 +66,312 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"--env takes KEY=VALUE, got {pair!r}")
+            raise UsageError(f"--env takes KEY=VALUE, got {pair!r}", argument="env")
         env[key] = value
     return env
 
 
-# -- verbs --------------------------------------------------------------------------------------
+# -- the parser, from the table ---------------------------------------------------------------
+
+COMMON_HELP = {"session": "session name (default: default)", "json": "print JSON"}
 
 
-def cmd_start(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    if a.module:
-        script, module, args = None, a.module, ([a.target] if a.target else []) + a.args
+def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
+    if not arg.cli or arg.name == "session":
+        return
+    kwargs: dict[str, Any] = {"help": arg.help}
+    if arg.positional:
+        kwargs["nargs"] = None if arg.required else "?"
+        kwargs["default"] = None if arg.required else arg.default
+        if arg.choices:
+            kwargs["choices"] = arg.choices
+        if arg.type in (int, float):
+            kwargs["type"] = arg.type
+        parser.add_argument(arg.name, **kwargs)
+        return
+    names = [arg.cli_flag] + ([arg.short] if arg.short else [])
+    if arg.type is bool:
+        flipped = not bool(arg.default)
+        kwargs["action"] = "store_const"
+        kwargs["const"] = flipped
+        kwargs["default"] = arg.default
+    elif arg.type in (list[str],) or "list[" in str(arg.type) or "dict[" in str(arg.type):
+        kwargs["action"] = "append"
+        kwargs["default"] = []
+        kwargs["metavar"] = {"env": "K=V", "breakpoints": "FILE:LINE[:COND]"}.get(arg.name)
     else:
-        if not a.target:
-            raise UsageError("give a script to run: mldbg start SCRIPT [ARGS...] (or -m MODULE)")
-        script, module, args = a.target, None, a.args
-    breakpoints = []
-    for spec in a.breaks:
-        file, line, cond = parse_location(spec)
-        breakpoints.append({"file": file, "line": line, "condition": cond})
-    body = {
-        "script": script,
-        "module": module,
-        "args": args,
-        "python": a.python,
-        "cwd": os.path.abspath(a.cwd) if a.cwd else os.getcwd(),
-        "env": dict(os.environ),
-        "env_overrides": parse_env(a.env),
-        "breakpoints": breakpoints,
-        "stop_on_entry": not a.run,
-        "replace": a.replace,
-        "wait": 30.0,
-    }
-    data = d.session(a.session, "start", json=body)
-    return data, render.state
+        if arg.type in (int, float):
+            kwargs["type"] = arg.type
+        if arg.choices:
+            kwargs["choices"] = arg.choices
+        kwargs["default"] = None if arg.required else arg.default
+    parser.add_argument(*names, dest=arg.name, **kwargs)
 
 
-def cmd_break(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    if a.checkpoint:
-        if a.location or a.hits or a.log:
-            raise UsageError("--checkpoint NAME takes no FILE:LINE, --hits or --log (only --if)")
-        body: dict[str, Any] = {"checkpoint": a.checkpoint, "condition": a.condition}
-    else:
-        if not a.location:
-            raise UsageError("give FILE:LINE (or FILE LINE), or --checkpoint NAME")
-        file, line, cond = parse_location(a.location, a.line)
-        body = {
-            "file": file,
-            "line": line,
-            "condition": a.condition or cond,
-            "hits": a.hits,
-            "log": a.log,
-        }
-    data = d.session(a.session, "breakpoints", json=body)
-    return data, lambda bp: render.out.print("breakpoint " + render.breakpoint_line(bp))
-
-
-def cmd_breaks(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.session(a.session, "breakpoints", method="GET"), render.breakpoints
-
-
-def cmd_remove(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    if a.checkpoint:
-        body: dict[str, Any] = {"checkpoint": a.checkpoint}
-    elif a.location:
-        file, line, _ = parse_location(a.location, a.line)
-        body = {"file": file, "line": line}
-    else:
-        raise UsageError("give FILE:LINE (or FILE LINE), or --checkpoint NAME")
-    data = d.session(a.session, "breakpoints/remove", json=body)
-    return data, lambda bp: render.out.print(f"removed {render.breakpoint_line(bp)}")
-
-
-def cmd_clear(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    data = d.session(a.session, "breakpoints/clear")
-    return data, lambda r: render.out.print(f"removed {r['removed']} breakpoint(s)")
-
-
-def _still_running(elapsed: float) -> None:
-    render.err.print(f"[dim]still running ({elapsed:.0f} s)…[/]")
-
-
-def cmd_continue(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    if a.no_wait:
-        return d.session(a.session, "continue", json={"wait": 0.0}), render.state
-    return d.resume(a.session, "continue", {}, a.max_wait, _still_running), render.state
-
-
-def cmd_step(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    body = {"kind": a.kind, "into_libraries": a.into_libraries}
-    return d.resume(a.session, "step", body, a.max_wait, _still_running), render.state
-
-
-def cmd_pause(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    def show(data: dict[str, Any]) -> None:
-        render.state(data)
-        if data.get("state") == "running":
-            render.out.print(
-                "pause requested: the script stops at its next line of Python "
-                "(it is probably inside a long call into C, e.g. a big tensor op or a sleep); "
-                "`mldbg continue` or `mldbg status` to see when it does"
-            )
-
-    return d.session(a.session, "pause", json={"wait": 5.0}), show
-
-
-def cmd_status(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.session(a.session, "", method="GET"), render.state
-
-
-def cmd_location(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.session(a.session, "location", method="GET"), render.state
-
-
-def cmd_stack(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.session(a.session, "stack", method="GET"), render.stack
-
-
-def cmd_frame(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.session(a.session, "frame", json={"index": a.index}), render.frame
-
-
-def cmd_up(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.session(a.session, "frame", json={"move": a.count}), render.frame
-
-
-def cmd_down(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.session(a.session, "frame", json={"move": -a.count}), render.frame
-
-
-def cmd_vars(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.session(a.session, "variables", method="GET", params={"all": a.all}), render.variables
-
-
-def cmd_eval(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    expression = sys.stdin.read() if a.expression == "-" else a.expression
-    return d.session(a.session, "eval", json={"expression": expression}), render.evaluation
-
-
-def cmd_output(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    params = {"tail": a.tail} if a.tail is not None else None
-    data = d.session(a.session, "output", method="GET", params=params)
-    return data, render.output
-
-
-def cmd_terminate(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.session(a.session, "terminate"), render.state
-
-
-def cmd_sessions(d: Daemon, a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return d.call("GET", "/v1/sessions"), render.sessions
-
-
-# -- verbs that read the run store directly (no daemon needed) ---------------------------------
-
-
-def cmd_runs(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return store_queries.runs(), render.runs
-
-
-def cmd_checkpoints(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    return store_queries.checkpoints(a.run, a.name, a.hit), render.checkpoints
-
-
-def cmd_tensors(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    from .. import tensors
-
-    if a.action == "list":
-        items = tensors.list_tensors()
-        data: dict[str, Any] = {
-            "path": str(tensors.store_dir()),
-            "tensors": items,
-            "size_bytes": tensors.store_size(),
-        }
-        return data, render.tensors
-    if a.action == "info":
-        if not a.name:
-            raise UsageError("mldbg tensors info NAME")
-        return _tensor_call(lambda: tensors.tensor_info(a.name)), render.tensor_info
-    if a.name_opt is None and not a.yes:
-        count = len(tensors.list_tensors())
-        raise UsageError(
-            f"this deletes all {count} tensor(s) in {tensors.store_dir()}; add --yes to do it, or --name NAME for one"
-        )
-    removed = _tensor_call(lambda: tensors.clear_tensors(a.name_opt))
-    return {"removed": removed}, lambda r: render.out.print(
-        f"removed {len(r['removed'])} tensor(s)"
-    )
-
-
-def _tensor_call(action: Callable[[], Any]) -> Any:
-    try:
-        return action()
-    except (FileNotFoundError, ValueError) as exc:
-        raise MldbgError(str(exc), code="tensor_error") from None
-
-
-def cmd_clean(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    result = clean_runs(mldbg_home(), a.keep, a.dry_run)
-    return result, render.cleaned
-
-
-LOCAL_VERBS: dict[str, Callable[[argparse.Namespace], tuple[Any, Callable[[Any], None]]]] = {
-    "captures": compare_cmd.cmd_captures,
-    "runs": cmd_runs,
-    "checkpoints": cmd_checkpoints,
-    "tensors": cmd_tensors,
-    "clean": cmd_clean,
-}
-
-VERBS: dict[str, Callable[[Daemon, argparse.Namespace], tuple[Any, Callable[[Any], None]]]] = {
-    name[4:]: fn
-    for name, fn in globals().items()
-    if name.startswith("cmd_") and name[4:] not in LOCAL_VERBS
-}
-
-
-# -- parser -------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+def build_parser() -> Parser:
+    common = Parser(add_help=False)
+    common.add_argument("--session", "-s", default=argparse.SUPPRESS, help=COMMON_HELP["session"])
     common.add_argument(
-        "--session", "-s", default=argparse.SUPPRESS, help="session name (default: default)"
+        "--json", action="store_true", default=argparse.SUPPRESS, help=COMMON_HELP["json"]
     )
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="mldbg",
         description="Debugger for PyTorch and MLX model code.",
         parents=[common],
+        allow_abbrev=False,
     )
-    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
     sub.required = True
 
-    def verb(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, parents=[common], description=help)
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, help=help, parents=[common], description=help, allow_abbrev=False
+        )
 
-    p = verb("start", "start a script under the debugger (stops before its first line)")
-    p.add_argument("-m", dest="module", help="run a module, as python -m does")
-    p.add_argument(
-        "--python", help="interpreter to run it with (default: the active venv's python)"
-    )
-    p.add_argument("--cwd", help="working directory for the script (default: here)")
-    p.add_argument(
-        "--env", action="append", default=[], metavar="K=V", help="set an environment variable"
-    )
-    p.add_argument(
-        "--break",
-        dest="breaks",
-        action="append",
-        default=[],
-        metavar="FILE:LINE[:COND]",
-        help="breakpoint set before anything runs",
-    )
-    p.add_argument("--run", action="store_true", help="don't stop at the first line")
-    p.add_argument(
-        "--replace", action="store_true", help="terminate a live session of the same name first"
-    )
-    p.add_argument("target", nargs="?", default=None, help="script path, then its arguments")
+    for verb in VERBS:
+        if not verb.cli:
+            continue
+        p = command(verb.name, verb.help)
+        if verb.name in ("break", "remove"):
+            p.add_argument("location", nargs="?", help="FILE:LINE[:COND], or FILE then LINE")
+            p.add_argument("line_number", nargs="?", metavar="LINE", help=argparse.SUPPRESS)
+            for arg in verb.args:
+                if arg.name not in ("file", "line"):
+                    _add_arg(p, arg)
+            continue
+        if verb.name == "start":
+            for arg in verb.args:
+                if arg.name != "script":
+                    _add_arg(p, arg)
+            p.add_argument("script", nargs="?", help="the script, then its own arguments")
+            continue
+        for arg in verb.args:
+            _add_arg(p, arg)
 
-    p = verb("break", "set a breakpoint (FILE:LINE or FILE LINE), or a checkpoint filter")
-    p.add_argument("location", nargs="?")
-    p.add_argument("line", nargs="?")
-    p.add_argument(
-        "--checkpoint",
-        metavar="NAME",
-        help="pause only at debug_checkpoint calls named NAME (a glob)",
-    )
-    p.add_argument("--if", dest="condition", help="stop only when this expression is true")
-    p.add_argument("--hits", help="N: stop on the Nth hit; >=N: from the Nth on; %%N: every Nth")
-    p.add_argument(
-        "--log", help='print this instead of stopping; {expr} is filled in, e.g. "x={x.shape}"'
-    )
+    from . import compare_cmd
 
-    verb("breaks", "list breakpoints")
-    p = verb("remove", "remove a breakpoint or a checkpoint filter")
-    p.add_argument("location", nargs="?")
-    p.add_argument("line", nargs="?")
-    p.add_argument("--checkpoint", metavar="NAME", help="remove this checkpoint filter")
-    verb("clear", "remove all breakpoints")
-
-    p = verb("continue", "resume and wait for the next stop or the end")
-    p.add_argument("--max-wait", type=float, default=60.0, help="seconds to wait (default 60)")
-    p.add_argument("--no-wait", action="store_true", help="return at once")
-
-    p = verb("step", "step over, into or out")
-    p.add_argument("kind", choices=["over", "into", "out"])
-    p.add_argument("--into-libraries", action="store_true", help="also stop in library code")
-    p.add_argument("--max-wait", type=float, default=60.0)
-
-    verb("pause", "stop the running script at its next line of Python")
-    verb("status", "the session's state")
-    verb("location", "where the session is paused, with code")
-    verb("stack", "the paused thread's frames (0 = innermost)")
-    p = verb("frame", "select frame N for vars and eval")
-    p.add_argument("index", type=int)
-    p = verb("up", "select the caller's frame")
-    p.add_argument("count", type=int, nargs="?", default=1)
-    p = verb("down", "select the callee's frame")
-    p.add_argument("count", type=int, nargs="?", default=1)
-    p = verb("vars", "variables of the selected frame, tensors summarized")
-    p.add_argument("--all", action="store_true", help="include globals")
-    p = verb("eval", "evaluate code in the selected frame ('-' reads stdin)")
-    p.add_argument("expression")
-    p = verb("output", "the script's captured stdout and stderr")
-    p.add_argument("--tail", type=int, help="only the last N lines")
-    verb("terminate", "end the script")
-    verb("sessions", "list sessions")
-    verb("runs", "list the runs in the run store ($MLDBG_HOME or ./.mldbg)")
-    p = verb("checkpoints", "list checkpoint records of a run")
-    p.add_argument("--run", help="run id (or unique prefix), 'latest' (default) or a run directory")
-    p.add_argument("--name", help="only checkpoints with this name (a glob)")
-    p.add_argument("--hit", type=int, help="only the Nth hit of each name")
-    p = verb(
-        "tensors", "the debug_save tensor store: list | info NAME | clear [--name NAME] [--yes]"
-    )
-    p.add_argument("action", choices=["list", "info", "clear"])
-    p.add_argument("name", nargs="?", help="tensor name (for info)")
-    p.add_argument("--name", dest="name_opt", help="clear only this tensor")
-    p.add_argument("--yes", action="store_true", help="really delete every stored tensor")
-    p = verb("captures", "list module captures (mldbg.capture) in the run store")
-    p.add_argument("--run", help="only this run's captures")
-    p = verb(
-        "compare",
-        "compare two captures/runs/tensor directories; exit 0 agree, 1 diverge, 2 bad input",
-    )
-    compare_cmd.add_arguments(p)
-    p = verb("clean", "remove old runs from the run store")
-    p.add_argument("--keep", type=int, default=10, help="newest runs to keep (default 10)")
-    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
-    p = verb("serve", "run the daemon in the foreground (clients start it on demand)")
+    compare_cmd.add_arguments(command("compare", verbs.get("compare").help))
+    p = command("serve", "run the daemon in the foreground (clients start it on demand)")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
     p.add_argument("--stop", action="store_true", help="stop the running daemon and its sessions")
-    verb("mcp", "serve the debugger as MCP tools on stdin/stdout (for coding agents)")
-    p = verb("demo", "a scripted session on the bundled tiny PyTorch model")
+    command("mcp", "serve the debugger as MCP tools on stdin/stdout (for coding agents)")
+    p = command("demo", "a scripted session on the bundled tiny PyTorch model")
     p.add_argument("--keep", action="store_true", help="leave the demo session open")
     return parser
 
 
-def _emit_error(exc: MldbgError, as_json: bool) -> None:
+def split_start(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``start``'s own options, and the script with its arguments, exactly as typed.
+
+    mldbg's options come before the script (or before ``-m MODULE``); everything after
+    belongs to the script, as ``python SCRIPT ARGS`` / ``python -m MODULE ARGS`` would
+    give it, even an option that shares a name with one of mldbg's.  With a ``--`` after
+    the script, what stands between the script and ``--`` is mldbg's, the rest the script's.
+    """
+    takes_value = {"--session", "-s", "--python", "--cwd", "--env", "--break", "-m"}
+    i = 1  # argv[0] is "start"
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[:i], argv[i + 1 :]
+        if token == "-m" or not token.startswith("-") or token == "-":
+            end = i + 2 if token == "-m" else i + 1
+            rest = argv[end:]
+            if "--" in rest:  # the older form: mldbg's options, then -- and the script's
+                cut = rest.index("--")
+                return argv[:end] + rest[:cut], rest[cut + 1 :]
+            return argv[:end], rest
+        name = token.split("=", 1)[0]
+        i += 2 if name in takes_value and "=" not in token else 1
+    return argv, []
+
+
+# -- running a verb ----------------------------------------------------------------------------
+
+
+def verb_arguments(verb: Verb, a: argparse.Namespace) -> dict[str, Any]:
+    """The client call's arguments from the parsed command line."""
+    values: dict[str, Any] = {}
+    for arg in verb.args:
+        if not arg.cli or arg.name == "session":
+            continue
+        if hasattr(a, arg.name):
+            values[arg.name] = getattr(a, arg.name)
+    if verb.name in ("break", "remove"):
+        if a.location:
+            file, line, cond = parse_location(a.location, a.line_number)
+            values.update(file=file, line=line)
+            if cond and verb.name == "break" and not values.get("condition"):
+                values["condition"] = cond
+        elif not values.get("checkpoint"):
+            raise UsageError("give FILE:LINE (or FILE LINE), or --checkpoint NAME")
+    if verb.name == "start":
+        if a.module:
+            if a.script:
+                a.args.insert(0, a.script)
+            values["script"] = None
+        elif not a.script:
+            raise UsageError("give a script to run: mldbg start SCRIPT [ARGS...] (or -m MODULE)")
+        else:
+            values["script"] = a.script
+        values["args"] = list(a.args)
+        values["env"] = parse_env(values.get("env") or [])
+        breakpoints = []
+        for spec in values.get("breakpoints") or []:
+            file, line, cond = parse_location(spec)
+            breakpoints.append({"file": file, "line": line, "condition": cond})
+        values["breakpoints"] = breakpoints
+        if values.get("cwd"):
+            values["cwd"] = os.path.abspath(values["cwd"])
+    if verb.name == "eval" and values.get("expression") == "-":
+        values["expression"] = sys.stdin.read()
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _still_running(elapsed: float) -> None:
+    from . import render
+
+    render.err.print(f"[dim]still running ({elapsed:.0f} s)…[/]")
+
+
+def run_verb(verb: Verb, a: argparse.Namespace) -> Any:
+    from .client import connect
+
+    values = verb_arguments(verb, a)
+    client = connect()
+    if verb.scope == "session":
+        session = getattr(a, "session", "default")
+        if verb.waits:
+            wait = 0.0 if values.pop("no_wait", False) else values.pop("wait", 60.0)
+            return client.resume(verb.name, session, wait, _still_running, **values)
+        return client.call(verb.name, session, **values)
+    if verb.store and getattr(a, "session", None):
+        values["session"] = a.session
+    return client.call(verb.name, None, **values)
+
+
+def hint(fixes: list[dict[str, Any]] | None) -> str | None:
+    """The commands that fix an error, as one would type them."""
+    if not fixes:
+        return None
+    return "; or ".join(cli_command(f) for f in fixes[:3])
+
+
+def cli_command(fix: dict[str, Any]) -> str:
+    verb = verbs.BY_NAME.get(str(fix.get("verb")))
+    args = dict(fix.get("args") or {})
+    words = ["mldbg", str(fix.get("verb"))]
+    session = args.pop("session", None)
+    if verb is None:
+        return " ".join(words)
+    for name, value in args.items():
+        try:
+            arg = verb.arg(name)
+        except KeyError:
+            continue
+        if arg.positional:
+            words.append(str(value))
+        elif arg.type is bool:
+            if bool(value) != bool(arg.default):
+                words.append(arg.cli_flag)
+        else:
+            words += [arg.cli_flag, str(value)]
+    if verb.name == "start" and "script" not in args:
+        words.append("SCRIPT")
+    if session and session != "default":
+        words += ["--session", str(session)]
+    return " ".join(words)
+
+
+def emit_error(exc: MldbgError, as_json: bool) -> None:
     payload = exc.to_json()
+    text = hint(payload.get("fix"))
+    if text:
+        payload["hint"] = text
     if as_json:
         print(json.dumps(payload, indent=2, default=str))
     else:
+        from . import render
+
         render.error(payload)
 
 
-def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """Options of ``start`` may come before or after the script; the script gets the rest.
+def run_command(args: argparse.Namespace, as_json: bool) -> int:
+    """The commands that are not verbs of the table."""
+    from . import render
 
-    Everything after ``--`` goes to the script untouched, for scripts whose own options
-    share a name with one of mldbg's.
-    """
-    cut = argv.index("--") if "--" in argv else len(argv)
-    args, extras = parser.parse_known_args(argv[:cut])
-    if args.verb != "start" and (extras or cut < len(argv)):
-        parser.error(f"unrecognized arguments: {' '.join(extras + argv[cut:])}")
-    if args.verb == "start":
-        args.args = extras + argv[cut + 1 :]
-    return args
+    if args.verb == "serve":
+        if args.stop:
+            from .client import connect
+
+            data = connect(autostart=False).request("POST", "/v1/shutdown", body={})
+            if as_json:
+                print(json.dumps(data))
+            else:
+                render.out.print(f"stopped the mldbg daemon (pid {data['pid']})")
+            return 0
+        from ..server.serve import serve
+
+        serve(args.port)
+        return 0
+    if args.verb == "mcp":
+        from .mcp import run_stdio
+
+        run_stdio()
+        return 0
+    if args.verb == "demo":
+        from .demo import run_demo
+
+        session = getattr(args, "session", "demo")
+        return run_demo(session=session, keep=args.keep, as_json=as_json)
+    from . import compare_cmd
+
+    return compare_cmd.run_compare(args, as_json)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse_args(parser, list(sys.argv[1:] if argv is None else argv))
-    as_json = bool(getattr(args, "json", False))
-    args.session = getattr(args, "session", "default")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
     try:
-        if args.verb == "serve":
-            if args.stop:
-                data = connect(autostart=False).call("POST", "/v1/shutdown")
-                if not as_json:
-                    render.out.print(f"stopped the mldbg daemon (pid {data['pid']})")
-                else:
-                    print(json.dumps(data))
-                return 0
-            from ..server.serve import serve
+        return _main(argv, as_json)
+    except BrokenPipeError:  # `mldbg output | head`: the reader left, which is fine
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
-            serve(args.port)
-            return 0
-        if args.verb == "mcp":
-            from ..server.mcp_server import run_stdio
 
-            run_stdio()
-            return 0
-        if args.verb == "demo":
-            from .demo import run_demo
-
-            return run_demo(
-                session=args.session if args.session != "default" else "demo",
-                keep=args.keep,
-                as_json=as_json,
-            )
-        if args.verb == "compare":
-            return compare_cmd.run_compare(args, as_json)
-        if args.verb in LOCAL_VERBS:
-            data, show = LOCAL_VERBS[args.verb](args)
-        else:
-            data, show = VERBS[args.verb](connect(), args)
+def _main(argv: list[str], as_json: bool) -> int:
+    parser = build_parser()
+    script_args: list[str] = []
+    if argv and argv[0] == "start":
+        argv, script_args = split_start(argv)
+    elif argv and "start" in argv[:4] and argv.index("start") > 0:
+        at = argv.index("start")
+        head, script_args = split_start(argv[at:])
+        argv = argv[:at] + head
+    try:
+        args = parser.parse_args(argv)
+        if args.verb == "start":
+            args.args = script_args
+        as_json = bool(getattr(args, "json", False)) or as_json
+        if args.verb in ("serve", "mcp", "demo", "compare"):
+            return run_command(args, as_json)
+        verb = verbs.get(args.verb)
+        data = run_verb(verb, args)
     except UsageError as exc:
-        _emit_error(exc, as_json)
+        emit_error(exc, as_json)
         return EXIT_USAGE
     except MldbgError as exc:
-        _emit_error(exc, as_json)
+        emit_error(exc, as_json)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     if as_json:
         print(json.dumps(data, indent=2, default=str))
     else:
-        show(data)
+        from . import render
+
+        render.RENDERERS[verb.name](data)
     return 0
 
 

@@ -72,6 +72,8 @@ def state(data: dict[str, Any]) -> None:
 
 
 def evaluation(data: dict[str, Any]) -> None:
+    if data.get("output"):
+        out.print(escape(data["output"].rstrip("\n")), style="dim")
     out.print(escape(str(data.get("result"))))
 
 
@@ -79,7 +81,16 @@ def stack(data: dict[str, Any]) -> None:
     selected = data.get("selected", 0)
     for frame in data.get("frames", []):
         mark = "[bold green]>[/]" if frame["index"] == selected else " "
-        out.print(f"{mark} #{frame['index']:<3} {escape(where(frame))}")
+        lib = " [dim](library)[/]" if frame.get("library") else ""
+        out.print(f"{mark} #{frame['index']:<3} {escape(where(frame))}{lib}")
+    if data.get("hidden_library_frames"):
+        out.print(
+            f"[dim]{data['hidden_library_frames']} library frame(s) hidden: --all shows them[/]"
+        )
+    if data.get("truncated"):
+        out.print(
+            f"[dim]{data.get('shown')} of {data.get('total')} frames: --limit N shows more[/]"
+        )
 
 
 def frame(data: dict[str, Any]) -> None:
@@ -102,7 +113,11 @@ def variables(data: dict[str, Any]) -> None:
         )
     out.print(table)
     if data.get("truncated"):
-        out.print("[dim](more variables not shown)[/]")
+        nxt = (data.get("next") or {}).get("args", {})
+        out.print(
+            f"[dim]{data.get('shown')} of {data.get('total')} variables shown: "
+            f"--offset {nxt.get('offset', '')} for more, --filter GLOB to narrow[/]"
+        )
 
 
 def breakpoints(data: dict[str, Any]) -> None:
@@ -135,8 +150,9 @@ def sessions(data: dict[str, Any]) -> None:
         out.print("no sessions")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("session", "state", "pid", "where", "run"):
+    for column in ("session", "state", "pid", "where"):
         table.add_column(column)
+    table.add_column("run", no_wrap=True, overflow="ignore")
     for s in items:
         place = where(s.get("location")) if s.get("state") == "paused" else ""
         if s.get("state") in ("exited", "crashed"):
@@ -155,7 +171,8 @@ def runs(data: dict[str, Any]) -> None:
         out.print(f"no runs under {escape(data.get('home', ''))}")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("run", "state", "ended", "checkpoints", "size", "script"):
+    table.add_column("run", no_wrap=True, overflow="ignore")
+    for column in ("state", "ended", "checkpoints", "size", "script"):
         table.add_column(column)
     for run in items:
         how = (
@@ -263,11 +280,138 @@ def output(data: dict[str, Any]) -> None:
     """The script's own bytes, unstyled: rich would reflow and interpret them."""
     sys.stdout.write(data["output"])
     sys.stdout.flush()
+    if data.get("truncated"):
+        err.print(
+            f"[dim]({len(data['output'].encode('utf-8', 'replace'))} of {data.get('size')} bytes "
+            f"shown; all of it is in {escape(str(data.get('path')))}; --offset N --limit N pages)[/]"
+        )
 
 
 def error(payload: dict[str, Any]) -> None:
     err.print(f"[bold red]error:[/] {escape(str(payload.get('error')))}")
+    if payload.get("hint"):
+        err.print(f"[dim]hint:[/] {escape(str(payload['hint']))}")
     tail = payload.get("output_tail")
     if tail:
         err.print("[dim]last output of the script:[/]")
         err.print(escape(tail.rstrip()))
+
+
+def trace(data: dict[str, Any]) -> None:
+    steps = data.get("steps", [])
+    if not steps:
+        out.print(f"no stops recorded in {escape(str(data.get('path')))}")
+    for step in steps:
+        loc = step.get("location") or {}
+        out.print(f"[bold]{escape(str(step.get('reason')))}[/] at {escape(where(loc))}")
+        for var in step.get("variables", [])[:8]:
+            out.print(f"    {escape(str(var.get('name')))} = {escape(str(var.get('summary')))}")
+    if data.get("truncated"):
+        out.print(f"[dim]{data.get('shown')} of {data.get('total')} stops: --last N shows more[/]")
+
+
+def breakpoint_set(bp: dict[str, Any]) -> None:
+    out.print("breakpoint " + breakpoint_line(bp))
+
+
+def breakpoint_removed(bp: dict[str, Any]) -> None:
+    out.print(f"removed {breakpoint_line(bp)}")
+
+
+def removed_count(data: dict[str, Any]) -> None:
+    out.print(f"removed {data['removed']} breakpoint(s)")
+
+
+def forgotten(data: dict[str, Any]) -> None:
+    out.print(f"forgot session {escape(str(data.get('removed')))}")
+
+
+def sessions_listing(data: dict[str, Any]) -> None:
+    if data.get("pruned"):
+        out.print(f"removed {len(data['pruned'])} ended session(s)")
+    sessions(data)
+
+
+def tensor_store(data: dict[str, Any]) -> None:
+    if "tensor" in data:
+        tensor_info(data["tensor"])
+    elif "removed" in data:
+        out.print(f"removed {len(data['removed'])} tensor(s)")
+    else:
+        tensors(data)
+
+
+def captures(data: dict[str, Any]) -> None:
+    from . import compare_render
+
+    compare_render.captures(data)
+
+
+def compare_summary(data: dict[str, Any]) -> None:
+    from . import compare_render
+
+    compare_render.show(data, show_all=True, show_inputs=True)
+
+
+def pause_state(data: dict[str, Any]) -> None:
+    state(data)
+    if data.get("state") == "running":
+        out.print(
+            "pause requested: the script stops at its next line of Python "
+            "(it is probably inside a long call into C, e.g. a big tensor op or a sleep); "
+            "`mldbg wait` or `mldbg status` to see when it does"
+        )
+
+
+# verb name -> how its answer looks to a person; a test checks every verb has one
+RENDERERS = {
+    "start": state,
+    "break": breakpoint_set,
+    "breaks": breakpoints,
+    "remove": breakpoint_removed,
+    "clear": removed_count,
+    "continue": state,
+    "step": state,
+    "wait": state,
+    "pause": pause_state,
+    "status": state,
+    "location": state,
+    "stack": stack,
+    "frame": frame,
+    "up": frame,
+    "down": frame,
+    "vars": variables,
+    "eval": evaluation,
+    "output": output,
+    "terminate": state,
+    "forget": forgotten,
+    "trace": trace,
+    "sessions": sessions_listing,
+    "runs": runs,
+    "checkpoints": checkpoints,
+    "captures": captures,
+    "compare": compare_summary,
+    "tensors": tensor_store,
+    "clean": cleaned,
+}
+
+
+def to_text(verb: str, data: Any, width: int = 120) -> str:
+    """What ``mldbg VERB`` would print, as plain text (for MCP's text content)."""
+    import io
+
+    global out, err
+    with _TEXT_LOCK:
+        saved = out, err
+        buffer = io.StringIO()
+        out = err = Console(
+            file=buffer, width=width, no_color=True, highlight=False, soft_wrap=True
+        )
+        try:
+            RENDERERS[verb](data)
+        finally:
+            out, err = saved
+    return buffer.getvalue().rstrip("\n")
+
+
+_TEXT_LOCK = __import__("threading").Lock()

@@ -23,6 +23,8 @@ from typing import Any
 from ..errors import AgentError, AgentTimeout, SessionEnded, StartFailed
 
 EventHandler = Callable[[dict[str, Any]], None]
+# HTTP statuses of the agent's error codes that are not plain bad input (400)
+_STATUS = {"not_paused": 409, "internal": 500}
 
 
 class AgentLink:
@@ -140,7 +142,11 @@ class AgentLink:
                 "(a long evaluation is still running on the paused thread)"
             ) from None
         if not reply.get("ok"):
-            raise AgentError(str(reply.get("error")), **(reply.get("extra") or {}))
+            code = str(reply.get("code") or "agent_error")
+            extra = {k: v for k, v in (reply.get("extra") or {}).items() if k not in ("code",)}
+            raise AgentError(
+                str(reply.get("error")), code=code, status=_STATUS.get(code, 400), **extra
+            )
         return reply.get("result")
 
     def close(self) -> None:

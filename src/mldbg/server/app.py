@@ -1,88 +1,182 @@
-"""The REST API: a thin layer over the SessionManager, one route per CLI verb.
+"""The REST API, derived from the verb table: one route per verb, nothing written by hand.
 
-Errors come back as ``{"error", "code", ...}`` with a 4xx/5xx status; every route needs
-the bearer token (see security.py).
+For each verb of ``verbs.py`` this builds the argument model (query parameters for GET,
+a JSON body otherwise), the route at the verb's path (plus its legacy paths, kept for
+old clients and hidden from the schema), and the OpenAPI entry with the result shape and
+every error response.  The handler is ``handlers.HANDLERS[verb.name]``.
+
+Errors come back as ``{"error", "code", ...}`` with a 4xx/5xx status; a malformed
+request is ``bad_argument`` naming the argument, never pydantic's raw text.  Every route
+needs the bearer token (``security.py``).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import Body, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from typing_extensions import TypedDict
 
-from .. import __version__
+from .. import __version__, budget
 from ..errors import MldbgError
+from ..names import SESSION_NAME_PATTERN, check_session_name
+from ..verbs import VERBS, Arg, Verb
 from .classic import classic_router
+from .handlers import HANDLERS
 from .security import SecurityMiddleware
-from .sessions import Session, SessionManager, StartRequest
+from .sessions import SessionManager
 
-MAX_WAIT = 30.0
+# Arguments every run-store verb takes from its client: where the client is, so that
+# "./.mldbg" and relative paths mean what they mean there, not in the daemon.
+CONTEXT_ARGS = (
+    Arg("client_cwd", str, "the client's working directory", cli=False, mcp=False),
+    Arg("client_home", str, "the client's $MLDBG_HOME", cli=False, mcp=False),
+)
+MAX_ANSWER = 1 << 20  # the last line of defence: no answer is larger than 1 MB
 
 
-class BreakpointSpec(BaseModel):
-    file: str | None = Field(
-        None, description="path; relative paths resolve against the session's cwd"
+class ErrorBody(TypedDict, total=False):
+    error: str
+    code: str
+    argument: str
+    fix: list[dict[str, Any]]
+    hint: str
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "bad input (`code` says which)"},
+    401: {"model": ErrorBody, "description": "missing or wrong token"},
+    404: {"model": ErrorBody, "description": "unknown session (`unknown_session`)"},
+    409: {
+        "model": ErrorBody,
+        "description": "wrong state (`not_paused`, `session_busy`, `session_ended`)",
+    },
+    500: {"model": ErrorBody, "description": "a bug in mldbg (`internal`)"},
+    504: {"model": ErrorBody, "description": "the script did not answer (`agent_timeout`)"},
+}
+
+
+def verb_args(verb: Verb) -> tuple[Arg, ...]:
+    """The arguments a verb's route takes: its declared ones, plus the client's context."""
+    return verb.args + (CONTEXT_ARGS if verb.store else ())
+
+
+def _field(arg: Arg) -> tuple[Any, Any]:
+    extra: dict[str, Any] = {"description": arg.help}
+    if arg.minimum is not None:
+        extra["ge"] = arg.minimum
+    if arg.maximum is not None:
+        extra["le"] = arg.maximum
+    annotation = arg.type
+    if arg.choices:
+        from typing import Literal
+
+        annotation = Literal[arg.choices]  # type: ignore[valid-type]
+    if arg.required:
+        return annotation, Field(..., **extra)
+    return annotation | None, Field(arg.default, **extra)
+
+
+def args_model(verb: Verb) -> type[BaseModel]:
+    """The pydantic model of a verb's arguments; unknown fields are refused."""
+    fields = {arg.name: _field(arg) for arg in verb_args(verb)}
+    if verb.name == "compare":  # a map may come inline as a JSON object too
+        fields["map"] = (dict[str, Any] | str | None, Field(None, description=verb.arg("map").help))
+    return create_model(  # type: ignore[call-overload,no-any-return]
+        f"{verb.name.capitalize()}Args",
+        __config__=ConfigDict(extra="forbid"),
+        **fields,
     )
-    line: int | None = None
-    checkpoint: str | None = Field(
-        None,
-        description="instead of file/line: pause only at debug_checkpoint calls of this name (glob)",
-    )
-    condition: str | None = Field(None, description="stop only when this expression is true")
-    hits: str | None = Field(
-        None, description="N: the Nth hit; >=N: from the Nth on; %N: every Nth"
-    )
-    log: str | None = Field(
-        None, description="logpoint: print this, with {expr} filled in; don't stop"
-    )
 
 
-class StartBody(BaseModel):
-    script: str | None = None
-    module: str | None = None
-    args: list[str] = []
-    python: str | None = None
-    cwd: str | None = None
-    env: dict[str, str] | None = Field(
-        None, description="the whole environment (default: the daemon's)"
-    )
-    env_overrides: dict[str, str] = {}
-    breakpoints: list[BreakpointSpec] = []
-    stop_on_entry: bool = True
-    replace: bool = False
-    wait: float = Field(30.0, description="seconds to wait for the first stop")
+def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> Any:
+    handler = HANDLERS[verb.name]
+
+    def run(session: str | None, values: dict[str, Any]) -> Any:
+        if session is not None:
+            check_session_name(session)
+        if verb.store and values.get("session"):
+            check_session_name(values["session"])
+        return bound_answer(handler(manager, session, values))
+
+    params: list[inspect.Parameter] = []
+    if verb.scope == "session":
+        params.append(
+            inspect.Parameter(
+                "name",
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation=str,
+                default=Path(..., description=f"session name ({SESSION_NAME_PATTERN})"),
+            )
+        )
+    if verb.method == "GET":
+        for arg in verb_args(verb):
+            annotation, field = _field(arg)
+            default = ... if arg.required else arg.default
+            params.append(
+                inspect.Parameter(
+                    arg.name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    annotation=annotation,
+                    default=Query(default, description=arg.help),
+                )
+            )
+
+        def endpoint(**kwargs: Any) -> Any:
+            session = kwargs.pop("name", None)
+            return run(session, kwargs)
+
+    else:
+        body_default = Body(...) if any(a.required for a in verb.args) else Body(None)
+        params.append(
+            inspect.Parameter(
+                "body",
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=model | None,
+                default=body_default,
+            )
+        )
+
+        def endpoint(**kwargs: Any) -> Any:
+            session = kwargs.pop("name", None)
+            body = kwargs.get("body")
+            values = body.model_dump() if body is not None else model().model_dump()
+            return run(session, values)
+
+    endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    endpoint.__name__ = f"verb_{verb.name}"
+    endpoint.__doc__ = verb.description or verb.help
+    return endpoint
 
 
-class WaitBody(BaseModel):
-    wait: float = 0.0
+def bound_answer(data: Any) -> Any:
+    """Verbs keep their own budgets; this catches what one forgot, before it leaves."""
+    import json
 
-
-class StepBody(BaseModel):
-    kind: str = "over"
-    into_libraries: bool = False
-    wait: float = 10.0
-
-
-class FrameBody(BaseModel):
-    index: int | None = None
-    move: int = 0
-
-
-class EvalBody(BaseModel):
-    expression: str
-
-
-class LocationBody(BaseModel):
-    file: str | None = None
-    line: int | None = None
-    checkpoint: str | None = None
-
-
-def _bounded(wait: float) -> float:
-    return max(0.0, min(float(wait), MAX_WAIT))
+    try:
+        size = len(json.dumps(data, default=str))
+    except (TypeError, ValueError):
+        return data
+    if size <= MAX_ANSWER or not isinstance(data, dict):
+        return data
+    cut = dict(data)
+    for key in sorted(cut, key=lambda k: -len(json.dumps(cut[k], default=str))):
+        value = cut[key]
+        cut[key] = (
+            budget.capped(value, MAX_ANSWER // 4)
+            if isinstance(value, str)
+            else {"truncated": True, "bytes": len(json.dumps(value, default=str))}
+        )
+        if len(json.dumps(cut, default=str)) <= MAX_ANSWER:
+            break
+    cut["truncated"] = True
+    return cut
 
 
 def create_app(manager: SessionManager, token: str) -> FastAPI:
@@ -90,29 +184,46 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
         title="mldbg",
         version=__version__,
         description="Debugger daemon for PyTorch and MLX scripts. Every route needs "
-        "`Authorization: Bearer <token>` (token in ~/.mldbg/server.json).",
+        "`Authorization: Bearer <token>` (token in ~/.mldbg/server.json). Routes are "
+        "derived from mldbg's verb table: one per verb, named as the CLI names it.",
+        redirect_slashes=False,
     )
     app.state.manager = manager
 
     @app.exception_handler(MldbgError)
     async def _mldbg_error(request: Request, exc: MldbgError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content=exc.to_json())
+        payload = exc.to_json()
+        payload["error"] = budget.capped(str(payload.get("error")), budget.MESSAGE)
+        return JSONResponse(status_code=exc.status, content=bound_answer(payload))
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=400, content=validation_error(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "no_such_route", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={"error": budget.capped(message, 500), "code": code},
+        )
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
         message = (
             f"internal error in the mldbg daemon: {type(exc).__name__}: {exc} (please report it)"
         )
-        return JSONResponse(status_code=500, content={"error": message, "code": "internal"})
+        return JSONResponse(
+            status_code=500,
+            content={"error": budget.capped(message, budget.MESSAGE), "code": "internal"},
+        )
 
-    def session(name: str) -> Session:
-        return manager.get(name)
-
-    @app.get("/v1/health")
+    @app.get("/v1/health", responses=ERROR_RESPONSES)
     def health() -> dict[str, Any]:
         return {"ok": True, "version": __version__, "pid": os.getpid()}
 
-    @app.post("/v1/shutdown")
+    @app.post("/v1/shutdown", responses=ERROR_RESPONSES)
     def shutdown() -> dict[str, Any]:
         """Terminate every session and stop the daemon."""
         manager.shutdown()
@@ -121,120 +232,55 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
             stop()
         return {"stopping": True, "pid": os.getpid()}
 
-    @app.get("/v1/sessions")
-    def list_sessions() -> dict[str, Any]:
-        return {"sessions": [s.snapshot() for s in manager.all()]}
-
-    @app.post("/v1/sessions/{name}/start")
-    def start(name: str, body: StartBody) -> dict[str, Any]:
-        request = StartRequest(
-            script=body.script,
-            module=body.module,
-            args=body.args,
-            python=body.python,
-            cwd=body.cwd,
-            env=body.env,
-            env_overrides=body.env_overrides,
-            breakpoints=[bp.model_dump() for bp in body.breakpoints],
-            stop_on_entry=body.stop_on_entry,
-            replace=body.replace,
+    for verb in VERBS:
+        model = args_model(verb)
+        endpoint = _endpoint(manager, verb, model)
+        responses = {200: {"model": verb.result, "description": verb.help}, **ERROR_RESPONSES}
+        summary = verb.help
+        app.add_api_route(
+            verb.path,
+            endpoint,
+            methods=[verb.method],
+            summary=summary,
+            description=(verb.description or verb.help)
+            + f"\n\nError codes: {', '.join(verb.all_errors)}.",
+            responses=responses,
+            tags=["verbs"],
+            operation_id=f"verb_{verb.name}",
         )
-        started = manager.start(name, request)
-        return started.wait(_bounded(body.wait) if body.stop_on_entry else 0.0)
-
-    @app.get("/v1/sessions/{name}")
-    def status(name: str) -> dict[str, Any]:
-        return session(name).snapshot()
-
-    @app.delete("/v1/sessions/{name}")
-    def forget(name: str) -> dict[str, Any]:
-        manager.remove(name)
-        return {"removed": name}
-
-    @app.post("/v1/sessions/{name}/wait")
-    def wait(name: str, body: WaitBody) -> dict[str, Any]:
-        return session(name).wait(_bounded(body.wait))
-
-    @app.post("/v1/sessions/{name}/continue")
-    def continue_(name: str, body: WaitBody = Body(default_factory=WaitBody)) -> dict[str, Any]:
-        return session(name).resume("continue", None, _bounded(body.wait))
-
-    @app.post("/v1/sessions/{name}/step")
-    def step(name: str, body: StepBody) -> dict[str, Any]:
-        if body.kind not in ("over", "into", "out"):
-            raise MldbgError(
-                f"unknown step kind {body.kind!r}: use over, into or out", code="bad_step"
+        for method, route in verb.legacy_routes:
+            base = "/v1/sessions/{name}" if verb.scope == "session" else "/v1"
+            app.add_api_route(
+                f"{base}/{route}",
+                endpoint,
+                methods=[method],
+                include_in_schema=False,
             )
-        args = {"kind": body.kind, "into_libraries": body.into_libraries}
-        return session(name).resume("step", args, _bounded(body.wait))
-
-    @app.post("/v1/sessions/{name}/pause")
-    def pause(
-        name: str, body: WaitBody = Body(default_factory=lambda: WaitBody(wait=5.0))
-    ) -> dict[str, Any]:
-        return session(name).pause(_bounded(body.wait))
-
-    @app.get("/v1/sessions/{name}/location")
-    def location(name: str) -> dict[str, Any]:
-        s = session(name)
-        result: dict[str, Any] = s.paused_command("location")
-        return {**s.snapshot(), **result}
-
-    @app.get("/v1/sessions/{name}/stack")
-    def stack(name: str) -> dict[str, Any]:
-        result: dict[str, Any] = session(name).paused_command("stack")
-        return result
-
-    @app.post("/v1/sessions/{name}/frame")
-    def frame(name: str, body: FrameBody) -> dict[str, Any]:
-        result: dict[str, Any] = session(name).paused_command(
-            "select_frame", {"index": body.index, "move": body.move}
-        )
-        return result
-
-    @app.get("/v1/sessions/{name}/variables")
-    def variables(
-        name: str, all: bool = Query(False, description="include globals")
-    ) -> dict[str, Any]:
-        result: dict[str, Any] = session(name).paused_command("variables", {"all": all})
-        return result
-
-    @app.post("/v1/sessions/{name}/eval")
-    def evaluate(name: str, body: EvalBody) -> dict[str, Any]:
-        return session(name).evaluate(body.expression)
-
-    @app.get("/v1/sessions/{name}/breakpoints")
-    def breakpoints(name: str) -> dict[str, Any]:
-        result: dict[str, Any] = session(name).command("list_breakpoints")
-        return result
-
-    @app.post("/v1/sessions/{name}/breakpoints")
-    def add_breakpoint(name: str, body: BreakpointSpec) -> dict[str, Any]:
-        s = session(name)
-        result: dict[str, Any] = s.command("set_breakpoint", body.model_dump())
-        s.log_event("breakpoint_set", **result)
-        return result
-
-    @app.post("/v1/sessions/{name}/breakpoints/remove")
-    def remove_breakpoint(name: str, body: LocationBody) -> dict[str, Any]:
-        s = session(name)
-        result: dict[str, Any] = s.command("remove_breakpoint", body.model_dump())
-        s.log_event("breakpoint_removed", **result)
-        return result
-
-    @app.post("/v1/sessions/{name}/breakpoints/clear")
-    def clear_breakpoints(name: str) -> dict[str, Any]:
-        result: dict[str, Any] = session(name).command("clear_breakpoints")
-        return result
-
-    @app.get("/v1/sessions/{name}/output")
-    def output(name: str, tail: int | None = Query(None, ge=0)) -> dict[str, Any]:
-        return session(name).output(tail)
-
-    @app.post("/v1/sessions/{name}/terminate")
-    def terminate(name: str) -> dict[str, Any]:
-        return session(name).terminate()
 
     app.include_router(classic_router(manager))
     app.add_middleware(SecurityMiddleware, token=token)
     return app
+
+
+def validation_error(errors: Any) -> dict[str, Any]:
+    """pydantic's complaint as mldbg's error: which argument, what was wrong, no URLs."""
+    problems = []
+    argument = None
+    for error in list(errors)[:10]:
+        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path")]
+        name = ".".join(loc) or "request body"
+        argument = argument or name
+        kind = error.get("type", "")
+        if kind == "extra_forbidden":
+            text = f"{name}: no such argument"
+        elif kind == "missing":
+            text = f"{name}: required"
+        else:
+            text = f"{name}: {error.get('msg', 'invalid')}"
+        problems.append(budget.capped(text, 300))
+    return {
+        "error": "bad argument: " + "; ".join(problems),
+        "code": "bad_argument",
+        "argument": argument,
+        "problems": problems,
+    }

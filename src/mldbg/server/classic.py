@@ -79,20 +79,20 @@ def classic_router(manager: SessionManager) -> APIRouter:
     @router.post("/breakpoint")
     def breakpoint(body: ClassicBreakpoint) -> JSONResponse:
         spec = {"file": body.file_path, "line": body.line, "condition": body.condition}
-        return _envelope("breakpoint set", lambda: default().command("set_breakpoint", spec))
+        return _envelope("breakpoint set", lambda: default().command("break", spec))
 
     @router.post("/breakpoint/remove")
     def remove(body: ClassicBreakpoint) -> JSONResponse:
         spec = {"file": body.file_path, "line": body.line}
-        return _envelope("breakpoint removed", lambda: default().command("remove_breakpoint", spec))
+        return _envelope("breakpoint removed", lambda: default().command("remove", spec))
 
     @router.get("/breakpoints")
     def breakpoints() -> JSONResponse:
-        return _envelope("breakpoints", lambda: default().command("list_breakpoints"))
+        return _envelope("breakpoints", lambda: default().command("breaks"))
 
     @router.post("/breakpoints/clear")
     def clear() -> JSONResponse:
-        return _envelope("breakpoints cleared", lambda: default().command("clear_breakpoints"))
+        return _envelope("breakpoints cleared", lambda: default().command("clear"))
 
     @router.post("/continue_async")
     def continue_async() -> JSONResponse:
@@ -125,7 +125,7 @@ def classic_router(manager: SessionManager) -> APIRouter:
 
     @router.get("/variables")
     def variables() -> JSONResponse:
-        return _envelope("variables", lambda: default().paused_command("variables", {"all": False}))
+        return _envelope("variables", lambda: default().paused_command("vars", {"all": False}))
 
     @router.post("/terminate")
     def terminate() -> JSONResponse:

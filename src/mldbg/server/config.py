@@ -20,9 +20,8 @@ SERVER_JSON = "server.json"
 def config_dir() -> Path:
     configured = os.environ.get("MLDBG_CONFIG_DIR")
     path = Path(configured).expanduser() if configured else Path.home() / ".mldbg"
-    path.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
+    # Created private; an existing directory is never re-moded (it may be shared, on purpose).
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 

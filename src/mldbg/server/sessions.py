@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .. import __version__, budget
 from ..errors import MldbgError, NotPaused, SessionBusy, SessionEnded, SessionNotFound, StartFailed
+from ..names import check_session_name
 from ..runs import (
     EVENTS,
     OUTPUT_LOG,
@@ -28,6 +29,7 @@ from ..runs import (
     mldbg_home,
     reserve_run_dir,
 )
+from ..verbs import fix
 from .agent_link import AgentLink
 from .launcher import LaunchSpec, check_target, resolve_python, spawn
 
@@ -54,7 +56,24 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def read_tail(path: Path, lines: int) -> str:
+def read_tail_bounded(path: Path, lines: int, limit: int) -> tuple[str, bool]:
+    """The last ``lines`` lines of a file, at most ``limit`` bytes of them (a cut is marked)."""
+    return budget.cap(read_tail(path, lines, limit * 2), limit, "tail")
+
+
+def read_page(path: Path, offset: int, limit: int) -> tuple[str, int, int]:
+    """``limit`` bytes from ``offset``: (text, size of the file, offset after the page)."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(min(offset, size))
+            data = fh.read(limit)
+    except OSError:
+        return "", 0, offset
+    return data.decode("utf-8", errors="replace"), size, min(offset, size) + len(data)
+
+
+def read_tail(path: Path, lines: int, max_bytes: int | None = None) -> str:
     """The last ``lines`` lines of a file, reading only its end."""
     try:
         with open(path, "rb") as fh:
@@ -66,6 +85,8 @@ def read_tail(path: Path, lines: int) -> str:
                 data = fh.read(block)
                 if data.count(b"\n") > lines or block == size:
                     break
+                if max_bytes is not None and block >= max_bytes:
+                    break  # one huge line: the caller only wants its end anyway
                 block = min(size, block * 4)
     except OSError:
         return ""
@@ -93,6 +114,7 @@ class Session:
         self.events: JsonlWriter | None = None
         self.store_error: str | None = None
         self.started_at = _now()
+        self.home: Path | None = None
 
     # -- start ------------------------------------------------------------------------------
 
@@ -104,6 +126,7 @@ class Session:
         script = check_target(req.script, req.module, cwd)
         python = resolve_python(req.python, env, cwd)
         home = mldbg_home(cwd, env)
+        self.home = home
         try:
             run = reserve_run_dir(home)
         except OSError as exc:
@@ -147,7 +170,7 @@ class Session:
             self._kill()
             process.wait(10)
             self._record_end(process.returncode)
-            tail = read_tail(run.file(OUTPUT_LOG), 20)
+            tail = read_tail_bounded(run.file(OUTPUT_LOG), 20, budget.OUTPUT_TAIL)[0]
             raise StartFailed(
                 exc.message, **exc.extra, output_tail=tail, run_dir=str(run.path)
             ) from None
@@ -159,12 +182,13 @@ class Session:
     def _on_event(self, message: dict[str, Any]) -> None:
         kind = message.pop("event", "")
         if kind == "stopped":
+            trace = message.pop("trace", None) or {}
             with self.cond:
                 self.state = "paused"
                 self.stop = message
                 self.stop_seq += 1
                 self.cond.notify_all()
-            self.log_event("stopped", **_brief_stop(message))
+            self.log_event("stopped", **_brief_stop(message), **trace)
         elif kind == "resumed":
             with self.cond:
                 if self.state == "paused":
@@ -209,7 +233,7 @@ class Session:
                     terminated=self.terminated,
                     ended_at=_now(),
                     exception=self.exception,
-                    output_tail=read_tail(self.run.file(OUTPUT_LOG), 20),
+                    output_tail=self.output_tail()[0],
                 )
             except OSError as exc:
                 self.store_error = f"could not update {self.run.file('run.json')}: {exc}"
@@ -264,9 +288,17 @@ class Session:
         if self.store_error:
             state["store_error"] = self.store_error
         if self.ended:
-            state["output_tail"] = self.output(20)["output"]
+            state["output_tail"], cut = self.output_tail()
+            if cut:
+                state["output_truncated"] = True
             state["terminated"] = self.terminated
         return state
+
+    def output_tail(self) -> tuple[str, bool]:
+        """The last lines of output every ended state carries: 20 lines, a few KB at most."""
+        if self.run is None:
+            return "", False
+        return read_tail_bounded(self.run.file(OUTPUT_LOG), 20, budget.OUTPUT_TAIL)
 
     def wait(self, timeout: float, after_seq: int | None = None) -> dict[str, Any]:
         """Wait while the script runs, up to ``timeout`` seconds, then report the state."""
@@ -288,9 +320,10 @@ class Session:
         if self.ended or self.link is None or self.link.closed:
             raise SessionEnded(
                 f"session {self.name!r} has {self.state} (exit code {self.exit_code}, signal "
-                f"{self.signal}); start it again with: mldbg start",
+                f"{self.signal}); start it again",
                 session=self.name,
                 state=self.state,
+                fix=[fix("start", session=self.name)],
             )
         return self.link
 
@@ -303,10 +336,11 @@ class Session:
         link = self._link()
         if self.state != "paused":
             raise NotPaused(
-                f"session {self.name!r} is {self.state}, not paused; run `mldbg pause` or wait for "
-                "a breakpoint (`mldbg continue` waits)",
+                f"session {self.name!r} is {self.state}, not paused; pause it, or wait for a "
+                "breakpoint",
                 session=self.name,
                 state=self.state,
+                fix=[fix("pause", session=self.name), fix("wait", session=self.name)],
             )
         return link.request(cmd, args, timeout)
 
@@ -355,28 +389,54 @@ class Session:
         return self.wait(wait, after_seq=seq)
 
     def evaluate(self, expression: str) -> dict[str, Any]:
+        shown = budget.capped(expression, budget.VALUE)
         try:
             result = self.paused_command("eval", {"expression": expression})
         except MldbgError as exc:
-            self.log_event("eval", expression=expression, error=exc.message)
+            self.log_event("eval", expression=shown, error=exc.message, code=exc.code)
             raise
         self.log_event(
-            "eval", expression=expression, result=result.get("result"), type=result.get("type")
+            "eval", expression=shown, result=result.get("result"), type=result.get("type")
         )
         return result
 
-    def output(self, tail: int | None = None) -> dict[str, Any]:
+    def output(
+        self, tail: int | None = None, offset: int | None = None, limit: int = budget.OUTPUT
+    ) -> dict[str, Any]:
+        """A bounded page of the script's output: its tail (default), or ``limit`` bytes
+        from ``offset``; ``next`` is the call that reads on."""
         if self.run is None:
-            return {"output": "", "path": None}
+            return {"output": "", "path": None, "size": 0, "offset": 0, "truncated": False}
         path = self.run.file(OUTPUT_LOG)
-        if tail is None:
-            try:
-                text = path.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                text = ""
-        else:
-            text = read_tail(path, tail)
-        return {"output": text, "path": str(path)}
+        if offset is not None:
+            text, size, end = read_page(path, offset, limit)
+            result: dict[str, Any] = {
+                "output": text,
+                "path": str(path),
+                "size": size,
+                "offset": min(offset, size),
+                "truncated": end < size,
+            }
+            if end < size:
+                result["next"] = {"verb": "output", "args": {"offset": end, "limit": limit}}
+            return result
+        lines = 200 if tail is None else tail
+        text, cut = read_tail_bounded(path, lines, limit)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        shown = len(text.encode("utf-8", errors="replace"))
+        result = {
+            "output": text,
+            "path": str(path),
+            "size": size,
+            "offset": max(0, size - shown),
+            "truncated": shown < size,
+        }
+        if shown < size:
+            result["next"] = {"verb": "output", "args": {"offset": 0, "limit": limit}}
+        return result
 
     def terminate(self) -> dict[str, Any]:
         if not self.ended:
@@ -414,6 +474,7 @@ def _brief_stop(stop: dict[str, Any]) -> dict[str, Any]:
         "file": location.get("file"),
         "line": location.get("line"),
         "function": location.get("function"),
+        "code": location.get("code"),
         "thread": (stop.get("thread") or {}).get("name"),
     }
     for key in ("exception", "breakpoint", "condition_error", "checkpoint"):
@@ -428,14 +489,15 @@ class SessionManager:
         self._lock = threading.Lock()
 
     def start(self, name: str, request: StartRequest) -> Session:
-        _check_name(name)
+        check_session_name(name)
         with self._lock:
             old = self._sessions.get(name)
             if old is not None and not old.ended and not request.replace:
                 raise SessionBusy(
                     f"session {name!r} is still {old.state} (pid {old.pid}); terminate it "
-                    f"(mldbg terminate --session {name}), use --replace, or pick another --session",
+                    "first, replace it, or pick another session name",
                     session=name,
+                    fix=[fix("terminate", session=name), fix("start", session=name, replace=True)],
                 )
             session = Session(name, request)
             self._sessions[name] = session
@@ -446,7 +508,11 @@ class SessionManager:
         except MldbgError:
             with self._lock:
                 if self._sessions.get(name) is session and session.process is None:
-                    del self._sessions[name]
+                    # nothing ran: the previous session of this name (ended) keeps its place
+                    if old is not None:
+                        self._sessions[name] = old
+                    else:
+                        del self._sessions[name]
             raise
         return session
 
@@ -455,17 +521,28 @@ class SessionManager:
             session = self._sessions.get(name)
             if session is None:
                 live = sorted(self._sessions)
-                hint = (
-                    f"sessions: {', '.join(live)}"
-                    if live
-                    else "no sessions exist; start one with: mldbg start SCRIPT"
+                shown = ", ".join(live[:20]) + (
+                    f" (+{len(live) - 20} more)" if len(live) > 20 else ""
                 )
-                raise SessionNotFound(f"no session named {name!r}; {hint}", sessions=live)
+                hint = f"sessions: {shown}" if live else "no sessions exist; start one"
+                raise SessionNotFound(
+                    f"no session named {name!r}; {hint}",
+                    sessions=live[:100],
+                    fix=[fix("sessions")] if live else [fix("start", session=name)],
+                )
             return session
 
     def all(self) -> list[Session]:
         with self._lock:
             return list(self._sessions.values())
+
+    def prune(self) -> list[str]:
+        """Forget every ended session; their run records stay in the run store."""
+        with self._lock:
+            ended = [name for name, s in self._sessions.items() if s.ended]
+            for name in ended:
+                del self._sessions[name]
+        return ended
 
     def remove(self, name: str) -> None:
         session = self.get(name)
@@ -476,11 +553,3 @@ class SessionManager:
     def shutdown(self) -> None:
         for session in self.all():
             session.terminate()
-
-
-def _check_name(name: str) -> None:
-    if not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name):
-        raise MldbgError(
-            f"bad session name {name!r}: use 1-64 letters, digits, '-', '_' or '.'",
-            code="bad_session_name",
-        )

@@ -1,0 +1,71 @@
+"""The agent <-> daemon protocol: message names and shapes, shared by both ends.
+
+JSON lines over one loopback socket.  The debuggee connects back and sends ``Hello``
+(with the session's secret) first; then the daemon sends ``Command`` objects and the
+agent answers each with a ``Reply``, and sends ``Event`` objects unprompted.  Command
+names are the verbs' names (``verbs.py``) wherever a verb maps onto one command.
+
+Standard library only: the debuggee imports this.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# Commands the agent serves on its reader thread, at any time.
+CONFIGURE = "configure"  # the start-up breakpoints, before anything runs
+RUN = "run"  # start the script
+BREAK = "break"
+REMOVE = "remove"
+CLEAR = "clear"
+BREAKS = "breaks"
+PAUSE = "pause"
+
+# Commands only a paused thread can serve: the reader thread queues them to it.
+CONTINUE = "continue"
+STEP = "step"
+STACK = "stack"
+FRAME = "frame"
+VARS = "vars"
+EVAL = "eval"
+LOCATION = "location"
+PAUSED_COMMANDS = frozenset({CONTINUE, STEP, STACK, FRAME, VARS, EVAL, LOCATION})
+
+STEP_KINDS = ("over", "into", "out")
+
+# Events the agent sends unprompted.
+STOPPED = "stopped"
+RESUMED = "resumed"
+LOG = "log"
+FINISHED = "finished"
+
+# The longest line either end accepts; longer ones end the connection.
+MAX_LINE = 32 * 1024 * 1024
+
+
+class Hello(TypedDict, total=False):
+    token: str
+    python: str
+    executable: str
+    backend: str
+    pid: int
+    libraries: dict[str, str]
+
+
+class Command(TypedDict):
+    id: int
+    cmd: str
+    args: dict[str, Any]
+
+
+class Reply(TypedDict, total=False):
+    id: int
+    ok: bool
+    result: Any
+    error: str
+    code: str  # a stable error code (no_code_at_line, eval_error, ...)
+    extra: dict[str, Any]
+
+
+class Event(TypedDict, total=False):
+    event: str

@@ -1,0 +1,35 @@
+"""Byte budgets: no text that reaches a client is unbounded.
+
+Standard library only: the agent uses it too, to bound what it sends (an exception
+message of 100 MB must not become a 100 MB reply).  Every cut is visible: the text
+says how much was left out, and callers set ``truncated`` beside it.
+"""
+
+from __future__ import annotations
+
+MESSAGE = 2_000  # an error message or an exception's str()
+TRACEBACK = 8_000  # a formatted traceback: its end matters most
+VALUE = 4_000  # a repr or an eval result
+OUTPUT_TAIL = 4_000  # the output tail carried in every state
+OUTPUT = 16_384  # an output page
+EVAL_OUTPUT = 8_000  # what an evaluation printed
+
+
+def cap(text: str, limit: int, keep: str = "head") -> tuple[str, bool]:
+    """``text`` cut to about ``limit`` bytes of UTF-8, keeping its head or its tail.
+
+    The cut is marked inside the text, so it can never be mistaken for the whole.
+    """
+    if len(text) <= limit // 4 or len(text.encode("utf-8", "surrogatepass")) <= limit:
+        return text, False
+    data = text.encode("utf-8", "surrogatepass")
+    left = len(data) - limit
+    if keep == "tail":
+        kept = data[-limit:].decode("utf-8", "ignore")
+        return f"…[{left} bytes cut]…" + kept, True
+    kept = data[:limit].decode("utf-8", "ignore")
+    return kept + f"…[{left} bytes cut]…", True
+
+
+def capped(text: str, limit: int, keep: str = "head") -> str:
+    return cap(text, limit, keep)[0]

@@ -1,0 +1,233 @@
+"""``mldbg mcp``: the verb table as MCP tools, over stdio, for coding agents.
+
+A client of the daemon like the CLI: each tool is one verb of ``verbs.py``, with the
+verb's name, its arguments as the tool's input schema, its result TypedDict as the
+tool's output schema, and the typed client making the call over one persistent
+connection.  A result is sent once: the JSON as structured content, and as text the
+compact human form the CLI prints (bounded).  Failures are tool errors whose text is the
+daemon's ``{"error", "code", ...}`` JSON with a ``hint`` worded as a tool call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import logging
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent
+from pydantic import Field
+
+from .. import __version__, budget, verbs
+from ..errors import MldbgError
+from ..verbs import VERBS, Arg, Verb
+from .client import Client, connect
+
+INSTRUCTIONS = """\
+mldbg debugs PyTorch and MLX scripts in their own process. Tools are named as the CLI's
+verbs. start(script=...) runs a script and pauses before its first line; break (file +
+line; a condition, hit count or log message optional), then continue: it returns where
+the script stopped, with code around the line. At a stop: vars (tensors summarized:
+shape, dtype, device, stats; filter and page with filter/offset/limit), eval (any Python
+in the selected frame), stack, frame/up/down, step. output pages the script's
+stdout/stderr; trace reads back every stop of a run. Several sessions run at once under
+different `session` names. Parity: capture module outputs in both runs with
+mldbg.capture(model, "ref") / mldbg.capture(model, "port"), then compare(a="ref",
+b="port") names the first module whose inputs agree and outputs differ.
+Every answer is bounded: `truncated` and `next` say what was left out and which call
+gets it. Errors are JSON with a `code` and a `hint` naming the call that fixes them."""
+
+TEXT_BUDGET = 6_000  # the text form of a result; the JSON is in structured content
+
+
+def _annotation(arg: Arg) -> Any:
+    base = Literal[arg.choices] if arg.choices else arg.type  # type: ignore[valid-type]
+    if arg.name == "map":
+        base = dict[str, Any] | str
+    constraints: dict[str, Any] = {"description": arg.help}
+    if arg.minimum is not None:
+        constraints["ge"] = arg.minimum
+    if arg.maximum is not None:
+        constraints["le"] = arg.maximum
+    if arg.required:
+        return Annotated[base, Field(**constraints)]
+    return Annotated[base | None, Field(**constraints)]
+
+
+def _signature(verb: Verb) -> inspect.Signature:
+    params = [
+        inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context),
+    ]
+    for arg in verb.args:
+        if not arg.mcp:
+            continue
+        default = inspect.Parameter.empty if arg.required else arg.default
+        params.append(
+            inspect.Parameter(
+                arg.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=_annotation(arg),
+                default=default,
+            )
+        )
+    if verb.scope == "session":
+        params.append(
+            inspect.Parameter(
+                "session",
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=Annotated[
+                    str, Field(description="session name; several can run at once")
+                ],
+                default="default",
+            )
+        )
+    return inspect.Signature(params, return_annotation=Annotated[CallToolResult, verb.result])
+
+
+def tool_hint(fixes: list[dict[str, Any]] | None) -> str | None:
+    """The tool calls that fix an error, as an agent would make them."""
+    if not fixes:
+        return None
+    calls = []
+    for fix in fixes[:3]:
+        args = ", ".join(f"{k}={v!r}" for k, v in (fix.get("args") or {}).items())
+        calls.append(f"{fix.get('verb')}({args})")
+    return "call " + "; or ".join(calls)
+
+
+@contextlib.contextmanager
+def _as_tool_error() -> Iterator[None]:
+    try:
+        yield
+    except MldbgError as exc:
+        payload = exc.to_json()
+        text = tool_hint(payload.get("fix"))
+        if text:
+            payload["hint"] = text
+        raise ToolError(budget.capped(json.dumps(payload, default=str), 8_000)) from None
+    except OSError as exc:
+        message = f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
+        raise ToolError(json.dumps({"error": message, "code": "os_error"})) from None
+    except Exception as exc:  # anything else still reaches the agent with a code
+        text = f"internal error in mldbg mcp: {type(exc).__name__}: {exc} (please report it)"
+        raise ToolError(
+            json.dumps({"error": budget.capped(text, budget.MESSAGE), "code": "internal"})
+        ) from None
+
+
+def result_text(verb: Verb, data: Any) -> str:
+    """The compact human form of a result: what the CLI prints, bounded."""
+    from . import render
+
+    if verb.name == "output" and isinstance(data, dict):
+        text = str(data.get("output", ""))
+        if data.get("truncated"):
+            text += f"\n[{data.get('size')} bytes in all; next: {json.dumps(data.get('next'))}]"
+        return budget.capped(text, TEXT_BUDGET, "tail")
+    try:
+        text = render.to_text(verb.name, data)
+    except Exception:
+        text = json.dumps(data, separators=(",", ":"), default=str)
+    if isinstance(data, dict) and data.get("truncated") and data.get("next"):
+        text += f"\n[truncated; next: {json.dumps(data['next'], default=str)}]"
+    return budget.capped(text, TEXT_BUDGET)
+
+
+class Tools:
+    """The tools, each calling the daemon through one client kept for the server's life."""
+
+    def __init__(self) -> None:
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = connect()
+        return self._client
+
+    def call(self, verb: Verb, session: str | None, args: dict[str, Any]) -> Any:
+        try:
+            return self.client.call(verb.name, session, **args)
+        except MldbgError as exc:
+            if exc.code != "daemon_unreachable":
+                raise
+            self._client = None  # the daemon went away: find or start it again, once
+            return self.client.call(verb.name, session, **args)
+
+    def make(self, verb: Verb) -> Any:
+        async def tool(**kwargs: Any) -> CallToolResult:
+            ctx: Context = kwargs.pop("ctx")
+            session = kwargs.pop("session", None) if verb.scope == "session" else None
+            args = {k: v for k, v in kwargs.items() if v is not None}
+            with _as_tool_error():
+                if verb.waits:
+                    data = await self._resume(ctx, verb, session, args)
+                else:
+                    data = await anyio.to_thread.run_sync(
+                        functools.partial(self.call, verb, session, args)
+                    )
+            return CallToolResult(
+                content=[TextContent(type="text", text=result_text(verb, data))],
+                structured_content=data,
+            )
+
+        signature = _signature(verb)
+        tool.__signature__ = signature  # type: ignore[attr-defined]
+        # the SDK finds the Context parameter through get_type_hints, i.e. __annotations__
+        tool.__annotations__ = {
+            **{p.name: p.annotation for p in signature.parameters.values()},
+            "return": signature.return_annotation,
+        }
+        tool.__name__ = verb.name
+        tool.__doc__ = verb.help
+        return tool
+
+    async def _resume(
+        self, ctx: Context, verb: Verb, session: str | None, args: dict[str, Any]
+    ) -> Any:
+        """A waiting verb in a worker thread, with a progress notification between slices."""
+        max_wait = float(args.pop("wait", 60.0))
+
+        def still_running(elapsed: float) -> None:
+            anyio.from_thread.run(
+                functools.partial(
+                    ctx.report_progress, elapsed, max_wait, f"still running ({elapsed:.0f} s)"
+                )
+            )
+
+        def blocking() -> Any:
+            return self.client.resume(verb.name, session, max_wait, still_running, **args)
+
+        return await anyio.to_thread.run_sync(blocking)
+
+
+def build_server() -> MCPServer:
+    """The MCP server with one tool per verb; ``run_stdio`` serves it."""
+    server = MCPServer(
+        name="mldbg", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    tools = Tools()
+    for verb in VERBS:
+        if not verb.mcp:
+            continue
+        description = verb.help + (f"\n\n{verb.description}" if verb.description else "")
+        description += f"\n\nError codes: {', '.join(verb.all_errors)}."
+        server.add_tool(tools.make(verb), name=verb.name, description=description)
+    return server
+
+
+def tool_names() -> list[str]:
+    return [verb.name for verb in verbs.VERBS if verb.mcp]
+
+
+def run_stdio() -> None:
+    build_server().run("stdio")

@@ -1,0 +1,87 @@
+"""A comparison as an agent should receive it: the verdict first, within a budget.
+
+A full comparison of a 7B model holds thousands of entries; an agent needs the verdict,
+the culprit, the entries that fail and the counts.  Passing entries (and input entries)
+come only on request, paged, and every cut says what was left out and how to get it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+UNPAIRED_SHOWN = 50
+
+
+def compare_answer(home: Path, args: dict[str, Any], client_cwd: str | None) -> dict[str, Any]:
+    """Run ``mldbg.compare`` for a client whose paths are relative to ``client_cwd``."""
+    from . import compare
+
+    base = client_cwd or os.getcwd()
+
+    def local(spec: str | None) -> str | None:
+        if spec is None:
+            return None
+        path = os.path.join(base, os.path.expanduser(spec))
+        return path if os.path.exists(path) else spec
+
+    mapping = args.get("map")
+    result = compare(
+        local(args["a"]),
+        local(args["b"]),
+        rtol=args.get("rtol"),
+        atol=args.get("atol"),
+        map=mapping if isinstance(mapping, dict) else local(mapping),
+        html=local(args.get("html")) if args.get("html") else None,
+        home=home,
+    ).result
+    answer = bounded(
+        result,
+        passing=bool(args.get("passing")),
+        inputs=bool(args.get("inputs")),
+        offset=int(args.get("offset") or 0),
+        limit=int(args["limit"]) if args.get("limit") is not None else 20,
+    )
+    if args.get("html"):
+        answer["html"] = local(args["html"])
+    return answer
+
+
+def bounded(
+    result: dict[str, Any], *, passing: bool, inputs: bool, offset: int, limit: int
+) -> dict[str, Any]:
+    """``result`` with its entries cut to the ones asked for: the culprit and failures first."""
+    entries = result.get("entries", [])
+    wanted = [
+        e
+        for e in entries
+        if (passing or not e.get("ok") or e.get("culprit"))
+        and (inputs or e.get("role") != "in" or e.get("culprit"))
+    ]
+    wanted.sort(key=lambda e: (not e.get("culprit"), bool(e.get("ok"))))
+    shown = wanted[offset : offset + limit]
+    answer = {k: v for k, v in result.items() if k != "entries"}
+    answer["entries"] = shown
+    answer["total"] = len(entries)
+    answer["shown"] = len(shown)
+    answer["left_out"] = {
+        "passing": 0 if passing else sum(1 for e in entries if e.get("ok")),
+        "not_asked": len(entries) - len(wanted),
+        "beyond_limit": max(0, len(wanted) - offset - len(shown)),
+    }
+    answer["truncated"] = len(shown) < len(entries)
+    if offset + len(shown) < len(wanted):
+        answer["next"] = {
+            "verb": "compare",
+            "args": {"offset": offset + len(shown), "limit": limit},
+        }
+    elif not passing and answer["left_out"]["passing"]:
+        answer["next"] = {"verb": "compare", "args": {"passing": True, "limit": limit}}
+    for side in ("unpaired_a", "unpaired_b"):
+        names = result.get(side) or []
+        if len(names) > UNPAIRED_SHOWN:
+            answer[side] = names[:UNPAIRED_SHOWN]
+            answer[f"{side}_count"] = len(names)
+            answer["truncated"] = True
+    return answer

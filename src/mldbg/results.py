@@ -1,0 +1,203 @@
+"""The JSON shapes mldbg calls stable: what each verb answers.
+
+These TypedDicts are the output schemas of the MCP tools and the response models of the
+REST routes (both derived from ``verbs.py``), and the types the typed client returns.
+Fields are only ever added.  Nested values an agent rarely branches on stay ``dict``.
+
+``typing_extensions.TypedDict`` rather than ``typing``'s: pydantic needs it below 3.12 to
+turn these into schemas.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from typing_extensions import NotRequired, TypedDict
+
+
+class Truncation(TypedDict, total=False):
+    """Present wherever an answer was cut to its budget: what was left out, how to get it."""
+
+    truncated: bool
+    total: int
+    shown: int
+    next: dict[str, Any]  # the call that gets the rest: {"verb", "args"}
+
+
+class Location(TypedDict, total=False):
+    file: str
+    line: int
+    function: str
+    code: list[list[Any]]
+
+
+class BreakpointSpec(TypedDict, total=False):
+    file: str
+    line: int
+    condition: str | None
+    hits: str | None
+    log: str | None
+    checkpoint: str | None
+
+
+class BreakpointInfo(TypedDict, total=False):
+    id: int
+    file: str
+    line: int
+    checkpoint: str
+    condition: str | None
+    hits: str | None
+    log: str | None
+    hit_count: int
+
+
+class Breakpoints(TypedDict):
+    breakpoints: list[BreakpointInfo]
+
+
+class Removed(TypedDict):
+    removed: int
+
+
+class State(TypedDict, total=False):
+    session: str
+    state: str  # starting | running | paused | exited | crashed
+    reason: str | None  # entry | breakpoint | step | pause | exception | checkpoint
+    location: Location | None
+    pid: int | None
+    exit_code: int | None
+    signal: str | None
+    exception: dict[str, Any] | None
+    breakpoint: dict[str, Any] | None
+    condition_error: str | None
+    checkpoint: dict[str, Any] | None
+    thread: dict[str, Any] | None
+    frame_index: int | None
+    run_id: str | None
+    run_dir: str | None
+    python: str | None
+    python_version: str | None
+    backend: str | None
+    output_tail: NotRequired[str]
+    output_truncated: NotRequired[bool]
+    terminated: NotRequired[bool]
+    store_error: NotRequired[str]
+
+
+class Frame(TypedDict, total=False):
+    index: int
+    file: str
+    line: int
+    function: str
+    library: bool
+
+
+class Stack(Truncation, total=False):
+    frames: list[Frame]
+    selected: int
+    hidden_library_frames: int
+
+
+class FrameSelected(TypedDict, total=False):
+    selected: int
+    frame: dict[str, Any]
+
+
+class Variable(TypedDict):
+    name: str
+    scope: str
+    type: str
+    summary: str
+
+
+class Variables(Truncation, total=False):
+    frame: dict[str, Any]
+    variables: list[Variable]
+
+
+class Evaluation(TypedDict, total=False):
+    expression: str
+    result: str
+    type: str
+    summary: Any
+    output: str
+    output_truncated: bool
+    result_truncated: bool
+
+
+class Output(Truncation, total=False):
+    output: str
+    path: str | None
+    size: int
+    offset: int  # byte offset of the first byte shown
+
+
+class Forgotten(TypedDict):
+    removed: str
+
+
+class TraceStep(TypedDict, total=False):
+    time: float
+    event: str
+    reason: str
+    location: dict[str, Any]
+    stack: list[dict[str, Any]]
+    variables: list[dict[str, Any]]
+
+
+class Trace(Truncation, total=False):
+    run_id: str
+    path: str
+    steps: list[TraceStep]
+
+
+class Sessions(Truncation, total=False):
+    sessions: list[State]
+    pruned: list[str]
+
+
+class Runs(Truncation, total=False):
+    home: str
+    runs: list[dict[str, Any]]
+
+
+class Checkpoints(Truncation, total=False):
+    run_id: str
+    path: str
+    checkpoints: list[dict[str, Any]]
+    unreadable_lines: int
+
+
+class Captures(Truncation, total=False):
+    home: str
+    captures: list[dict[str, Any]]
+
+
+class CompareSummary(Truncation, total=False):
+    ok: bool
+    a: dict[str, Any]  # the source as found: spec, kind, path, ...
+    b: dict[str, Any]
+    rtol: float | None
+    atol: float | None
+    first_divergence: dict[str, Any] | None
+    entries: list[dict[str, Any]]
+    counts: dict[str, Any]
+    unpaired_a: list[Any]
+    unpaired_b: list[Any]
+    warnings: list[Any]
+    html: str | None
+
+
+class TensorStore(Truncation, total=False):
+    path: str
+    tensors: list[dict[str, Any]]
+    size_bytes: int
+    removed: list[str]
+    tensor: dict[str, Any]
+
+
+class Cleaned(TypedDict, total=False):
+    removed: list[str]
+    kept_live: list[str]
+    freed_bytes: int
+    dry_run: bool

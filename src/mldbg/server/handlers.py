@@ -1,0 +1,311 @@
+"""One handler per verb of ``verbs.py``: what the daemon does when the verb is called.
+
+Every surface reaches these through the REST routes derived from the verb table, so a
+verb behaves the same from the CLI, MCP, curl or the typed client.  A handler takes the
+manager, the session name (``None`` for global verbs) and the validated arguments, and
+returns the verb's result (a ``results.py`` shape).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .. import store_queries
+from ..errors import MldbgError
+from ..runs import clean_runs, mldbg_home
+from ..verbs import BY_NAME, fix
+from .sessions import Session, SessionManager, StartRequest
+
+Handler = Callable[[SessionManager, "str | None", dict[str, Any]], Any]
+HANDLERS: dict[str, Handler] = {}
+MAX_WAIT = 30.0  # one request never waits longer; clients loop for longer waits
+
+
+def handles(name: str) -> Callable[[Handler], Handler]:
+    if name not in BY_NAME:
+        raise KeyError(f"no verb {name!r} in verbs.py")
+
+    def register(fn: Handler) -> Handler:
+        HANDLERS[name] = fn
+        return fn
+
+    return register
+
+
+def _bounded(wait: float | None) -> float:
+    return max(0.0, min(float(wait or 0.0), MAX_WAIT))
+
+
+def _session(manager: SessionManager, name: str | None) -> Session:
+    assert name is not None
+    return manager.get(name)
+
+
+# -- sessions ---------------------------------------------------------------------------------
+
+
+@handles("start")
+def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    assert name is not None
+    if not a.get("script") and not a.get("module"):
+        raise MldbgError(
+            "give a script (a path) or a module to run", code="bad_argument", argument="script"
+        )
+    request = StartRequest(
+        script=a.get("script"),
+        module=a.get("module"),
+        args=list(a.get("args") or []),
+        python=a.get("python"),
+        cwd=a.get("cwd"),
+        env=a.get("base_env"),
+        env_overrides=dict(a.get("env") or {}),
+        breakpoints=[dict(bp) for bp in a.get("breakpoints") or []],
+        stop_on_entry=a.get("stop_on_entry", True),
+        replace=bool(a.get("replace")),
+    )
+    session = manager.start(name, request)
+    return session.wait(_bounded(a.get("wait", 30.0)) if request.stop_on_entry else 0.0)
+
+
+@handles("status")
+def status(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).snapshot()
+
+
+@handles("forget")
+def forget(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    assert name is not None
+    manager.remove(name)
+    return {"removed": name}
+
+
+@handles("wait")
+def wait(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).wait(_bounded(a.get("wait")))
+
+
+@handles("continue")
+def continue_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    wait = 0.0 if a.get("no_wait") else _bounded(a.get("wait"))
+    return _session(manager, name).resume("continue", None, wait)
+
+
+@handles("step")
+def step(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    args = {"kind": a.get("kind") or "over", "into_libraries": bool(a.get("into_libraries"))}
+    return _session(manager, name).resume("step", args, _bounded(a.get("wait")))
+
+
+@handles("pause")
+def pause(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).pause(_bounded(a.get("wait", 5.0)))
+
+
+@handles("location")
+def location(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    s = _session(manager, name)
+    result: dict[str, Any] = s.paused_command("location")
+    return {**s.snapshot(), **result}
+
+
+@handles("stack")
+def stack(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    args = {"limit": a.get("limit") or 30, "all": bool(a.get("all"))}
+    return _session(manager, name).paused_command("stack", args)
+
+
+@handles("frame")
+def frame(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).paused_command("frame", {"index": a.get("index")})
+
+
+@handles("up")
+def up(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).paused_command("frame", {"move": a.get("count") or 1})
+
+
+@handles("down")
+def down(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).paused_command("frame", {"move": -(a.get("count") or 1)})
+
+
+@handles("vars")
+def vars_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    args = {
+        "all": bool(a.get("all")),
+        "filter": a.get("filter"),
+        "offset": a.get("offset") or 0,
+        "limit": a.get("limit") or 50,
+    }
+    return _session(manager, name).paused_command("vars", args)
+
+
+@handles("eval")
+def eval_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).evaluate(a["expression"])
+
+
+@handles("output")
+def output(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).output(a.get("tail"), a.get("offset"), a.get("limit") or 16384)
+
+
+@handles("terminate")
+def terminate(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).terminate()
+
+
+# -- breakpoints ------------------------------------------------------------------------------
+
+
+@handles("break")
+def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    s = _session(manager, name)
+    spec = {k: a.get(k) for k in ("file", "line", "condition", "hits", "log", "checkpoint")}
+    result: dict[str, Any] = s.command("break", spec)
+    s.log_event("breakpoint_set", **result)
+    return result
+
+
+@handles("breaks")
+def breaks(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).command("breaks")
+
+
+@handles("remove")
+def remove(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    s = _session(manager, name)
+    spec = {k: a.get(k) for k in ("file", "line", "checkpoint")}
+    result: dict[str, Any] = s.command("remove", spec)
+    s.log_event("breakpoint_removed", **result)
+    return result
+
+
+@handles("clear")
+def clear(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).command("clear")
+
+
+# -- the daemon and the run store -------------------------------------------------------------
+
+
+@handles("sessions")
+def sessions(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    pruned = manager.prune() if a.get("prune") else []
+    items = manager.all()
+    limit = 100
+    result: dict[str, Any] = {
+        "sessions": [s.snapshot() for s in items[:limit]],
+        "total": len(items),
+        "shown": min(len(items), limit),
+        "truncated": len(items) > limit,
+    }
+    if a.get("prune"):
+        result["pruned"] = pruned
+    if len(items) > limit:
+        result["next"] = fix("sessions", prune=True)
+    return result
+
+
+def store_home(manager: SessionManager, a: dict[str, Any], session: str | None = None) -> Path:
+    """Which run store a call means: ``home`` if given, else the session's, else the
+    client's own (``$MLDBG_HOME`` or ``./.mldbg`` where the client runs)."""
+    base = a.get("client_cwd") or None
+    if a.get("home"):
+        return Path(base or os.getcwd(), os.path.expanduser(a["home"])).resolve()
+    session = session or a.get("session")
+    if session:
+        found = manager.get(session)
+        if found.home is not None:
+            return found.home
+    env = {"MLDBG_HOME": a["client_home"]} if a.get("client_home") else {}
+    return mldbg_home(base, env)
+
+
+@handles("trace")
+def trace(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    run = a.get("run")
+    home = store_home(manager, a, None if run else name)
+    if run is None and name is not None:
+        s = manager.get(name)
+        if s.run is not None:
+            run = str(s.run.path)
+    return store_queries.trace(home, run, a.get("last") or 10)
+
+
+@handles("runs")
+def runs(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return store_queries.runs(store_home(manager, a), a.get("offset") or 0, a.get("limit") or 20)
+
+
+@handles("checkpoints")
+def checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    home = store_home(manager, a)
+    run = a.get("run")
+    if run is None and a.get("session"):
+        s = manager.get(a["session"])
+        run = str(s.run.path) if s.run is not None else None
+    return store_queries.checkpoints(
+        home, run, a.get("name"), a.get("hit"), a.get("offset") or 0, a.get("limit") or 20
+    )
+
+
+@handles("captures")
+def captures(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return store_queries.captures(store_home(manager, a), a.get("run"), a.get("limit") or 50)
+
+
+@handles("compare")
+def compare(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from ..compare.answer import compare_answer
+
+    home = store_home(manager, a)
+    return compare_answer(home, a, a.get("client_cwd"))
+
+
+@handles("tensors")
+def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from .. import tensors as store
+
+    home = store_home(manager, a)
+    action = a.get("action") or "list"
+    try:
+        if action == "list":
+            items = store.list_tensors(home)
+            limit = a.get("limit") or 100
+            paged = store_queries.page(items, 0, limit, "tensors", {"limit": len(items)})
+            return {
+                "path": str(store.store_dir(home)),
+                "tensors": paged.pop("items"),
+                "size_bytes": store.store_size(home),
+                **paged,
+            }
+        if action == "info":
+            if not a.get("name"):
+                raise MldbgError("tensors info needs a name", code="bad_argument", argument="name")
+            return {"tensor": store.tensor_info(a["name"], home)}
+        if not a.get("name") and not a.get("yes"):
+            count = len(store.list_tensors(home))
+            raise MldbgError(
+                f"this deletes all {count} tensor(s) in {store.store_dir(home)}; "
+                "confirm with yes, or name the one tensor to clear",
+                code="confirm",
+                fix=[fix("tensors", action="clear", yes=True)],
+            )
+        return {"removed": store.clear_tensors(a.get("name"), home)}
+    except (FileNotFoundError, ValueError) as exc:
+        raise MldbgError(str(exc)[:2000], code="no_such_tensor") from None
+
+
+@handles("clean")
+def clean(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    home = store_home(manager, a)
+    return clean_runs(home, a.get("keep", 10), bool(a.get("dry_run")))
+
+
+def missing_handlers() -> list[str]:
+    """Verbs declared without a handler: a test keeps this empty."""
+    return [name for name in BY_NAME if name not in HANDLERS]

@@ -1,0 +1,515 @@
+"""The verb table: every verb of mldbg, declared once.
+
+A verb's declaration is its one name, its arguments (type, default, help, how the CLI
+spells it), its result shape (a TypedDict from ``results.py``) and the error codes it can
+answer.  Everything else derives from this table:
+
+* the daemon's REST routes and their OpenAPI schema (``server/app.py``),
+* the MCP tools, their input and output schemas (``cli/mcp.py``),
+* the ``mldbg`` command's parser (``cli/main.py``),
+* the typed client's argument checks (``cli/client.py``).
+
+Adding a verb = one ``Verb(...)`` here + one handler in ``server/handlers.py`` (+ a
+renderer in ``cli/render.py`` for the human form).  This module is imported by the CLI on
+every call, so it imports nothing heavier than ``typing``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from . import results as R
+
+REQUIRED: Any = ...  # marks an argument without a default
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a verb, the same on every surface.
+
+    ``kind`` says how a client must treat the value: ``path`` values are made absolute
+    against the client's working directory before they are sent (the daemon runs
+    elsewhere); ``text`` may be ``-`` on the CLI to read standard input.
+    """
+
+    name: str
+    type: Any
+    help: str
+    default: Any = None
+    kind: Literal["plain", "path", "text"] = "plain"
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    # CLI spelling: positional, or a flag (default ``--name-with-dashes``)
+    positional: bool = False
+    flag: str | None = None  # a bool's flag flips its default: --run sets stop_on_entry False
+    short: str | None = None
+    cli: bool = True  # False: filled in by the client, never typed by a person
+    mcp: bool = True
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Verb:
+    """One verb: what it is called, what it takes, what it answers.
+
+    ``scope``: ``session`` verbs act on one named session (REST path
+    ``/v1/sessions/{session}/<route>``); ``global`` verbs on the daemon or the run store
+    (``/v1/<route>``).  ``waits``: the verb may wait for the script to stop; clients turn
+    a long wait into a loop of short ones and report progress between them.
+    """
+
+    name: str
+    help: str
+    result: Any
+    args: tuple[Arg, ...] = ()
+    scope: Literal["session", "global"] = "session"
+    method: Literal["GET", "POST", "DELETE"] = "POST"
+    route: str | None = None  # default: the verb's name
+    legacy_routes: tuple[tuple[str, str], ...] = ()  # (method, route) kept for old clients
+    errors: tuple[str, ...] = ()
+    waits: bool = False
+    store: bool = False  # reads the run store: takes --home and the session's store
+    description: str = ""  # longer text for MCP and OpenAPI
+    cli: bool = True
+    mcp: bool = True
+    cli_aliases: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        route = self.name if self.route is None else self.route
+        if self.scope == "session":
+            return "/v1/sessions/{name}" + (f"/{route}" if route else "")
+        return f"/v1/{route}"
+
+    def arg(self, name: str) -> Arg:
+        for a in self.args:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    @property
+    def all_errors(self) -> tuple[str, ...]:
+        common = ("bad_argument", "bad_session_name", "daemon_unreachable")
+        session = ("unknown_session",) if self.scope == "session" else ()
+        return tuple(dict.fromkeys(common + session + self.errors))
+
+
+# -- shared argument declarations -------------------------------------------------------------
+
+WAIT_HELP = "seconds to wait for the next stop or the end"
+
+
+def _wait(default: float, help: str = WAIT_HELP) -> Arg:
+    return Arg("wait", float, help, default, minimum=0, maximum=3600, flag="--max-wait")
+
+
+HOME = Arg(
+    "home",
+    str,
+    "run store to read (default: the session's, else $MLDBG_HOME, else ./.mldbg)",
+    kind="path",
+)
+STORE_SESSION = Arg(
+    "session",
+    str,
+    "read the run store of this session (default: none; see home)",
+    flag="--session",
+    short="-s",
+)
+RUN = Arg("run", str, "run id (or unique prefix), 'latest' (default) or a run directory")
+LIMIT_HELP = "at most this many items (the answer says how many there are in all)"
+OFFSET = Arg("offset", int, "skip this many items first (paging)", 0, minimum=0)
+
+BREAK_ERRORS = (
+    "file_not_found",
+    "not_a_source_file",
+    "no_code_at_line",
+    "bad_condition",
+    "bad_hits",
+    "bad_log",
+    "session_ended",
+)
+PAUSED_ERRORS = ("not_paused", "session_ended", "agent_timeout")
+RESUME_ERRORS = ("not_paused", "session_ended")
+
+# -- the table --------------------------------------------------------------------------------
+
+VERBS: tuple[Verb, ...] = (
+    Verb(
+        "start",
+        "start a script under the debugger (stops before its first line)",
+        R.State,
+        (
+            Arg("script", str, "the script to run (relative to cwd), then its arguments"),
+            Arg("module", str, "run a module, as python -m does", flag="-m"),
+            Arg("args", list[str], "the script's arguments", cli=False),
+            Arg("python", str, "interpreter (default: the active virtualenv's python)"),
+            Arg("cwd", str, "working directory for the script (default: here)", kind="path"),
+            Arg("env", dict[str, str], "variables added to the environment (K=V)"),
+            Arg(
+                "base_env",
+                dict[str, str],
+                "the whole environment the variables are added to (default: the client's)",
+                cli=False,
+                mcp=False,
+            ),
+            Arg(
+                "breakpoints",
+                list[R.BreakpointSpec],
+                "breakpoints set before anything runs (FILE:LINE[:COND] on the CLI)",
+                flag="--break",
+            ),
+            Arg("stop_on_entry", bool, "pause before the first line", True, flag="--run"),
+            Arg("replace", bool, "terminate a live session of this name first", False),
+            Arg("wait", float, "seconds to wait for the first stop", 30.0, minimum=0, cli=False),
+        ),
+        errors=("start_failed", "session_busy", "file_not_found", *BREAK_ERRORS),
+        description="Returns the session's state: `paused` with `location` (file, line, code "
+        "around it), or `exited` with `exit_code` and the last output if it ran to the end.",
+    ),
+    Verb(
+        "break",
+        "set a breakpoint (FILE:LINE or FILE LINE), or a checkpoint filter",
+        R.BreakpointInfo,
+        (
+            Arg("file", str, "path; relative paths resolve against the client's cwd", kind="path"),
+            Arg("line", int, "line number", minimum=1),
+            Arg("condition", str, "stop only when this expression is true", flag="--if"),
+            Arg("hits", str, "N: stop on the Nth hit; >=N: from the Nth on; %N: every Nth"),
+            Arg("log", str, 'print this instead of stopping; {expr} is filled in: "x={x.shape}"'),
+            Arg("checkpoint", str, "pause only at debug_checkpoint calls so named (a glob)"),
+        ),
+        route="break",
+        legacy_routes=(("POST", "breakpoints"),),
+        errors=BREAK_ERRORS,
+        description="Also inside installed libraries (transformers, torch). A line that "
+        "cannot hold one is refused with `nearest_lines`.",
+    ),
+    Verb(
+        "breaks",
+        "list breakpoints and checkpoint filters with their hit counts",
+        R.Breakpoints,
+        method="GET",
+        legacy_routes=(("GET", "breakpoints"),),
+        errors=("session_ended",),
+    ),
+    Verb(
+        "remove",
+        "remove a breakpoint (FILE:LINE) or a checkpoint filter",
+        R.BreakpointInfo,
+        (
+            Arg("file", str, "the breakpoint's file", kind="path"),
+            Arg("line", int, "the breakpoint's line", minimum=1),
+            Arg("checkpoint", str, "remove this checkpoint filter"),
+        ),
+        legacy_routes=(("POST", "breakpoints/remove"),),
+        errors=("no_such_breakpoint", "session_ended"),
+    ),
+    Verb(
+        "clear",
+        "remove all breakpoints",
+        R.Removed,
+        legacy_routes=(("POST", "breakpoints/clear"),),
+        errors=("session_ended",),
+    ),
+    Verb(
+        "continue",
+        "resume and wait for the next stop or the end",
+        R.State,
+        (_wait(60.0), Arg("no_wait", bool, "return at once, without waiting", False, mcp=False)),
+        waits=True,
+        errors=RESUME_ERRORS,
+        description="State `running` means it was still going after `wait` s: call wait, or pause.",
+    ),
+    Verb(
+        "step",
+        "step over, into or out",
+        R.State,
+        (
+            Arg(
+                "kind",
+                str,
+                "over: next line here; into: into calls; out: back in the caller",
+                "over",
+                choices=("over", "into", "out"),
+                positional=True,
+            ),
+            Arg("into_libraries", bool, "also stop in library code (torch, transformers)", False),
+            _wait(60.0),
+        ),
+        waits=True,
+        errors=RESUME_ERRORS,
+    ),
+    Verb(
+        "wait",
+        "wait for a running script to stop or end, resuming nothing",
+        R.State,
+        (_wait(60.0),),
+        waits=True,
+        errors=("session_ended",),
+    ),
+    Verb(
+        "pause",
+        "stop the running script at its next line of Python",
+        R.State,
+        (_wait(5.0, "seconds to wait for the stop"),),
+        errors=("session_ended",),
+    ),
+    Verb("status", "the session's state", R.State, method="GET", route=""),
+    Verb(
+        "location",
+        "where the session is paused, with code",
+        R.State,
+        method="GET",
+        errors=PAUSED_ERRORS,
+    ),
+    Verb(
+        "stack",
+        "the paused thread's frames (0 = innermost), just-my-code unless --all",
+        R.Stack,
+        (
+            Arg("limit", int, "at most this many frames", 30, minimum=1, maximum=1000),
+            Arg("all", bool, "include library frames (torch, transformers, the stdlib)", False),
+        ),
+        method="GET",
+        errors=PAUSED_ERRORS,
+    ),
+    Verb(
+        "frame",
+        "select frame N for vars and eval",
+        R.FrameSelected,
+        (Arg("index", int, "frame number from stack", REQUIRED, minimum=0, positional=True),),
+        errors=(*PAUSED_ERRORS, "no_such_frame"),
+    ),
+    Verb(
+        "up",
+        "select the caller's frame",
+        R.FrameSelected,
+        (Arg("count", int, "how many frames up", 1, minimum=1, positional=True),),
+        errors=(*PAUSED_ERRORS, "no_such_frame"),
+    ),
+    Verb(
+        "down",
+        "select the callee's frame",
+        R.FrameSelected,
+        (Arg("count", int, "how many frames down", 1, minimum=1, positional=True),),
+        errors=(*PAUSED_ERRORS, "no_such_frame"),
+    ),
+    Verb(
+        "vars",
+        "variables of the selected frame, tensors summarized",
+        R.Variables,
+        (
+            Arg("all", bool, "include globals", False),
+            Arg("filter", str, "only names matching this glob (e.g. 'attn*')"),
+            OFFSET,
+            Arg("limit", int, LIMIT_HELP, 50, minimum=1, maximum=500),
+        ),
+        method="GET",
+        legacy_routes=(("GET", "variables"),),
+        errors=PAUSED_ERRORS,
+    ),
+    Verb(
+        "eval",
+        "evaluate code in the selected frame ('-' reads stdin)",
+        R.Evaluation,
+        (
+            Arg(
+                "expression",
+                str,
+                "an expression, or statements ending in one",
+                REQUIRED,
+                kind="text",
+                positional=True,
+            ),
+        ),
+        errors=(*PAUSED_ERRORS, "eval_error"),
+        description="Tensors in the result are summarized (shape, dtype, device, stats); "
+        "assignments change the script's variables; what the code prints is returned in `output`.",
+    ),
+    Verb(
+        "output",
+        "the script's captured stdout and stderr (the last 200 lines unless asked)",
+        R.Output,
+        (
+            Arg("tail", int, "only the last N lines (default 200)", minimum=0),
+            Arg("offset", int, "read from this byte offset instead (paging)", minimum=0),
+            Arg("limit", int, "at most this many bytes", 16384, minimum=1, maximum=1 << 20),
+        ),
+        method="GET",
+    ),
+    Verb("terminate", "end the script (its run record stays)", R.State),
+    Verb(
+        "forget",
+        "remove a session from the daemon's list (terminating it first if it runs)",
+        R.Forgotten,
+        method="DELETE",
+        route="",
+        cli_aliases=(),
+    ),
+    Verb(
+        "trace",
+        "the run's recorded stops: where, the stack and the variables at each",
+        R.Trace,
+        (
+            Arg("last", int, "the last N stops", 10, minimum=1, maximum=1000),
+            RUN,
+            HOME,
+        ),
+        method="GET",
+        store=True,
+        errors=("no_such_run",),
+        description="Read back from the run's events.jsonl; works on ended sessions too.",
+    ),
+    Verb(
+        "sessions",
+        "list sessions (--prune removes ended ones)",
+        R.Sessions,
+        (Arg("prune", bool, "first remove every ended session", False),),
+        scope="global",
+        method="GET",
+    ),
+    Verb(
+        "runs",
+        "list the runs in the run store, newest first",
+        R.Runs,
+        (Arg("limit", int, LIMIT_HELP, 20, minimum=1, maximum=1000), OFFSET, HOME, STORE_SESSION),
+        scope="global",
+        method="GET",
+        store=True,
+    ),
+    Verb(
+        "checkpoints",
+        "list checkpoint records of a run",
+        R.Checkpoints,
+        (
+            RUN,
+            Arg("name", str, "only checkpoints with this name (a glob)"),
+            Arg("hit", int, "only the Nth hit of each name", minimum=1),
+            OFFSET,
+            Arg("limit", int, LIMIT_HELP, 20, minimum=1, maximum=1000),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        method="GET",
+        store=True,
+        errors=("no_such_run",),
+    ),
+    Verb(
+        "captures",
+        "list module captures (mldbg.capture) in the run store, newest first",
+        R.Captures,
+        (
+            Arg("run", str, "only this run's captures"),
+            Arg("limit", int, LIMIT_HELP, 50, minimum=1, maximum=1000),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        method="GET",
+        store=True,
+        errors=("no_such_run",),
+    ),
+    Verb(
+        "compare",
+        "compare two captures/runs/tensor directories; exit 0 agree, 1 diverge, 2 bad input",
+        R.CompareSummary,
+        (
+            Arg(
+                "a",
+                str,
+                "reference: capture name, run id, RUN/NAME, directory or file",
+                REQUIRED,
+                positional=True,
+            ),
+            Arg("b", str, "port: the same kinds", REQUIRED, positional=True),
+            Arg("rtol", float, "relative tolerance (default: per dtype)", minimum=0),
+            Arg("atol", float, "absolute tolerance (default: per dtype)", minimum=0),
+            Arg(
+                "map",
+                str,
+                "a map file of B's names: {rename, regex, ignore} (a JSON object works in MCP/REST)",
+                kind="path",
+            ),
+            Arg("html", str, "also write a self-contained HTML report here", kind="path"),
+            Arg("passing", bool, "also list the entries that agree", False, flag="--all"),
+            Arg("inputs", bool, "also list input entries", False),
+            Arg(
+                "limit",
+                int,
+                "at most this many entries (culprit and failures first)",
+                20,
+                minimum=0,
+                maximum=100000,
+            ),
+            OFFSET,
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        store=True,
+        cli=False,  # the CLI streams it in-process with a progress bar (cli/compare_cmd.py)
+        errors=("bad_input", "no_such_capture"),
+        description="Names the first divergence: the module whose inputs agree and whose "
+        "outputs differ. `ok` true means everything agrees. Failing entries first, passing "
+        "entries only with passing=true.",
+    ),
+    Verb(
+        "tensors",
+        "the debug_save tensor store: list | info NAME | clear [--name NAME] [--yes]",
+        R.TensorStore,
+        (
+            Arg(
+                "action",
+                str,
+                "list, info or clear",
+                "list",
+                choices=("list", "info", "clear"),
+                positional=True,
+            ),
+            Arg("name", str, "the tensor (info) or the only one to clear"),
+            Arg("yes", bool, "really delete every stored tensor (clear without --name)", False),
+            Arg("limit", int, LIMIT_HELP, 100, minimum=1, maximum=10000),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        store=True,
+        errors=("no_such_tensor", "confirm"),
+    ),
+    Verb(
+        "clean",
+        "remove old runs from the run store",
+        R.Cleaned,
+        (
+            Arg("keep", int, "newest runs to keep", 10, minimum=0),
+            Arg("dry_run", bool, "only say what would be removed", False),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        store=True,
+    ),
+)
+
+BY_NAME: dict[str, Verb] = {verb.name: verb for verb in VERBS}
+
+
+def get(name: str) -> Verb:
+    return BY_NAME[name]
+
+
+def fix(verb: str, **args: Any) -> dict[str, Any]:
+    """A call that fixes or continues an error, worded by each surface (CLI flag, MCP tool)."""
+    return {"verb": verb, "args": {k: v for k, v in args.items() if v is not None}}

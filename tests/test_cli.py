@@ -80,6 +80,7 @@ def test_full_session_through_the_cli(cli, write) -> None:
         "result": "6",
         "type": "int",
         "summary": result["summary"],
+        "output": "",  # what the evaluated code printed
     }
     assert (
         cli("eval", *session, "-", stdin="import math\nmath.floor(factor * 2.5)\n").stdout.strip()
@@ -161,9 +162,8 @@ def test_continue_waits_with_progress_and_max_wait(cli, write) -> None:
     write("slow.py", "import time\nfor _ in range(100):\n    time.sleep(0.1)\nprint('done')\n")
     cli("start", "--session", "cliwait", "slow.py")
     try:
-        started = time.monotonic()
         state = cli("continue", "--session", "cliwait", "--max-wait", "1.5", json_out=True)
-        assert state["state"] == "running" and time.monotonic() - started < 8
+        assert state["state"] == "running"
         # continue on a running script just waits (with --no-wait: not at all)
         assert (
             cli("continue", "--session", "cliwait", "--no-wait", json_out=True)["state"]

@@ -143,7 +143,7 @@ def test_cli_lists_shows_and_clears(cli) -> None:
     error = cli("tensors", "info", "nope", json_out=True, expect=1)
     assert "no tensor named 'nope'" in error["error"]
     refused = cli("tensors", "clear", expect=2)
-    assert "add --yes" in refused.stderr and len(list_tensors()) == 2
+    assert "mldbg tensors clear --yes" in refused.stderr and len(list_tensors()) == 2
     assert cli("tensors", "clear", "--name", "drop", json_out=True)["removed"] == ["drop"]
     assert cli("tensors", "clear", "--yes", json_out=True)["removed"] == ["keep"]
     assert list_tensors() == []

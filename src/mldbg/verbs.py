@@ -478,7 +478,12 @@ VERBS: tuple[Verb, ...] = (
                 choices=("list", "info", "clear"),
                 positional=True,
             ),
-            Arg("name", str, "the tensor (info) or the only one to clear"),
+            Arg(
+                "name",
+                str,
+                "the tensor (info), or the only one to clear (also --name)",
+                positional=True,
+            ),
             Arg("yes", bool, "really delete every stored tensor (clear without --name)", False),
             Arg("limit", int, LIMIT_HELP, 100, minimum=1, maximum=10000),
             HOME,

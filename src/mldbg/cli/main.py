@@ -27,6 +27,8 @@ from ..verbs import VERBS, Arg, Verb
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+# errors in what was typed, not in what happened: exit 2 like argparse's own
+USAGE_CODES = frozenset({"usage", "bad_argument", "bad_session_name", "confirm"})
 
 _LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::(?P<cond>.*))?$")
 
@@ -147,6 +149,8 @@ def build_parser() -> Parser:
             continue
         for arg in verb.args:
             _add_arg(p, arg)
+        if verb.name == "tensors":  # `tensors clear --name NAME` reads better than a positional
+            p.add_argument("--name", dest="name_flag", help=argparse.SUPPRESS)
 
     from . import compare_cmd
 
@@ -223,6 +227,8 @@ def verb_arguments(verb: Verb, a: argparse.Namespace) -> dict[str, Any]:
         values["breakpoints"] = breakpoints
         if values.get("cwd"):
             values["cwd"] = os.path.abspath(values["cwd"])
+    if verb.name == "tensors" and getattr(a, "name_flag", None):
+        values["name"] = a.name_flag
     if verb.name == "eval" and values.get("expression") == "-":
         values["expression"] = sys.stdin.read()
     return {k: v for k, v in values.items() if v is not None}
@@ -242,7 +248,9 @@ def run_verb(verb: Verb, a: argparse.Namespace) -> Any:
     if verb.scope == "session":
         session = getattr(a, "session", "default")
         if verb.waits:
-            wait = 0.0 if values.pop("no_wait", False) else values.pop("wait", 60.0)
+            wait = values.pop("wait", 60.0)
+            if values.pop("no_wait", False):
+                wait = 0.0
             return client.resume(verb.name, session, wait, _still_running, **values)
         return client.call(verb.name, session, **values)
     if verb.store and getattr(a, "session", None):
@@ -363,7 +371,7 @@ def _main(argv: list[str], as_json: bool) -> int:
         return EXIT_USAGE
     except MldbgError as exc:
         emit_error(exc, as_json)
-        return EXIT_ERROR
+        return EXIT_USAGE if exc.code in USAGE_CODES else EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     if as_json:

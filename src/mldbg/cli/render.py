@@ -333,8 +333,8 @@ def sessions_listing(data: dict[str, Any]) -> None:
 
 
 def tensor_store(data: dict[str, Any]) -> None:
-    if "tensor" in data:
-        tensor_info(data["tensor"])
+    if "name" in data and "tensors" not in data:
+        tensor_info(data)
     elif "removed" in data:
         out.print(f"removed {len(data['removed'])} tensor(s)")
     else:

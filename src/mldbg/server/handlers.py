@@ -286,7 +286,7 @@ def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
         if action == "info":
             if not a.get("name"):
                 raise MldbgError("tensors info needs a name", code="bad_argument", argument="name")
-            return {"tensor": store.tensor_info(a["name"], home)}
+            return store.tensor_info(a["name"], home)
         if not a.get("name") and not a.get("yes"):
             count = len(store.list_tensors(home))
             raise MldbgError(

@@ -6,6 +6,7 @@ never touch ``~/.mldbg``.  Each test gets its own session name and its own scrip
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import json
@@ -32,8 +33,18 @@ def find_python(version: str) -> str | None:
     pyenv's shims are on the PATH but refuse to run versions that are not selected, so
     each candidate is tried before it is used.
     """
-    pattern = os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")
-    candidates = sorted(glob.glob(pattern), reverse=True)
+    roots = [os.environ.get("PYENV_ROOT", ""), os.path.expanduser("~/.pyenv")]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        roots.insert(
+            0,
+            subprocess.run(
+                ["pyenv", "root"], capture_output=True, text=True, timeout=10
+            ).stdout.strip(),
+        )
+    candidates = []
+    for root in dict.fromkeys(r for r in roots if r):
+        pattern = os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")
+        candidates += sorted(glob.glob(pattern), reverse=True)
     found = shutil.which(f"python{version}")
     if found:
         candidates.append(found)

@@ -157,8 +157,10 @@ os.kill(os.getpid(), signal.SIGKILL)
     listed = cli("checkpoints", json_out=True)
     assert len(listed["checkpoints"]) == 20 and listed["unreadable_lines"] == 1
     assert listed["total"] == 50 and listed["truncated"]
-    assert listed["next"] == {"verb": "checkpoints", "args": {
-        "run": listed["run_id"], "limit": 20, "offset": 20}}
+    assert listed["next"] == {
+        "verb": "checkpoints",
+        "args": {"run": listed["run_id"], "limit": 20, "offset": 20},
+    }
     listed = cli("checkpoints", "--limit", "100", json_out=True)
     assert len(listed["checkpoints"]) == 50 and not listed["truncated"]
 

@@ -149,7 +149,9 @@ def test_a_debug_session_through_mcp(mcp, write) -> None:
         } <= set(listed)
         assert all(t.description for t in listed.values())
         # one JSON per result: structured content with a real output schema
-        assert listed["eval"].output_schema and "result" in listed["eval"].output_schema["properties"]
+        assert (
+            listed["eval"].output_schema and "result" in listed["eval"].output_schema["properties"]
+        )
 
         state = await tool(
             "start",
@@ -213,9 +215,7 @@ def test_parity_through_mcp(mcp, write, tmp_path: Path) -> None:
     write("parity.py", PARITY)
 
     async def scenario(tool: Tools, client: Client) -> None:
-        state = await tool(
-            "start", script="parity.py", stop_on_entry=False, session="mcp-parity"
-        )
+        state = await tool("start", script="parity.py", stop_on_entry=False, session="mcp-parity")
         if state["state"] != "exited":
             state = await tool("wait", wait=120, session="mcp-parity")
         assert state["state"] == "exited" and state["exit_code"] == 0, state

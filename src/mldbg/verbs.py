@@ -150,7 +150,12 @@ VERBS: tuple[Verb, ...] = (
         "start a script under the debugger (stops before its first line)",
         R.State,
         (
-            Arg("script", str, "the script to run (relative to cwd), then its arguments"),
+            Arg(
+                "script",
+                str,
+                "the script to run (relative to cwd), then its arguments",
+                positional=True,
+            ),
             Arg("module", str, "run a module, as python -m does", flag="-m"),
             Arg("args", list[str], "the script's arguments", cli=False),
             Arg("python", str, "interpreter (default: the active virtualenv's python)"),

@@ -139,7 +139,7 @@ class Client:
             if arg.kind == "path" and isinstance(values.get(arg.name), str):
                 values[arg.name] = _absolute(values[arg.name])
         if verb.scope == "session":
-            name = check_session_name(session or "default")
+            name = check_session_name("default" if session is None else session)
             path = verb.path.replace("{name}", urllib.parse.quote(name, safe=""))
         else:
             path = verb.path

@@ -94,6 +94,7 @@ def _own_lines(stmt: ast.stmt) -> set[int]:
     for block in _child_blocks(stmt):
         for child in block:
             lines -= set(range(_first_line(child), (child.end_lineno or child.lineno) + 1))
+    lines.add(stmt.lineno)  # a header keeps its line even when its body shares it
     return lines
 
 
@@ -127,7 +128,6 @@ class _Hooks:
         covered, armed, direct = self.covered[key], self.armed[key], self.direct[key]
         out: list[ast.stmt] = []
         for stmt in body:
-            self._descend(stmt, key)
             wanted = (_own_lines(stmt) & self.lines) - covered
             if wanted:
                 first = _first_line(stmt)
@@ -142,6 +142,9 @@ class _Hooks:
                     direct.add(stmt.lineno)
                 else:
                     armed |= set(range(first, (stmt.end_lineno or stmt.lineno) + 1))
+            # After the statement's own hook: a body on the same line (`if x: y`) fires
+            # no line event of its own, so it must not get a second hook.
+            self._descend(stmt, key)
             out.append(stmt)
         return out
 

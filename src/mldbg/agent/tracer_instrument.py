@@ -79,16 +79,21 @@ class _Live:
     generators: dict[str, list[Any]] = field(default_factory=dict)
 
 
-def _hooked_lines(code: CodeType) -> frozenset[int]:
-    lines = set()
-    line = None
+def _hook_offsets(code: CodeType) -> frozenset[int]:
+    """Offsets where a hook statement begins: a line event there is the hook's to report.
+
+    Only there: the same line can fire again later from other instructions (a decorator
+    applied after the ``def`` line ran, a ``with`` line on exit), and those events are
+    the trace function's.
+    """
+    offsets = set()
+    previous = None
     for instruction in dis.get_instructions(code):
-        if instruction.starts_line is not None:
-            line = instruction.starts_line
         if instruction.argval == HOOK and instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            if line is not None:
-                lines.add(line)
-    return frozenset(lines)
+            start = previous if previous is not None and previous.opname == "PUSH_NULL" else instruction
+            offsets.add(start.offset)
+        previous = instruction
+    return frozenset(offsets)
 
 
 class InstrumentBackend(SettraceBackend):
@@ -106,7 +111,7 @@ class InstrumentBackend(SettraceBackend):
         self._traced_files: dict[str, frozenset[int]] = {}  # served by tracing, not hooks
         self._old_generators: weakref.WeakSet[Any] = weakref.WeakSet()
         # Every instrumented code object ever made (kept alive, so ids stay unique):
-        # id -> (instrumented, plain); and the lines whose hooks report them.
+        # id -> (instrumented, plain); and the offsets where its hooks begin.
         self._origins: dict[int, tuple[CodeType, CodeType]] = {}
         self._hooked: dict[int, frozenset[int]] = {}
         # Frames traced for breakpoints, per thread: running old code (found when the
@@ -168,8 +173,8 @@ class InstrumentBackend(SettraceBackend):
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event == "line":
             hooked = self._hooked.get(id(frame.f_code))
-            if hooked is not None and frame.f_lineno in hooked:
-                return self._local_fn  # the hook on this line reports it
+            if hooked and frame.f_lasti in hooked:
+                return self._local_fn  # the hook that starts here reports this line
             return super()._local(frame, event, arg)
         if event == "return":
             ident = threading.get_ident()
@@ -293,7 +298,7 @@ class InstrumentBackend(SettraceBackend):
             return
         for key, (code, _) in instr.origin.items():
             self._origins[key] = (code, instr.origin[key][1])
-            self._hooked[key] = _hooked_lines(code)
+            self._hooked[key] = _hook_offsets(code)
         applied = _Applied(instr)
         self._applied[file] = applied
         table = self.debugger.breakpoints

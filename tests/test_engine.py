@@ -40,7 +40,7 @@ def test_entry_stop_runs_script_exactly_like_python(session: Session, write, pyt
     )
     assert state["state"] == "paused" and state["reason"] == "entry"
     assert state["location"]["line"] == 1 and state["location"]["file"] == str(script.resolve())
-    assert state["backend"] == ("monitoring" if state["python_version"] >= "3.12" else "settrace")
+    assert state["backend"] == ("monitoring" if state["python_version"] >= "3.12" else "instrument")
     session.step("over")
     state = session.step("over")
     assert state["location"]["line"] == 3

@@ -242,6 +242,13 @@ def _choose_backend(debugger: Debugger) -> Any:
         from .tracer_monitoring import MonitoringBackend
 
         return MonitoringBackend(debugger)
+    if sys.version_info < (3, 12) and forced != "settrace":
+        try:
+            from .tracer_instrument import InstrumentBackend
+
+            return InstrumentBackend(debugger)
+        except Exception:  # ctypes or the internals it needs are missing: trace globally
+            pass
     from .tracer_settrace import SettraceBackend
 
     return SettraceBackend(debugger)

@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint.attach_debugger(str(config["run_dir"]), debugger.on_checkpoint)
     _install_main(target, args)
     _line_buffer_output()
+    prepare_main = getattr(debugger.backend, "prepare_main", None)
+    if prepare_main is not None:  # the script's own breakpoints, compiled in (3.10/3.11)
+        target.code = prepare_main(target.code)
     if config.get("stop_on_entry", True):
         debugger.step = StepRequest("entry", threading.get_ident(), entry_code=target.code)
     _install_thread_hook(debugger)

@@ -26,6 +26,8 @@ class SettraceBackend:
         self.debugger = debugger
         self._decisions: dict[CodeType, bool] = {}  # only code in files that hold breakpoints
         self._files: dict[str, bool] = {}
+        # One bound method, created once: frames compare their f_trace with it by identity.
+        self._local_fn = self._local
 
     def install(self) -> None:
         threading.settrace(self._global)
@@ -42,7 +44,7 @@ class SettraceBackend:
         code = frame.f_code
         if debugger.active:
             if debugger.wants_code(code, canonical_code_file(code.co_filename)):
-                return self._local
+                return self._local_fn
             return None
         decision = self._decisions.get(code)
         if decision is None:
@@ -56,7 +58,7 @@ class SettraceBackend:
                 return None
             decision = bool(debugger.breakpoints.lines_in_code(code, file))
             self._decisions[code] = decision
-        return self._local if decision else None
+        return self._local_fn if decision else None
 
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event == "line":
@@ -68,7 +70,7 @@ class SettraceBackend:
                 # Armed for a step or a pause that is over: stop paying for this frame's lines.
                 frame.f_trace = None
                 return None
-        return self._local
+        return self._local_fn
 
     # -- changes ----------------------------------------------------------------------------
 
@@ -95,5 +97,5 @@ class SettraceBackend:
 
     def _attach(self, frame: FrameType) -> None:
         if frame.f_trace is None:
-            frame.f_trace = self._local
+            frame.f_trace = self._local_fn
         frame.f_trace_lines = True

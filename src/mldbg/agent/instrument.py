@@ -1,0 +1,237 @@
+"""Instrumented copies of a file's code objects: a hook call on each breakpoint line.
+
+This is how the 3.10/3.11 backend gets breakpoints without a trace function: the code
+objects that hold breakpoints are recompiled from their source with one extra statement,
+``__mldbg_bp__(LINE)``, in front of the statement the breakpoint is on (the way coverage
+tools and pytest's assertion rewriting change what Python runs).  Everything else about
+the code stays as the compiler makes it from that source:
+
+* the hook statement carries the breakpoint statement's own line and column, and every
+  original statement keeps its position, so line numbers, tracebacks (3.11's carets
+  included), ``inspect.getsource`` and ``co_firstlineno``/``co_name``/``co_filename`` are
+  unchanged;
+* the plain compilation of the same source is checked against the code the process is
+  actually running (code objects compare by value), so a file edited since it was
+  imported is never instrumented from the wrong text.
+
+A statement whose breakpoint line is not simply "before this statement runs" (a loop
+header, which fires on every iteration; a ``with`` line, which fires again on exit; a
+line inside a multi-line statement; a decorator) gets an *arming* hook instead,
+``__mldbg_bp__(LINE, True)``: it turns on line tracing for that one frame, which then
+sees those lines exactly as ``sys.settrace`` would.  A breakpoint line that neither kind
+of hook can serve is reported in :attr:`Instrumented.uncovered`, and the backend traces
+that file the old way instead of missing it.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import warnings
+from dataclasses import dataclass, field
+from types import CodeType
+
+HOOK = "__mldbg_bp__"
+
+# Statements whose first line fires more than one line event per execution, or whose
+# first line event comes after code on other lines ran (decorators): they need arming.
+_REPEATING = (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# Code objects compiled from an expression inside another scope's statement.
+INLINE_NAMES = frozenset({"<lambda>", "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
+_BODY_FIELDS = ("body", "orelse", "finalbody")
+
+ScopeKey = tuple[str, int]  # (co_name, co_firstlineno); the module is ("<module>", 0)
+MODULE_KEY: ScopeKey = ("<module>", 0)
+# A frame of these suspends at every yield/await, and the arming hook's trace would end
+# there: their lines must be hooked directly.
+_SUSPENDING = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+class InstrumentError(Exception):
+    """The file cannot be instrumented (unreadable, does not compile, does not match)."""
+
+
+@dataclass
+class Instrumented:
+    """One file's instrumented code tree, paired with the plain compilation of the same text."""
+
+    file: str
+    lines: frozenset[int]
+    plain: CodeType
+    module: CodeType
+    # plain code (looked up by value, so a running code object finds its entry) ->
+    # instrumented code, for every code object whose tree holds a hook
+    changed: dict[CodeType, CodeType] = field(default_factory=dict)
+    # id(instrumented code) -> (instrumented code, plain code), for the whole tree
+    origin: dict[int, tuple[CodeType, CodeType]] = field(default_factory=dict)
+    # (code name, line): breakpoints in code no hook can serve
+    uncovered: list[tuple[str, int]] = field(default_factory=list)
+
+
+def _first_line(stmt: ast.stmt) -> int:
+    decorators = getattr(stmt, "decorator_list", None) or []
+    return min([stmt.lineno, *(d.lineno for d in decorators)])
+
+
+def _child_blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
+    blocks: list[list[ast.stmt]] = []
+    for name in _BODY_FIELDS:
+        value = getattr(stmt, name, None)
+        if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+            blocks.append(value)
+    for handler in getattr(stmt, "handlers", None) or []:
+        blocks.append(handler.body)
+    for case in getattr(stmt, "cases", None) or []:
+        blocks.append(case.body)
+    return blocks
+
+
+def _own_lines(stmt: ast.stmt) -> set[int]:
+    """Lines of ``stmt`` that are not lines of a statement nested in it (or of a nested scope)."""
+    end = stmt.end_lineno or stmt.lineno
+    lines = set(range(_first_line(stmt), end + 1))
+    for block in _child_blocks(stmt):
+        for child in block:
+            lines -= set(range(_first_line(child), (child.end_lineno or child.lineno) + 1))
+    lines.add(stmt.lineno)  # a header keeps its line even when its body shares it
+    return lines
+
+
+def _hook_statement(stmt: ast.stmt, line: int, arm: bool) -> ast.stmt:
+    args: list[ast.expr] = [ast.Constant(line)]
+    if arm:
+        args.append(ast.Constant(True))
+    node = ast.Expr(ast.Call(func=ast.Name(HOOK, ast.Load()), args=args, keywords=[]))
+    for child in ast.walk(node):
+        child.lineno = child.end_lineno = line  # type: ignore[attr-defined]
+        child.col_offset = child.end_col_offset = stmt.col_offset  # type: ignore[attr-defined]
+    return node
+
+
+class _Hooks:
+    """Inserts the hooks and records, per scope, which lines they serve."""
+
+    def __init__(self, lines: frozenset[int]) -> None:
+        self.lines = lines
+        self.covered: dict[ScopeKey, set[int]] = {}
+        self.armed: dict[ScopeKey, set[int]] = {}
+        self.direct: dict[ScopeKey, set[int]] = {}
+
+    def scope(self, body: list[ast.stmt], key: ScopeKey) -> list[ast.stmt]:
+        self.covered.setdefault(key, set())
+        self.armed.setdefault(key, set())
+        self.direct.setdefault(key, set())
+        return self.block(body, key)
+
+    def block(self, body: list[ast.stmt], key: ScopeKey) -> list[ast.stmt]:
+        covered, armed, direct = self.covered[key], self.armed[key], self.direct[key]
+        out: list[ast.stmt] = []
+        for stmt in body:
+            wanted = (_own_lines(stmt) & self.lines) - covered
+            if wanted:
+                first = _first_line(stmt)
+                simple = (
+                    wanted == {stmt.lineno}
+                    and first == stmt.lineno
+                    and not isinstance(stmt, _REPEATING)
+                )
+                out.append(_hook_statement(stmt, first, arm=not simple))
+                covered |= wanted
+                if simple:
+                    direct.add(stmt.lineno)
+                else:
+                    armed |= set(range(first, (stmt.end_lineno or stmt.lineno) + 1))
+            # After the statement's own hook: a body on the same line (`if x: y`) fires
+            # no line event of its own, so it must not get a second hook.
+            self._descend(stmt, key)
+            out.append(stmt)
+        return out
+
+    def _descend(self, stmt: ast.stmt, key: ScopeKey) -> None:
+        if isinstance(stmt, _SCOPES):
+            inner: ScopeKey = (stmt.name, _first_line(stmt))
+            stmt.body = self.scope(stmt.body, inner)
+            return
+        for name in _BODY_FIELDS:
+            value = getattr(stmt, name, None)
+            if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+                setattr(stmt, name, self.block(value, key))
+        for holder in [*(getattr(stmt, "handlers", None) or []), *(getattr(stmt, "cases", None) or [])]:
+            holder.body = self.block(holder.body, key)
+
+
+def _code_lines(code: CodeType) -> set[int]:
+    return {line for _, _, line in code.co_lines() if line is not None and line > 0}
+
+
+def _nested(code: CodeType) -> list[CodeType]:
+    return [const for const in code.co_consts if isinstance(const, CodeType)]
+
+
+def instrument_source(source: bytes, file: str, lines: frozenset[int]) -> Instrumented:
+    """Compile ``source`` (the text of ``file``) plain and with hooks on ``lines``."""
+    try:
+        plain = compile(source, file, "exec", dont_inherit=True)
+        tree = ast.parse(source, file)
+    except (SyntaxError, ValueError) as exc:
+        raise InstrumentError(f"{file} does not compile: {exc}") from None
+    hooks = _Hooks(lines)
+    tree.body = hooks.scope(tree.body, MODULE_KEY)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module = compile(tree, file, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:  # e.g. a hook in front of `from __future__`
+        raise InstrumentError(f"{file} cannot take a hook: {exc}") from None
+    result = Instrumented(file, lines, plain, module)
+    _pair(result, hooks, plain, module, MODULE_KEY, None)
+    return result
+
+
+def _pair(
+    result: Instrumented,
+    hooks: _Hooks,
+    plain: CodeType,
+    instr: CodeType,
+    scope: ScopeKey,
+    parent_scope: ScopeKey | None,
+) -> None:
+    if plain.co_name != instr.co_name or plain.co_firstlineno != instr.co_firstlineno:
+        raise InstrumentError(f"{result.file}: code objects do not pair up at {plain.co_name}")
+    result.origin[id(instr)] = (instr, plain)
+    if plain != instr:
+        result.changed[plain] = instr
+    inline = plain.co_name in INLINE_NAMES
+    wanted = _code_lines(plain) & result.lines
+    if plain.co_name != "<module>":
+        wanted.discard(plain.co_firstlineno)  # the def/class/lambda line: the outer hook's
+    if inline and parent_scope is not None:
+        single = len(_code_lines(plain)) <= 1
+        serving = hooks.covered.get(parent_scope, set()) if single else hooks.armed.get(
+            parent_scope, set()
+        )
+        missing = wanted - serving
+    else:
+        missing = wanted - hooks.covered.get(scope, set())
+        if plain.co_flags & _SUSPENDING:
+            missing |= wanted & (hooks.armed.get(scope, set()) - hooks.direct.get(scope, set()))
+    result.uncovered.extend((plain.co_name, line) for line in sorted(missing))
+    children_plain, children_instr = _nested(plain), _nested(instr)
+    if len(children_plain) != len(children_instr):
+        raise InstrumentError(f"{result.file}: nested code differs in {plain.co_name}")
+    for child_plain, child_instr in zip(children_plain, children_instr):
+        if child_plain.co_name in INLINE_NAMES:
+            child_scope = scope  # lambdas and comprehensions live in the enclosing scope
+        else:
+            child_scope = (child_plain.co_name, child_plain.co_firstlineno)
+        _pair(result, hooks, child_plain, child_instr, child_scope, scope)
+
+
+def instrument_file(file: str, lines: frozenset[int]) -> Instrumented:
+    try:
+        with open(file, "rb") as fh:
+            source = fh.read()
+    except OSError as exc:
+        raise InstrumentError(f"cannot read {file}: {exc}") from None
+    return instrument_source(source, file, lines)

@@ -1,0 +1,489 @@
+"""Tracer backend for Python 3.10 / 3.11 without a global trace function.
+
+``sys.settrace`` makes every Python call of a thread call a Python function, from the
+first import on, even with no breakpoint set; that alone costs 4-8x on call-heavy code.
+This backend keeps the debuggee untraced (``sys.gettrace()`` is ``None``) except where
+something needs it:
+
+* **Breakpoints** are hook calls compiled into the code objects that hold them
+  (:mod:`.instrument`).  Function objects using those code objects get the instrumented
+  copy (``func.__code__``); modules imported later are instrumented as they load (a
+  wrapper around ``SourceLoader.get_code``); a frame that is already running and creates
+  functions from its constants (the script's module body, a closure factory) gets the
+  instrumented constants in place (:mod:`.cpython`).  Nothing else in the process pays.
+* **Frames already running** code that now holds a breakpoint (a loop at module level, a
+  long ``forward``) cannot change code: they get ``f_trace`` and their thread gets this
+  backend's trace function, through ``_PyEval_SetTrace`` for threads other than the
+  caller's, until those frames return.
+* **Steps** trace the stepping thread only; **pause** traces every thread until one of
+  them stops.  A thread whose reason to be traced is gone removes its own trace function
+  at its next event.
+* Breakpoints a hook cannot serve exactly (a line of a multi-line comprehension, a
+  loop header in a generator, a file edited since it was imported, a suspended generator
+  created before the breakpoint) make the backend trace every thread the old way (the
+  per-code-object decisions of :class:`SettraceBackend`) for as long as they exist:
+  slower, never a missed stop.
+
+A line that has a hook is handled by the hook, never by the trace function as well, so
+a traced frame (a step, a pause) and a hook never report the same line twice.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import gc
+import sys
+import threading
+import types
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import CodeType, FrameType, FunctionType
+from typing import TYPE_CHECKING, Any
+
+from .cpython import CPython, Unavailable
+from .instrument import HOOK, Instrumented, InstrumentError, instrument_file
+from .paths import canonical_code_file
+from .tracer_settrace import SettraceBackend
+
+if TYPE_CHECKING:
+    from .debugger import Debugger
+
+__all__ = ["InstrumentBackend", "Unavailable"]
+
+_GENERATOR_CODE = {
+    types.GeneratorType: ("gi_code", "gi_frame", "gi_running"),
+    types.CoroutineType: ("cr_code", "cr_frame", "cr_running"),
+    types.AsyncGeneratorType: ("ag_code", "ag_frame", "ag_running"),
+}
+_AGENT_THREAD = "mldbg-agent"  # the reader thread the runner starts: never traced
+
+
+@dataclass
+class _Applied:
+    """What one file's instrumentation changed in the live process, to undo it exactly."""
+
+    instr: Instrumented
+    swapped: list[tuple[weakref.ref[FunctionType], CodeType, CodeType]] = field(
+        default_factory=list
+    )
+    consts: list[tuple[CodeType, int, object, object]] = field(default_factory=list)
+
+
+@dataclass
+class _Live:
+    """Function and generator objects of the files being changed, from one ``gc`` pass."""
+
+    functions: dict[str, list[FunctionType]] = field(default_factory=dict)
+    generators: dict[str, list[Any]] = field(default_factory=dict)
+
+
+def _hook_offsets(code: CodeType) -> frozenset[int]:
+    """Offsets where a hook statement begins: a line event there is the hook's to report.
+
+    Only there: the same line can fire again later from other instructions (a decorator
+    applied after the ``def`` line ran, a ``with`` line on exit), and those events are
+    the trace function's.
+    """
+    offsets = set()
+    previous = None
+    for instruction in dis.get_instructions(code):
+        if instruction.argval == HOOK and instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            start = previous if previous is not None and previous.opname == "PUSH_NULL" else instruction
+            offsets.add(start.offset)
+        previous = instruction
+    return frozenset(offsets)
+
+
+class InstrumentBackend(SettraceBackend):
+    name = "instrument"
+
+    def __init__(self, debugger: Debugger) -> None:
+        super().__init__(debugger)
+        self._native = CPython()  # raises Unavailable: the debugger then uses settrace
+        self._global_fn = self._global
+        self._hook_fn = self._hook
+        self._lock = threading.RLock()
+        self._installed = False
+        self._version = -1  # breakpoint table version last applied
+        self._applied: dict[str, _Applied] = {}
+        self._traced_files: dict[str, frozenset[int]] = {}  # served by tracing, not hooks
+        self._old_generators: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Every instrumented code object ever made (kept alive, so ids stay unique):
+        # id -> (instrumented, plain); and the offsets where its hooks begin.
+        self._origins: dict[int, tuple[CodeType, CodeType]] = {}
+        self._hooked: dict[int, frozenset[int]] = {}
+        # Frames traced for breakpoints, per thread: running old code (found when the
+        # breakpoints changed) and armed by a hook (a loop header, say).
+        self._old_frames: dict[int, set[FrameType]] = {}
+        self._armed_frames: dict[int, set[FrameType]] = {}
+        self._get_code_original: Any = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def install(self) -> None:
+        setattr(builtins, HOOK, self._hook_fn)
+        self._installed = True
+        with self._lock:
+            self._sync()
+        if self._thread_needed(threading.get_ident()):
+            sys.settrace(self._global_fn)  # the entry stop: this thread runs the script
+        self._update_new_threads()
+
+    def uninstall(self) -> None:
+        with self._lock:
+            self._installed = False
+            live = self._scan(set(self._applied))
+            for file in list(self._applied):
+                self._undo(file, live)
+            self._traced_files.clear()
+            self._old_frames.clear()
+            self._armed_frames.clear()
+            self._update_import_hook()
+        threading.settrace(None)  # type: ignore[arg-type]
+        sys.settrace(None)
+        # The hook stays in builtins: a frame still running instrumented code calls it.
+
+    def prepare_main(self, code: CodeType) -> CodeType:
+        """The code the runner executes as ``__main__``: instrumented if it holds breakpoints."""
+        setattr(builtins, HOOK, self._hook_fn)
+        with self._lock:
+            self._sync()
+            return self._instrumented_module(code)
+
+    # -- what runs in the debuggee ---------------------------------------------------------------
+
+    def _hook(self, line: int, arm: bool = False) -> None:
+        """``__mldbg_bp__(LINE[, arm])``: a line event for this frame, delivered by the code."""
+        frame = sys._getframe(1)
+        self.debugger.on_line(frame, canonical_code_file(frame.f_code.co_filename), line)
+        if arm:
+            try:
+                self._arm_current(frame)
+            except Exception as exc:  # never an exception in the user's code
+                _report(exc)
+
+    def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if not self._thread_needed(threading.get_ident()):
+            sys.settrace(None)
+            return None
+        return super()._global(frame, event, arg)
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            hooked = self._hooked.get(id(frame.f_code))
+            if hooked and frame.f_lasti in hooked:
+                return self._local_fn  # the hook that starts here reports this line
+            return super()._local(frame, event, arg)
+        if event == "return":
+            ident = threading.get_ident()
+            for table in (self._armed_frames, self._old_frames):
+                frames = table.get(ident)
+                if frames and frame in frames:
+                    frames.discard(frame)
+                    if not frames:
+                        table.pop(ident, None)
+            if not self._thread_needed(ident):
+                sys.settrace(None)
+                return None
+        return self._local_fn
+
+    def _thread_needed(self, ident: int) -> bool:
+        debugger = self.debugger
+        step = debugger.step
+        return bool(
+            debugger.pause_requested
+            or (step is not None and step.thread == ident)
+            or ident in self._armed_frames
+            or ident in self._old_frames
+            or self._traced_files
+            or self._old_generators
+        )
+
+    def _arm_current(self, frame: FrameType) -> None:
+        frame.f_trace = self._local_fn
+        frame.f_trace_lines = True
+        self._armed_frames.setdefault(threading.get_ident(), set()).add(frame)
+        if sys.gettrace() is not self._global_fn:
+            sys.settrace(self._global_fn)
+
+    # -- the interface the debugger drives ----------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Re-apply breakpoints if they changed; drop this thread's tracing if nothing needs it."""
+        if self._version != self.debugger.breakpoints.version:
+            with self._lock:
+                self._sync()
+        self._update_new_threads()
+        if sys.gettrace() is self._global_fn and not self._thread_needed(threading.get_ident()):
+            sys.settrace(None)
+
+    def breakpoints_changed(self) -> None:
+        with self._lock:
+            self._sync()
+
+    def arm_stack(self, frame: FrameType | None) -> None:
+        """A step: line events in the frame it began in and every caller, in this thread only."""
+        while frame is not None:
+            self._attach(frame)
+            frame = frame.f_back
+        sys.settrace(self._global_fn)
+
+    def arm_all_threads(self) -> None:
+        """A pause: trace every thread (the reader thread aside) until one of them stops."""
+        self._update_new_threads()
+        self._trace_threads(self._user_threads(), attach_all=True)
+
+    # -- applying breakpoints ------------------------------------------------------------------
+
+    def _sync(self) -> None:
+        """Bring the process in line with the breakpoint table (called under the lock)."""
+        table = self.debugger.breakpoints
+        with table.lock:
+            version = table.version
+            wanted = {file: frozenset(lines) for file, lines in table.by_file.items()}
+        current = {file: applied.instr.lines for file, applied in self._applied.items()}
+        current.update(self._traced_files)
+        changed = {f for f in set(wanted) | set(current) if wanted.get(f) != current.get(f)}
+        if changed:
+            live = self._scan(changed)
+            for file in changed:
+                self._undo(file, live)
+            for file in changed:
+                if file in wanted:
+                    self._apply(file, wanted[file], live)
+        self._version = version
+        for ident, frames in list(self._armed_frames.items()):
+            for frame in list(frames):
+                if not table.lines_in_code(frame.f_code, _file_of(frame.f_code)):
+                    frames.discard(frame)
+            if not frames:
+                self._armed_frames.pop(ident, None)
+        self._update_import_hook()
+        self._trace_old_frames()
+        self._update_new_threads()
+        if self._traced_files or self._old_generators:
+            self._trace_threads(self._user_threads(), attach_all=False)
+
+    def _scan(self, files: set[str]) -> _Live:
+        live = _Live()
+        if not files:
+            return live
+        for obj in gc.get_objects():
+            kind = type(obj)
+            if kind is FunctionType:
+                file = canonical_code_file(obj.__code__.co_filename)
+                if file in files:
+                    live.functions.setdefault(file, []).append(obj)
+            elif kind in _GENERATOR_CODE:
+                code = getattr(obj, _GENERATOR_CODE[kind][0])
+                file = canonical_code_file(code.co_filename)
+                if file in files:
+                    live.generators.setdefault(file, []).append(obj)
+        return live
+
+    def _plain_of(self, code: CodeType) -> CodeType:
+        entry = self._origins.get(id(code))
+        return entry[1] if entry is not None and entry[0] is code else code
+
+    def _apply(self, file: str, lines: frozenset[int], live: _Live) -> None:
+        try:
+            instr = instrument_file(file, lines)
+        except InstrumentError:
+            self._traced_files[file] = lines
+            return
+        if instr.uncovered:
+            self._traced_files[file] = lines
+            return
+        for key, (code, _) in instr.origin.items():
+            self._origins[key] = (code, instr.origin[key][1])
+            self._hooked[key] = _hook_offsets(code)
+        applied = _Applied(instr)
+        self._applied[file] = applied
+        table = self.debugger.breakpoints
+        mismatch = False
+        for func in live.functions.get(file, []):
+            code = func.__code__
+            new = instr.changed.get(self._plain_of(code))
+            if new is None:
+                if self._origins.get(id(code), (None,))[0] is not code and _tree_holds(
+                    code, lines
+                ):
+                    mismatch = True  # running code that is not this file's text
+                continue
+            if new is code:
+                continue
+            try:
+                func.__code__ = new
+            except ValueError:
+                mismatch = True
+                continue
+            applied.swapped.append((weakref.ref(func), code, new))
+        # Frames already running create their nested functions from their constants.
+        holders = [frame.f_code for frame in _all_frames() if _file_of(frame.f_code) == file]
+        for gen in live.generators.get(file, []):
+            code_attr, frame_attr, running_attr = _GENERATOR_CODE[type(gen)]
+            code = getattr(gen, code_attr)
+            if getattr(gen, frame_attr) is None:
+                continue  # finished
+            holders.append(code)
+            if not getattr(gen, running_attr) and not self._serves(code, file):
+                if table.lines_in_code(code, file):
+                    self._old_generators.add(gen)
+        seen: set[int] = set()
+        for holder in holders:
+            if id(holder) in seen:
+                continue
+            seen.add(id(holder))
+            self._patch_consts(applied, holder)
+        if mismatch:
+            self._undo(file, live)
+            self._traced_files[file] = lines
+
+    def _patch_consts(self, applied: _Applied, holder: CodeType) -> None:
+        for index, const in enumerate(holder.co_consts):
+            if not isinstance(const, CodeType):
+                continue
+            new = applied.instr.changed.get(self._plain_of(const))
+            if new is None or new is const:
+                continue
+            try:
+                old = self._native.replace_const(holder, index, new)
+            except (Unavailable, IndexError):
+                continue
+            applied.consts.append((holder, index, old, new))
+
+    def _undo(self, file: str, live: _Live) -> None:
+        self._traced_files.pop(file, None)
+        applied = self._applied.pop(file, None)
+        if applied is None:
+            return
+        for holder, index, old, new in reversed(applied.consts):
+            if index < len(holder.co_consts) and holder.co_consts[index] is new:
+                self._native.replace_const(holder, index, old)
+        restored: dict[int, CodeType] = {}
+        for ref, old_code, new_code in applied.swapped:
+            restored[id(new_code)] = old_code
+            func = ref()
+            if func is not None and func.__code__ is new_code:
+                func.__code__ = old_code
+        # Functions made from instrumented code since (closures, modules imported later).
+        origin = applied.instr.origin
+        for func in live.functions.get(file, []):
+            entry = origin.get(id(func.__code__))
+            if entry is not None and entry[0] is func.__code__:
+                try:
+                    func.__code__ = restored.get(id(entry[0]), entry[1])
+                except ValueError:
+                    continue
+
+    def _serves(self, code: CodeType, file: str) -> bool:
+        """Is ``code`` instrumented for the breakpoints set now (its hooks report them)?"""
+        applied = self._applied.get(file)
+        if applied is None:
+            return False
+        entry = applied.instr.origin.get(id(code))
+        return entry is not None and entry[0] is code
+
+    def _instrumented_module(self, code: CodeType) -> CodeType:
+        file = canonical_code_file(code.co_filename)
+        applied = self._applied.get(file)
+        if applied is not None and code == applied.instr.plain:
+            return applied.instr.module
+        return code
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def _trace_old_frames(self) -> None:
+        """Trace frames running code that holds a breakpoint but no hook for it."""
+        table = self.debugger.breakpoints
+        old: dict[int, set[FrameType]] = {}
+        for ident, top in sys._current_frames().items():
+            frame: FrameType | None = top
+            while frame is not None:
+                code = frame.f_code
+                file = _file_of(code)
+                if table.lines_in_code(code, file) and not self._serves(code, file):
+                    old.setdefault(ident, set()).add(frame)
+                frame = frame.f_back
+        self._old_frames = old
+        for frames in old.values():
+            for frame in frames:
+                self._attach(frame)
+        if old:
+            self._native.set_thread_trace(list(old), self._global_fn)
+
+    def _user_threads(self) -> list[int]:
+        agents = {t.ident for t in threading.enumerate() if t.name == _AGENT_THREAD}
+        return [ident for ident in sys._current_frames() if ident not in agents]
+
+    def _trace_threads(self, idents: Iterable[int], attach_all: bool) -> None:
+        idents = list(idents)
+        if attach_all:
+            frames = sys._current_frames()
+            for ident in idents:
+                frame: FrameType | None = frames.get(ident)
+                while frame is not None:
+                    self._attach(frame)
+                    frame = frame.f_back
+        self._native.set_thread_trace(idents, self._global_fn)
+
+    def _update_new_threads(self) -> None:
+        everywhere = bool(
+            self.debugger.pause_requested or self._traced_files or self._old_generators
+        )
+        threading.settrace(self._global_fn if everywhere else None)  # type: ignore[arg-type]
+
+    # -- modules imported while breakpoints are set ----------------------------------------------
+
+    def _update_import_hook(self) -> None:
+        from importlib import _bootstrap_external  # type: ignore[attr-defined]
+
+        loader = _bootstrap_external.SourceLoader
+        if self._applied and self._get_code_original is None:
+            original = loader.get_code
+            backend = self
+
+            def get_code(self: Any, fullname: str) -> Any:
+                code = original(self, fullname)
+                if code is not None and backend._applied:
+                    try:
+                        code = backend._instrumented_module(code)
+                    except Exception as exc:
+                        _report(exc)
+                return code
+
+            get_code.__wrapped__ = original  # type: ignore[attr-defined]
+            self._get_code_original = original
+            loader.get_code = get_code
+        elif not self._applied and self._get_code_original is not None:
+            loader.get_code = self._get_code_original
+            self._get_code_original = None
+
+
+def _file_of(code: CodeType) -> str:
+    return canonical_code_file(code.co_filename)
+
+
+def _all_frames() -> list[FrameType]:
+    frames = []
+    for top in sys._current_frames().values():
+        frame: FrameType | None = top
+        while frame is not None:
+            frames.append(frame)
+            frame = frame.f_back
+    return frames
+
+
+def _tree_holds(code: CodeType, lines: frozenset[int]) -> bool:
+    if any(line in lines for _, _, line in code.co_lines()):
+        return True
+    return any(_tree_holds(c, lines) for c in code.co_consts if isinstance(c, CodeType))
+
+
+def _report(exc: BaseException) -> None:
+    stream = sys.__stderr__
+    if stream is not None:
+        stream.write(f"mldbg: internal error in the instrument backend: {type(exc).__name__}: {exc}\n")
+        stream.flush()

@@ -7,7 +7,7 @@ the debugged process, whose interpreter may have nothing of mldbg's dependencies
 from .capture import Capture, capture
 from .checkpoint import debug_checkpoint
 from .compare import CompareInputError, Comparison, compare
-from .tensors import debug_load, debug_save
+from .tensors import debug_clear, debug_load, debug_save, debug_show_all
 
 __version__ = "0.1.0"
 
@@ -19,6 +19,8 @@ __all__ = [
     "capture",
     "compare",
     "debug_checkpoint",
+    "debug_clear",
     "debug_load",
     "debug_save",
+    "debug_show_all",
 ]

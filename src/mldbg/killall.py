@@ -9,6 +9,7 @@ the calling process and its ancestors (the shell, the agent that asked).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -249,7 +250,7 @@ def _same_process(process: MlProcess) -> bool:
             return False
         return True
     fields = _stat_fields(process.pid)
-    return bool(fields) and int(fields[19]) == process.start_ticks and fields[0] != "Z"
+    return fields is not None and int(fields[19]) == process.start_ticks and fields[0] != "Z"
 
 
 def _wait_gone(processes: list[MlProcess], deadline: float) -> None:
@@ -262,12 +263,8 @@ def _wait_gone(processes: list[MlProcess], deadline: float) -> None:
 def _reap(processes: list[MlProcess]) -> None:
     """Our own children would stay zombies until waited for."""
     for process in processes:
-        try:
+        with contextlib.suppress(OSError):  # ChildProcessError: not ours to wait for
             os.waitpid(process.pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        except OSError:
-            pass
 
 
 def kill_all(
@@ -332,10 +329,8 @@ def kill_all(
         if not _same_process(process):
             process.outcome = "terminated"
         elif force:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(process.pid, signal.SIGKILL)
-            except OSError:
-                pass
             _wait_gone([process], time.monotonic() + 5)
             process.outcome = "killed" if not _same_process(process) else "still_running"
         else:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +75,15 @@ def test_records_match_independent_computations(tmp_path: Path) -> None:
         assert rec["variables"]["y"]["preview"] == pytest.approx(
             y.reshape(-1)[:8].tolist(), rel=1e-6
         )
-        assert rec["variables"]["step"] == step  # plain values stay JSON values
+        # Plain values: {"type", "value"} (the documented jq recipes select .value) ...
+        assert rec["variables"]["step"]["value"] == step
+        assert rec["variables"]["step"]["type"] == "int"
+        assert rec["values"]["step"] == step  # ... and bare in the first release's field
+        assert rec["variables"]["y"]["dtype"] == "float32"
+        assert rec["variables"]["y"]["dtype_qualified"] == "torch.float32"
+        stamp = datetime.fromisoformat(rec["timestamp"])
+        assert stamp.tzinfo is not None
+        assert abs(stamp.timestamp() - rec["timestamp_unix"]) < 1e-3
         assert rec["metadata"] == {"lr": 0.1}
         assert rec["location"] == {
             "file": str(script),
@@ -87,7 +97,7 @@ def test_records_match_independent_computations(tmp_path: Path) -> None:
         assert context["start_line"] <= line_of(script, "# layer") <= context["end_line"]
     final = recs[3]["variables"]
     assert set(final) == {"x", "y", "h"}  # no keywords: the caller's local tensors
-    assert final["h"]["dtype"] == "bfloat16"
+    assert final["h"]["dtype"] == "bfloat16" and final["h"]["dtype_qualified"] == "torch.bfloat16"
     assert final["h"]["stats"]["mean"] == pytest.approx(
         float(torch.ones(3, dtype=torch.bfloat16)[0] / 3), rel=1e-6
     )
@@ -113,6 +123,7 @@ debug_checkpoint("mlx", lazy=lazy)
         mx.exp(mx.arange(10, dtype=mx.float32) / 10).astype(mx.bfloat16).astype(mx.float32).tolist()
     )
     assert summary["type"] == "mlx.core.array" and summary["dtype"] == "bfloat16"
+    assert summary["dtype_qualified"] == "mlx.core.bfloat16"
     assert summary["stats"]["max"] == pytest.approx(expected.max(), rel=1e-6)
     assert summary["stats"]["mean"] == pytest.approx(expected.mean(), rel=1e-5)
 
@@ -149,9 +160,9 @@ os.kill(os.getpid(), signal.SIGKILL)
     )
     assert result.returncode == -9
     recs = records(tmp_path)
-    assert [r["variables"]["i"] for r in recs] == list(range(50))
+    assert [r["variables"]["i"]["value"] for r in recs] == list(range(50))
     listed = cli("checkpoints", "--name", "tick", "--hit", "50", json_out=True)
-    assert [r["variables"]["i"] for r in listed["checkpoints"]] == [49]
+    assert [r["variables"]["i"]["value"] for r in listed["checkpoints"]] == [49]
     with open((tmp_path / ".mldbg" / "latest" / "checkpoints.jsonl").resolve(), "a") as fh:
         fh.write('{"checkpoint_name": "half')  # a line cut short
     listed = cli("checkpoints", json_out=True)
@@ -252,3 +263,38 @@ def test_runs_and_run_resolution(tmp_path: Path, cli) -> None:
     assert done["removed"] == [first] and done["freed_bytes"] > 0
     assert [r["run_id"] for r in cli("runs", json_out=True)["runs"]] == [runs[0]["run_id"]]
     assert cli("checkpoints", json_out=True)["run_id"] == runs[0]["run_id"]
+
+
+def test_plain_values_jq_recipe_and_unjsonable_values(tmp_path: Path) -> None:
+    """`.variables.NAME.value` works for every plain value, JSON-able or not."""
+    result = run_plain(
+        tmp_path,
+        """
+from mldbg import debug_checkpoint
+class Opaque:
+    def __repr__(self):
+        return "Opaque(7)"
+debug_checkpoint("plain", n=3, lr=0.5, opt="adam", sizes=[1, 2], obj=Opaque(), none=None)
+""",
+    )
+    assert result.returncode == 0, result.stderr
+    variables = records(tmp_path)[0]["variables"]
+    assert {k: v["value"] for k, v in variables.items()} == {
+        "n": 3,
+        "lr": 0.5,
+        "opt": "adam",
+        "sizes": [1, 2],
+        "obj": "Opaque(7)",
+        "none": None,
+    }
+    assert variables["obj"]["type"] == "__main__.Opaque" and variables["lr"]["type"] == "float"
+    jq = shutil.which("jq")
+    if jq:  # the seeds' documented recipe, run for real where jq exists
+        path = (tmp_path / ".mldbg" / "latest" / "checkpoints.jsonl").resolve()
+        out = subprocess.run(
+            [jq, "-c", 'select(.checkpoint_name == "plain") | .variables.n.value', str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == "3"

@@ -147,3 +147,98 @@ def test_cli_lists_shows_and_clears(cli) -> None:
     assert cli("tensors", "clear", "--name", "drop", json_out=True)["removed"] == ["drop"]
     assert cli("tensors", "clear", "--yes", json_out=True)["removed"] == ["keep"]
     assert list_tensors() == []
+
+
+def _run(tmp_path: Path, source: str, home: Path) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "prog.py"
+    script.write_text(source.lstrip())
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**os.environ, "MLDBG_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_load_without_to_follows_the_callers_framework(tmp_path: Path, home: Path) -> None:
+    debug_save(torch.arange(6, dtype=torch.float32).reshape(2, 3).to(torch.bfloat16), "h")
+    mlx_script = _run(
+        tmp_path,
+        """
+import mlx.core as mx
+from mldbg import debug_load
+h = debug_load("h")
+print(type(h).__module__, h.dtype, h.shape)
+""",
+        home,
+    )
+    assert mlx_script.returncode == 0, mlx_script.stderr
+    assert mlx_script.stdout.split() == ["mlx.core", "mlx.core.bfloat16", "(2,", "3)"]
+    # No framework imported at all, and torch not even importable: numpy, bits intact.
+    plain = _run(
+        tmp_path,
+        """
+import sys
+sys.modules["torch"] = None          # `import torch` now raises ImportError
+sys.modules["safetensors"] = None
+from mldbg import debug_load
+h = debug_load("h")
+print(type(h).__module__, h.dtype, h.shape, h.astype("float32").ravel().tolist())
+""",
+        home,
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split()[:4] == ["numpy", "bfloat16", "(2,", "3)"]
+    assert "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]" in plain.stdout
+    from torch import nn  # noqa: F401  (this module imports both: the saving framework wins)
+
+    assert isinstance(debug_load("h"), torch.Tensor)
+
+
+def test_show_all_and_clear_need_confirmation(capsys: pytest.CaptureFixture[str]) -> None:
+    from mldbg import debug_clear, debug_show_all
+
+    debug_save(torch.ones(2, 3), "one")
+    debug_save(mx.zeros((4,), dtype=mx.float16), "two")
+    listed = debug_show_all()
+    assert [(t["name"], t["dtype"], t["shape"]) for t in listed] == [
+        ("one", "F32", [2, 3]),
+        ("two", "F16", [4]),
+    ]
+    printed = capsys.readouterr().out
+    assert "one" in printed and "two" in printed and "mlx" in printed
+    with pytest.raises(ValueError, match="confirm=True"):
+        debug_clear()
+    assert len(list_tensors()) == 2  # refused: nothing lost
+    assert debug_clear("one") == ["one"]
+    assert debug_clear(confirm=True) == ["two"] and list_tensors() == []
+
+
+def test_guard_counts_the_whole_home(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    import mldbg.tensors as store
+    from mldbg import store_size
+
+    monkeypatch.setattr(store, "_warned", False)
+    monkeypatch.setenv("MLDBG_STORE_WARN_GB", "0.000001")  # 1 KB
+    monkeypatch.setenv("MLDBG_STORE_MAX_GB", "0.00002")  # 20 KB
+    assert store_size.warning(home) is None
+    capture = home / "runs" / "r-1" / "captures" / "ref"
+    capture.mkdir(parents=True)
+    (capture / "000001.out.safetensors").write_bytes(b"\0" * 15_000)
+    text = store_size.warning(home)
+    assert text is not None and "mldbg clean --keep" in text and "tensors clear --yes" in text
+    usage = store_size.usage(home)
+    assert usage["runs_bytes"] == 15_000 and usage["tensors_bytes"] == 0
+    with pytest.raises(TensorStoreFull) as refused:  # 15 KB of captures + 8 KB > 20 KB
+        debug_save(torch.zeros(2000), "big")
+    assert refused.value.code == "store_full" and "mldbg clean" in str(refused.value)
+    assert not (home / "tensors" / "big.safetensors").exists()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        debug_save(torch.zeros(10), "small")  # fits, but the home is past the warning size
+    assert any("mldbg clean" in str(w.message) for w in caught)
+    monkeypatch.setenv("MLDBG_STORE_MAX_GB", "lots")
+    with pytest.raises(store_size.MldbgError, match="not a number"):
+        store_size.usage(home)

@@ -23,6 +23,8 @@ _PUBLIC = {
     "debug_checkpoint": "checkpoint",
     "debug_load": "tensors",
     "debug_save": "tensors",
+    "debug_clear": "tensors",
+    "debug_show_all": "tensors",
 }
 
 __all__ = [
@@ -33,15 +35,17 @@ __all__ = [
     "capture",
     "compare",
     "debug_checkpoint",
+    "debug_clear",
     "debug_load",
     "debug_save",
+    "debug_show_all",
 ]
 
 if TYPE_CHECKING:
     from .capture import Capture, capture
     from .checkpoint import debug_checkpoint
     from .compare import CompareInputError, Comparison, compare
-    from .tensors import debug_load, debug_save
+    from .tensors import debug_clear, debug_load, debug_save, debug_show_all
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from types import FrameType
 from typing import Any
 
@@ -22,6 +23,7 @@ from . import current_run, summary
 from .runs import CHECKPOINTS, JsonlWriter
 
 CONTEXT_LINES = 3
+REPR_CHARS = 200
 _OFF = os.environ.get("MLDBG_CHECKPOINTS", "").strip().lower() in ("off", "0", "false", "no")
 
 # Set by the debugger's agent: the session's run, and the function that may pause.
@@ -69,7 +71,7 @@ def attach_debugger(run_dir: str, pause_hook: PauseHook | None) -> None:
 def _json_value(value: object) -> Any:
     """Tensors become summaries; JSON-able plain values are kept as they are."""
     if summary.is_tensor(value):
-        return summary.summarize(value)
+        return _tensor_summary(value)
     if isinstance(value, bool | int | str | type(None)):
         return value
     if isinstance(value, float):
@@ -84,6 +86,57 @@ def _json_value(value: object) -> Any:
         if len(text) <= 10_000:
             return json.loads(text)
     return summary.summarize(value)
+
+
+# The module a tensor type lives in -> the prefix its dtypes are printed with by that framework.
+_DTYPE_PREFIX = {"torch": "torch.", "mlx": "mlx.core.", "numpy": "numpy."}
+
+
+def _tensor_summary(value: object) -> dict[str, Any]:
+    """The summary, plus ``dtype_qualified`` (``torch.float32``, ``mlx.core.bfloat16``).
+
+    The short ``dtype`` alone cannot say which framework's dtype it is, and scripts that
+    rebuild a tensor from a record need exactly that.
+    """
+    record = summary.summarize(value)
+    framework = str(record.get("type", "")).split(".", 1)[0]
+    dtype = record.get("dtype")
+    if dtype is not None:
+        record["dtype_qualified"] = _DTYPE_PREFIX.get(framework, f"{framework}.") + str(dtype)
+    return record
+
+
+def _variable(value: object) -> dict[str, Any]:
+    """One entry of ``variables``: a tensor summary, or ``{"type", "value"}`` for anything else.
+
+    Every entry is an object with ``type``, so recipes can select ``.variables.NAME.value``
+    for plain values and ``.variables.NAME.stats`` for tensors without guessing.
+    """
+    if summary.is_tensor(value):
+        return _tensor_summary(value)
+    plain = _json_value(value)
+    text = summary.safe_repr(value, REPR_CHARS)
+    if _is_summary(value):
+        # Not a JSON value: its summary's scalar value, else its bounded repr, stands in.
+        return {"type": plain["type"], "value": plain.get("value", plain["repr"]), "repr": text}
+    return {"type": summary.type_name(value), "value": plain, "repr": text}
+
+
+def _is_summary(value: object) -> bool:
+    """Did :func:`_json_value` summarize ``value`` instead of keeping it as JSON?"""
+    if isinstance(value, bool | int | str | float | type(None)):
+        return False
+    if isinstance(value, list | tuple | dict):
+        try:
+            return len(json.dumps(value, allow_nan=False)) > 10_000
+        except (TypeError, ValueError):
+            return True
+    return True
+
+
+def _iso(now: float) -> str:
+    """ISO 8601 with the local UTC offset and microseconds: sortable, and readable by jq."""
+    return datetime.fromtimestamp(now).astimezone().isoformat(timespec="microseconds")
 
 
 def _code_context(frame: FrameType, line: int) -> dict[str, Any]:
@@ -115,17 +168,21 @@ def debug_checkpoint(
         variables = {k: v for k, v in frame.f_locals.items() if summary.is_tensor(v)}
     hit = _recorder.next_hit(name)
     line = frame.f_lineno
+    now = time.time()
     record = {
         "checkpoint_name": name,
         "hit_count": hit,
-        "timestamp": time.time(),
+        "timestamp": _iso(now),
+        "timestamp_unix": now,
         "location": {
             "file": os.path.abspath(frame.f_code.co_filename),
             "line": line,
             "function": frame.f_code.co_name,
         },
         "code_context": _code_context(frame, line),
-        "variables": {key: _json_value(value) for key, value in variables.items()},
+        "variables": {key: _variable(value) for key, value in variables.items()},
+        # The first release's shape: tensors summarized, plain values as bare JSON values.
+        "values": {key: _json_value(value) for key, value in variables.items()},
         "metadata": _json_value(dict(metadata)) if metadata else None,
     }
     _recorder.append(record)

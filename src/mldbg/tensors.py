@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .errors import MldbgError
+from . import store_size as _store
 from .runs import mldbg_home
 
 SUFFIX = ".safetensors"
@@ -32,22 +32,12 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@-]{0,199}$")
 _warned = False
 
 
-class TensorStoreFull(MldbgError):
-    code = "tensor_store_full"
+# Kept under its first name: scripts catch it.
+TensorStoreFull = _store.StoreFull
 
 
 def store_dir(home: Path | None = None) -> Path:
     return (home or mldbg_home()) / "tensors"
-
-
-def _limit(variable: str, default_gb: float) -> float:
-    raw = os.environ.get(variable)
-    if not raw:
-        return default_gb * 1e9
-    try:
-        return float(raw) * 1e9
-    except ValueError:
-        raise ValueError(f"{variable}={raw!r} is not a number of gigabytes") from None
 
 
 def check_name(name: str) -> str:
@@ -91,26 +81,12 @@ def _nbytes(tensor: Any, framework: str) -> int:
 
 
 def _guard(incoming: int, home: Path | None) -> None:
+    """The whole mldbg home counts (runs, captures, tensors), not only the tensor store."""
     global _warned
-    current = store_size(home)
-    limit = _limit("MLDBG_TENSORS_MAX_GB", 10)
-    where = store_dir(home)
-    free = (
-        f"free space with `mldbg tensors clear --yes` (or `--name NAME`) in {where.parent.parent}"
-    )
-    if current + incoming > limit:
-        raise TensorStoreFull(
-            f"the tensor store {where} holds {current / 1e9:.2f} GB; saving {incoming / 1e9:.2f} GB more "
-            f"would pass its limit of {limit / 1e9:.2f} GB (MLDBG_TENSORS_MAX_GB); {free}",
-            size_bytes=current,
-            limit_bytes=int(limit),
-        )
-    if current + incoming > _limit("MLDBG_TENSORS_WARN_GB", 1) and not _warned:
+    text = _store.check(incoming, home)
+    if text and not _warned:
         _warned = True
-        warnings.warn(
-            f"the mldbg tensor store {where} holds {(current + incoming) / 1e9:.2f} GB; {free}",
-            stacklevel=3,
-        )
+        warnings.warn(text, stacklevel=3)
 
 
 def _caller() -> dict[str, str]:
@@ -177,8 +153,71 @@ def _write(tensor: Any, framework: str, path: Path, metadata: dict[str, str]) ->
         save_numpy({KEY: np.ascontiguousarray(tensor)}, str(path), metadata=metadata)
 
 
-def debug_load(name: str, *, to: str = "torch") -> Any:
-    """The tensor stored under ``name``, as a ``to`` tensor with the same dtype and bytes."""
+FRAMEWORKS = ("torch", "mlx", "numpy")
+# safetensors dtype names -> numpy's (bf16 and the fp8s come from ml_dtypes).
+_NUMPY_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def _module_root(value: object) -> str:
+    """``torch`` for ``import torch``, ``from torch import nn`` or ``from torch import tensor``."""
+    if inspect.ismodule(value):
+        name = value.__name__
+    elif inspect.isclass(value) or callable(value):
+        name = getattr(value, "__module__", None) or ""
+    else:
+        name = type(value).__module__ or ""
+    return name.split(".", 1)[0] if isinstance(name, str) else ""
+
+
+def _caller_framework(path: Path) -> str:
+    """The framework the calling module works in, judged by what its globals import.
+
+    An MLX script gets an MLX array, a PyTorch script a tensor; a module that imports
+    both gets the framework the tensor was saved from (when that is one of them), and
+    anything else gets numpy, which needs neither framework installed.
+    """
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    found: set[str] = set()
+    if frame is not None:
+        for value in list(frame.f_globals.values()):
+            root = _module_root(value)
+            if root in ("torch", "mlx"):
+                found.add(root)
+    if len(found) == 1:
+        return found.pop()
+    if len(found) == 2:
+        try:
+            saved = read_header(path)["metadata"].get("framework")
+        except (OSError, ValueError):
+            saved = None
+        return saved if saved in found else "torch"
+    return "numpy"
+
+
+def debug_load(name: str, *, to: str | None = None) -> Any:
+    """The tensor stored under ``name``, with the same dtype and bytes.
+
+    ``to`` is ``"torch"``, ``"mlx"`` or ``"numpy"``; left out, the caller's framework
+    (see :func:`_caller_framework`), so ``debug_load`` in an MLX script needs no torch.
+    """
     path = _path(name)
     if not path.exists():
         stored = [item["name"] for item in list_tensors()]
@@ -189,6 +228,8 @@ def debug_load(name: str, *, to: str = "torch") -> Any:
             else (f"; stored: {', '.join(stored[:10])}" if stored else "; the store is empty")
         )
         raise FileNotFoundError(f"no tensor named {name!r} in {path.parent}{hint}")
+    if to is None:
+        to = _caller_framework(path)
     if to == "torch":
         from safetensors.torch import load_file
 
@@ -199,19 +240,63 @@ def debug_load(name: str, *, to: str = "torch") -> Any:
         loaded: Any = mx.load(str(path))
         return loaded[KEY]
     if to == "numpy":
-        header = read_header(path)
-        if header["dtype"] == "BF16":
+        return _load_numpy(name, path)
+    raise ValueError(f"to={to!r}: use 'torch', 'mlx' or 'numpy'")
+
+
+def _load_numpy(name: str, path: Path) -> Any:
+    """Read the one tensor with numpy alone: no torch, no safetensors package needed."""
+    import numpy as np
+
+    with open(path, "rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(length))
+        entry = header.get(KEY) or next(v for k, v in header.items() if k != "__metadata__")
+        dtype_name = _NUMPY_DTYPES.get(entry["dtype"])
+        if dtype_name is None:
+            raise TypeError(f"{name!r} has dtype {entry['dtype']}, which numpy cannot hold")
+        if dtype_name.startswith(("bfloat", "float8")):
             try:
-                import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+                import ml_dtypes
             except ImportError:
                 raise TypeError(
-                    f"{name!r} is bfloat16, which numpy has no dtype for: `pip install ml_dtypes`, "
-                    "or load it with to='torch' or to='mlx'"
+                    f"{name!r} is {dtype_name}, which numpy has no dtype for: "
+                    "`pip install ml_dtypes`, or load it with to='torch' or to='mlx'"
                 ) from None
-        from safetensors.numpy import load_file as load_numpy
+            dtype = np.dtype(getattr(ml_dtypes, dtype_name))
+        else:
+            dtype = np.dtype(dtype_name)
+        start, end = entry["data_offsets"]
+        fh.seek(8 + length + start)
+        data = fh.read(end - start)
+    array = np.frombuffer(data, dtype=dtype.newbyteorder("<")).reshape(entry["shape"])
+    return array.astype(dtype, copy=True)  # native byte order, writable, owns its memory
 
-        return load_numpy(str(path))[KEY]
-    raise ValueError(f"to={to!r}: use 'torch', 'mlx' or 'numpy'")
+
+def debug_show_all(*, print_table: bool = True) -> list[dict[str, Any]]:
+    """Every stored tensor (name, dtype, shape, size, framework, when saved); printed too."""
+    items = list_tensors()
+    if print_table:
+        if not items:
+            print(f"no tensors in {store_dir()}")
+        for item in items:
+            meta = item.get("metadata") or {}
+            print(
+                f"{item['name']:<32} {item.get('dtype')!s:<6} {item.get('shape')!s:<18} "
+                f"{item['size_bytes']:>12,d} B  {meta.get('framework', '?'):<6} {meta.get('saved_at', '')}"
+            )
+    return items
+
+
+def debug_clear(name: str | None = None, *, confirm: bool = False) -> list[str]:
+    """Delete one stored tensor, or all of them with ``confirm=True``; returns the names."""
+    if name is None and not confirm:
+        count = len(list_tensors())
+        raise ValueError(
+            f"debug_clear() deletes all {count} tensor(s) in {store_dir()}: "
+            "call debug_clear(confirm=True), or debug_clear(NAME) for one"
+        )
+    return clear_tensors(name)
 
 
 def read_header(path: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``mldbg demo``: a scripted session on the bundled tiny transformer.
+"""``mldbg demo``: a scripted session on the bundled tiny transformer, ending with parity.
 
 It drives the real daemon through the same calls the CLI makes, and prints each step as
 the command a person (or agent) would type, so the demo doubles as a tutorial.
@@ -6,11 +6,16 @@ the command a person (or agent) would type, so the demo doubles as a tutorial.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from ..runs import mldbg_home
 from . import render
 from .client import Client, connect
 
@@ -118,24 +123,116 @@ def run_demo(session: str = "demo", keep: bool = False, as_json: bool = False) -
         if ok
         else "something in the demo model looked wrong"
     )
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "ok": ok,
-                    "verdict": verdict,
-                    "run_dir": state.get("run_dir"),
-                    "transcript": demo.transcript,
-                },
-                indent=2,
-                default=str,
-            )
-        )
-    else:
+    if not as_json:
         render.out.print(f"\n[bold {'green' if ok else 'red'}]Found: {verdict}.[/]")
         render.out.print(
             f"Everything is recorded in {state.get('run_dir')} (events.jsonl, output.log, run.json)."
         )
     if not keep:
         demo.client.call("forget", session)
-    return 0 if ok else 1
+    parity = parity_ending(demo)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "ok": ok and parity["ok"] is not False,
+                    "verdict": verdict,
+                    "run_dir": state.get("run_dir"),
+                    "parity": parity,
+                    "transcript": demo.transcript,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    return 0 if ok and parity["ok"] is not False else 1
+
+
+class ParityEnding(TypedDict):
+    ok: bool | None  # None: skipped (no MLX here)
+    culprit: str | None
+    expected: str
+    mistake: str
+    reason: str | None
+    skipped: str | None
+
+
+def parity_ending(demo: Demo) -> ParityEnding:
+    """Capture the bundled PyTorch reference and its MLX port, and name the planted mistake.
+
+    The two scripts run as subprocesses of this interpreter in a scratch directory (they
+    write a weight file), with the run store of the demo's own directory.
+    """
+    from .. import examples
+
+    ending: ParityEnding = {
+        "ok": None,
+        "culprit": None,
+        "expected": examples.PARITY_PLANTED_MISTAKE,
+        "mistake": examples.PARITY_MISTAKE,
+        "reason": None,
+        "skipped": None,
+    }
+    missing = [m for m in ("torch", "mlx", "safetensors") if importlib.util.find_spec(m) is None]
+    if missing:
+        ending["skipped"] = (
+            f"the parity ending needs torch and MLX; not installed: {', '.join(missing)}"
+        )
+        demo.say(f"(skipping parity: {ending['skipped']})")
+        return ending
+    demo.say(
+        "\nParity: a PyTorch reference and an MLX port of the same model, with one planted "
+        "mistake. Capture both, then let mldbg name the first module that diverges."
+    )
+    home = mldbg_home()
+    env = {**os.environ, "MLDBG_HOME": str(home)}
+    with tempfile.TemporaryDirectory(prefix="mldbg-demo-") as scratch:
+        for module, name in (
+            (examples.PARITY_REFERENCE, "demo-ref"),
+            (examples.PARITY_PORT, "demo-port"),
+        ):
+            command = f"python -m {module} {name}"
+            proc = subprocess.run(
+                [sys.executable, "-m", module, name],
+                cwd=scratch,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            demo.transcript.append({"command": command, "result": proc.stdout.strip()})
+            if not demo.as_json:
+                render.out.print(f"\n[bold cyan]$ {command}[/]")
+                render.out.print(proc.stdout.strip())
+            if proc.returncode != 0:
+                ending["ok"] = False
+                ending["reason"] = f"{command} failed: {proc.stderr.strip()[-1000:]}"
+                render.err.print(f"[red]{ending['reason']}[/]")
+                return ending
+    from ..compare import compare
+
+    result = compare("demo-ref", "demo-port", home=home).result
+    demo.transcript.append(
+        {
+            "command": "mldbg compare demo-ref demo-port",
+            "result": {"ok": result["ok"], "first_divergence": result["first_divergence"]},
+        }
+    )
+    first = result["first_divergence"] or {}
+    ending["culprit"] = first.get("module")
+    ending["reason"] = first.get("reason")
+    ending["ok"] = ending["culprit"] == ending["expected"]
+    if not demo.as_json:
+        render.out.print("\n[bold cyan]$ mldbg compare demo-ref demo-port[/]")
+        if ending["ok"]:
+            render.out.print(
+                f"[bold green]Found: the port first diverges at {ending['culprit']}[/] "
+                f"({ending['reason']}): the planted mistake, {examples.PARITY_MISTAKE}."
+            )
+        else:
+            render.out.print(
+                f"[bold red]expected the divergence at {ending['expected']}, "
+                f"compare named {ending['culprit']}[/]"
+            )
+        render.out.print("`mldbg compare demo-ref demo-port` shows the whole table.")
+    return ending

@@ -155,6 +155,16 @@ class Session:
     def output(self) -> str:
         return self.api.get(f"{self.base}/output")["output"]
 
+    def wait_for_output(self, text: str, timeout: float = 60.0) -> str:
+        """Poll the script's output until ``text`` appears (no fixed sleeps: machines vary)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            output = self.api.get(f"{self.base}/output")["output"]
+            if text in output or time.monotonic() > deadline:
+                assert text in output, f"{text!r} never appeared in the output: {output[-500:]!r}"
+                return output
+            time.sleep(0.05)
+
     def terminate(self) -> Any:
         return self.api.post(f"{self.base}/terminate")
 

@@ -110,7 +110,8 @@ def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
     parser.add_argument(*names, dest=arg.name, **kwargs)
 
 
-def build_parser() -> Parser:
+def build_parser(full: bool = True) -> Parser:
+    """The whole parser; ``full=False`` leaves out ``compare``'s options (they import numpy)."""
     common = Parser(add_help=False)
     common.add_argument("--session", "-s", default=argparse.SUPPRESS, help=COMMON_HELP["session"])
     common.add_argument(
@@ -152,9 +153,11 @@ def build_parser() -> Parser:
         if verb.name == "tensors":  # `tensors clear --name NAME` reads better than a positional
             p.add_argument("--name", dest="name_flag", help=argparse.SUPPRESS)
 
-    from . import compare_cmd
+    p = command("compare", verbs.get("compare").help)
+    if full:
+        from . import compare_cmd
 
-    compare_cmd.add_arguments(command("compare", verbs.get("compare").help))
+        compare_cmd.add_arguments(p)
     p = command("serve", "run the daemon in the foreground (clients start it on demand)")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
     p.add_argument("--stop", action="store_true", help="stop the running daemon and its sessions")
@@ -349,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str], as_json: bool) -> int:
-    parser = build_parser()
+    parser = build_parser(full="compare" in argv or "-h" in argv or "--help" in argv)
     script_args: list[str] = []
     if argv and argv[0] == "start":
         argv, script_args = split_start(argv)

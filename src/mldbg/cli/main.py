@@ -28,7 +28,10 @@ from ..verbs import VERBS, Arg, Verb
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 # errors in what was typed, not in what happened: exit 2 like argparse's own
-USAGE_CODES = frozenset({"usage", "bad_argument", "bad_session_name", "confirm"})
+USAGE_CODES = frozenset(
+    {"usage", "bad_argument", "bad_session_name", "confirm", "confirmation_required"}
+)
+TOOL_COMMANDS = ("profile", "prune", "doctor", "kill-all", "tutorial")
 
 _LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::(?P<cond>.*))?$")
 
@@ -164,6 +167,9 @@ def build_parser(full: bool = True) -> Parser:
     command("mcp", "serve the debugger as MCP tools on stdin/stdout (for coding agents)")
     p = command("demo", "a scripted session on the bundled tiny PyTorch model")
     p.add_argument("--keep", action="store_true", help="leave the demo session open")
+    from . import tools_cmd
+
+    tools_cmd.add_parsers(command)
     return parser
 
 
@@ -367,6 +373,10 @@ def _main(argv: list[str], as_json: bool) -> int:
         as_json = bool(getattr(args, "json", False)) or as_json
         if args.verb in ("serve", "mcp", "demo", "compare"):
             return run_command(args, as_json)
+        if args.verb in TOOL_COMMANDS:
+            from . import tools_cmd
+
+            return tools_cmd.run(args, as_json)
         verb = verbs.get(args.verb)
         data = run_verb(verb, args)
     except UsageError as exc:

@@ -141,23 +141,35 @@ class Scope:
         self.unmatched: list[str] = []
         self.roots: list[str] = []
         for item in include or []:
-            root = self._resolve(item, cwd)
-            if root is None:
+            roots = self._resolve(item, cwd)
+            if not roots:
                 self.unmatched.append(item)
-            else:
-                self.roots.append(root)
+            self.roots.extend(roots)
         self.explicit = bool(include)
         self.excluded = [str(PACKAGE_DIR), *raw.stdlib]
 
-    def _resolve(self, item: str, cwd: str) -> str | None:
+    def _resolve(self, item: str, cwd: str) -> list[str]:
+        """A directory or file, else the directories of an imported package (several for a
+        namespace package such as ``mlx``, which has no ``__init__.py`` of its own)."""
         candidate = os.path.join(cwd, os.path.expanduser(item))
         if os.path.exists(candidate):
-            return os.path.realpath(candidate)
+            return [os.path.realpath(candidate)]
         name = item.replace("-", "_")
         file = self.raw.modules.get(name)
-        if file is None:
-            return None
-        return os.path.dirname(file) if os.path.basename(file) == "__init__.py" else file
+        if file is not None:
+            return [os.path.dirname(file) if os.path.basename(file) == "__init__.py" else file]
+        roots: set[str] = set()
+        depth = name.count(".") + 1
+        for module, path in self.raw.modules.items():
+            if not module.startswith(name + "."):
+                continue
+            parts = module.count(".") + 1
+            up = parts - depth - (0 if os.path.basename(path) == "__init__.py" else 1)
+            directory = os.path.dirname(path)
+            for _ in range(up):
+                directory = os.path.dirname(directory)
+            roots.add(directory)
+        return sorted(roots)
 
     def contains(self, path: str) -> bool:
         if not path or path.startswith("<"):

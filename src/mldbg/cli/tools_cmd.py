@@ -1,0 +1,166 @@
+"""Commands of the porting toolbox (issue 14): profile, prune, doctor, kill-all, tutorial.
+
+They run in this process (they start, inspect or signal processes of their own), not in
+the daemon, so they are commands of the CLI beside ``serve``/``mcp``/``demo`` rather than
+verbs of the table.  The work lives in library functions with typed results
+(``profile/``, ``doctor.py``, ``killall.py``, ``tutorial.py``); this maps arguments onto
+them and picks the renderer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import MldbgError
+from . import render
+
+NAMES = ("profile", "prune", "doctor", "kill-all", "tutorial")
+
+
+class UsageError(MldbgError):
+    code = "usage"
+
+
+def cmd_profile(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    from ..profile.report import profile, render_profile
+
+    data = profile(a.script, a.args, include=a.include or None, python=a.python)
+    return data, lambda r: render_profile(r, render.out)
+
+
+def cmd_prune(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    from ..profile import prune
+
+    # Options may also follow the action (`prune run --repo R SCRIPT`); the script's own
+    # arguments start at the first word that is not one of these.
+    again = argparse.ArgumentParser(prog=f"mldbg prune {a.action}", add_help=False)
+    again.add_argument("--repo", default=a.repo)
+    again.add_argument("--dry-run", action="store_true", default=a.dry_run)
+    again.add_argument("--python", default=a.python)
+    again.add_argument("--json", action="store_true")
+    again.add_argument("rest", nargs=argparse.REMAINDER)
+    try:
+        a = argparse.Namespace(**{**vars(a), **vars(again.parse_args(a.rest))})
+    except SystemExit:
+        raise UsageError(f"bad options for mldbg prune {a.action}") from None
+    if a.action == "setup":
+        if len(a.rest) != 1:
+            raise UsageError("mldbg prune setup REPO")
+        data: Any = prune.setup(a.rest[0])
+    elif a.action == "run":
+        if not a.rest:
+            raise UsageError("mldbg prune run [--repo REPO] [--dry-run] SCRIPT [ARGS...]")
+        data = prune.run(a.rest[0], a.rest[1:], repo=a.repo, dry_run=a.dry_run, python=a.python)
+    elif a.action == "restore":
+        if not a.rest:
+            raise UsageError("mldbg prune restore [--repo REPO] FILE...")
+        data = prune.restore(a.rest, repo=a.repo)
+    else:
+        data = prune.status(a.repo or (a.rest[0] if a.rest else None))
+    return data, lambda r: prune.render_prune(r, render.out)
+
+
+def cmd_doctor(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    from .. import doctor
+
+    data = doctor.doctor(a.packages, python=a.python)
+    return data, lambda r: doctor.render_doctor(r, render.out)
+
+
+def cmd_kill_all(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+    from .. import killall
+
+    framework = "torch" if a.torch_only else "mlx" if a.mlx_only else None
+
+    def ask(found: list[killall.MlProcess]) -> bool:
+        killall.render_processes(found, render.err)
+        signal_name = "SIGTERM (then SIGKILL)" if a.force else "SIGTERM"
+        render.err.print(f"send {signal_name} to these {len(found)} process(es)? [y/N] ", end="")
+        return input().strip().lower() in ("y", "yes")
+
+    interactive = sys.stdin.isatty() and not getattr(a, "json", False)
+    try:
+        data = killall.kill_all(
+            dry_run=a.dry_run,
+            framework=framework,
+            force=a.force,
+            yes=a.yes,
+            match=a.match,
+            grace_s=a.grace,
+            confirm=ask if interactive else None,
+        )
+    except MldbgError as exc:
+        if exc.code == "confirmation_required":
+            raise UsageError(exc.message, code=exc.code, **exc.extra) from None
+        raise
+    return data, lambda r: killall.render_kill_all(r, render.out)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], tuple[Any, Callable[[Any], None]]]] = {
+    "profile": cmd_profile,
+    "prune": cmd_prune,
+    "doctor": cmd_doctor,
+    "kill-all": cmd_kill_all,
+}
+
+
+def add_parsers(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    p = verb("profile", "run a script (not under the debugger) and report which library code ran")
+    p.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PKG_OR_DIR",
+        help="only these packages or directories (repeatable; default: all but the stdlib)",
+    )
+    p.add_argument("--python", help="interpreter to run it with (default: the active venv's)")
+    p.add_argument("script", help="the script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    p = verb(
+        "prune",
+        "a <branch>-pruned branch of a library checkout holding only the files a script ran: "
+        "setup REPO | run SCRIPT [ARGS...] | restore FILE... | status [REPO]",
+    )
+    p.add_argument("action", choices=["setup", "run", "restore", "status"])
+    p.add_argument("--repo", help="the library's git checkout (default: the one here)")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    p.add_argument("--python", help="interpreter to run the script with")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="REPO, SCRIPT [ARGS...] or FILE...")
+    p = verb(
+        "doctor", "which copy of each ML library is imported, editable or not, and mldbg's state"
+    )
+    p.add_argument("packages", nargs="*", help="more packages to check")
+    p.add_argument("--python", help="interpreter to check (default: the active venv's)")
+    p = verb("kill-all", "end this user's stray Python processes that loaded torch or MLX")
+    p.add_argument("--dry-run", action="store_true", help="only list them")
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--torch-only", action="store_true", help="only processes with torch")
+    only.add_argument("--mlx-only", action="store_true", help="only processes with MLX")
+    p.add_argument("--force", action="store_true", help="SIGKILL what SIGTERM did not end")
+    p.add_argument("--yes", action="store_true", help="don't ask")
+    p.add_argument("--match", help="only processes whose command line contains this text")
+    p.add_argument(
+        "--grace", type=float, default=5.0, help="seconds to wait after SIGTERM (default 5)"
+    )
+    p = verb("tutorial", "an interactive walk through mldbg on a bundled tiny model")
+    p.add_argument("track", nargs="?", choices=["torch", "mlx"], default="torch")
+    p.add_argument("--non-interactive", action="store_true", help="run every step without waiting")
+    p.add_argument("--dir", help="where to put the tutorial's files (default: a new temp dir)")
+
+
+def run(args: argparse.Namespace, as_json: bool) -> int:
+    """Run one toolbox command; errors propagate to the CLI's handler."""
+    if args.verb == "tutorial":  # streams its steps, exit 1 on a failed one
+        from ..tutorial import run_tutorial_cli
+
+        return run_tutorial_cli(args, as_json)
+    data, show = COMMANDS[args.verb](args)
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        show(data)
+    return 0

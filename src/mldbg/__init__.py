@@ -6,7 +6,7 @@ the debugged process, whose interpreter may have nothing of mldbg's dependencies
 
 from .capture import Capture, capture
 from .checkpoint import debug_checkpoint
-from .compare import CompareInputError, Comparison, compare
+from .compare import CompareInputError, Comparison, ReplayResult, compare, replay
 from .tensors import debug_load, debug_save
 
 __version__ = "0.1.0"
@@ -15,10 +15,12 @@ __all__ = [
     "Capture",
     "CompareInputError",
     "Comparison",
+    "ReplayResult",
     "__version__",
     "capture",
     "compare",
     "debug_checkpoint",
     "debug_load",
     "debug_save",
+    "replay",
 ]

@@ -63,6 +63,7 @@ class Call:
     error: str | None = None
     start_order: int = 0  # position of its start / end in the capture's event order
     end_order: int | None = None
+    quant: dict[str, Any] | None = None  # {"bits", "group_size", "mode"} of a quantized module
 
 
 @dataclass
@@ -276,6 +277,7 @@ def _add_record(
             parent=record.get("parent"),
             depth=int(record.get("depth", 0)),
             start_order=position,
+            quant=record.get("quant") if isinstance(record.get("quant"), dict) else None,
         )
         by_seq[seq] = call
         source.calls[(call.module, call.call)] = call

@@ -19,9 +19,9 @@ Bugs and the module a verdict must name:
   that norm.
 - ``attn_scale``: the mid-block attention forgets 1/sqrt(channels) ->
   ``mid_block.attentions.0``.
-- ``downsample_padding``: the first downsampler pads symmetrically (conv padding 1)
-  where diffusers pads right/bottom only -> ``down_blocks.0.downsamplers.0`` (the classic
-  VAE port slip; its conv then sees a differently padded input).
+- ``downsample_padding``: the first downsampler pads top and left where diffusers pads
+  right and bottom (``F.pad(x, (0, 1, 0, 1))`` misread) -> ``down_blocks.0.downsamplers.0``;
+  its conv is right and gets a shifted input (the classic VAE port slip).
 """
 
 from __future__ import annotations
@@ -190,14 +190,14 @@ def _port_weight(value: torch.Tensor) -> mx.array:
     return to_mlx(value.permute(0, 2, 3, 1) if value.ndim == 4 else value)
 
 
-def _symmetric_padding(cls: type) -> type:
-    class SymmetricPadding(cls):  # type: ignore[misc, valid-type]
-        """The bug: one pixel of padding on every side, the conv's own ``padding=1``."""
+def _padding_on_the_wrong_side(cls: type) -> type:
+    class PaddingOnTheWrongSide(cls):  # type: ignore[misc, valid-type]
+        """The bug: one row and column of zeros before the image instead of after it."""
 
         def __call__(self, x: mx.array) -> mx.array:
-            return mx.conv2d(x, self.conv.weight, stride=2, padding=1) + self.conv.bias
+            return self.conv(mx.pad(x, [(0, 0), (1, 0), (1, 0), (0, 0)]))
 
-    return SymmetricPadding
+    return PaddingOnTheWrongSide
 
 
 def build(dtype: str = "float32", bug: str | None = None, *, seed: int = 0) -> ZooPort:
@@ -214,7 +214,7 @@ def build(dtype: str = "float32", bug: str | None = None, *, seed: int = 0) -> Z
         port.mid_block.attentions[0].scale = 1.0
     elif bug == "downsample_padding":
         down = port.down_blocks[0].downsamplers[0]
-        down.__class__ = _symmetric_padding(type(down))
+        down.__class__ = _padding_on_the_wrong_side(type(down))
     return ZooPort(
         arch="vae",
         dtype=dtype,

@@ -8,11 +8,12 @@ qwen2          transformers Qwen2 -> mlx-lm qwen2           swapped_mlp, skipped
 mistral        transformers Mistral -> mlx-lm llama         (same)
 torch_llama    transformers Llama -> hand-written torch     (same)
 gemma          transformers Gemma -> mlx-lm gemma           gelu_exact (fp32), attn_scale,
-                                                            norm_offset; moved scale always
+                                                            norm_offset, rope_base; moved
+                                                            scale in every case
 renamed        transformers Llama -> hand-written MLX,      attn_scale, swapped_mlp
                other names (through a map)
 vae            diffusers VAE encoder -> hand-written MLX    groupnorm_groups, attn_scale,
-               (NHWC, ambiguous 32x32x32 layout)            downsample_padding
+               (NHWC, ambiguous 32x32x32 layout)            downsample_padding, skipped_norm
 qwen2-q4/-q8   transformers Qwen2 -> mlx-lm qwen2,          see QUANTIZED_BUGS
                nn.quantize 4 / 8 bits, group 32
 =============  ===========================================  ===============================

@@ -40,7 +40,7 @@ class ZooPort:
     map that turns the port's names into the reference's (``None`` when they already
     match).  ``moved_scale`` is ``(module, ratio)`` when the port computes a scale on
     the other side of a module boundary (its entry differs by ``ratio``, the next
-    module's input agrees again).  ``quantized`` is ``{"bits", "group_size"}`` for a
+    module's input agrees again); ``ratio`` is reference / port.  ``quantized`` is ``{"bits", "group_size"}`` for a
     quantized port.  ``layout`` names the port's activation layout when it differs
     from the reference's (``"NHWC"`` for an MLX conv port of an NCHW model).
     """

@@ -22,6 +22,8 @@ Bugs and the module a verdict must name:
 - ``attn_scale``: layer 1's attention forgets 1/sqrt(head_dim) -> ``model.layers.1.self_attn``.
 - ``norm_offset``: layer 1's ``input_layernorm`` scales by ``weight`` where Gemma scales
   by ``1 + weight`` (the classic Gemma port slip) -> ``model.layers.1.input_layernorm``.
+- ``rope_base``: the port's rope base is 100x the reference's in every layer ->
+  ``model.layers.0.self_attn``.
 
 (A wrong eps is not a Gemma bug here: the residual stream carries the sqrt(hidden)
 scale, mean square ~64, so even eps 1.0 moves a norm's output by < 1%, inside bf16
@@ -41,12 +43,13 @@ import torch
 from .core import TORCH_DTYPES, UnknownCase, ZooPort, check_case, generator, init_o1, swap_class
 from .core import to_mlx as _to_mlx
 
-BUGS = ("gelu_exact", "attn_scale", "norm_offset")
+BUGS = ("gelu_exact", "attn_scale", "norm_offset", "rope_base")
 FLOAT32_ONLY = ("gelu_exact",)
 CULPRITS = {
     "gelu_exact": "model.layers.0.mlp",
     "attn_scale": "model.layers.1.self_attn",
     "norm_offset": "model.layers.1.input_layernorm",
+    "rope_base": "model.layers.0.self_attn",
 }
 SEQ_LEN = 8
 
@@ -118,7 +121,7 @@ def _norm_without_offset(cls: type) -> type:
     return NormWithoutOffset
 
 
-def port_model() -> Any:
+def port_model(rope_theta: float = SIZES.rope_theta) -> Any:
     from mlx_lm.models import gemma
 
     s = SIZES
@@ -133,7 +136,7 @@ def port_model() -> Any:
             rms_norm_eps=s.rms_norm_eps,
             vocab_size=s.vocab_size,
             num_key_value_heads=s.num_key_value_heads,
-            rope_theta=s.rope_theta,
+            rope_theta=rope_theta,
         )
     )
 
@@ -144,7 +147,7 @@ def build(dtype: str = "float32", bug: str | None = None, *, seed: int = 0) -> Z
     if bug in FLOAT32_ONLY and dtype != "float32":
         raise UnknownCase(f"gemma bug {bug!r} is below {dtype} rounding; built for float32 only")
     ref, ids = reference(dtype, seed)
-    port = port_model()
+    port = port_model(SIZES.rope_theta * (100 if bug == "rope_base" else 1))
     # The output projection is tied to the embedding on both sides: mlx-lm has no lm_head.
     weights = {k: _to_mlx(v) for k, v in ref.state_dict().items() if k != "lm_head.weight"}
     port.load_weights(list(weights.items()))

@@ -22,6 +22,8 @@ Bugs and the module a verdict must name:
 - ``downsample_padding``: the first downsampler pads top and left where diffusers pads
   right and bottom (``F.pad(x, (0, 1, 0, 1))`` misread) -> ``down_blocks.0.downsamplers.0``;
   its conv is right and gets a shifted input (the classic VAE port slip).
+- ``skipped_norm``: the encoder never calls ``conv_norm_out`` (SiLU straight on the
+  mid block's output) -> ``conv_norm_out``, the module the port never calls.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ import torch
 
 from .core import TORCH_DTYPES, ZooPort, check_case, generator, init_o1, to_mlx
 
-BUGS = ("groupnorm_groups", "attn_scale", "downsample_padding")
+BUGS = ("groupnorm_groups", "attn_scale", "downsample_padding", "skipped_norm")
 CULPRITS = {
     "groupnorm_groups": "down_blocks.1.resnets.0.norm2",
     "attn_scale": "mid_block.attentions.0",
     "downsample_padding": "down_blocks.0.downsamplers.0",
+    "skipped_norm": "conv_norm_out",
 }
 
 
@@ -200,6 +203,19 @@ def _padding_on_the_wrong_side(cls: type) -> type:
     return PaddingOnTheWrongSide
 
 
+def _encoder_without_final_norm(cls: type) -> type:
+    class EncoderWithoutFinalNorm(cls):  # type: ignore[misc, valid-type]
+        """The bug: ``conv_norm_out`` is never called."""
+
+        def __call__(self, x: mx.array) -> mx.array:
+            x = self.conv_in(x)
+            for block in self.down_blocks:
+                x = block(x)
+            return self.conv_out(self.conv_act(self.mid_block(x)))
+
+    return EncoderWithoutFinalNorm
+
+
 def build(dtype: str = "float32", bug: str | None = None, *, seed: int = 0) -> ZooPort:
     """diffusers' VAE encoder vs the MLX ``Encoder`` (NHWC), ``bug`` planted in the port."""
     check_case("vae", dtype, bug, BUGS)
@@ -215,6 +231,8 @@ def build(dtype: str = "float32", bug: str | None = None, *, seed: int = 0) -> Z
     elif bug == "downsample_padding":
         down = port.down_blocks[0].downsamplers[0]
         down.__class__ = _padding_on_the_wrong_side(type(down))
+    elif bug == "skipped_norm":
+        port.__class__ = _encoder_without_final_norm(type(port))
     return ZooPort(
         arch="vae",
         dtype=dtype,

@@ -121,6 +121,12 @@ def first_divergence(
         growth["input_rel_rms"] = in_err
         growth["rel_rms"] = out_err
         missing = _missing_child(source, call, by_call, b_calls, b_modules)
+        if (
+            missing is None
+            and inputs_compared
+            and not all(r["ok"] for r in by_call[(call.module, call.call)]["in"])
+        ):
+            missing = _missing_sibling(source, call, b_calls, b_modules)
         if missing is not None:
             growth = {
                 **growth,
@@ -155,9 +161,8 @@ def first_divergence(
             "by_growth": None if growth is None else {k: growth[k] for k in ("name", "reason")},
         }
     if culprit is None:
-        culprit = _fallback(
-            [r for r in failing if (r["module"], r["call"]) not in boundary_keys] or failing
-        )
+        rest = [r for r in failing if (r.get("module"), r.get("call")) not in boundary_keys]
+        culprit = _fallback(rest) if rest else None  # only boundary differences: no culprit
     return culprit, boundaries
 
 
@@ -200,6 +205,17 @@ def _boundaries(
 ) -> list[dict[str, Any]]:
     """Calls whose differing output the next consumer no longer sees."""
     calls = source.calls
+    ended = sorted(
+        (calls[k].end_order, _worst_rel(roles["out"]))
+        for k, roles in by_call.items()
+        if k in calls and calls[k].end_order is not None
+    )
+
+    def upstream_of(call: Call) -> float:
+        """Inputs not compared: the largest error of any output finished before it."""
+        before = [err for end, err in ended if end < call.start_order]
+        return max(before) if before else 0.0
+
     starts = sorted(
         ((calls[k].start_order, k) for k in by_call if k in calls and by_call[k]["in"]),
     )
@@ -210,10 +226,10 @@ def _boundaries(
         if call is None or call.end_order is None or not bad:
             continue
         own_inputs = {tuple(r["shape_a"]) for r in roles["in"]}
-        in_err = _worst_rel(roles["in"]) if roles["in"] else None
+        in_err = _worst_rel(roles["in"]) if roles["in"] else upstream_of(call)
         local_bound = max((r.get("expected_local") or 0.0) for r in bad)
-        if in_err is None or _worst_rel(bad) <= GROWTH * in_err + local_bound:
-            continue  # a victim (or inputs unknown): its difference is not its own
+        if _worst_rel(bad) <= GROWTH * in_err + local_bound:
+            continue  # a victim: its difference is not its own
         # The consumer must see no more error than this call's inputs had: the
         # difference vanished, it was not merely diluted (a residual add shrinks one).
         allowed = GROWTH * in_err + local_bound
@@ -319,6 +335,26 @@ def _missing_child(
         before = [c for c in missing if c.start_order < first_bad.start_order]
         return before[-1] if before else None
     return missing[-1]
+
+
+def _missing_sibling(
+    source: Source, call: Call, b_calls: set[str] | None, b_modules: set[str] | None
+) -> Call | None:
+    """The sibling just before ``call`` that the port has but never called: what should
+    have turned ``call``'s (now differing) inputs into the reference's."""
+    if b_calls is None or not b_modules or call.parent is None:
+        return None
+    before = sorted(
+        (
+            c
+            for c in source.calls.values()
+            if c.parent == call.parent and c.start_order < call.start_order
+        ),
+        key=lambda c: c.start_order,
+    )
+    if before and before[-1].module not in b_calls and before[-1].module in b_modules:
+        return before[-1]
+    return None
 
 
 def _fallback(failing: list[dict[str, Any]]) -> dict[str, Any]:

@@ -41,10 +41,11 @@ def family(class_name: str) -> str:
 
 
 def _signature(call: Call, outputs: dict[tuple[str, int], list[Entry]]) -> str:
-    shapes = sorted(
-        "x".join(str(n) for n in sorted(e.shape)) for e in outputs.get((call.module, call.call), [])
-    )
-    return f"{family(call.class_name)}|{','.join(shapes)}"
+    """Class family and the main output's shape (sorted: layout-free).  Only the first
+    output counts: transformers' attention also returns its weights, mlx-lm's does not."""
+    found = outputs.get((call.module, call.call), [])
+    shape = "x".join(str(n) for n in sorted(found[0].shape)) if found else ""
+    return f"{family(call.class_name)}|{shape}"
 
 
 def _first_calls(source: Source) -> list[Call]:

@@ -168,6 +168,7 @@ def replay(
         "path": str(directory.path),
         "reference": source.describe(),
         "culprit": local["culprit"],
+        "boundary_differences": local["boundaries"],
         "entries": entries,
         "skipped": player.skipped[:MAX_SKIPPED],
         "error": error,

@@ -79,7 +79,7 @@ def reference(dtype: str, seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor]
     from transformers import GemmaConfig, GemmaForCausalLM
 
     s = SIZES
-    config = GemmaConfig(
+    kwargs: dict[str, Any] = dict(
         vocab_size=s.vocab_size,
         hidden_size=s.hidden_size,
         intermediate_size=s.intermediate_size,
@@ -93,8 +93,9 @@ def reference(dtype: str, seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor]
         attn_implementation="eager",
         use_cache=False,
     )
+    config = GemmaConfig(**kwargs)
     gen = generator(seed)
-    model = GemmaForCausalLM(config)
+    model: Any = GemmaForCausalLM(config)
     init_o1(model, gen, norm_center=0.0)  # Gemma's norms scale by (1 + weight)
     model = model.to(TORCH_DTYPES[dtype]).eval()
     ids = torch.randint(0, s.vocab_size, (1, SEQ_LEN), generator=gen)

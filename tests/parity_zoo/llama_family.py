@@ -88,7 +88,7 @@ def _hf_config(arch: str) -> Any:
     import transformers
 
     s = SIZES
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=s.vocab_size,
         hidden_size=s.hidden_size,
         intermediate_size=s.intermediate_size,

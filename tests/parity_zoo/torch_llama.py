@@ -14,13 +14,14 @@ the same way in this port.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import llama_family
-from .core import ZooPort, check_case
+from .core import TORCH_DTYPES, ZooPort, check_case
 
 BUGS = llama_family.BUGS
 CULPRITS = llama_family.CULPRITS
@@ -143,8 +144,8 @@ def build(dtype: str = "float32", bug: str | None = None, *, seed: int = 0) -> Z
     s = llama_family.SIZES
     port = CausalLM(s, s.rope_theta * (100 if bug == "rope_base" else 1))
     port.load_state_dict(ref.state_dict())  # strict: same names, same shapes
-    port = port.to(ref.dtype).eval()
-    layer = port.model.layers[llama_family.BUGGY_LAYER]
+    port = port.to(TORCH_DTYPES[dtype]).eval()
+    layer = cast(DecoderLayer, port.model.layers[llama_family.BUGGY_LAYER])
     if bug == "norm_eps":
         layer.post_attention_layernorm.eps = 1.0
     elif bug == "attn_scale":

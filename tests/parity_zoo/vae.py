@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as mnn
@@ -67,7 +68,7 @@ def reference(dtype: str, seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor]
 
     s = SIZES
     gen = generator(seed)
-    vae = AutoencoderKL(
+    vae: Any = AutoencoderKL(
         in_channels=s.in_channels,
         out_channels=s.in_channels,
         down_block_types=("DownEncoderBlock2D",) * len(s.block_out_channels),

@@ -19,6 +19,7 @@ Each test has its own ``MLDBG_HOME``; references are built once per process and 
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -208,11 +209,16 @@ def test_explicit_tolerances_switch_to_the_elementwise_test(home: Path) -> None:
 def test_renamed_port_without_a_map_gets_one_proposed(bug: str | None, home: Path) -> None:
     z = build(Case("renamed", "bfloat16", bug))
     capture(z)
-    unmapped = mldbg.compare("ref", "port").result
+    comparison = mldbg.compare("ref", "port")
+    unmapped = comparison.result
     proposed = unmapped["proposed_map"]
     assert proposed, summary(unmapped)
-    # Unpaired names are listed after the map and all of them: the port's own names here.
-    assert any(name.startswith("blocks.") for name in unmapped["unpaired_b"])
+    # Unpaired names are listed after the map and all of them: the port's own names here,
+    # one per captured tensor of the port's blocks (2 layers x 10 modules, in and out).
+    blocks = [name for name in unmapped["unpaired_b"] if name.startswith("blocks.")]
+    assert len(blocks) >= 2 * 10 * 2, unmapped["unpaired_b"]
+    page = comparison.write_html(home.parent / "report.html").read_text()
+    assert all(html.escape(name) in page for name in unmapped["unpaired_b"])
     mapped = mldbg.compare("ref", "port", map=proposed).result
     check_verdict(z, mapped)
     by_hand = mldbg.compare("ref", "port", map=z.map).result

@@ -37,14 +37,16 @@ QUANTIZED_BUGS = {4: ("attn_scale", "swapped_mlp"), 8: ("attn_scale", "norm_eps"
 
 
 def _llama_family(arch: str) -> Callable[..., ZooPort]:
-    return lambda dtype, bug: llama_family.build(arch, dtype, bug)
+    return lambda dtype, bug, seed=0: llama_family.build(arch, dtype, bug, seed=seed)
 
 
 def _quantized(bits: int) -> Callable[..., ZooPort]:
-    return lambda dtype, bug: llama_family.build("qwen2", dtype, bug, quantize=(bits, QUANT_GROUP))
+    return lambda dtype, bug, seed=0: llama_family.build(
+        "qwen2", dtype, bug, quantize=(bits, QUANT_GROUP), seed=seed
+    )
 
 
-BUILDERS: dict[str, Callable[[str, str | None], ZooPort]] = {
+BUILDERS: dict[str, Callable[..., ZooPort]] = {
     "llama": _llama_family("llama"),
     "qwen2": _llama_family("qwen2"),
     "mistral": _llama_family("mistral"),
@@ -94,8 +96,12 @@ def all_cases(archs: tuple[str, ...] | None = None) -> list[Case]:
     ]
 
 
-def build(case: Case) -> ZooPort:
-    """A fresh port for ``case`` (the reference is shared: ports never change it)."""
+def build(case: Case, seed: int = 0) -> ZooPort:
+    """A fresh port for ``case`` (the reference is shared: ports never change it).
+
+    ``seed`` draws other weights and inputs: the tests use 0; other seeds check that a
+    verdict does not depend on one draw.
+    """
     if case.arch not in BUILDERS:
         raise UnknownCase(f"unknown architecture {case.arch!r}; known: {', '.join(BUILDERS)}")
-    return BUILDERS[case.arch](case.dtype, case.bug)
+    return BUILDERS[case.arch](case.dtype, case.bug, seed=seed)

@@ -81,7 +81,10 @@ class Mixer(nn.Module):
         self.scale = scale
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.proj(hidden_states) * self.scale
+        out = self.proj(hidden_states)
+        if self.scale != 1.0:  # the bug: a 2% mix of the neighbouring feature
+            out = out + (self.scale - 1.0) * out.roll(1, dims=-1)
+        return out
 
 
 class Block(nn.Module):
@@ -167,7 +170,8 @@ def test_small_error_on_small_values_is_named_where_it_grows(dtype: torch.dtype)
     assert culprit["inputs_compared"] is True  # hidden_states= paired with the positional x
     norm_out = next(e for e in result["entries"] if e["name"] == "layers.1.norm#0.out")
     mixer_out = next(e for e in result["entries"] if e["name"] == "layers.1.mixer#0.out")
-    assert norm_out["rel_rms"] == pytest.approx(mixer_out["rel_rms"], rel=0.5)
+    # The norm passes the mixer's relative error on (it is a victim, not the culprit).
+    assert norm_out["rel_rms"] > mixer_out["rel_rms"] / 4
     if dtype == torch.float32:
         # An atol that passes the mixer's small values but not the norm's: the element-wise
         # test fails at the norm first, and growth still names the mixer.

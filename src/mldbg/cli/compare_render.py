@@ -60,10 +60,8 @@ def _status(entry: dict[str, Any]) -> str:
         return "[green]ok[/]" + _quant(entry)
     label = "[bold red]◀ culprit[/]" if entry.get("culprit") else "[red]differs[/]"
     mismatched, numel = entry.get("mismatched"), entry.get("numel")
-    if entry.get("test") == "scale":
-        nonfinite = entry.get("nonfinite_mismatched")
-        extra = f" ({nonfinite} NaN/Inf)" if nonfinite else ""
-        return f"{label}{_quant(entry)}[dim]{extra}[/]"
+    if entry.get("test") == "scale" and not entry.get("nonfinite_mismatched"):
+        return f"{label}{_quant(entry)}"
     if mismatched is None:
         return label
     nonfinite = entry.get("nonfinite_mismatched")

@@ -23,7 +23,9 @@ judged instead against its own scale and dtype:
   deviations, split into ``2**bits - 1`` steps, each step's rounding uniform (RMS
   step / sqrt 12); measured: 0.09 relative for 4 bit with groups of 64, 0.0054 for 8
   bit.  Downstream entries inherit that noise (measured: 1.1 to 2.4 times one module's
-  over a whole clean 4-bit Qwen2; the bound is 4 times).
+  over a whole clean 4-bit Qwen2; the bound is 3.5 times, added to the rounding bound).  Single elements are not held to
+  ``rel_max`` there: a product of two quantized values (gate x up) can move one element
+  by more than the largest value, which rounding never does.
 
 The strict element-wise test (``|b - a| <= atol + rtol |a|``) decides only when the
 user gives ``--rtol``/``--atol``; integer and bool pairs always compare exactly.
@@ -41,7 +43,7 @@ from .sources import Call, Source
 
 ROUNDING_C = 2.0  # bound on rel_rms, in units of u * sqrt(1 + depth)
 MAX_FACTOR = 4.0  # rel_max may exceed the rel_rms bound by this much (one unlucky element)
-QUANT_C = 4.0  # bound on quantization noise, in units of one module's expected error
+QUANT_C = 3.5  # bound on quantization noise, in units of one module's expected error
 # An output error up to GROWTH x its inputs' error (plus its own rounding) is "explained"
 # by them.  Relative error mostly passes through a module unchanged (x1, a norm
 # rescales values, not their relative error); clean attention in bf16 measured up to
@@ -158,10 +160,11 @@ def expected_error(u: float | None, depth: int, quant: float) -> float | None:
     """The relative RMS error a clean port may show after ``depth`` leaf ops."""
     if u is None:
         return None
-    return max(rounding_bound(u, depth), QUANT_C * quant)
+    # Rounding and quantization noise add (an 8-bit port in bf16 has both, comparable).
+    return rounding_bound(u, depth) + QUANT_C * quant
 
 
-def scale_test(result: dict[str, Any], bound: float) -> bool:
+def scale_test(result: dict[str, Any], bound: float, *, check_max: bool = True) -> bool:
     """Pass when the error relative to the reference's scale is within ``bound`` (RMS)
     and ``MAX_FACTOR * bound`` (the largest element against the largest value), with no
     NaN/Inf mismatch."""
@@ -172,7 +175,9 @@ def scale_test(result: dict[str, Any], bound: float) -> bool:
         return not result.get("mismatched")
     if isinstance(rel_rms, str) or isinstance(rel_max, str):
         return False
-    return rel_rms <= bound and (rel_max is None or rel_max <= MAX_FACTOR * bound)
+    if not check_max or rel_max is None:
+        return rel_rms <= bound
+    return rel_rms <= bound and rel_max <= MAX_FACTOR * bound
 
 
 def exact_scale(result: dict[str, Any], bound: float) -> float | None:

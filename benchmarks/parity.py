@@ -217,6 +217,28 @@ def big_compare(elements: int, tensors: int, directory: Path) -> dict[str, float
     }
 
 
+def numpy_pass(directory: Path, tensors: int) -> float:
+    """Seconds for a plain numpy pass over the same files: memory-map each pair and reduce
+    it in chunks of 2**20 elements (max |b - a| and the sum of squares), the least work
+    any comparison must do.  compare's GB/s beside this one is its overhead."""
+    import time
+
+    import numpy as np
+
+    from mldbg.compare.arrays import map_safetensors
+
+    start = time.perf_counter()
+    for i in range(tensors):
+        a = map_safetensors(directory / "a" / f"layer{i}.safetensors", "t")
+        b = map_safetensors(directory / "b" / f"layer{i}.safetensors", "t")
+        largest, squares = 0.0, 0.0
+        for at in range(0, a.size, 1 << 20):
+            diff = np.asarray(a[at : at + (1 << 20)], np.float64) - b[at : at + (1 << 20)]
+            largest = max(largest, float(np.max(np.abs(diff))))
+            squares += float(np.dot(diff, diff))
+    return time.perf_counter() - start
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
@@ -251,6 +273,12 @@ def main() -> int:
             f"({big['data_mb'] / big['seconds']:.0f} MB/s); peak RSS {big['peak_mb']:.0f} MB "
             f"against {big['baseline_mb']:.0f} MB for the imports alone "
             f"(verdict ok={big['ok']}, expected False: one element in 1000 moved by 1e-3)"
+        )
+        plain = numpy_pass(Path(tmp), tensors)
+        gb = big["data_mb"] / 1e3
+        print(
+            f"throughput: compare {gb / big['seconds']:.2f} GB/s, "
+            f"plain numpy pass over the same files {gb / plain:.2f} GB/s ({plain:.1f} s)"
         )
         if big["compared"] != tensors or big["ok"]:
             print("error: the big comparison did not see what was written", file=sys.stderr)

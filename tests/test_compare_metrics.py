@@ -51,10 +51,15 @@ KEYS = {
     "head_a",
     "head_b",
     "worst",
+    "largest",
+    "rel_rms",
+    "rel_max",
+    "rms_a",
+    "rms_b",
     "ok",
 }
 # Sums whose last bits depend on the order of summation, hence on the chunking.
-SUMS = {"mean_abs", "cosine"}
+SUMS = {"mean_abs", "cosine", "rel_rms", "rms_a", "rms_b"}
 
 
 @pytest.fixture
@@ -107,7 +112,8 @@ def reference(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> dict[st
         rel = np.where(larger == 0, 0.0, diff / larger)
     same_nonfinite = (np.isnan(a64) & np.isnan(b64)) | (a64 == b64)
     close = np.where(both, np.abs(b64 - a64) <= atol + rtol * np.abs(a64), same_nonfinite)
-    worst = int(np.flatnonzero(both)[np.argmax(diff)])
+    largest = int(np.flatnonzero(both)[np.argmax(diff)])
+    worst = int(np.flatnonzero(both)[np.argmax(diff - rtol * np.abs(fa))])
     return {
         "max_abs": diff.max(),
         "mean_abs": diff.mean(),
@@ -118,6 +124,9 @@ def reference(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> dict[st
         "mismatched": int((~close).sum()),
         "min_atol": max(0.0, (diff - rtol * np.abs(fa)).max()),
         "worst": list(np.unravel_index(worst, a.shape)),
+        "largest": list(np.unravel_index(largest, a.shape)),
+        "rel_rms": np.linalg.norm(fa - fb) / np.linalg.norm(fa),
+        "rel_max": diff.max() / np.abs(fa).max(),
     }
 
 
@@ -243,9 +252,24 @@ def test_metrics_match_a_direct_float64_computation(rng: np.random.Generator) ->
     i, j = expected["worst"]
     assert result["worst"]["a"] == float(a[i, j])
     assert result["worst"]["b"] == float(b[i, j])
+    assert result["largest"]["index"] == expected["largest"]
+    assert result["rel_rms"] == pytest.approx(expected["rel_rms"], rel=1e-9)
+    assert result["rel_max"] == pytest.approx(expected["rel_max"], rel=1e-12)
     assert result["head_a"] == [float(x) for x in a.ravel()[:5]]
     assert result["head_b"] == [float(x) for x in b.ravel()[:5]]
     assert (result["nan_a"], result["nan_b"], result["inf_a"], result["inf_b"]) == (0, 0, 0, 0)
+
+
+def test_worst_is_the_element_that_fails_its_tolerance_most() -> None:
+    """Not the largest difference: a value of 100 off by 0.5 passes rtol 1e-2, while a
+    value of 0.1 off by 0.2 is far outside it (the issue's complaint about ``worst``)."""
+    a = np.array([100.0, 0.1, 1.0])
+    b = np.array([100.5, 0.3, 1.0])
+    result = compare_arrays(a, b, rtol=1e-2, atol=1e-5)
+    assert result["worst"]["index"] == [1]
+    assert result["largest"]["index"] == [0]
+    assert result["rel_max"] == pytest.approx(0.005)
+    assert result["rel_rms"] == pytest.approx(np.sqrt(0.25 + 0.04) / np.sqrt(1e4 + 0.01 + 1))
 
 
 def test_min_atol_is_the_smallest_passing_atol(rng: np.random.Generator) -> None:
@@ -651,7 +675,8 @@ def test_result_does_not_depend_on_chunk_size(
     wide_a[..., ::2] = a
     strided = compare_arrays(wide_a[..., ::2], b, rtol=0.1, atol=0.01, chunk_elements=chunk)
     assert_same_result(strided, baseline)
-    assert baseline["worst"]["index"] == list(np.unravel_index(baseline_worst(a, b), shape))
+    assert baseline["worst"]["index"] == list(np.unravel_index(baseline_worst(a, b, 0.1), shape))
+    assert baseline["largest"]["index"] == list(np.unravel_index(baseline_worst(a, b, 0), shape))
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 7, 35, 36, 1000])
@@ -667,10 +692,11 @@ def test_index_blocks_cover_in_order_within_the_chunk(shape: tuple[int, ...], ch
     assert np.concatenate(blocks).tolist() == list(range(numbers.size))
 
 
-def baseline_worst(a: np.ndarray, b: np.ndarray) -> int:
-    """The first element with the largest finite difference, computed directly."""
-    diff = np.abs(a.astype(np.float64) - b.astype(np.float64)).ravel()
-    diff[~np.isfinite(diff)] = -1
+def baseline_worst(a: np.ndarray, b: np.ndarray, rtol: float) -> int:
+    """The first element with the largest finite ``|b - a| - rtol |a|``, computed directly."""
+    a64 = a.astype(np.float64).ravel()
+    diff = np.abs(a64 - b.astype(np.float64).ravel()) - rtol * np.abs(a64)
+    diff[~np.isfinite(diff)] = -np.inf
     return int(np.argmax(diff))
 
 

@@ -19,6 +19,8 @@ _PUBLIC = {
     "capture": "capture",
     "CompareInputError": "compare",
     "Comparison": "compare",
+    "ReplayResult": "compare",
+    "replay": "compare",
     "compare": "compare",
     "debug_checkpoint": "checkpoint",
     "debug_load": "tensors",
@@ -31,6 +33,7 @@ __all__ = [
     "Capture",
     "CompareInputError",
     "Comparison",
+    "ReplayResult",
     "__version__",
     "capture",
     "compare",
@@ -39,12 +42,13 @@ __all__ = [
     "debug_load",
     "debug_save",
     "debug_show_all",
+    "replay",
 ]
 
 if TYPE_CHECKING:
     from .capture import Capture, capture
     from .checkpoint import debug_checkpoint
-    from .compare import CompareInputError, Comparison, compare
+    from .compare import CompareInputError, Comparison, ReplayResult, compare, replay
     from .tensors import debug_clear, debug_load, debug_save, debug_show_all
 
 

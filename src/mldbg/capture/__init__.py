@@ -20,6 +20,8 @@ from .store import CaptureDir, check_capture_name, module_label
 
 __all__ = ["Capture", "capture"]
 
+MAX_MODULES = 100_000  # module paths listed in capture.json
+
 
 def _framework(model: object) -> str:
     for cls in type(model).__mro__:
@@ -85,6 +87,13 @@ class Capture:
 
         return mlx_wrappers
 
+    def _module_paths(self, backend: Any, target: Any) -> list[str]:
+        try:
+            paths = [path for path, _ in backend.named_modules(target) if self.keeps(path)]
+        except Exception:  # the list is a hint for compare; never fail the capture on it
+            return []
+        return paths[:MAX_MODULES]
+
     def keeps(self, path: str) -> bool:
         """Whether module ``path`` is recorded: matches an include (if any), no exclude."""
         label = module_label(path)
@@ -110,6 +119,9 @@ class Capture:
                     "inputs": self.inputs,
                     "include": self.include,
                     "exclude": self.exclude,
+                    # Every kept module, called or not: compare tells a module the port
+                    # has but never calls (a skipped norm) from one it lacks altogether.
+                    "modules": self._module_paths(backend, target),
                 },
             )
         except OSError as exc:  # no room for even the directory: the model runs uncaptured

@@ -116,6 +116,26 @@ def _peel(cls: type) -> type:
         cls = cls.__bases__[0]
 
 
+def quantization(module: Any) -> dict[str, Any] | None:
+    """``{"bits", "group_size", "mode"}`` of an MLX quantized module (``QuantizedLinear``,
+    ``QuantizedEmbedding``, or any module holding ``bits``/``group_size`` and packed
+    ``scales``), else None.  Compare widens its expected error by the quantization's."""
+    bits, group_size = getattr(module, "bits", None), getattr(module, "group_size", None)
+    if not isinstance(bits, int) or not isinstance(group_size, int):
+        return None
+    try:
+        has_scales = "scales" in module
+    except Exception:
+        has_scales = False
+    if not has_scales and "Quantized" not in type(module).__name__:
+        return None
+    found: dict[str, Any] = {"bits": bits, "group_size": group_size}
+    mode = getattr(module, "mode", None)
+    if isinstance(mode, str):
+        found["mode"] = mode
+    return found
+
+
 def _recording_class(
     original: type, recorder: Recorder, paths: dict[int, str], layer: _Layer
 ) -> type:
@@ -125,7 +145,10 @@ def _recording_class(
         path = paths.get(id(self))
         if path is None:
             return call(self, *args, **kwargs)
-        seq = recorder.enter(path, original.__name__, args, kwargs)
+        quant = quantization(self)
+        seq = recorder.enter(
+            path, original.__name__, args, kwargs, {"quant": quant} if quant else None
+        )
         try:
             output = call(self, *args, **kwargs)
         except BaseException as exc:

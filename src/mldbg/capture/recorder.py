@@ -57,9 +57,16 @@ class Recorder:
                 self.errors.append(message)
 
     def enter(
-        self, path: str, class_name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self,
+        path: str,
+        class_name: str,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        extra: Mapping[str, Any] | None = None,
     ) -> int:
-        """Record the start of a call (and its inputs); returns its sequence number."""
+        """Record the start of a call (and its inputs); returns its sequence number.
+
+        ``extra`` adds fields to the call's index line (``quant`` for a quantized module)."""
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -74,6 +81,7 @@ class Recorder:
             "class": class_name,
             "parent": stack[-1][0] if stack else None,
             "depth": len(stack),
+            **(extra or {}),
         }
         stack.append((seq, call, path))
         if self.inputs:

@@ -25,6 +25,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
     p.add_argument("--map", metavar="FILE", help="JSON map of B's names onto A's (see README)")
+    p.add_argument(
+        "--layout",
+        choices=["NCHW", "NHWC", "auto"],
+        type=lambda v: {"nchw": "NCHW", "nhwc": "NHWC"}.get(v.lower(), v.lower()),
+        help="B's activation layout when shapes cannot tell (C == H == W); default auto",
+    )
+    p.add_argument(
+        "--replay",
+        metavar="NAME",
+        help="a capture written by mldbg.replay(port, A): show each module's local error",
+    )
+    p.add_argument(
+        "--propose-map",
+        metavar="FILE",
+        help="write the map proposed from the module trees (when few entries pair) to FILE",
+    )
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     p.add_argument("--all", action="store_true", help="show every row, not the interesting ones")
     p.add_argument("--inputs", action="store_true", help="show input rows too")
@@ -39,15 +55,23 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
                 rtol=args.rtol,
                 atol=args.atol,
                 map=args.map,
+                layout=args.layout,
+                replay=args.replay,
                 html=args.html,
                 progress=progress,
             )
     except (CompareInputError, MldbgError) as exc:
+        proposal = getattr(exc, "extra", {}).get("proposed_map") if args.propose_map else None
+        if proposal:
+            _write_map(args.propose_map, proposal)
         return _bad_input(exc, as_json)
     except OSError as exc:
         return _bad_input(
             CompareInputError(f"{exc.filename or ''}: {exc.strerror or exc}"), as_json
         )
+    proposal = comparison.result.get("proposed_map")
+    if args.propose_map and proposal:
+        _write_map(args.propose_map, proposal)
     if as_json:
         print(json.dumps(comparison.result, indent=2, allow_nan=False))
     else:
@@ -55,6 +79,12 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
         if args.html:
             render.out.print(f"report: {args.html}")
     return EXIT_OK if comparison.ok else EXIT_DIVERGED
+
+
+def _write_map(path: str, proposal: dict[str, Any]) -> None:
+    from pathlib import Path
+
+    Path(path).write_text(json.dumps(proposal, indent=2) + "\n", encoding="utf-8")
 
 
 def _bad_input(exc: MldbgError, as_json: bool) -> int:

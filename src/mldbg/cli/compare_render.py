@@ -17,6 +17,8 @@ from rich.table import Table
 from .render import _size, err, out
 
 FOLD = 6  # agreeing rows in a row beyond which the middle ones are folded
+UNPAIRED_SHOWN = 20  # unpaired names printed per side (all of them are in --json / --html)
+PROPOSAL_LINES = 40  # lines of a proposed map printed
 
 
 def number(value: Any) -> str:
@@ -43,14 +45,23 @@ def _shape(entry: dict[str, Any]) -> str:
     return text
 
 
+def _quant(entry: dict[str, Any]) -> str:
+    quant = entry.get("quantized")
+    if not quant:
+        return ""
+    return f" [dim]({quant.get('bits')}-bit, group {quant.get('group_size')}: expected)[/]"
+
+
 def _status(entry: dict[str, Any]) -> str:
     if entry.get("error"):
         mark = "[bold red]◀ culprit[/] " if entry.get("culprit") else ""
         return f"{mark}[red]{escape(entry['error'])}[/]"
     if entry.get("ok") and not entry.get("culprit"):
-        return "[green]ok[/]"
+        return "[green]ok[/]" + _quant(entry)
     label = "[bold red]◀ culprit[/]" if entry.get("culprit") else "[red]differs[/]"
     mismatched, numel = entry.get("mismatched"), entry.get("numel")
+    if entry.get("test") == "scale" and not entry.get("nonfinite_mismatched"):
+        return f"{label}{_quant(entry)}"
     if mismatched is None:
         return label
     nonfinite = entry.get("nonfinite_mismatched")
@@ -90,16 +101,20 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
         out.print(f"[yellow]warning:[/] {escape(warning)}")
     entries = [e for e in result["entries"] if show_inputs or e.get("role") != "in"]
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column, justify in (
+    with_local = any(e.get("local") for e in result["entries"])
+    columns = [
         ("#", "right"),
         ("name", "left"),
         ("shape", "left"),
         ("dtype", "left"),
         ("max abs", "right"),
-        ("max rel", "right"),
-        ("cosine", "right"),
-        ("status", "left"),
-    ):
+        ("rel err", "right"),
+        ("bound", "right"),
+    ]
+    if with_local:
+        columns.append(("local", "right"))
+    columns += [("cosine", "right"), ("status", "left")]
+    for column, justify in columns:
         # Names are the point of the table: they fold onto more lines, never lose a
         # character; the short columns never wrap.
         table.add_column(
@@ -111,7 +126,8 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
     position = {id(e): i for i, e in enumerate(result["entries"])}
     for row in _rows(entries, show_all):
         if isinstance(row, int):
-            table.add_row("", f"[dim]… {row} agreeing rows …[/]", "", "", "", "", "", "")
+            blank = [""] * (len(columns) - 2)
+            table.add_row("", f"[dim]… {row} agreeing rows …[/]", *blank)
             continue
         dtype = row.get("dtype_a") or ""
         if row.get("dtype_b") != row.get("dtype_a"):
@@ -121,16 +137,23 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
             name = f"[dim]{name}[/]"
         if row.get("culprit"):
             name = f"[bold red]{name}[/]"
-        table.add_row(
+        cells = [
             str(position[id(row)]),
             name,
             _shape(row),
             dtype,
             number(row.get("max_abs")),
-            number(row.get("max_rel")),
-            number(row.get("cosine")),
-            _status(row),
-        )
+            number(row.get("rel_rms")),
+            number(row.get("expected")),
+        ]
+        if with_local:
+            local = row.get("local") or {}
+            text = number(local.get("rel_rms")) if local else "-"
+            if local and not local.get("ok"):
+                text = f"[red]{text}[/]"
+            cells.append(text)
+        cells += [number(row.get("cosine")), _status(row)]
+        table.add_row(*cells)
     # Piped output (an agent, a log file) has no width to respect: keep rows whole.
     _print_whole(table)
     _verdict(result)
@@ -142,23 +165,45 @@ def _verdict(result: dict[str, Any]) -> None:
     if counts["unpaired_a"] or counts["unpaired_b"]:
         summary += f"; unpaired: {counts['unpaired_a']} only in A, {counts['unpaired_b']} only in B"
     tolerance = (
-        "dtype defaults"
+        "scale-aware: relative error within the rounding a clean chain of ops accumulates"
         if result.get("rtol") is None and result.get("atol") is None
-        else f"rtol {result.get('rtol')}, atol {result.get('atol')}"
+        else f"element-wise: rtol {result.get('rtol')}, atol {result.get('atol')}"
     )
-    out.print(f"{summary} [dim](tolerances: {tolerance})[/]")
+    out.print(f"{summary} [dim](test: {tolerance})[/]")
     for side in ("a", "b"):
         names = result[f"unpaired_{side}"]
         if names:
-            shown = ", ".join(escape(n) for n in names[:6]) + (" …" if len(names) > 6 else "")
-            out.print(f"[dim]only in {side.upper()}: {shown}[/]")
+            shown = ", ".join(escape(n) for n in names[:UNPAIRED_SHOWN])
+            more = len(names) - UNPAIRED_SHOWN
+            tail = f" … and {more} more (--json or --html lists all)" if more > 0 else ""
+            after = " (after the map)" if side == "b" else ""
+            out.print(f"[dim]only in {side.upper()}{after}, {len(names)}: {shown}{tail}[/]")
+    proposal = result.get("proposed_map")
+    if proposal:
+        import json
+
+        out.print(
+            "[yellow]few entries pair: a map proposed from the two module trees "
+            "(--propose-map FILE writes it; pass it back with --map FILE):[/]"
+        )
+        text = json.dumps(proposal, indent=2)
+        lines = text.splitlines()
+        for line in lines[:PROPOSAL_LINES]:
+            out.print(escape(line), highlight=False)
+        if len(lines) > PROPOSAL_LINES:
+            out.print(f"[dim]… {len(lines) - PROPOSAL_LINES} more lines in --json[/]")
+    for boundary in result.get("boundary_differences") or []:
+        out.print(
+            f"[yellow]boundary difference:[/] {escape(boundary['name'])} — "
+            f"{escape(boundary['note'])} ({escape(boundary['compensated_by'])}); not the culprit"
+        )
     culprit = result.get("first_divergence")
     if result["ok"]:
         out.print("[bold green]match[/]: every compared tensor agrees")
     elif culprit:
         out.print(
             f"[bold red]first divergence: {escape(culprit['name'])}[/] — {escape(culprit['reason'])}"
-            f" (max abs {number(culprit.get('max_abs'))}"
+            f" (relative error {number(culprit.get('rel_rms'))}, max abs {number(culprit.get('max_abs'))}"
             + (
                 f", {culprit['nonfinite_mismatched']} NaN/Inf mismatches)"
                 if culprit.get("nonfinite_mismatched")

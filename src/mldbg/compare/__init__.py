@@ -12,9 +12,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .replay import ReplayResult, replay  # standard library only at import
 from .sources import CompareInputError
 
-__all__ = ["CompareInputError", "Comparison", "compare"]
+__all__ = ["CompareInputError", "Comparison", "ReplayResult", "compare", "replay"]
 
 
 class Comparison:
@@ -34,6 +35,14 @@ class Comparison:
     @property
     def entries(self) -> list[dict[str, Any]]:
         return self.result["entries"]
+
+    @property
+    def boundary_differences(self) -> list[dict[str, Any]]:
+        return self.result["boundary_differences"]
+
+    @property
+    def proposed_map(self) -> dict[str, Any] | None:
+        return self.result.get("proposed_map")
 
     @property
     def unpaired_a(self) -> list[str]:
@@ -78,6 +87,8 @@ def compare(
     rtol: float | None = None,
     atol: float | None = None,
     map: str | os.PathLike[str] | Mapping[str, Any] | None = None,  # noqa: A002 - the CLI's name
+    layout: str | None = None,
+    replay: Any = None,
     html: str | os.PathLike[str] | None = None,
     home: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
@@ -86,7 +97,13 @@ def compare(
 
     Each of ``a``/``b`` is a capture name, a run id, ``RUN/NAME``, a directory or file of
     tensors, or a :class:`mldbg.capture.Capture`.  Tolerances default per dtype (those of
-    ``torch.testing.assert_close``); ``map`` is a map file or the same dict inline.
+    ``torch.testing.assert_close``) for the element-wise numbers; without ``rtol`` /
+    ``atol`` each entry is judged by the scale-aware test (README, "how a verdict is
+    reached"), with them by the strict element-wise one.  ``map`` is a map file or the
+    same dict inline; ``layout`` (``"NCHW"``, ``"NHWC"``, ``"auto"``) is B's activation
+    layout when shapes alone cannot tell; ``replay`` names a capture written by
+    :func:`mldbg.replay` (or a :class:`ReplayResult`), whose local errors are shown
+    beside the propagated ones and name the culprit.
     Raises :class:`CompareInputError` for bad input (the CLI's exit code 2).
     """
     from ..runs import mldbg_home
@@ -101,10 +118,23 @@ def compare(
             )
     base = Path(home) if home is not None else mldbg_home()
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)
+    from .layout import check_layout
+
+    check_layout(layout)
     source_a = open_source(_spec(a), base)
     source_b = open_source(_spec(b), base)
+    replay_source = None
+    if replay is not None:
+        replay_source = open_source(_spec(getattr(replay, "capture", replay)), base)
     result = compare_sources(
-        source_a, source_b, rtol=rtol, atol=atol, names=names, progress=progress
+        source_a,
+        source_b,
+        rtol=rtol,
+        atol=atol,
+        names=names,
+        layout=layout,
+        replay=replay_source,
+        progress=progress,
     )
     comparison = Comparison(result)
     if html is not None:

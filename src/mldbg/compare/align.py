@@ -4,7 +4,9 @@ After exact names (with the map applied to B), two fallbacks pair the tensors of
 same module call and role: a bare ``out`` with the first element ``out.0`` of a tuple
 (an attention that also returns its weights), and, when one tensor is left on each
 side with the same number of elements, those two (``in.input_ids`` passed by keyword
-in one run, ``in.0`` positionally in the other).  Two sources of one tensor each are
+in one run, ``in.0`` positionally in the other); with more tensors left, they pair in
+order, each with the first unused tensor of the same shape (``hidden_states=`` with
+``x``, while ``position_embeddings`` stays unpaired).  Two sources of one tensor each are
 paired whatever their names.
 """
 
@@ -22,7 +24,7 @@ class Pair:
     a: Entry
     b: Entry
     b_name: str  # B's name as stored (before the map)
-    how: str  # "name", "tuple-first", "only-tensor", "single"
+    how: str  # "name", "tuple-first", "only-tensor", "shape-order", "single"
 
 
 @dataclass
@@ -76,7 +78,7 @@ def align(a: Source, b: Source, names: NameMap) -> Alignment:
     return Alignment(
         pairs,
         [e.name for e in a_entries if e.name not in matched],
-        [e.name for n, e in b_by_name.items() if n not in used],
+        [n for n in b_by_name if n not in used],  # in A's terms: after the map
     )
 
 
@@ -116,3 +118,26 @@ def _pair_within_calls(
             and _numel(a_by_name[a_names[0]]) == _numel(b_left[b_names[0]])
         ):
             matched[a_names[0]] = (b_left[b_names[0]], b_names[0], "only-tensor")
+            continue
+        # Keyword in one run, positional in the other (``hidden_states=`` vs ``x``):
+        # the tensors of one call pair in order, each with the first unused tensor of
+        # the same shape (up to a channels-last permutation).
+        a_sorted = sorted(a_names, key=lambda n: a_by_name[n].order)
+        b_sorted = sorted(b_names, key=lambda n: b_left[n].order)
+        taken: set[str] = set()
+        for a_name in a_sorted:
+            shape = tuple(a_by_name[a_name].shape)
+            for b_name in b_sorted:
+                if b_name in taken:
+                    continue
+                other = tuple(b_left[b_name].shape)
+                if other == shape or _permuted(shape, other):
+                    matched[a_name] = (b_left[b_name], b_name, "shape-order")
+                    taken.add(b_name)
+                    break
+
+
+def _permuted(shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> bool:
+    from .metrics import layout_permutation
+
+    return layout_permutation(shape_a, shape_b) is not None

@@ -192,3 +192,94 @@ def map_npz(path: Path, key: str) -> Any:
     return np.memmap(
         path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C"
     )
+
+
+# -- torch.save files ------------------------------------------------------------------------
+
+_TORCH_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+}
+_PT_CACHE: dict[str, tuple[float, dict[str, Any]]] = {}
+
+
+def _pt_tensors(path: Path) -> dict[str, Any]:
+    """The tensors of a ``torch.save`` file by dotted key, memory-mapped, loaded with
+    ``weights_only=True`` (no pickled code runs).  A bare tensor is keyed ``""``."""
+    try:
+        import torch
+    except ImportError:
+        raise CorruptTensorFile(
+            f"{path}: reading .pt files needs PyTorch installed where compare runs"
+        ) from None
+    stamp = path.stat().st_mtime
+    cached = _PT_CACHE.get(str(path))
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    try:
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # an unpickling refusal, a truncated zip: not tensors we can read
+        raise CorruptTensorFile(
+            f"{path} is not a readable torch.save file of tensors (weights_only=True): "
+            f"{type(exc).__name__}: {str(exc)[:300]}"
+        ) from None
+    found: dict[str, Any] = {}
+
+    def walk(value: Any, key: str, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            found[key] = value
+        elif depth < 8 and isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k), depth + 1)
+        elif depth < 8 and isinstance(value, list | tuple):
+            for i, v in enumerate(value):
+                walk(v, f"{key}.{i}" if key else str(i), depth + 1)
+
+    walk(data, "", 0)
+    if len(_PT_CACHE) > 8:
+        _PT_CACHE.clear()
+    _PT_CACHE[str(path)] = (stamp, found)
+    return found
+
+
+def pt_headers(path: Path) -> dict[str, dict[str, Any]]:
+    """Shape and dtype of each tensor of a ``.pt`` file."""
+    return {
+        key: {
+            "shape": list(t.shape),
+            "dtype": _TORCH_DTYPES.get(str(t.dtype).removeprefix("torch."), str(t.dtype)),
+        }
+        for key, t in _pt_tensors(path).items()
+    }
+
+
+def map_pt(path: Path, key: str) -> Any:
+    """Tensor ``key`` of a ``.pt`` file as numpy, without a copy where torch allows it
+    (bf16 and fp8 through a same-width integer view, as numpy has no such types)."""
+    import numpy as np
+    import torch
+
+    tensor = _pt_tensors(path).get(key)
+    if tensor is None:
+        raise CorruptTensorFile(f"{path} holds no tensor {key!r}")
+    tensor = tensor.detach().contiguous()
+    name = _TORCH_DTYPES.get(str(tensor.dtype).removeprefix("torch."))
+    if name in _ML_DTYPES:
+        width = torch.int16 if name == "BF16" else torch.uint8
+        return tensor.view(width).numpy().view(numpy_dtype(name))
+    if name is None:
+        raise UnsupportedDtype(f"dtype {tensor.dtype} cannot be compared")
+    return np.asarray(tensor.numpy())

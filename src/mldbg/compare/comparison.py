@@ -11,12 +11,23 @@ from collections.abc import Callable
 from typing import Any
 
 from ..capture.safetensors_header import CorruptTensorFile
+from ..capture.store import ROOT
 from . import metrics
 from .align import Alignment, Pair, align
 from .arrays import UnsupportedDtype
-from .divergence import first_divergence
-from .mapping import NameMap
+from .divergence import _missing_child, first_divergence
+from .layout import Layouts
+from .mapping import NameMap, split_name
+from .propose import propose_map
 from .sources import CompareInputError, Source
+from .verdict import (
+    depths,
+    exact_scale,
+    expected_error,
+    quantization_error,
+    scale_test,
+    unit_roundoff,
+)
 
 Progress = Callable[[int, int, str], None]
 
@@ -28,18 +39,38 @@ def compare_sources(
     rtol: float | None = None,
     atol: float | None = None,
     names: NameMap | None = None,
+    layout: str | None = None,
+    replay: Source | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    alignment = align(a, b, names or NameMap())
+    names = names or NameMap()
+    alignment = align(a, b, names)
+    proposal = None
+    if _few_paired(a, alignment):
+        proposal = propose_map(a, b, names)
     if not alignment.pairs:
-        raise CompareInputError(_nothing_paired(a, b, alignment), code="nothing_paired")
+        raise CompareInputError(
+            _nothing_paired(a, b, alignment, proposal),
+            code="nothing_paired",
+            **({"proposed_map": proposal} if proposal else {}),
+        )
+    layouts = Layouts(a, b, alignment, layout)
     results = []
     for done, pair in enumerate(alignment.pairs):
         if progress is not None:
             progress(done, len(alignment.pairs), pair.a.name)
-        results.append(_compare_pair(a, b, pair, rtol, atol))
+        results.append(_compare_pair(a, b, pair, rtol, atol, layouts))
     if progress is not None:
         progress(len(alignment.pairs), len(alignment.pairs), "")
+    strict = rtol is not None or atol is not None
+    quantized = _quantized(b, alignment, results)
+    judge(a, results, quantized, strict=strict)
+    local = local_errors(a, replay, layout=layout) if replay is not None else None
+    if local is not None:
+        for result in results:
+            found = local["entries"].get(result["name"])
+            if found is not None:
+                result["local"] = found
     if all(r["error"] for r in results):
         first = results[0]
         raise CompareInputError(
@@ -47,21 +78,33 @@ def compare_sources(
             + (f" (and {len(results) - 1} more)" if len(results) > 1 else ""),
             code="nothing_comparable",
         )
-    culprit = first_divergence(a, results)
+    culprit, boundaries = first_divergence(
+        a, results, b_calls=_b_calls(b, names), b_modules=_b_modules(b, names), local=local
+    )
     culprit_entries = set(culprit["entries"]) if culprit else set()
+    compensated = {name: b for b in boundaries for name in b["entries"]}
     for result in results:
         result["culprit"] = result["name"] in culprit_entries
+        if result["name"] in compensated and not result["culprit"]:
+            # A difference the next module undoes is reported, not counted as a failure.
+            result["ok"] = True
+            result["compensated_by"] = compensated[result["name"]]["compensated_by"]
     failed = sum(1 for r in results if not r["ok"])
-    return {
+    document: dict[str, Any] = {
         "ok": failed == 0,
         "a": a.describe(),
         "b": b.describe(),
         "rtol": rtol,
         "atol": atol,
+        "test": "elementwise" if strict else "scale",
+        "layout": layouts.describe(),
         "first_divergence": culprit,
+        "boundary_differences": boundaries,
         "entries": results,
         "unpaired_a": alignment.unpaired_a,
         "unpaired_b": alignment.unpaired_b,
+        "proposed_map": proposal,
+        "replay": None if replay is None else replay.describe(),
         "counts": {
             "compared": len(results),
             "passed": len(results) - failed,
@@ -69,25 +112,236 @@ def compare_sources(
             "unpaired_a": len(alignment.unpaired_a),
             "unpaired_b": len(alignment.unpaired_b),
         },
-        "warnings": a.warnings + b.warnings,
+        "warnings": a.warnings + b.warnings + (replay.warnings if replay is not None else []),
     }
+    if local is not None:
+        document["replay_culprit"] = local["culprit"]
+    return document
 
 
-def _nothing_paired(a: Source, b: Source, alignment: Alignment) -> str:
+def local_errors(a: Source, replay: Source, *, layout: str | None = None) -> dict[str, Any]:
+    """Each reference output against the replayed port's output for the same call: the
+    port module's own error on the reference's inputs, free of upstream drift.  The
+    replayed capture is named like the reference (replay writes it so), so no map is
+    needed.  ``culprit`` is the deepest call whose local error is out of bounds."""
+    alignment = align(a, replay, NameMap())
+    pairs = [p for p in alignment.pairs if p.a.role == "out"]
+    sub = Alignment(pairs, [], [])
+    layouts = Layouts(a, replay, sub, layout)
+    results = [_compare_pair(a, replay, pair, None, None, layouts) for pair in pairs]
+    quantized = _quantized(replay, sub, results)
+    judge(a, results, quantized, strict=False, local=True)
+    entries = {}
+    listed = []
+    for result in results:
+        entries[result["name"]] = {
+            "rel_rms": result.get("rel_rms"),
+            "rel_max": result.get("rel_max"),
+            "max_abs": result.get("max_abs"),
+            "expected": result.get("expected"),
+            "ok": result["ok"],
+            "error": result.get("error"),
+        }
+        listed.append(
+            {
+                "name": result["name"],
+                "module": result.get("module"),
+                "call": result.get("call"),
+                "class": _class_of(a, result),
+                **entries[result["name"]],
+                **({"quantized": result["quantized"]} if result.get("quantized") else {}),
+            }
+        )
+    failing: dict[Any, list[str]] = {}
+    scaled: dict[Any, float] = {}
+    for result in results:
+        key = (result["module"], result["call"]) if result.get("module") is not None else None
+        if not result["ok"] and key in a.calls:
+            failing.setdefault(key, []).append(result["name"])
+            ratio = exact_scale(result, result.get("expected") or 0.0)
+            if ratio:
+                scaled[key] = ratio
+    by_seq = {c.seq: k for k, c in a.calls.items()}
+    boundaries = []
+
+    def ancestors(key: Any) -> set[Any]:
+        found, seq = set(), a.calls[key].parent
+        while seq is not None and seq in by_seq:
+            found.add(by_seq[seq])
+            seq = a.calls[by_seq[seq]].parent
+        return found
+
+    for key, ratio in scaled.items():
+        # A constant factor is a scale moved across the boundary (applied by the parent
+        # right after) when the parent's own output no longer shows it, or when other
+        # calls than its ancestors fail on their own (the difference lies elsewhere).
+        parent = by_seq.get(a.calls[key].parent)  # type: ignore[arg-type]
+        if parent is None or parent not in a.calls:
+            continue
+        others = set(failing) - ancestors(key) - {key} - set(scaled)
+        if parent not in failing or others:
+            boundaries.append(
+                {
+                    "module": key[0],
+                    "call": key[1],
+                    "ratio": 1.0 / ratio,
+                    "compensated_by": f"{parent[0]}#{parent[1]}",
+                }
+            )
+            del failing[key]
+    moved = {(b["module"], b["call"]): b["compensated_by"] for b in boundaries}
+    for item in listed:
+        where = moved.get((item["module"], item["call"]))
+        if where is not None and not item["ok"]:
+            item["ok"] = True
+            item["compensated_by"] = where
+            entries[item["name"]]["ok"] = True
+    culprit = None
+    if failing:
+        key = min(failing, key=lambda k: (a.calls[k].end_order or 1 << 62, a.calls[k].seq))
+        call = a.calls[key]
+        culprit = {
+            "name": f"{call.module}#{call.call}",
+            "module": call.module,
+            "call": call.call,
+            "class": call.class_name,
+            "entries": failing[key],
+        }
+        missing = _missing_child(
+            a, call, {}, {m for m, _ in replay.calls}, _b_modules(replay, NameMap())
+        )
+        if missing is not None:
+            culprit = {
+                "name": f"{missing.module}#{missing.call}",
+                "module": missing.module,
+                "call": missing.call,
+                "class": missing.class_name,
+                "entries": failing[key],
+                "never_called_in_b": True,
+            }
+    return {"entries": entries, "culprit": culprit, "list": listed, "boundaries": boundaries}
+
+
+def _class_of(a: Source, result: dict[str, Any]) -> str | None:
+    key = (result.get("module"), result.get("call"))
+    call = a.calls.get(key)  # type: ignore[arg-type]
+    return call.class_name if call is not None else None
+
+
+def _few_paired(a: Source, alignment: Alignment) -> bool:
+    """Fewer than half of A's entries paired: the names probably differ (propose a map)."""
+    total = len(alignment.pairs) + len(alignment.unpaired_a)
+    return bool(a.calls) and total > 0 and len(alignment.pairs) < 0.5 * total
+
+
+def _b_calls(b: Source, names: NameMap) -> set[str]:
+    """B's module paths in A's terms (after the map): which modules the port called."""
+    found = set()
+    for module, call in b.calls:
+        mapped = split_name(names.to_a(f"{module}#{call}.out"))
+        found.add(mapped[0] if mapped else module)
+    return found
+
+
+def _b_modules(b: Source, names: NameMap) -> set[str] | None:
+    """Every module path of B's model (in A's terms), called or not; None when the
+    capture predates the module list in ``capture.json``."""
+    modules = b.meta.get("modules")
+    if not isinstance(modules, list):
+        return None
+    found = set()
+    for path in modules:
+        label = str(path) or ROOT
+        mapped = split_name(names.to_a(f"{label}#0.out"))
+        found.add(mapped[0] if mapped else label)
+    return found
+
+
+def _quantized(b: Source, alignment: Alignment, results: list[dict[str, Any]]) -> dict[Any, float]:
+    """Mark the entries whose port module is quantized; their A calls' expected error."""
+    found: dict[Any, float] = {}
+    for pair, result in zip(alignment.pairs, results, strict=True):
+        key = pair.b.call_key
+        call = b.calls.get(key) if key is not None else None
+        quant = call.quant if call is not None else None
+        if not quant:
+            continue
+        result["quantized"] = {"bits": quant.get("bits"), "group_size": quant.get("group_size")}
+        if pair.a.call_key is not None and quant.get("bits") and quant.get("group_size"):
+            found[pair.a.call_key] = quantization_error(quant["bits"], quant["group_size"])
+    return found
+
+
+def judge(
+    a: Source,
+    results: list[dict[str, Any]],
+    quantized: dict[Any, float],
+    *,
+    strict: bool,
+    local: bool = False,
+) -> None:
+    """Decide each entry's ``ok``: the element-wise test when tolerances were given or the
+    dtypes are exact, else the scale-aware test against the expected error at its depth
+    (``local``: the depth is the call's own subtree, as for a replayed call)."""
+    depth_of = depths(a, quantized)
+    for position, result in enumerate(results):
+        elementwise = result.get("ok")
+        result["elementwise_ok"] = elementwise
+        u = unit_roundoff(result.get("dtype_a") or "", result.get("dtype_b") or "")
+        key = (result["module"], result["call"]) if result.get("module") is not None else None
+        own = None
+        if key is not None and key in a.calls:
+            own = (depth_of.leaves[key], depth_of.quant_inside[key])
+            if local:
+                depth, quant = own
+            elif result["role"] == "in":
+                depth, quant = depth_of.before[key], depth_of.quant_before[key]
+            else:
+                depth, quant = depth_of.through[key], depth_of.quant_through[key]
+        else:
+            depth, quant = position, 0.0
+        result["depth"] = depth
+        expected = expected_error(u, depth, quant)
+        result["expected"] = expected
+        if own is not None and result["role"] == "out":
+            # Its own rounding and, for a quantized module, its own quantization; the
+            # noise of quantized submodules shows in their outputs, not here.
+            assert key is not None
+            result["expected_local"] = expected_error(u, own[0], quantized.get(key, 0.0))
+        if result.get("error") or expected is None:
+            result["test"] = "elementwise" if expected is None else "error"
+            continue
+        result["scale_ok"] = scale_test(result, expected, check_max=not quant)
+        if strict:
+            result["test"] = "elementwise"
+            continue
+        result["test"] = "scale"
+        result["ok"] = result["scale_ok"]
+
+
+def _nothing_paired(
+    a: Source, b: Source, alignment: Alignment, proposal: dict[str, Any] | None
+) -> str:
     def some(names: list[str]) -> str:
         return ", ".join(names[:5]) + (" …" if len(names) > 5 else "")
 
     if not alignment.unpaired_a or not alignment.unpaired_b:
         empty = a if not alignment.unpaired_a else b
         return f"{empty.label} has no tensors to compare"
+    hint = (
+        " (a map proposed from the module trees is in proposed_map; "
+        "write it with --propose-map FILE and pass it as --map FILE)"
+        if proposal
+        else ""
+    )
     return (
         f"no tensor names in common: {a.label} has {some(alignment.unpaired_a)}; "
-        f"{b.label} has {some(alignment.unpaired_b)}. Map B's names onto A's with --map FILE"
+        f"{b.label} has {some(alignment.unpaired_b)}. Map B's names onto A's with --map FILE" + hint
     )
 
 
 def _compare_pair(
-    a: Source, b: Source, pair: Pair, rtol: float | None, atol: float | None
+    a: Source, b: Source, pair: Pair, rtol: float | None, atol: float | None, layouts: Layouts
 ) -> dict[str, Any]:
     ea, eb = pair.a, pair.b
     result: dict[str, Any] = {
@@ -108,9 +362,8 @@ def _compare_pair(
     default_rtol, default_atol = metrics.default_tolerance(ea.dtype, eb.dtype)
     result["rtol"] = default_rtol if rtol is None else rtol
     result["atol"] = default_atol if atol is None else atol
-    permutation = None
-    if list(ea.shape) != list(eb.shape):
-        permutation = metrics.layout_permutation(tuple(ea.shape), tuple(eb.shape))
+    permutation = layouts.permutation(pair)
+    if list(ea.shape) != list(eb.shape) or permutation is not None:
         if permutation is None:
             same = _count(ea.shape) == _count(eb.shape)
             result.update(
@@ -162,6 +415,11 @@ def _empty_metrics() -> dict[str, Any]:
         "range_a",
         "range_b",
         "range_ratio",
+        "rel_rms",
+        "rel_max",
+        "rms_a",
+        "rms_b",
+        "largest",
         "min_atol",
         "mismatched",
         "nonfinite_mismatched",

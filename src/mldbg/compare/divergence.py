@@ -1,13 +1,30 @@
 """Name the first divergence: where the port starts computing something else.
 
-Every module whose output differs is either the culprit or a victim of an earlier
-difference.  The culprit is the deepest module whose inputs agree but whose outputs do
-not: among such calls, the one that finished first (a parent finishes after its
-children, so the first to finish is the deepest).  A call whose inputs were not
-compared (not captured, or named differently in the port) counts as having agreeing
-inputs only if no compared output diverged before it started; data flows forward, so
-nothing earlier can have fed it a wrong value.  Plain tensor directories have no
-structure: there the first diverging entry in order is the answer.
+Every module whose output differs is the culprit, a victim of an earlier difference, or
+a boundary difference that the next module undoes.
+
+* **Error growth.**  Errors flow forward and each module passes its inputs' error on,
+  often rescaled (an RMSNorm puts the same relative error onto larger values).  So a
+  module is a suspect only when its output's relative error (``rel_rms``) is clearly
+  larger than its inputs explain: ``out > GROWTH * in + expected local rounding``.  The
+  inputs' error is that of its compared inputs; when none were compared (captured with
+  ``inputs=False``, or not paired) it is the largest error of any output that finished
+  before the call started.  Among suspects the one that finished first wins: a parent
+  finishes after its children, so that is the deepest call ("deepest call" rule).
+* **Boundary differences.**  A module whose output differs while the next module that
+  takes a tensor of that shape (and is not a sibling reading the same input) receives
+  agreeing inputs computed something the port does a little later (Gemma's embedding
+  scale, inside ``embed_tokens`` in transformers and after it in mlx-lm).  It is listed
+  in ``boundary_differences`` with its ratio when the two differ by a constant factor,
+  never named as the culprit, and the search goes on.
+* **Modules the port never calls.**  When the culprit's reference call has a child the
+  port never called at all, that child is named (the one just before the first child
+  whose inputs already differ, or the last one when none do).
+* **Replay.**  With local errors from ``mldbg.replay`` (each port module run on the
+  reference's inputs), the culprit is the deepest call whose own local error is out of
+  bounds; the growth verdict is kept beside it as ``by_growth``.
+
+Plain tensor directories have no structure: there the first diverging entry is named.
 """
 
 from __future__ import annotations
@@ -15,14 +32,25 @@ from __future__ import annotations
 from typing import Any
 
 from ..capture.store import ROOT
-from .sources import Source
+from .sources import Call, Source
+from .verdict import GROWTH, exact_scale, rel
+
+CallKey = tuple[str, int]
 
 
-def first_divergence(source: Source, results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """``results`` are the compared entries, in A's order, each with name/module/call/role/ok."""
+def first_divergence(
+    source: Source,
+    results: list[dict[str, Any]],
+    *,
+    b_calls: set[str] | None = None,
+    b_modules: set[str] | None = None,
+    local: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """``(culprit, boundary differences)`` for ``results`` (compared entries in A's
+    order, each with name/module/call/role/ok and the scale numbers)."""
     failing = [r for r in results if not r["ok"]]
     if not failing:
-        return None
+        return None, []
     if not source.calls or all(r.get("module") is None for r in results):
         first = failing[0]
         return {
@@ -32,40 +60,132 @@ def first_divergence(source: Source, results: list[dict[str, Any]]) -> dict[str,
             "reason": "first entry that differs",
             "entries": [first["name"]],
             "max_abs": first.get("max_abs"),
+            "rel_rms": first.get("rel_rms"),
             "nonfinite_mismatched": first.get("nonfinite_mismatched") or 0,
             "inputs_compared": False,
-        }
-    by_call: dict[tuple[str, int], dict[str, list[dict[str, Any]]]] = {}
+        }, []
+    by_call: dict[CallKey, dict[str, list[dict[str, Any]]]] = {}
     for result in results:
         if result.get("module") is None:
             continue
         roles = by_call.setdefault((result["module"], result["call"]), {"in": [], "out": []})
         roles[result["role"]].append(result)
-    diverged_ends = [
-        source.calls[key].end_order
-        for key, roles in by_call.items()
-        if key in source.calls and any(not r["ok"] for r in roles["out"])
-    ]
+    calls = source.calls
+    boundaries = _boundaries(source, by_call)
+    boundary_keys = {(b["module"], b["call"]) for b in boundaries}
+
+    finished = sorted(
+        (
+            (calls[k].end_order, _worst_rel(roles["out"]))
+            for k, roles in by_call.items()
+            if k in calls and k not in boundary_keys and calls[k].end_order is not None
+        ),
+    )
+
+    def upstream(call: Call, roles: dict[str, list[dict[str, Any]]]) -> tuple[float, bool]:
+        if roles["in"]:
+            return _worst_rel(roles["in"]), True
+        before = [err for end, err in finished if end < call.start_order]
+        return (max(before) if before else 0.0), False
+
     candidates = []
     for key, roles in by_call.items():
-        call = source.calls.get(key)
-        bad_out = [r for r in roles["out"] if not r["ok"]]
-        if call is None or not bad_out:
+        call = calls.get(key)
+        if call is None or key in boundary_keys:
             continue
-        inputs_compared = bool(roles["in"])
-        if inputs_compared:
-            if any(not r["ok"] for r in roles["in"]):
-                continue  # a victim: its inputs already differ
+        bad_out = [r for r in roles["out"] if _bad(r)]
+        if not bad_out:
+            continue
+        out_err = _worst_rel(bad_out)
+        in_err, inputs_compared = upstream(call, roles)
+        bound = max((r.get("expected_local") or 0.0) for r in bad_out)
+        if out_err <= GROWTH * in_err + bound:
+            continue  # a victim: its inputs' error explains its own
+        if inputs_compared and all(r["ok"] for r in roles["in"]):
             reason = "inputs agree, outputs differ"
+        elif inputs_compared:
+            reason = (
+                f"output error grows beyond what its inputs explain "
+                f"(relative error {in_err:.3g} in, {out_err:.3g} out)"
+            )
         else:
-            if any(end is not None and end < call.start_order for end in diverged_ends):
-                continue  # something it may have read had already gone wrong
-            reason = "first output that differs (inputs not compared)"
-        finished = call.end_order if call.end_order is not None else 1 << 62
-        candidates.append((finished, call, bad_out, reason, inputs_compared))
-    if not candidates:
-        return _fallback(failing)
-    _, call, bad_out, reason, inputs_compared = min(candidates, key=lambda c: (c[0], c[1].seq))
+            reason = "first output whose error grows (inputs not compared)"
+        end = call.end_order if call.end_order is not None else 1 << 62
+        candidates.append((end, call, bad_out, reason, inputs_compared, in_err, out_err))
+    growth = None
+    if candidates:
+        _, call, bad_out, reason, inputs_compared, in_err, out_err = min(
+            candidates, key=lambda c: (c[0], c[1].seq)
+        )
+        growth = _describe(call, bad_out, reason, inputs_compared)
+        growth["input_rel_rms"] = in_err
+        growth["rel_rms"] = out_err
+        missing = _missing_child(source, call, by_call, b_calls, b_modules)
+        if (
+            missing is None
+            and inputs_compared
+            and not all(r["ok"] for r in by_call[(call.module, call.call)]["in"])
+        ):
+            missing = _missing_sibling(source, call, b_calls, b_modules)
+        if missing is not None:
+            growth = {
+                **growth,
+                "name": f"{missing.module}#{missing.call}",
+                "module": missing.module,
+                "call": missing.call,
+                "class": missing.class_name,
+                "reason": (
+                    f"called in A, never called in B: the port skips it "
+                    f"({call.module}#{call.call} is the first call whose output differs)"
+                ),
+                "never_called_in_b": True,
+            }
+    culprit = growth
+    if local is not None and local.get("culprit"):
+        found = local["culprit"]
+        key = (found["module"], found["call"])
+        roles = by_call.get(key, {"in": [], "out": []})
+        entries = found["entries"]
+        culprit = {
+            "name": found["name"],
+            "module": found["module"],
+            "call": found["call"],
+            "class": found.get("class", ""),
+            "reason": "its own error on the reference's inputs (replay) is out of bounds",
+            "entries": [e for e in entries if any(r["name"] == e for r in roles["out"])] or entries,
+            "max_abs": _max_abs(roles["out"]),
+            "rel_rms": _worst_rel(roles["out"]) if roles["out"] else None,
+            "nonfinite_mismatched": sum(r.get("nonfinite_mismatched") or 0 for r in roles["out"]),
+            "inputs_compared": bool(roles["in"]),
+            "local": True,
+            "by_growth": None if growth is None else {k: growth[k] for k in ("name", "reason")},
+        }
+    if culprit is None:
+        rest = [r for r in failing if (r.get("module"), r.get("call")) not in boundary_keys]
+        culprit = _fallback(rest) if rest else None  # only boundary differences: no culprit
+    return culprit, boundaries
+
+
+def _bad(result: dict[str, Any]) -> bool:
+    """Fails its deciding test, or (under a strict test) the scale-aware one."""
+    return not result["ok"] or result.get("scale_ok") is False
+
+
+def _worst_rel(results: list[dict[str, Any]]) -> float:
+    return max((rel(r.get("rel_rms")) if not r.get("error") else 0.0 for r in results), default=0.0)
+
+
+def _max_abs(results: list[dict[str, Any]]) -> Any:
+    return max(
+        (r["max_abs"] for r in results if r.get("max_abs") is not None),
+        key=float,  # "inf" (a float64 overflow) is a string in JSON-ready results
+        default=None,
+    )
+
+
+def _describe(
+    call: Call, bad_out: list[dict[str, Any]], reason: str, inputs_compared: bool
+) -> dict[str, Any]:
     return {
         "name": f"{call.module}#{call.call}",
         "module": call.module,
@@ -73,14 +193,168 @@ def first_divergence(source: Source, results: list[dict[str, Any]]) -> dict[str,
         "class": call.class_name,
         "reason": reason,
         "entries": [r["name"] for r in bad_out],
-        "max_abs": max(
-            (r["max_abs"] for r in bad_out if r.get("max_abs") is not None),
-            key=float,  # "inf" (a float64 overflow) is a string in JSON-ready results
-            default=None,
-        ),
+        "max_abs": _max_abs(bad_out),
         "nonfinite_mismatched": sum(r.get("nonfinite_mismatched") or 0 for r in bad_out),
         "inputs_compared": inputs_compared,
+        "expected": max((r.get("expected") or 0.0) for r in bad_out),
     }
+
+
+def _boundaries(
+    source: Source, by_call: dict[CallKey, dict[str, list[dict[str, Any]]]]
+) -> list[dict[str, Any]]:
+    """Calls whose differing output the next consumer no longer sees."""
+    calls = source.calls
+    ended = sorted(
+        (calls[k].end_order, _worst_rel(roles["out"]))
+        for k, roles in by_call.items()
+        if k in calls and calls[k].end_order is not None
+    )
+
+    def upstream_of(call: Call) -> float:
+        """Inputs not compared: the largest error of any output finished before it."""
+        before = [err for end, err in ended if end < call.start_order]
+        return max(before) if before else 0.0
+
+    starts = sorted(
+        ((calls[k].start_order, k) for k in by_call if k in calls and by_call[k]["in"]),
+    )
+    found = []
+    for key, roles in by_call.items():
+        call = calls.get(key)
+        bad = [r for r in roles["out"] if _bad(r)]
+        if call is None or call.end_order is None or not bad:
+            continue
+        own_inputs = {tuple(r["shape_a"]) for r in roles["in"]}
+        in_err = _worst_rel(roles["in"]) if roles["in"] else upstream_of(call)
+        local_bound = max((r.get("expected_local") or 0.0) for r in bad)
+        if _worst_rel(bad) <= GROWTH * in_err + local_bound:
+            continue  # a victim: its difference is not its own
+        # The consumer must see no more error than this call's inputs had: the
+        # difference vanished, it was not merely diluted (a residual add shrinks one).
+        allowed = GROWTH * in_err + local_bound
+        consumer = None
+        compensated = True
+        for result in bad:
+            shape = tuple(result["shape_a"])
+            nxt = _next_consumer(calls, by_call, starts, call, shape, own_inputs)
+            if nxt is None:
+                compensated = False
+                break
+            consumer_key, inputs = nxt
+            if not all(r["ok"] and r.get("scale_ok") is not False for r in inputs) or (
+                _worst_rel(inputs) > allowed
+            ):
+                compensated = False
+                break
+            consumer = consumer_key
+        if not compensated or consumer is None:
+            continue
+        ratio = None
+        for result in bad:
+            scale = exact_scale(result, result.get("expected") or 0.0)
+            if scale is not None and scale != 0:
+                ratio = 1.0 / scale  # reference / port: the factor the port applies elsewhere
+        found.append(
+            {
+                "name": f"{call.module}#{call.call}",
+                "module": call.module,
+                "call": call.call,
+                "class": call.class_name,
+                "entries": [r["name"] for r in bad],
+                "ratio": ratio,
+                "compensated_by": f"{consumer[0]}#{consumer[1]}",
+                "rel_rms": _worst_rel(bad),
+                "note": (
+                    f"x{ratio:.3f}, compensated by the next module"
+                    if ratio is not None
+                    else "differs, but the next module's inputs agree again"
+                ),
+            }
+        )
+    return found
+
+
+def _next_consumer(
+    calls: dict[CallKey, Call],
+    by_call: dict[CallKey, dict[str, list[dict[str, Any]]]],
+    starts: list[tuple[int, CallKey]],
+    call: Call,
+    shape: tuple[int, ...],
+    own_inputs: set[tuple[int, ...]],
+) -> tuple[CallKey, list[dict[str, Any]]] | None:
+    """The first call starting after ``call`` ended that takes a tensor of ``shape``.
+    Calls that also take a tensor of one of ``call``'s own input shapes while reading
+    the same tensor as ``call`` did are siblings (``k_proj`` after ``q_proj``), skipped
+    by requiring that their matching input is not shaped like ``call``'s inputs, unless
+    ``call``'s output has a new shape."""
+    assert call.end_order is not None
+    for start, key in starts:
+        if start <= call.end_order:
+            continue
+        inputs = [r for r in by_call[key]["in"] if tuple(r["shape_a"]) == shape]
+        if not inputs:
+            continue
+        if shape in own_inputs:
+            # Same shape as what ``call`` read: only a consumer whose input differs
+            # from ``call``'s input can be reading ``call``'s output; without the values
+            # we cannot tell siblings apart, so such outputs are never compensated.
+            return None
+        return key, inputs
+    return None
+
+
+def _missing_child(
+    source: Source,
+    call: Call,
+    by_call: dict[CallKey, dict[str, list[dict[str, Any]]]],
+    b_calls: set[str] | None,
+    b_modules: set[str] | None,
+) -> Call | None:
+    """A child of ``call`` that the port has as a module but never called.  A child the
+    port has no module for (mlx-lm computes SiLU inline where transformers has
+    ``act_fn``) is a structural difference, not a skipped call."""
+    if b_calls is None or not b_modules:
+        return None
+    children = sorted(
+        (c for c in source.calls.values() if c.parent == call.seq), key=lambda c: c.start_order
+    )
+    missing = [c for c in children if c.module not in b_calls and c.module in b_modules]
+    if not missing:
+        return None
+    first_bad = next(
+        (
+            c
+            for c in children
+            if c.module in b_calls
+            and any(_bad(r) for r in by_call.get((c.module, c.call), {}).get("in", []))
+        ),
+        None,
+    )
+    if first_bad is not None:
+        before = [c for c in missing if c.start_order < first_bad.start_order]
+        return before[-1] if before else None
+    return missing[-1]
+
+
+def _missing_sibling(
+    source: Source, call: Call, b_calls: set[str] | None, b_modules: set[str] | None
+) -> Call | None:
+    """The sibling just before ``call`` that the port has but never called: what should
+    have turned ``call``'s (now differing) inputs into the reference's."""
+    if b_calls is None or not b_modules or call.parent is None:
+        return None
+    before = sorted(
+        (
+            c
+            for c in source.calls.values()
+            if c.parent == call.parent and c.start_order < call.start_order
+        ),
+        key=lambda c: c.start_order,
+    )
+    if before and before[-1].module not in b_calls and before[-1].module in b_modules:
+        return before[-1]
+    return None
 
 
 def _fallback(failing: list[dict[str, Any]]) -> dict[str, Any]:
@@ -98,6 +372,7 @@ def _fallback(failing: list[dict[str, Any]]) -> dict[str, Any]:
         "reason": reason,
         "entries": [first["name"]],
         "max_abs": first.get("max_abs"),
+        "rel_rms": first.get("rel_rms"),
         "nonfinite_mismatched": first.get("nonfinite_mismatched") or 0,
         "inputs_compared": True,
     }

@@ -204,6 +204,7 @@ def compare_arrays(
         "head_a": _head(a, head),
         "head_b": _head(b, head),
         "worst": _worst(a, b, totals.worst()),
+        "largest": _worst(a, b, totals.largest_index),
         "ok": totals.mismatched == 0,
     }
 
@@ -323,7 +324,10 @@ class _Totals:
     dot: float = 0.0
     norm2_a: float = 0.0
     norm2_b: float = 0.0
-    worst_index: int | None = None
+    worst_index: int | None = None  # the element over its tolerance by the most
+    largest_index: int | None = None  # the element with the largest |b - a|
+    max_excess_seen: float = -math.inf
+    sum_sq_diff: float = 0.0
     range_a: tuple[float, float] | None = None
     range_b: tuple[float, float] | None = None
 
@@ -371,7 +375,9 @@ class _Totals:
         if largest > self.exact_max:
             self.exact_max = largest
             self.max_abs = float(largest)  # Python rounds the exact integer once
-            self.worst_index = offset + at
+            self.largest_index = offset + at
+            if not self.rtol:
+                self.worst_index = offset + at
         diff = low.astype(np.float64)
         del low
         if carry is not None:
@@ -379,6 +385,12 @@ class _Totals:
         xa, xb = _to_float64(block_a), _to_float64(block_b)
         self.range_a = _merge_range(self.range_a, xa, None)  # integers are all finite
         self.range_b = _merge_range(self.range_b, xb, None)
+        if self.rtol and diff.size:  # the element over its tolerance by the most
+            excess = diff - self.rtol * np.abs(xa)
+            at = int(np.argmax(excess))
+            if float(excess[at]) > self.max_excess_seen:
+                self.max_excess_seen = float(excess[at])
+                self.worst_index = offset + at
         if diff.size:
             self._fold(xa, xb, diff)
 
@@ -391,7 +403,18 @@ class _Totals:
         at = int(np.argmax(diff))  # the first of equal maxima: stable across chunkings
         if float(diff[at]) > self.max_abs:
             self.max_abs = float(diff[at])
+            self.largest_index = offset + (at if positions is None else int(positions[at]))
+        # ``worst`` is the element that fails its own tolerance by the most (the largest
+        # |b - a| - (atol + rtol |a|)), not merely the largest difference: a big value
+        # off by a few ulps is not worse than a small one off by half of itself.
+        excess = np.abs(xa)
+        np.multiply(excess, -self.rtol, out=excess)
+        np.add(excess, diff, out=excess)
+        at = int(np.argmax(excess))
+        if float(excess[at]) > self.max_excess_seen:
+            self.max_excess_seen = float(excess[at])
             self.worst_index = offset + (at if positions is None else int(positions[at]))
+        del excess
         self._fold(xa, xb, diff)
 
     def _fold(self, xa: Any, xb: Any, diff: Any) -> None:
@@ -399,6 +422,7 @@ class _Totals:
         ``diff = |xa - xb|`` (a buffer this may overwrite)."""
         self.finite_pairs += xa.size
         self.sum_abs += float(np.sum(diff))
+        self.sum_sq_diff += float(np.dot(diff, diff))
         abs_a = np.abs(xa)
         # Relative to the larger magnitude of the two: symmetric, bounded by 2, and only
         # 0/0 (both exactly zero, a perfect match) needs guarding -- dividing by |a| alone
@@ -436,6 +460,36 @@ class _Totals:
             "nan_b": self.nan_b,
             "inf_a": self.inf_a,
             "inf_b": self.inf_b,
+            **self._scale(measured),
+        }
+
+    def _scale(self, measured: bool) -> dict[str, Any]:
+        """The error measured against the reference's own scale, for the scale-aware test.
+
+        ``rel_rms`` is ``||b - a|| / ||a||`` (the RMS of the error over the RMS of the
+        reference) and ``rel_max`` is ``max|b - a| / max|a|``: both stay meaningful
+        whether a tensor's values are 1e-3 or 1e3, which an absolute atol cannot.
+        ``rms_a`` / ``rms_b`` are the two sides' RMS (their ratio is a moved scale's factor).  A zero reference gives 0 when ``b`` is zero
+        too and ``"inf"`` otherwise.
+        """
+        if not measured:
+            return {"rel_rms": None, "rel_max": None, "rms_a": None, "rms_b": None}
+        err = math.sqrt(self.sum_sq_diff) if math.isfinite(self.sum_sq_diff) else math.inf
+        norm_a = math.sqrt(self.norm2_a) if math.isfinite(self.norm2_a) else math.inf
+        peak_a = 0.0 if self.range_a is None else max(abs(self.range_a[0]), abs(self.range_a[1]))
+
+        def ratio(num: float, den: float) -> float | str:
+            if num == 0.0:
+                return 0.0
+            if den == 0.0 or math.isinf(den):
+                return "inf" if den == 0.0 else "nan"
+            return _json_float(num / den)
+
+        return {
+            "rel_rms": ratio(err, norm_a),
+            "rel_max": ratio(self.max_abs, peak_a),
+            "rms_a": _json_float(norm_a / math.sqrt(self.finite_pairs)),
+            "rms_b": _json_float(math.sqrt(self.norm2_b / self.finite_pairs)),
         }
 
     def worst(self) -> int | None:

@@ -21,7 +21,7 @@ from ..errors import MldbgError
 from ..runs import RunDir, read_jsonl, resolve_run, runs_root
 from . import arrays
 
-TENSOR_SUFFIXES = (".safetensors", ".npy", ".npz")
+TENSOR_SUFFIXES = (".safetensors", ".npy", ".npz", ".pt")
 
 
 class CompareInputError(MldbgError):
@@ -63,6 +63,7 @@ class Call:
     error: str | None = None
     start_order: int = 0  # position of its start / end in the capture's event order
     end_order: int | None = None
+    quant: dict[str, Any] | None = None  # {"bits", "group_size", "mode"} of a quantized module
 
 
 @dataclass
@@ -83,6 +84,8 @@ class Source:
             return arrays.map_npy(entry.file)
         if suffix == ".npz":
             return arrays.map_npz(entry.file, entry.key)
+        if suffix == ".pt":
+            return arrays.map_pt(entry.file, entry.key)
         return arrays.map_safetensors(entry.file, entry.key)
 
     def describe(self) -> dict[str, Any]:
@@ -276,6 +279,7 @@ def _add_record(
             parent=record.get("parent"),
             depth=int(record.get("depth", 0)),
             start_order=position,
+            quant=record.get("quant") if isinstance(record.get("quant"), dict) else None,
         )
         by_seq[seq] = call
         source.calls[(call.module, call.call)] = call
@@ -324,7 +328,8 @@ def _directory_source(spec: str, directory: Path) -> Source:
     )
     if not files:
         raise CompareInputError(
-            f"{directory} holds no .safetensors, .npy or .npz files (and is not a capture or a run)",
+            f"{directory} holds no .safetensors, .npy, .npz or .pt files "
+            "(and is not a capture or a run)",
             code="no_tensors",
         )
     source = Source(spec, "directory", directory, str(directory))
@@ -338,7 +343,7 @@ def _directory_source(spec: str, directory: Path) -> Source:
 def _file_source(spec: str, path: Path) -> Source:
     if path.suffix not in TENSOR_SUFFIXES:
         raise CompareInputError(
-            f"{path} is not a tensor file: compare takes .safetensors, .npy or .npz files, "
+            f"{path} is not a tensor file: compare takes .safetensors, .npy, .npz or .pt files, "
             "directories of them, capture names and run ids",
             code="not_tensors",
         )
@@ -351,6 +356,15 @@ def _add_file(source: Source, file: Path, stem: str) -> None:
     if file.suffix == ".npy":
         info = arrays.npy_header(file)
         _append(source, stem, info, file, "")
+        return
+    if file.suffix == ".pt":
+        headers = arrays.pt_headers(file)
+        for key, info in headers.items():
+            if len(headers) == 1 or not key:
+                name = stem
+            else:
+                name = key if source.kind == "file" else f"{stem}.{key}"
+            _append(source, name, info, file, key)
         return
     if file.suffix == ".npz":
         for key, info in arrays.npz_headers(file).items():

@@ -1,0 +1,221 @@
+"""Scale-aware verdicts: how much error a clean port may show at each point of a model.
+
+A fixed ``atol`` cannot judge a port: rounding at an RMSNorm output (values ~3) is
+larger than a real bug's error at an attention output (values ~0.05).  Each entry is
+judged instead against its own scale and dtype:
+
+* **The measure** is relative to the reference tensor: ``rel_rms = ||b - a|| / ||a||``
+  and ``rel_max = max|b - a| / max|a|`` (from :mod:`.metrics`).  Both are invariant to
+  the tensor's magnitude, so a norm that rescales its input's error onto larger values
+  shows the same number before and after.
+* **The bound** is what a clean port accumulates: two implementations of one chain of
+  ops in a dtype with unit roundoff ``u`` (2**-8 bf16, 2**-11 fp16, 2**-24 fp32) round
+  at different places, and the independent rounding errors add up like a random walk,
+  so after ``d`` ops the relative error is about ``u * sqrt(d)``.  ``d`` is the number of
+  leaf module calls that have finished in the reference by that point (the depth of the
+  op chain the capture can see).  ``ROUNDING_C`` is measured: clean Llama/Qwen2/Gemma
+  and conv ports in fp32/bf16/fp16 stay below ``1.5 u sqrt(1 + d)`` (bf16: 2.5 u at
+  d = 38; fp32 is relatively worst at 8 u, reductions reorder more there), and the
+  constant 4 leaves room for other architectures while real bugs (a wrong RoPE base,
+  a missing attention scale, a skipped norm) sit at 0.1 to 1, far outside.
+* **Quantized port modules** (MLX ``QuantizedLinear``, 4/8 bit) add the error of their
+  weights' rounding: a group of ``g`` weights spans about ``2 sqrt(2 ln g)`` standard
+  deviations, split into ``2**bits - 1`` steps, each step's rounding uniform (RMS
+  step / sqrt 12); measured: 0.09 relative for 4 bit with groups of 64, 0.0054 for 8
+  bit.  Downstream entries inherit that noise (measured: 1.1 to 2.4 times one module's
+  over a whole clean 4-bit Qwen2; the bound is 3.5 times, added to the rounding bound).  Single elements are not held to
+  ``rel_max`` there: a product of two quantized values (gate x up) can move one element
+  by more than the largest value, which rounding never does.
+
+The strict element-wise test (``|b - a| <= atol + rtol |a|``) decides only when the
+user gives ``--rtol``/``--atol``; integer and bool pairs always compare exactly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sources import Call, Source
+
+ROUNDING_C = 2.0  # bound on rel_rms, in units of u * sqrt(1 + depth)
+MAX_FACTOR = 4.0  # rel_max may exceed the rel_rms bound by this much (one unlucky element)
+QUANT_C = 3.5  # bound on quantization noise, in units of one module's expected error
+# An output error up to GROWTH x its inputs' error (plus its own rounding) is "explained"
+# by them.  Relative error mostly passes through a module unchanged (x1, a norm
+# rescales values, not their relative error); clean attention in bf16 measured up to
+# x1.9.  Only used to pick the culprit among entries that already fail.
+GROWTH = 2.0
+
+# float32's entry is 4 u: in fp32 both sides accumulate long reductions (a matmul over
+# K = 64..4096 terms) in a different order, an error ~ sqrt(K) u per op, where bf16 and
+# fp16 ports accumulate in fp32 and round once per op.
+_UNIT_ROUNDOFF = {
+    "F64": 2.0**-50,
+    "F32": 2.0**-22,
+    "F16": 2.0**-11,
+    "BF16": 2.0**-8,
+    "F8_E4M3": 2.0**-4,
+    "F8_E5M2": 2.0**-3,
+    "C128": 2.0**-50,
+    "C64": 2.0**-22,
+}
+_ALIASES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+}
+
+
+def unit_roundoff(dtype_a: str, dtype_b: str) -> float | None:
+    """The larger unit roundoff of the two dtypes; None when both are exact (integers)."""
+    found = [_unit(d) for d in (dtype_a, dtype_b)]
+    known = [u for u in found if u is not None]
+    return max(known) if known else None
+
+
+def _unit(dtype: str) -> float | None:
+    name = _ALIASES.get(dtype, dtype)
+    if name in _UNIT_ROUNDOFF:
+        return _UNIT_ROUNDOFF[name]
+    if name.startswith(("I", "U", "BOOL", "int", "uint", "bool")):
+        return None
+    return _UNIT_ROUNDOFF["F32"]
+
+
+def quantization_error(bits: int, group_size: int) -> float:
+    """Expected relative error of a matmul with ``bits``-bit affine group quantization."""
+    levels = max(1, (1 << int(bits)) - 1)
+    spread = 2.0 * math.sqrt(2.0 * math.log(max(2, int(group_size))))
+    return spread / math.sqrt(12.0) / levels
+
+
+def rounding_bound(u: float, depth: int) -> float:
+    return ROUNDING_C * u * math.sqrt(1 + max(0, depth))
+
+
+@dataclass
+class Depths:
+    """Per reference call: how many leaf calls ended before it started / by its end,
+    how many leaves it holds, and the quantization noise upstream / inside."""
+
+    before: dict[tuple[str, int], int] = field(default_factory=dict)
+    through: dict[tuple[str, int], int] = field(default_factory=dict)
+    leaves: dict[tuple[str, int], int] = field(default_factory=dict)
+    quant_before: dict[tuple[str, int], float] = field(default_factory=dict)
+    quant_through: dict[tuple[str, int], float] = field(default_factory=dict)
+    quant_inside: dict[tuple[str, int], float] = field(default_factory=dict)
+
+
+def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
+    """Op-chain depths of every call of ``source`` (the reference); ``quantized`` maps
+    the reference calls whose port counterpart is quantized to their expected error."""
+    calls = source.calls
+    by_seq = {c.seq: key for key, c in calls.items()}
+    children: dict[int, list[int]] = {}
+    for call in calls.values():
+        if call.parent is not None and call.parent in by_seq:
+            children.setdefault(call.parent, []).append(call.seq)
+    leaves = [c for c in calls.values() if c.seq not in children]
+    ends = sorted((c.end_order if c.end_order is not None else 1 << 62) for c in leaves)
+    quant_ends = sorted(
+        (calls[k].end_order if calls[k].end_order is not None else 1 << 62, q)
+        for k, q in quantized.items()
+        if k in calls
+    )
+    result = Depths()
+    for key, call in calls.items():
+        end = call.end_order if call.end_order is not None else 1 << 62
+        result.before[key] = bisect.bisect_left(ends, call.start_order)
+        result.through[key] = bisect.bisect_right(ends, end)
+        result.quant_before[key] = _quant_noise(q for e, q in quant_ends if e < call.start_order)
+        result.quant_through[key] = _quant_noise(q for e, q in quant_ends if e <= end)
+    # Leaves and quantized calls inside each subtree (a call counts itself when a leaf).
+    for key, call in sorted(calls.items(), key=lambda kv: -kv[1].depth):
+        kids = [by_seq[s] for s in children.get(call.seq, [])]
+        result.leaves[key] = sum(result.leaves[k] for k in kids) if kids else 1
+        inside = [result.quant_inside[k] for k in kids if result.quant_inside.get(k)]
+        own = quantized.get(key)
+        if own:
+            inside.append(own)
+        result.quant_inside[key] = _quant_noise(inside) if inside else 0.0
+    return result
+
+
+def _quant_noise(errors: Iterable[float]) -> float:
+    """The noise quantized modules upstream leave: the largest one's expected error.
+    They do not add up like rounding does: each quantized matmul's relative error lands
+    on a residual stream that the next norm rescales, so measured clean 4-bit ports stay
+    within 1.1-2.4x one module's error over whole models, not sqrt(n) x."""
+    return max(errors, default=0.0)
+
+
+def expected_error(u: float | None, depth: int, quant: float) -> float | None:
+    """The relative RMS error a clean port may show after ``depth`` leaf ops."""
+    if u is None:
+        return None
+    # Rounding and quantization noise add (an 8-bit port in bf16 has both, comparable).
+    return rounding_bound(u, depth) + QUANT_C * quant
+
+
+def scale_test(result: dict[str, Any], bound: float, *, check_max: bool = True) -> bool:
+    """Pass when the error relative to the reference's scale is within ``bound`` (RMS)
+    and ``MAX_FACTOR * bound`` (the largest element against the largest value), with no
+    NaN/Inf mismatch."""
+    if result.get("nonfinite_mismatched"):
+        return False
+    rel_rms, rel_max = result.get("rel_rms"), result.get("rel_max")
+    if rel_rms is None:  # nothing finite in both: decided by the NaN/Inf pattern alone
+        return not result.get("mismatched")
+    if isinstance(rel_rms, str) or isinstance(rel_max, str):
+        return False
+    if not check_max or rel_max is None:
+        return rel_rms <= bound
+    return rel_rms <= bound and rel_max <= MAX_FACTOR * bound
+
+
+def exact_scale(result: dict[str, Any], bound: float) -> float | None:
+    """``s`` when ``b`` is ``s * a`` up to rounding (a scale moved across a boundary)."""
+    cosine, rms_a, rms_b = result.get("cosine"), result.get("rms_a"), result.get("rms_b")
+    if not (
+        isinstance(cosine, float | int)
+        and isinstance(rms_a, float | int)
+        and isinstance(rms_b, float | int)
+    ):
+        return None
+    if rms_a == 0:
+        return None
+    residual = math.sqrt(max(0.0, 1.0 - float(cosine) ** 2))  # |b - s a| / |b| at the best s
+    if residual > max(MAX_FACTOR * bound, 1e-6):
+        return None
+    ratio = rms_b / rms_a * (1.0 if cosine >= 0 else -1.0)
+    return ratio if abs(abs(ratio) - 1.0) > MAX_FACTOR * bound else None
+
+
+def rel(value: Any) -> float:
+    """A relative error as a float for comparisons ("inf"/"nan"/None made comparable)."""
+    if value is None:
+        return 0.0
+    if isinstance(value, str):
+        return math.inf
+    return float(value)
+
+
+__all__ = [
+    "Call",
+    "Depths",
+    "depths",
+    "exact_scale",
+    "expected_error",
+    "quantization_error",
+    "rel",
+    "rounding_bound",
+    "scale_test",
+    "unit_roundoff",
+]

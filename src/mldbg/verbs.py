@@ -447,6 +447,13 @@ VERBS: tuple[Verb, ...] = (
                 "a map file of B's names: {rename, regex, ignore} (a JSON object works in MCP/REST)",
                 kind="path",
             ),
+            Arg(
+                "layout",
+                str,
+                "how B's image tensors are laid out when shapes cannot tell",
+                choices=("auto", "NCHW", "NHWC"),
+            ),
+            Arg("replay", str, "a replay capture (mldbg.replay): show local errors, blame by them"),
             Arg("html", str, "also write a self-contained HTML report here", kind="path"),
             Arg("passing", bool, "also list the entries that agree", False, flag="--all"),
             Arg("inputs", bool, "also list input entries", False),

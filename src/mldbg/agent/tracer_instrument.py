@@ -90,7 +90,9 @@ def _hook_offsets(code: CodeType) -> frozenset[int]:
     previous = None
     for instruction in dis.get_instructions(code):
         if instruction.argval == HOOK and instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            start = previous if previous is not None and previous.opname == "PUSH_NULL" else instruction
+            start = (
+                previous if previous is not None and previous.opname == "PUSH_NULL" else instruction
+            )
             offsets.add(start.offset)
         previous = instruction
     return frozenset(offsets)
@@ -307,9 +309,7 @@ class InstrumentBackend(SettraceBackend):
             code = func.__code__
             new = instr.changed.get(self._plain_of(code))
             if new is None:
-                if self._origins.get(id(code), (None,))[0] is not code and _tree_holds(
-                    code, lines
-                ):
+                if self._origins.get(id(code), (None,))[0] is not code and _tree_holds(code, lines):
                     mismatch = True  # running code that is not this file's text
                 continue
             if new is code:
@@ -485,5 +485,7 @@ def _tree_holds(code: CodeType, lines: frozenset[int]) -> bool:
 def _report(exc: BaseException) -> None:
     stream = sys.__stderr__
     if stream is not None:
-        stream.write(f"mldbg: internal error in the instrument backend: {type(exc).__name__}: {exc}\n")
+        stream.write(
+            f"mldbg: internal error in the instrument backend: {type(exc).__name__}: {exc}\n"
+        )
         stream.flush()

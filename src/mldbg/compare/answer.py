@@ -33,6 +33,8 @@ def compare_answer(home: Path, args: dict[str, Any], client_cwd: str | None) -> 
         rtol=args.get("rtol"),
         atol=args.get("atol"),
         map=mapping if isinstance(mapping, dict) else local(mapping),
+        layout=args.get("layout"),
+        replay=args.get("replay"),
         html=local(args.get("html")) if args.get("html") else None,
         home=home,
     ).result

@@ -49,10 +49,9 @@ def compare_sources(
     if _few_paired(a, alignment):
         proposal = propose_map(a, b, names)
     if not alignment.pairs:
+        extra: dict[str, Any] = {"proposed_map": proposal} if proposal else {}
         raise CompareInputError(
-            _nothing_paired(a, b, alignment, proposal),
-            code="nothing_paired",
-            **({"proposed_map": proposal} if proposal else {}),
+            _nothing_paired(a, b, alignment, proposal), code="nothing_paired", **extra
         )
     layouts = Layouts(a, b, alignment, layout)
     results = []

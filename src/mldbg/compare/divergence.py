@@ -76,7 +76,7 @@ def first_divergence(
 
     finished = sorted(
         (
-            (calls[k].end_order, _worst_rel(roles["out"]))
+            (calls[k].end_order or 0, _worst_rel(roles["out"]))
             for k, roles in by_call.items()
             if k in calls and k not in boundary_keys and calls[k].end_order is not None
         ),
@@ -85,7 +85,8 @@ def first_divergence(
     def upstream(call: Call, roles: dict[str, list[dict[str, Any]]]) -> tuple[float, bool]:
         if roles["in"]:
             return _worst_rel(roles["in"]), True
-        before = [err for end, err in finished if end < call.start_order]
+        start = call.start_order or 0
+        before = [err for end, err in finished if end < start]
         return (max(before) if before else 0.0), False
 
     candidates = []
@@ -206,14 +207,15 @@ def _boundaries(
     """Calls whose differing output the next consumer no longer sees."""
     calls = source.calls
     ended = sorted(
-        (calls[k].end_order, _worst_rel(roles["out"]))
+        (calls[k].end_order or 0, _worst_rel(roles["out"]))
         for k, roles in by_call.items()
         if k in calls and calls[k].end_order is not None
     )
 
     def upstream_of(call: Call) -> float:
         """Inputs not compared: the largest error of any output finished before it."""
-        before = [err for end, err in ended if end < call.start_order]
+        start = call.start_order or 0
+        before = [err for end, err in ended if end < start]
         return max(before) if before else 0.0
 
     starts = sorted(

@@ -314,7 +314,7 @@ class _Player:
                 return next(iter(model.parameters())).dtype
             from mlx.utils import tree_flatten
 
-            leaves = tree_flatten(model.parameters())
+            leaves: Any = tree_flatten(model.parameters())
             return leaves[0][1].dtype if leaves else None
         except Exception:
             return None

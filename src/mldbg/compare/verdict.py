@@ -123,9 +123,10 @@ def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
         if call.parent is not None and call.parent in by_seq:
             children.setdefault(call.parent, []).append(call.seq)
     leaves = [c for c in calls.values() if c.seq not in children]
-    ends = sorted((c.end_order if c.end_order is not None else 1 << 62) for c in leaves)
-    quant_ends = sorted(
-        (calls[k].end_order if calls[k].end_order is not None else 1 << 62, q)
+    never = 1 << 62  # a call that never ended sorts after every other
+    ends: list[int] = sorted(never if c.end_order is None else c.end_order for c in leaves)
+    quant_ends: list[tuple[int, Any]] = sorted(
+        (never if calls[k].end_order is None else int(calls[k].end_order or 0), q)
         for k, q in quantized.items()
         if k in calls
     )
@@ -134,7 +135,8 @@ def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
         end = call.end_order if call.end_order is not None else 1 << 62
         result.before[key] = bisect.bisect_left(ends, call.start_order)
         result.through[key] = bisect.bisect_right(ends, end)
-        result.quant_before[key] = _quant_noise(q for e, q in quant_ends if e < call.start_order)
+        start = call.start_order or 0
+        result.quant_before[key] = _quant_noise(q for e, q in quant_ends if e < start)
         result.quant_through[key] = _quant_noise(q for e, q in quant_ends if e <= end)
     # Leaves and quantized calls inside each subtree (a call counts itself when a leaf).
     for key, call in sorted(calls.items(), key=lambda kv: -kv[1].depth):

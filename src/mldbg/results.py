@@ -49,6 +49,7 @@ class BreakpointInfo(TypedDict, total=False):
     hits: str | None
     log: str | None
     hit_count: int
+    warning: str  # e.g. the file is not the copy of its module the script imports
 
 
 class Breakpoints(TypedDict):
@@ -82,6 +83,7 @@ class State(TypedDict, total=False):
     output_truncated: NotRequired[bool]
     terminated: NotRequired[bool]
     store_error: NotRequired[str]
+    warnings: NotRequired[list[str]]
 
 
 class Frame(TypedDict, total=False):

@@ -176,9 +176,15 @@ VERBS: tuple[Verb, ...] = (
             ),
             Arg("stop_on_entry", bool, "pause before the first line", True, flag="--run"),
             Arg("replace", bool, "terminate a live session of this name first", False),
+            Arg(
+                "require_editable",
+                list[str],
+                "refuse to start unless these packages are editable installs for the script's "
+                "python (the copy you edit is the copy that runs)",
+            ),
             Arg("wait", float, "seconds to wait for the first stop", 30.0, minimum=0, cli=False),
         ),
-        errors=("start_failed", "session_busy", "file_not_found", *BREAK_ERRORS),
+        errors=("start_failed", "session_busy", "file_not_found", "not_editable", *BREAK_ERRORS),
         description="Returns the session's state: `paused` with `location` (file, line, code "
         "around it), or `exited` with `exit_code` and the last output if it ran to the end.",
     ),

@@ -31,6 +31,8 @@ def code_block(location: dict[str, Any] | None) -> None:
 
 
 def state(data: dict[str, Any]) -> None:
+    for warning in data.get("warnings") or []:
+        err.print(f"[yellow]warning:[/] {escape(str(warning))}")
     name = data.get("session")
     kind = data.get("state")
     if kind == "paused":
@@ -312,6 +314,8 @@ def trace(data: dict[str, Any]) -> None:
 
 def breakpoint_set(bp: dict[str, Any]) -> None:
     out.print("breakpoint " + breakpoint_line(bp))
+    if bp.get("warning"):
+        err.print(f"[yellow]warning:[/] {escape(str(bp['warning']))}")
 
 
 def breakpoint_removed(bp: dict[str, Any]) -> None:

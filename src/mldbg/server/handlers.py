@@ -8,6 +8,7 @@ returns the verb's result (a ``results.py`` shape).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,11 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         raise MldbgError(
             "give a script (a path) or a module to run", code="bad_argument", argument="script"
         )
+    cwd = a.get("cwd") or os.getcwd()
+    for package in a.get("require_editable") or []:
+        from ..doctor import require_editable
+
+        require_editable(a.get("python"), package, cwd=cwd)
     request = StartRequest(
         script=a.get("script"),
         module=a.get("module"),
@@ -67,7 +73,14 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         replace=bool(a.get("replace")),
     )
     session = manager.start(name, request)
-    return session.wait(_bounded(a.get("wait", 30.0)) if request.stop_on_entry else 0.0)
+    state = session.wait(_bounded(a.get("wait", 30.0)) if request.stop_on_entry else 0.0)
+    from ..store_size import warning
+
+    with contextlib.suppress(OSError):
+        full = warning(session.home)
+        if full:
+            state["warnings"] = [full]
+    return state
 
 
 @handles("status")
@@ -167,7 +180,22 @@ def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     spec = {k: a.get(k) for k in ("file", "line", "condition", "hits", "log", "checkpoint")}
     result: dict[str, Any] = s.command("break", spec)
     s.log_event("breakpoint_set", **result)
+    if result.get("file"):
+        warning = imported_copy_warning(s, result["file"])
+        if warning:
+            result["warning"] = warning
     return result
+
+
+def imported_copy_warning(s: Session, file: str) -> str | None:
+    """The classic "my breakpoint never hits": FILE is not the copy the script imports."""
+    from ..doctor import imported_copy
+
+    try:
+        found = imported_copy(s.hello.get("executable"), file, cwd=s.request.cwd)
+    except Exception:  # a warning must never fail the breakpoint itself
+        return None
+    return found.get("warning")
 
 
 @handles("breaks")

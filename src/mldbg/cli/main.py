@@ -181,7 +181,13 @@ def split_start(argv: list[str]) -> tuple[list[str], list[str]]:
     give it, even an option that shares a name with one of mldbg's.  With a ``--`` after
     the script, what stands between the script and ``--`` is mldbg's, the rest the script's.
     """
-    takes_value = {"--session", "-s", "--python", "--cwd", "--env", "--break", "-m"}
+    takes_value = {"--session", "-s"} | {
+        flag
+        for arg in verbs.get("start").args
+        if arg.cli and arg.type is not bool
+        for flag in (arg.cli_flag, arg.short)
+        if flag
+    }
     i = 1  # argv[0] is "start"
     while i < len(argv):
         token = argv[i]

@@ -9,6 +9,8 @@ first use (PEP 562): ``import mldbg`` alone imports no submodule.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -50,6 +52,24 @@ if TYPE_CHECKING:
     from .checkpoint import debug_checkpoint
     from .compare import CompareInputError, Comparison, ReplayResult, compare, replay
     from .tensors import debug_clear, debug_load, debug_save, debug_show_all
+
+
+class _Package(types.ModuleType):
+    """``mldbg.capture`` and ``mldbg.compare`` are functions named like their submodules.
+
+    Importing a submodule binds the package attribute to the module, after any code of
+    ours could rebind it; so the function is looked up here, on access.
+    """
+
+    def __getattribute__(self, name: str) -> Any:
+        value = super().__getattribute__(name)
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            return getattr(value, name)
+        return value
+
+
+_SHADOWED = frozenset({"capture", "compare"})
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -175,6 +175,8 @@ class Session:
                 exc.message, **exc.extra, output_tail=tail, run_dir=str(run.path)
             ) from None
         self.log_event("started", pid=process.pid, python=python, backend=self.hello.get("backend"))
+        with contextlib.suppress(OSError):  # `mldbg runs` shows it live, not "starting"
+            run.update_meta(state="running")
         threading.Thread(target=self._watch, name=f"mldbg-watch-{self.name}", daemon=True).start()
 
     # -- events from the debuggee -----------------------------------------------------------
@@ -217,26 +219,28 @@ class Session:
                 self.signal = (
                     signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
                 )
-                self.state = "exited" if self.terminated else "crashed"
+                state = "exited" if self.terminated else "crashed"
             else:
                 self.exit_code = code
-                self.state = "exited"
+                state = "exited"
+            # The records first: whoever hears "ended" may read run.json at once.
+            self.log_event("ended", state=state, exit_code=self.exit_code, signal=self.signal)
+            if self.run is not None:
+                try:
+                    self.run.update_meta(
+                        state=state,
+                        exit_code=self.exit_code,
+                        signal=self.signal,
+                        terminated=self.terminated,
+                        ended_at=_now(),
+                        exception=self.exception,
+                        output_tail=self.output_tail()[0],
+                    )
+                except OSError as exc:
+                    self.store_error = f"could not update {self.run.file('run.json')}: {exc}"
+            self.state = state
             self.stop = {}
             self.cond.notify_all()
-        self.log_event("ended", state=self.state, exit_code=self.exit_code, signal=self.signal)
-        if self.run is not None:
-            try:
-                self.run.update_meta(
-                    state=self.state,
-                    exit_code=self.exit_code,
-                    signal=self.signal,
-                    terminated=self.terminated,
-                    ended_at=_now(),
-                    exception=self.exception,
-                    output_tail=self.output_tail()[0],
-                )
-            except OSError as exc:
-                self.store_error = f"could not update {self.run.file('run.json')}: {exc}"
         if self.link is not None:
             self.link.close()
         if self.events is not None:

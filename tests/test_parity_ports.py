@@ -1,10 +1,11 @@
 """Parity verdicts on real ports, end to end, at the defaults (issue 10).
 
 Every case of the port zoo (``tests/parity_zoo``: transformers Llama / Qwen2 / Mistral /
-Gemma against mlx-lm, a hand-written MLX port with other names, a hand-written torch
-port, diffusers' VAE encoder against an NHWC MLX port, 4- and 8-bit quantized ports; each
-in float32, bfloat16 and float16, clean and with each planted bug) is captured on both
-sides with ``mldbg.capture`` and compared with ``mldbg.compare`` with no tolerance given:
+Qwen3 / Gemma / GPT-2 against mlx-lm, a hand-written MLX port with other names, a
+hand-written torch port, diffusers' VAE encoder against an NHWC MLX port, 4- and 8-bit
+quantized ports; each in float32, bfloat16 and float16, clean and with each planted bug)
+is captured on both sides with ``mldbg.capture`` and compared with ``mldbg.compare`` with
+no tolerance given:
 
 * a clean port compares ``ok`` (a quantized one with its quantization noted);
 * a bugged port's ``first_divergence`` is the module holding the bug (the zoo documents

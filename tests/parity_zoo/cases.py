@@ -7,9 +7,13 @@ llama          transformers Llama -> mlx-lm llama           rope_base, norm_eps,
 qwen2          transformers Qwen2 -> mlx-lm qwen2           swapped_mlp, skipped_norm
 mistral        transformers Mistral -> mlx-lm llama         (same)
 torch_llama    transformers Llama -> hand-written torch     (same)
+qwen3          transformers Qwen3 -> mlx-lm qwen3           qk_norm_eps, skipped_qk_norm,
+                                                            attn_scale, swapped_mlp
 gemma          transformers Gemma -> mlx-lm gemma           gelu_exact (fp32), attn_scale,
                                                             norm_offset, rope_base; moved
                                                             scale in every case
+gpt2           transformers GPT-2 -> mlx-lm gpt2            attn_scale, ln_eps, skipped_ln,
+               (transformer. -> model., (1,L) vs (L,))      position_offset
 renamed        transformers Llama -> hand-written MLX,      attn_scale, swapped_mlp
                other names (through a map)
 vae            diffusers VAE encoder -> hand-written MLX    groupnorm_groups, attn_scale,
@@ -27,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import gemma, llama_family, renamed, torch_llama, vae
+from . import gemma, gpt2, llama_family, renamed, torch_llama, vae
 from .core import DTYPES, UnknownCase, ZooPort
 
 QUANT_GROUP = 32
@@ -50,8 +54,10 @@ BUILDERS: dict[str, Callable[..., ZooPort]] = {
     "llama": _llama_family("llama"),
     "qwen2": _llama_family("qwen2"),
     "mistral": _llama_family("mistral"),
+    "qwen3": _llama_family("qwen3"),
     "torch_llama": torch_llama.build,
     "gemma": gemma.build,
+    "gpt2": gpt2.build,
     "renamed": renamed.build,
     "vae": vae.build,
     "qwen2-q4": _quantized(4),
@@ -61,8 +67,10 @@ BUGS: dict[str, tuple[str, ...]] = {
     "llama": llama_family.BUGS,
     "qwen2": llama_family.BUGS,
     "mistral": llama_family.BUGS,
+    "qwen3": llama_family.QWEN3_BUGS,
     "torch_llama": torch_llama.BUGS,
     "gemma": gemma.BUGS,
+    "gpt2": gpt2.BUGS,
     "renamed": renamed.BUGS,
     "vae": vae.BUGS,
     "qwen2-q4": QUANTIZED_BUGS[4],

@@ -89,19 +89,21 @@ def init_o1(model: torch.nn.Module, gen: torch.Generator, *, norm_center: float 
     """Redraw every parameter at O(1) scale (see the module docstring for why).
 
     ``norm_center`` is where norm scales sit: 1 for ``x * w`` norms, 0 for Gemma's
-    ``x * (1 + w)``.  A parameter counts as a norm scale when it is 1-D and its module
-    path says ``norm``.
+    ``x * (1 + w)``.  A norm is a module whose class name says ``Norm``.  transformers'
+    ``Conv1D`` (GPT-2) stores its weight as (in, out), so its fan-in is the first axis.
     """
-    for name, p in model.named_parameters():
-        if p.ndim == 1 and "norm" in name and name.endswith("weight"):
-            p.copy_(norm_center + 0.1 * torch.randn(p.shape, generator=gen))
-        elif p.ndim == 1:  # biases, norm shifts
-            p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-        elif "embed" in name:
-            p.copy_(torch.randn(p.shape, generator=gen))
-        else:
-            fan_in = math.prod(p.shape[1:])
-            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
+    for module in model.modules():
+        is_norm = "Norm" in type(module).__name__
+        for name, p in module.named_parameters(recurse=False):
+            if p.ndim == 1 and is_norm and name == "weight":
+                p.copy_(norm_center + 0.1 * torch.randn(p.shape, generator=gen))
+            elif p.ndim == 1:  # biases, norm shifts
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif isinstance(module, torch.nn.Embedding):
+                p.copy_(torch.randn(p.shape, generator=gen))
+            else:
+                fan_in = p.shape[0] if type(module).__name__ == "Conv1D" else math.prod(p.shape[1:])
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
 
 
 def to_mlx(t: torch.Tensor) -> mx.array:

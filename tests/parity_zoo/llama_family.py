@@ -1,7 +1,7 @@
-"""Llama, Qwen2 and Mistral: transformers ``*ForCausalLM`` against mlx-lm's ``Model``.
+"""Llama, Qwen2, Mistral, Qwen3: transformers ``*ForCausalLM`` against mlx-lm's ``Model``.
 
 The port is what a user gets from mlx-lm: ``mlx_lm.models.llama`` (Mistral too: mlx-lm
-maps ``model_type="mistral"`` to its Llama module) or ``mlx_lm.models.qwen2``, built
+maps ``model_type="mistral"`` to its Llama module), ``qwen2`` or ``qwen3``, built
 from the same sizes, loading the reference's state_dict as is (mlx-lm keeps
 transformers' parameter names for these models, so every module path present in both
 is the same module).  Optionally quantized with ``mlx.nn.quantize`` (4 or 8 bits).
@@ -30,6 +30,13 @@ Bugs, planted in the port instance only, and the module a verdict must name:
   fine and ``model.layers.1`` is wrong; a verdict names the skipped child because
   calling it is the fix.  Modules a port does not have at all, such as transformers'
   ``mlp.act_fn`` or ``model.rotary_emb``, are not "never called": they are one-sided.)
+
+Qwen3 normalizes queries and keys per head inside attention (``self_attn.q_norm`` /
+``k_norm``, on (B, L, heads, head_dim) on both sides); its own bugs sit one level deeper:
+
+- ``qk_norm_eps``: layer 1's ``q_norm`` has eps 1.0 -> ``model.layers.1.self_attn.q_norm``.
+- ``skipped_qk_norm``: layer 1's attention never calls its ``k_norm`` ->
+  ``model.layers.1.self_attn.k_norm`` (never called, like ``skipped_norm``).
 """
 
 from __future__ import annotations
@@ -52,14 +59,17 @@ from .core import (
     to_mlx,
 )
 
-ARCHS = ("llama", "qwen2", "mistral")
+ARCHS = ("llama", "qwen2", "mistral", "qwen3")
 BUGS = ("rope_base", "norm_eps", "attn_scale", "swapped_mlp", "skipped_norm")
+QWEN3_BUGS = ("qk_norm_eps", "skipped_qk_norm", "attn_scale", "swapped_mlp")
 CULPRITS = {
     "rope_base": "model.layers.0.self_attn",
     "norm_eps": "model.layers.1.post_attention_layernorm",
     "attn_scale": "model.layers.1.self_attn",
     "swapped_mlp": "model.layers.1.mlp",
     "skipped_norm": "model.layers.1.post_attention_layernorm",
+    "qk_norm_eps": "model.layers.1.self_attn.q_norm",
+    "skipped_qk_norm": "model.layers.1.self_attn.k_norm",
 }
 SEQ_LEN = 8
 BUGGY_LAYER = 1
@@ -107,6 +117,8 @@ def _hf_config(arch: str) -> Any:
         return transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
     if arch == "qwen2":
         return transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**common), transformers.Qwen3ForCausalLM
     return transformers.MistralConfig(**common, sliding_window=None), (
         transformers.MistralForCausalLM
     )
@@ -129,9 +141,26 @@ def reference(arch: str, dtype: str, seed: int = 0) -> tuple[torch.nn.Module, to
 
 def mlx_model(arch: str, rope_theta: float) -> mnn.Module:
     """mlx-lm's model for ``arch`` with the zoo's sizes (random weights until loaded)."""
-    from mlx_lm.models import llama, qwen2
+    from mlx_lm.models import llama, qwen2, qwen3
 
     s = SIZES
+    if arch == "qwen3":
+        return qwen3.Model(
+            qwen3.ModelArgs(
+                model_type="qwen3",
+                hidden_size=s.hidden_size,
+                num_hidden_layers=s.num_hidden_layers,
+                intermediate_size=s.intermediate_size,
+                num_attention_heads=s.num_attention_heads,
+                rms_norm_eps=s.rms_norm_eps,
+                vocab_size=s.vocab_size,
+                num_key_value_heads=s.num_key_value_heads,
+                max_position_embeddings=s.max_position_embeddings,
+                head_dim=s.head_dim,
+                rope_theta=rope_theta,
+                tie_word_embeddings=False,
+            )
+        )
     if arch == "qwen2":
         return qwen2.Model(
             qwen2.ModelArgs(
@@ -200,6 +229,24 @@ def _block_without_post_norm(cls: type) -> type:
     return BlockWithoutPostNorm
 
 
+def _attention_without_k_norm(cls: type) -> type:
+    from mlx_lm.models.base import scaled_dot_product_attention
+
+    class AttentionWithoutKNorm(cls):  # type: ignore[misc, valid-type]
+        """The bug: Qwen3's attention with keys left un-normalized."""
+
+        def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+            B, L, _ = x.shape
+            q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1))
+            k = self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)
+            v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            q, k = self.rope(q.transpose(0, 2, 1, 3)), self.rope(k.transpose(0, 2, 1, 3))
+            out = scaled_dot_product_attention(q, k, v, cache=cache, scale=self.scale, mask=mask)
+            return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    return AttentionWithoutKNorm
+
+
 def plant(port: mnn.Module, bug: str, layer: int = BUGGY_LAYER) -> None:
     """Plant ``bug`` (not ``rope_base``, which is a build argument) in one port layer."""
     block = port.model.layers[layer]
@@ -211,6 +258,10 @@ def plant(port: mnn.Module, bug: str, layer: int = BUGGY_LAYER) -> None:
         swap_class(block.mlp, _swapped_mlp)
     elif bug == "skipped_norm":
         swap_class(block, _block_without_post_norm)
+    elif bug == "qk_norm_eps":
+        block.self_attn.q_norm.eps = 1.0
+    elif bug == "skipped_qk_norm":
+        swap_class(block.self_attn, _attention_without_k_norm)
     else:
         raise AssertionError(bug)
 
@@ -231,7 +282,7 @@ def build(
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
-    check_case(arch, dtype, bug, BUGS)
+    check_case(arch, dtype, bug, QWEN3_BUGS if arch == "qwen3" else BUGS)
     ref, ids = reference(arch, dtype, seed)
     theta = SIZES.rope_theta * (100 if bug == "rope_base" else 1)
     port = mlx_model(arch, theta)

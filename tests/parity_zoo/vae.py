@@ -86,8 +86,8 @@ def reference(dtype: str, seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor]
     return encoder, image.to(TORCH_DTYPES[dtype])
 
 
-def _group_norm(channels: int, groups: int = SIZES.norm_num_groups) -> mnn.GroupNorm:
-    return mnn.GroupNorm(groups, channels, eps=SIZES.eps, pytorch_compatible=True)
+def _group_norm(channels: int) -> mnn.GroupNorm:
+    return mnn.GroupNorm(SIZES.norm_num_groups, channels, eps=SIZES.eps, pytorch_compatible=True)
 
 
 class ResnetBlock(mnn.Module):
@@ -168,7 +168,7 @@ class MidBlock(mnn.Module):
 
 
 class Encoder(mnn.Module):
-    def __init__(self, s: Sizes = SIZES) -> None:
+    def __init__(self, s: Sizes) -> None:
         super().__init__()
         channels = s.block_out_channels
         self.conv_in = mnn.Conv2d(s.in_channels, channels[0], 3, padding=1)
@@ -221,7 +221,7 @@ def build(dtype: str = "float32", bug: str | None = None, *, seed: int = 0) -> Z
     """diffusers' VAE encoder vs the MLX ``Encoder`` (NHWC), ``bug`` planted in the port."""
     check_case("vae", dtype, bug, BUGS)
     ref, image = reference(dtype, seed)
-    port = Encoder()
+    port = Encoder(SIZES)
     port.load_weights([(k, _port_weight(v)) for k, v in ref.state_dict().items()])
     port.eval()
     if bug == "groupnorm_groups":

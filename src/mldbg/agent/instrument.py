@@ -157,7 +157,10 @@ class _Hooks:
             value = getattr(stmt, name, None)
             if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
                 setattr(stmt, name, self.block(value, key))
-        for holder in [*(getattr(stmt, "handlers", None) or []), *(getattr(stmt, "cases", None) or [])]:
+        for holder in [
+            *(getattr(stmt, "handlers", None) or []),
+            *(getattr(stmt, "cases", None) or []),
+        ]:
             holder.body = self.block(holder.body, key)
 
 
@@ -208,8 +211,10 @@ def _pair(
         wanted.discard(plain.co_firstlineno)  # the def/class/lambda line: the outer hook's
     if inline and parent_scope is not None:
         single = len(_code_lines(plain)) <= 1
-        serving = hooks.covered.get(parent_scope, set()) if single else hooks.armed.get(
-            parent_scope, set()
+        serving = (
+            hooks.covered.get(parent_scope, set())
+            if single
+            else hooks.armed.get(parent_scope, set())
         )
         missing = wanted - serving
     else:
@@ -220,7 +225,7 @@ def _pair(
     children_plain, children_instr = _nested(plain), _nested(instr)
     if len(children_plain) != len(children_instr):
         raise InstrumentError(f"{result.file}: nested code differs in {plain.co_name}")
-    for child_plain, child_instr in zip(children_plain, children_instr):
+    for child_plain, child_instr in zip(children_plain, children_instr, strict=True):
         if child_plain.co_name in INLINE_NAMES:
             child_scope = scope  # lambdas and comprehensions live in the enclosing scope
         else:

@@ -90,7 +90,9 @@ def _hook_offsets(code: CodeType) -> frozenset[int]:
     previous = None
     for instruction in dis.get_instructions(code):
         if instruction.argval == HOOK and instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            start = previous if previous is not None and previous.opname == "PUSH_NULL" else instruction
+            start = (
+                previous if previous is not None and previous.opname == "PUSH_NULL" else instruction
+            )
             offsets.add(start.offset)
         previous = instruction
     return frozenset(offsets)
@@ -307,9 +309,7 @@ class InstrumentBackend(SettraceBackend):
             code = func.__code__
             new = instr.changed.get(self._plain_of(code))
             if new is None:
-                if self._origins.get(id(code), (None,))[0] is not code and _tree_holds(
-                    code, lines
-                ):
+                if self._origins.get(id(code), (None,))[0] is not code and _tree_holds(code, lines):
                     mismatch = True  # running code that is not this file's text
                 continue
             if new is code:
@@ -328,9 +328,12 @@ class InstrumentBackend(SettraceBackend):
             if getattr(gen, frame_attr) is None:
                 continue  # finished
             holders.append(code)
-            if not getattr(gen, running_attr) and not self._serves(code, file):
-                if table.lines_in_code(code, file):
-                    self._old_generators.add(gen)
+            if (
+                not getattr(gen, running_attr)
+                and not self._serves(code, file)
+                and table.lines_in_code(code, file)
+            ):
+                self._old_generators.add(gen)
         seen: set[int] = set()
         for holder in holders:
             if id(holder) in seen:
@@ -456,9 +459,9 @@ class InstrumentBackend(SettraceBackend):
 
             get_code.__wrapped__ = original  # type: ignore[attr-defined]
             self._get_code_original = original
-            loader.get_code = get_code
+            loader.get_code = get_code  # type: ignore[method-assign]
         elif not self._applied and self._get_code_original is not None:
-            loader.get_code = self._get_code_original
+            loader.get_code = self._get_code_original  # type: ignore[method-assign]
             self._get_code_original = None
 
 
@@ -485,5 +488,7 @@ def _tree_holds(code: CodeType, lines: frozenset[int]) -> bool:
 def _report(exc: BaseException) -> None:
     stream = sys.__stderr__
     if stream is not None:
-        stream.write(f"mldbg: internal error in the instrument backend: {type(exc).__name__}: {exc}\n")
+        stream.write(
+            f"mldbg: internal error in the instrument backend: {type(exc).__name__}: {exc}\n"
+        )
         stream.flush()

@@ -57,13 +57,15 @@ ELAPSED = re.compile(r"^elapsed ([0-9.]+)$", re.MULTILINE)
 CONDITION = "epoch < 0"  # always false, and it reads a local: a real evaluation every time
 
 # Sizes: the pure-Python workload is kept short (~0.3-0.6 s plain) because pdb runs it
-# 40-80x slower and the whole default run must stay under ~5 minutes; the torch one is ~1 s.
-PURE_SIZE = "150"
-TORCH_SIZE = "1000"
+# 40-80x slower and the whole default run must stay within ~10 minutes.
+PURE_SIZE = "60"
+LLAMA_SIZE = "20"
+HOT_CONDITION = "x < 0"  # always false, on a line that runs ~2 million times
 
-# The workloads.  Markers (`# BREAKPOINT never` / `# BREAKPOINT rarely`) name the lines the
-# debuggers break on; both lines hold code, so every debugger accepts them.  The functions
-# that do the work live in the same file as the breakpoints on purpose (see the docstring).
+# The workloads.  Markers (`# BREAKPOINT never` / `rarely` / `hot`) name the lines the
+# debuggers break on; every such line holds code, so every debugger accepts it.  The
+# functions that do the work live in the same file as the breakpoints on purpose (see
+# the docstring): a debugger that decides per file (pdb) pays for the whole file.
 
 PURE_PYTHON = '''\
 """Call-heavy pure Python: recursion plus a loop of tiny calls, in a function."""
@@ -84,7 +86,7 @@ def fib(n):
 
 
 def small(x):
-    return x * 2 + 1
+    return x * 2 + 1  # BREAKPOINT hot
 
 
 def main(epochs):
@@ -102,53 +104,85 @@ main(int(sys.argv[1]))
 print(f"elapsed {time.perf_counter() - start:.6f}")
 '''
 
-TORCH_MODEL = '''\
-"""A tiny transformer (2 blocks, dim 64) run forward on CPU, one thread for steadier times."""
-import sys
+IMPORTS = '''\
+"""What every model script starts with: import torch and transformers, build a tiny Llama.
+
+Timed from the script's first line, so the imports (thousands of modules, hundreds of
+thousands of calls) are inside the measure: this is where a global trace function hurts.
+"""
 import time
 
-import torch
-from torch import nn
+start = time.perf_counter()
 
 
 def never_called(x):
     return x + 1  # BREAKPOINT never
 
 
-def rarely(epoch, loss):
-    return loss * 0.0  # BREAKPOINT rarely
+def rarely(epoch, total):
+    return total  # BREAKPOINT rarely
 
 
-class Block(nn.Module):
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+import torch  # noqa: E402
+import transformers  # noqa: E402, F401
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-    def forward(self, x):
-        h = self.norm1(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
+torch.manual_seed(0)
+config = LlamaConfig(
+    vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+)
+model = LlamaForCausalLM(config)
+rarely(0, 0)
+print(f"elapsed {time.perf_counter() - start:.6f}")
+'''
+
+LLAMA = '''\
+"""Model code: forward passes and a short greedy generate of a tiny transformers Llama, CPU."""
+import sys
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def never_called(x):
+    return x + 1  # BREAKPOINT never
+
+
+def rarely(epoch, logits):
+    return logits  # BREAKPOINT rarely
 
 
 def main(steps):
     torch.manual_seed(0)
-    model = nn.Sequential(*[Block(64, 4) for _ in range(2)]).eval()
-    x = torch.randn(4, 32, 64)
-    total = 0.0
+    config = LlamaConfig(
+        vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    )
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 1000, (1, 32))
+    mask = torch.ones_like(ids)
     with torch.no_grad():
-        model(x)  # first call allocates; keep it out of the timing
+        model(ids)  # first call allocates; keep it out of the timing
         start = time.perf_counter()
         for epoch in range(steps):
-            total += rarely(epoch, float(model(x).mean()))
+            rarely(epoch, model(ids).logits)
+        model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                       pad_token_id=0)
     return time.perf_counter() - start
 
 
 torch.set_num_threads(1)
 print(f"elapsed {main(int(sys.argv[1])):.6f}")
 '''
+
+# name -> (source, size argument, modules the interpreter needs)
+WORKLOADS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "pure-python": (PURE_PYTHON, PURE_SIZE, ()),
+    "imports": (IMPORTS, "0", ("torch", "transformers")),
+    "llama": (LLAMA, LLAMA_SIZE, ("torch", "transformers")),
+}
 
 
 @dataclass
@@ -160,6 +194,7 @@ class Workload:
     size: str
     never_line: int = 0
     rarely_line: int = 0
+    hot_line: int = 0  # optional: a line hot enough to measure a conditional breakpoint
 
     def __post_init__(self) -> None:
         for number, text in enumerate(self.path.read_text().splitlines(), start=1):
@@ -167,6 +202,8 @@ class Workload:
                 self.never_line = number
             elif text.endswith("# BREAKPOINT rarely"):
                 self.rarely_line = number
+            elif text.endswith("# BREAKPOINT hot"):
+                self.hot_line = number
         if not (self.never_line and self.rarely_line):
             raise RuntimeError(f"{self.path} lacks a breakpoint marker")
 
@@ -217,7 +254,7 @@ def run_plain(python: str, work: Workload) -> Sample:
     return Sample(parse_elapsed(output, "plain"), wall)
 
 
-def run_pdb(python: str, work: Workload) -> Sample:
+def run_pdb(python: str, work: Workload, line: int, condition: str | None = None) -> Sample:
     """``python -m pdb -c 'break FILE:LINE' -c continue SCRIPT``: what a pdb user types.
 
     This is the honest pdb measure: the same entry point and the same Bdb tracing a user
@@ -227,9 +264,10 @@ def run_pdb(python: str, work: Workload) -> Sample:
     EOF and pdb quits.  The restart costs a few milliseconds of the wall time only; the
     inner time is the first run's, printed once.
     """
-    argv = [python, "-m", "pdb", "-c", f"break {work.path}:{work.never_line}", "-c", "continue"]
+    command = f"break {work.path}:{line}" + (f", {condition}" if condition else "")
+    argv = [python, "-m", "pdb", "-c", command, "-c", "continue"]
     output, wall = run_process([*argv, str(work.path), work.size], work.path.parent, "pdb")
-    if f"Breakpoint 1 at {work.path}:{work.never_line}" not in output:
+    if f"Breakpoint 1 at {work.path}:{line}" not in output:
         raise RunFailed(f"pdb did not confirm the breakpoint; output:\n{output[-1500:]}")
     if output.count("elapsed ") != 1:
         raise RunFailed(f"pdb ran the workload more than once; output:\n{output[-1500:]}")
@@ -284,7 +322,9 @@ class DapClient:
                 return message
 
 
-def run_debugpy(python: str, work: Workload, scratch: Path) -> Sample:
+def run_debugpy(
+    python: str, work: Workload, scratch: Path, line: int, condition: str | None = None
+) -> Sample:
     """``python -m debugpy --listen PORT --wait-for-client SCRIPT`` plus our DAP client.
 
     ``--wait-for-client`` holds the script until ``configurationDone``, so the breakpoint
@@ -320,9 +360,10 @@ def run_debugpy(python: str, work: Workload, scratch: Path) -> Sample:
             dap.send("attach", {"justMyCode": True})
             dap.until(lambda m: m.get("event") == "initialized", "the initialized event")
             source = {"path": str(work.path)}
-            dap.send(
-                "setBreakpoints", {"source": source, "breakpoints": [{"line": work.never_line}]}
-            )
+            wanted: dict[str, Any] = {"line": line}
+            if condition:
+                wanted["condition"] = condition
+            dap.send("setBreakpoints", {"source": source, "breakpoints": [wanted]})
             reply = dap.until(lambda m: m.get("command") == "setBreakpoints", "setBreakpoints")
             if not all(bp.get("verified") for bp in reply["body"]["breakpoints"]):
                 raise RunFailed(f"debugpy did not verify the breakpoint: {reply}")
@@ -457,6 +498,43 @@ class Mldbg:
             with contextlib.suppress(RunFailed):  # keep the first error, if any
                 self._call("DELETE", f"/v1/sessions/{name}")  # terminates it if still alive
 
+    def start_to_entry(self, python: str, work: Workload) -> float:
+        """REST ``start`` (stop on entry) until it answers paused at the first line."""
+        self.count += 1
+        name = f"entry-{self.count}"
+        body = {
+            "script": str(work.path),
+            "args": [work.size],
+            "cwd": str(work.path.parent),
+            "python": python,
+            "env_overrides": {"MLDBG_HOME": str(self.scratch / "runs")},
+        }
+        started = time.perf_counter()
+        state = self._call("POST", f"/v1/sessions/{name}/start", body)
+        took = time.perf_counter() - started
+        self._call("DELETE", f"/v1/sessions/{name}")
+        if state.get("reason") != "entry":
+            raise RunFailed(f"mldbg start did not pause at entry: {state}")
+        return took
+
+    def cli_start_to_entry(self, python: str, work: Workload) -> float:
+        """``mldbg start SCRIPT`` from a shell, as a user or an agent types it."""
+        self.count += 1
+        name = f"cli-entry-{self.count}"
+        argv = [sys.executable, "-m", "mldbg", "start", "--json", "--session", name]
+        argv += ["--python", python, str(work.path), work.size]
+        env = {**self.env, "MLDBG_HOME": str(self.scratch / "runs")}
+        started = time.perf_counter()
+        done = subprocess.run(
+            argv, cwd=work.path.parent, env=env, capture_output=True, text=True, timeout=120
+        )
+        took = time.perf_counter() - started
+        with contextlib.suppress(RunFailed):
+            self._call("DELETE", f"/v1/sessions/{name}")
+        if done.returncode != 0 or '"entry"' not in done.stdout:
+            raise RunFailed(f"mldbg start (CLI) failed: {done.stdout[-800:]} {done.stderr[-800:]}")
+        return took
+
     def close(self) -> None:
         """``mldbg serve --stop``, as a user would; kill our own daemon only if that fails."""
         self.http.close()
@@ -516,29 +594,60 @@ def package_version(name: str) -> str:
         return "not installed"
 
 
-def configs_for(
-    python: str, work: Workload, mldbg: Mldbg, scratch: Path, full: bool
-) -> list[Config]:
+def configs_for(python: str, work: Workload, mldbg: Mldbg, scratch: Path) -> list[Config]:
     """The configurations of one workload on one interpreter; plain Python first (the base)."""
     never = [{"file": str(work.path), "line": work.never_line}]
     rarely = [{"file": str(work.path), "line": work.rarely_line, "condition": CONDITION}]
+    hot = [{"file": str(work.path), "line": work.hot_line, "condition": HOT_CONDITION}]
     configs = [
         Config("plain python", lambda w: run_plain(python, w)),
         Config("mldbg, no breakpoint", lambda w: mldbg.run(python, w, [], False)),
         Config("mldbg, bp never hit", lambda w: mldbg.run(python, w, never, False)),
         Config("mldbg, bp if-false (rare)", lambda w: mldbg.run(python, w, rarely, False)),
     ]
-    if full:  # pdb and debugpy on the main interpreter only: pdb alone is 40-80x on pure Python
-        configs.append(Config("pdb, bp never hit", lambda w: run_pdb(python, w)))
-        if has_module(python, "debugpy"):
-            configs.append(
-                Config("debugpy, bp never hit", lambda w: run_debugpy(python, w, scratch))
+    if work.hot_line:
+        configs.append(Config(HOT_MLDBG, lambda w: mldbg.run(python, w, hot, False)))
+    configs.append(Config("pdb, bp never hit", lambda w: run_pdb(python, w, w.never_line)))
+    if work.hot_line:
+        configs.append(Config(HOT_PDB, lambda w: run_pdb(python, w, w.hot_line, HOT_CONDITION)))
+    if has_module(python, "debugpy"):
+        configs.append(
+            Config(
+                "debugpy, bp never hit",
+                lambda w: run_debugpy(python, w, scratch, w.never_line),
             )
-        else:
-            skipped = Config("debugpy, bp never hit", lambda w: Sample(0.0, 0.0))
-            skipped.error = "skipped: debugpy is not installed"
-            configs.append(skipped)
+        )
+        if work.hot_line:
+            configs.append(
+                Config(
+                    HOT_DEBUGPY,
+                    lambda w: run_debugpy(python, w, scratch, w.hot_line, HOT_CONDITION),
+                )
+            )
+    else:
+        skipped = Config("debugpy, bp never hit", lambda w: Sample(0.0, 0.0))
+        skipped.error = "skipped: debugpy is not installed for this interpreter"
+        configs.append(skipped)
     return configs
+
+
+HOT_MLDBG = "mldbg, bp if-false (hot)"
+HOT_PDB = "pdb, bp if-false (hot)"
+HOT_DEBUGPY = "debugpy, bp if-false (hot)"
+
+
+def target_for(version: str, work: Workload, label: str) -> tuple[str, float] | None:
+    """The issue's target for a row, as (text, highest ratio to plain); None: no target."""
+    modern = tuple(int(p) for p in version.split(".")[:2]) >= (3, 12)
+    if not label.startswith("mldbg"):
+        return None
+    if label == HOT_MLDBG:
+        return ("<=1.3x", 1.3) if modern else None  # 3.10/3.11: judged against debugpy
+    if modern:
+        return ("<=1.03x", 1.03)
+    if work.name == "pure-python":
+        return ("<=1.5x", 1.5) if "never" in label or "rare" in label else None
+    return ("<=1.05x", 1.05)
 
 
 def sanity_check(mldbg: Mldbg, python: str, work: Workload) -> None:
@@ -553,35 +662,67 @@ def report(plans: list[tuple[Workload, str, list[Config]]], rounds: int, total_s
         f"inner = the workload's own perf_counter time; wall = launch to exit; median of {rounds}"
     )
     print("interleaved round(s). Ratios are against plain python in the same group; 'spread' is")
-    print("the range of the per-round inner ratios.")
+    print("the range of the per-round inner ratios; 'target' is the issue's, judged on the median.")
     print()
     header = (
-        f"{'workload':<12} {'python':<7} {'configuration':<26} "
-        f"{'inner s':>8} {'ratio':>7} {'spread':>13} {'wall s':>7} {'ratio':>7}"
+        f"{'workload':<12} {'python':<7} {'configuration':<27} "
+        f"{'inner s':>8} {'ratio':>7} {'spread':>13} {'wall s':>7} {'ratio':>7}  target"
     )
     print(header)
     print("-" * len(header))
     for work, version, configs in plans:
         base = configs[0].samples
+        medians: dict[str, float] = {}
         for config in configs:
-            lead = f"{work.name:<12} {version:<7} {config.label:<26}"
+            lead = f"{work.name:<12} {version:<7} {config.label:<27}"
             if config.error is not None or not config.samples or not base:
                 reason = (config.error or "no samples").splitlines()[0][:70]
                 print(f"{lead} {'-':>8} {'-':>7} {'':>13} {'-':>7} {'-':>7}  {reason}")
                 continue
             inner = statistics.median(s.inner for s in config.samples)
+            medians[config.label] = inner
             wall = statistics.median(s.wall for s in config.samples)
             base_inner = statistics.median(s.inner for s in base)
             base_wall = statistics.median(s.wall for s in base)
             pairs = zip(config.samples, base, strict=False)
             ratios = [s.inner / b.inner for s, b in pairs if b.inner > 0]
             spread = f"{min(ratios):.2f}-{max(ratios):.2f}x" if len(ratios) > 1 else ""
+            ratio = inner / base_inner
+            verdict = ""
+            target = target_for(version, work, config.label)
+            if target is not None:
+                verdict = f"{target[0]} {'met' if ratio <= target[1] else 'MISSED'}"
             print(
-                f"{lead} {inner:>8.3f} {inner / base_inner:>6.2f}x {spread:>13} "
-                f"{wall:>7.2f} {wall / base_wall:>6.2f}x"
+                f"{lead} {inner:>8.3f} {ratio:>6.2f}x {spread:>13} "
+                f"{wall:>7.2f} {wall / base_wall:>6.2f}x  {verdict}"
+            )
+        if HOT_MLDBG in medians and HOT_DEBUGPY in medians:
+            cheaper = medians[HOT_DEBUGPY] / medians[HOT_MLDBG]
+            modern = tuple(int(p) for p in version.split(".")[:2]) >= (3, 12)
+            verdict = (
+                "" if modern else (" (target >=3x: " + ("met)" if cheaper >= 3 else "MISSED)"))
+            )
+            print(
+                f"{'':<12} {version:<7} hot conditional breakpoint: mldbg {cheaper:.1f}x "
+                f"cheaper than debugpy{verdict}"
             )
         print()
     print(f"total benchmark time {total_s:.0f}s")
+
+
+def measure_start(mldbg: Mldbg, python: str, work: Workload, rounds: int) -> None:
+    """``mldbg start`` until paused at the script's first line: over REST, and from a shell."""
+    rest, cli = [], []
+    for _ in range(rounds):
+        rest.append(mldbg.start_to_entry(python, work))
+        cli.append(mldbg.cli_start_to_entry(python, work))
+    version = version_of(python)
+    rest_s, cli_s = statistics.median(rest), statistics.median(cli)
+    print(
+        f"start -> paused at entry, Python {version}, median of {rounds}: "
+        f"REST {rest_s:.3f} s, CLI {cli_s:.3f} s (target CLI <=0.3 s: "
+        f"{'met' if cli_s <= 0.3 else 'MISSED'})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -592,7 +733,11 @@ def main(argv: list[str] | None = None) -> int:
         "--python312",
         default=find_python312(),
         help="a Python 3.12+ for the sys.monitoring backend (default: found in pyenv or on "
-        "the PATH; '' skips it)",
+        "the PATH; '' skips it). Give one with torch, transformers and debugpy installed to "
+        "measure every workload there",
+    )
+    parser.add_argument(
+        "--only", help=f"comma-separated workloads to run (default all: {', '.join(WORKLOADS)})"
     )
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
@@ -611,33 +756,31 @@ def main(argv: list[str] | None = None) -> int:
     mldbg: Mldbg | None = None
     try:
         mldbg = Mldbg(scratch)
-        sources = {"pure-python": (PURE_PYTHON, PURE_SIZE)}
-        if has_module(python, "torch"):
-            sources["torch-tiny"] = (TORCH_MODEL, TORCH_SIZE)
-        else:
-            print("torch is not installed for this interpreter: the torch workload is skipped")
-        works = {}
-        for name, (source, size) in sources.items():
-            path = scratch / f"{name.replace('-', '_')}.py"
-            path.write_text(source)
-            works[name] = Workload(name, path, size)
-
-        interpreters = [(python, True)]
+        interpreters = [python]
         py312 = args.python312
         if py312 and os.path.realpath(py312) != os.path.realpath(python):
-            interpreters.append((py312, False))
+            interpreters.append(py312)
         elif not py312:
-            print("no Python 3.12 found: the sys.monitoring backend is not measured")
+            print("no Python 3.12 given or found: the sys.monitoring backend is not measured")
+        wanted = set(args.only.split(",")) if args.only else set(WORKLOADS)
 
         plans: list[tuple[Workload, str, list[Config]]] = []
-        for interpreter, full in interpreters:
+        for interpreter in interpreters:
             version = version_of(interpreter)
-            for name, work in works.items():
-                if not full and name != "pure-python":
-                    continue  # the other interpreter has only the stdlib
+            for name, (source, size, modules) in WORKLOADS.items():
+                if name not in wanted:
+                    continue
+                missing = [m for m in modules if not has_module(interpreter, m)]
+                if missing:
+                    print(f"{name} skipped on {version}: {', '.join(missing)} not installed")
+                    continue
+                path = scratch / version / f"{name.replace('-', '_')}.py"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(source)
+                work = Workload(name, path, size)
                 sanity_check(mldbg, interpreter, work)
                 run_plain(interpreter, work)  # warm caches before the first timed round
-                plans.append((work, version, configs_for(interpreter, work, mldbg, scratch, full)))
+                plans.append((work, version, configs_for(interpreter, work, mldbg, scratch)))
         for interpreter, backend in mldbg.backends.items():
             print(f"mldbg's tracer on {interpreter}: Python {backend}")
         sys.stdout.flush()
@@ -658,6 +801,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {index + 1}/{rounds} done in {took:.0f}s", file=sys.stderr, flush=True)
 
         report(plans, rounds, time.perf_counter() - began)
+        print()
+        for interpreter in interpreters:
+            entry = next(
+                w for w, v, _ in plans if w.name == "pure-python" and v == version_of(interpreter)
+            )
+            measure_start(mldbg, interpreter, entry, max(rounds, 3))
+        print("REST / MCP / CLI latency: (rows to come with the daemon work; see README)")
         failed = [
             config
             for _, _, configs in plans

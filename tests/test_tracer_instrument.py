@@ -18,9 +18,13 @@ import pytest
 from conftest import BACKEND_PYTHONS, Session, line_of
 
 PYTHONS = [
-    pytest.param(BACKEND_PYTHONS[name], id=name, marks=[] if BACKEND_PYTHONS[name] else [
-        pytest.mark.skip(reason=f"no interpreter for {name}")
-    ])
+    pytest.param(
+        BACKEND_PYTHONS[name],
+        id=name,
+        marks=[]
+        if BACKEND_PYTHONS[name]
+        else [pytest.mark.skip(reason=f"no interpreter for {name}")],
+    )
     for name in ("settrace", "settrace-3.10")
 ]
 pytestmark = pytest.mark.parametrize("python", PYTHONS)
@@ -49,7 +53,9 @@ def _stops(
     what to do at each stop in turn ("continue", or a step kind), "continue" after that.
     """
     specs = [
-        {"file": str(script), "line": item} if isinstance(item, int) else {"file": str(script), **item}
+        {"file": str(script), "line": item}
+        if isinstance(item, int)
+        else {"file": str(script), **item}
         for item in lines
     ]
     state = session.start(
@@ -81,12 +87,17 @@ def _same_as_settrace(
     instrumented, out = _stops(session, python, script, lines, None, probe, **kw)
     other = Session(session.api, session.name + "-settrace", session.cwd)
     traced, traced_out = _stops(other, python, script, lines, "settrace", probe, **kw)
-    assert instrumented == traced, "\n".join(f"{a} | {b}" for a, b in __import__("itertools").zip_longest([s[:3] for s in instrumented], [s[:3] for s in traced]))
+    assert instrumented == traced, "\n".join(
+        f"{a} | {b}"
+        for a, b in __import__("itertools").zip_longest(
+            [s[:3] for s in instrumented], [s[:3] for s in traced]
+        )
+    )
     assert out == traced_out
     return instrumented
 
 
-SHAPES = '''
+SHAPES = """
 import contextlib
 
 
@@ -130,7 +141,7 @@ class Holder:  # class line
 for _ in range(2):
     shapes(3)
 print("done")
-'''
+"""
 
 
 def test_every_kind_of_line_stops_as_under_settrace(session: Session, write, python: str) -> None:
@@ -164,7 +175,9 @@ def test_conditions_hit_counts_and_logpoints_as_under_settrace(
         {"line": line_of(script, "while header"), "hits": ">=3"},
         {"line": line_of(script, "continuation line"), "log": "value parts {total} {n}"},
     ]
-    stops = _same_as_settrace(session, python, script, lines, "(total, locals().get('i'), locals().get('j'))")
+    stops = _same_as_settrace(
+        session, python, script, lines, "(total, locals().get('i'), locals().get('j'))"
+    )
     assert stops and all(reason == "breakpoint" for reason, *_ in stops)
 
 
@@ -176,7 +189,7 @@ def test_steps_from_a_hooked_line_as_under_settrace(session: Session, write, pyt
     assert len(stops) > len(actions)
 
 
-GENERATORS = '''
+GENERATORS = """
 import asyncio
 
 
@@ -200,7 +213,7 @@ rest = list(early)
 late = list(numbers(3))
 got = asyncio.run(main())
 print("results", first, rest, late, got)
-'''
+"""
 
 
 def test_generators_and_coroutines_as_under_settrace(session: Session, write, python: str) -> None:
@@ -258,8 +271,13 @@ def test_tracebacks_and_inspect_unchanged(session: Session, write, python: str) 
     script = write("tb.py", TRACEBACKS)
     plain = subprocess.run([python, str(script)], capture_output=True, text=True, cwd=script.parent)
     assert plain.returncode == 0, plain.stderr
-    session.start(script, python=python, env=_env(session, None), stop_on_entry=False,
-                  breakpoints=[{"file": str(script), "line": line_of(script, "breakpoint here")}])
+    session.start(
+        script,
+        python=python,
+        env=_env(session, None),
+        stop_on_entry=False,
+        breakpoints=[{"file": str(script), "line": line_of(script, "breakpoint here")}],
+    )
     state = session.wait(20)
     assert state["reason"] == "breakpoint"
     # The breakpoint is served by a hook compiled into this very function...
@@ -271,7 +289,7 @@ def test_tracebacks_and_inspect_unchanged(session: Session, write, python: str) 
     assert session.output() == plain.stdout
 
 
-USER_TRACER = '''
+USER_TRACER = """
 import sys
 import time
 
@@ -300,15 +318,19 @@ traced_call(1)
 sys.settrace(None)
 print("user tracer saw", calls)
 print("trace after", sys.gettrace(), "hooked", "__mldbg_bp__" in work.__code__.co_names)
-'''
+"""
 
 
 def test_untraced_while_nothing_is_armed_and_user_tracers_work(
     session: Session, write, python: str
 ) -> None:
     script = write("user.py", USER_TRACER)
-    session.start(script, python=python, env=_env(session, None),
-                  breakpoints=[{"file": str(script), "line": line_of(script, "never hit")}])
+    session.start(
+        script,
+        python=python,
+        env=_env(session, None),
+        breakpoints=[{"file": str(script), "line": line_of(script, "never hit")}],
+    )
     state = session.cont()
     assert state["state"] in ("running", "exited")
     state = session.wait(20)
@@ -319,7 +341,7 @@ def test_untraced_while_nothing_is_armed_and_user_tracers_work(
     assert state["exit_code"] == 0
 
 
-REMOVAL = '''
+REMOVAL = """
 import sys
 import time
 
@@ -338,7 +360,7 @@ while not getattr(sys.modules[__name__], "go_on", False):
     time.sleep(0.01)
 print("after removal", "__mldbg_bp__" in hot.__code__.co_names, sys.gettrace())
 print("later", later(5))
-'''
+"""
 
 
 def test_removing_a_breakpoint_restores_the_original_code(
@@ -352,8 +374,10 @@ def test_removing_a_breakpoint_restores_the_original_code(
     session.brk(script, line_of(script, "defined after the entry stop"))
     state = session.cont()
     assert state["location"]["line"] == line_of(script, "the breakpoint")
-    session.api.post(f"{session.base}/breakpoints/remove",
-                     {"file": str(script), "line": line_of(script, "the breakpoint")})
+    session.api.post(
+        f"{session.base}/breakpoints/remove",
+        {"file": str(script), "line": line_of(script, "the breakpoint")},
+    )
     session.eval("import sys; sys.modules[__name__].go_on = True")
     state = session.cont()
     assert state["location"]["line"] == line_of(script, "defined after the entry stop")
@@ -363,7 +387,7 @@ def test_removing_a_breakpoint_restores_the_original_code(
     assert "later 4" in session.output()
 
 
-THREADS = '''
+THREADS = """
 import threading
 import time
 
@@ -402,7 +426,7 @@ late = threading.Thread(target=step, args=(41,), name="late")
 late.start()
 late.join()
 print("threads done")
-'''
+"""
 
 
 def test_threads_started_before_and_after_a_breakpoint_and_pause_in_a_thread(
@@ -439,3 +463,71 @@ def test_threads_started_before_and_after_a_breakpoint_and_pause_in_a_thread(
     assert session.value("n") == "41"
     assert session.run_to_end()["exit_code"] == 0
     assert "threads done" in session.output()
+
+
+COMPILED = """
+import torch
+from torch._dynamo.utils import counters
+
+
+def elsewhere(x):
+    return x + 1  # breakpoint elsewhere
+
+
+def body(x):
+    y = x * 2  # inside the compiled function
+    return torch.relu(y) + 1
+
+
+compiled = torch.compile(body, backend="eager")
+first = compiled(torch.ones(3)).tolist()
+second = compiled(torch.ones(3)).tolist()
+print("results", first, second, "graphs", counters["stats"]["unique_graphs"],
+      "breaks", sum(counters["graph_break"].values()))
+"""
+
+
+def _has_torch(python: str) -> bool:
+    probe = subprocess.run([python, "-c", "import torch"], capture_output=True)
+    return probe.returncode == 0
+
+
+def test_torch_compile_with_breakpoints_elsewhere_and_inside(
+    session: Session, write, python: str
+) -> None:
+    if not _has_torch(python):
+        pytest.skip("torch is not installed for this interpreter")
+    script = write("compiled.py", COMPILED)
+    plain = subprocess.run([python, str(script)], capture_output=True, text=True, cwd=script.parent)
+    assert "graphs 1 breaks 0" in plain.stdout, plain.stdout + plain.stderr
+    # A breakpoint in another function of the same file: dynamo compiles exactly as plain.
+    session.start(
+        script,
+        python=python,
+        env=_env(session, None),
+        stop_on_entry=False,
+        breakpoints=[{"file": str(script), "line": line_of(script, "breakpoint elsewhere")}],
+    )
+    assert session.wait(120)["exit_code"] == 0
+    assert session.output().strip() == plain.stdout.strip()
+    session.terminate()
+    # Inside the compiled function (documented): dynamo breaks the graph at that line and
+    # the debugger stops there, on every call, with the real values.
+    inside = Session(session.api, session.name + "-inside", session.cwd)
+    inside.start(
+        script,
+        python=python,
+        env=_env(inside, None),
+        stop_on_entry=False,
+        breakpoints=[{"file": str(script), "line": line_of(script, "inside the compiled")}],
+    )
+    state = inside.wait(120)
+    stops = 0
+    while state["state"] == "paused":
+        assert state["location"]["line"] == line_of(script, "inside the compiled")
+        assert inside.value("x.tolist()") == "[1.0, 1.0, 1.0]"
+        stops += 1
+        state = inside.cont(60)
+    assert stops == 2
+    assert "results [3.0, 3.0, 3.0] [3.0, 3.0, 3.0]" in inside.output()
+    inside.terminate()

@@ -225,7 +225,7 @@ def _pair(
     children_plain, children_instr = _nested(plain), _nested(instr)
     if len(children_plain) != len(children_instr):
         raise InstrumentError(f"{result.file}: nested code differs in {plain.co_name}")
-    for child_plain, child_instr in zip(children_plain, children_instr):
+    for child_plain, child_instr in zip(children_plain, children_instr, strict=True):
         if child_plain.co_name in INLINE_NAMES:
             child_scope = scope  # lambdas and comprehensions live in the enclosing scope
         else:

@@ -328,9 +328,12 @@ class InstrumentBackend(SettraceBackend):
             if getattr(gen, frame_attr) is None:
                 continue  # finished
             holders.append(code)
-            if not getattr(gen, running_attr) and not self._serves(code, file):
-                if table.lines_in_code(code, file):
-                    self._old_generators.add(gen)
+            if (
+                not getattr(gen, running_attr)
+                and not self._serves(code, file)
+                and table.lines_in_code(code, file)
+            ):
+                self._old_generators.add(gen)
         seen: set[int] = set()
         for holder in holders:
             if id(holder) in seen:
@@ -456,9 +459,9 @@ class InstrumentBackend(SettraceBackend):
 
             get_code.__wrapped__ = original  # type: ignore[attr-defined]
             self._get_code_original = original
-            loader.get_code = get_code
+            loader.get_code = get_code  # type: ignore[method-assign]
         elif not self._applied and self._get_code_original is not None:
-            loader.get_code = self._get_code_original
+            loader.get_code = self._get_code_original  # type: ignore[method-assign]
             self._get_code_original = None
 
 

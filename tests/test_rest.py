@@ -157,3 +157,21 @@ def test_several_sessions_side_by_side(api: Api, write, tmp_path: Path) -> None:
             api.http.delete(f"/v1/sessions/{name}")
     error = api.get("/v1/sessions/reference", expect=404)
     assert "no session named 'reference'" in error["error"]
+
+
+def test_classic_start_never_resolves_against_the_daemons_directory(
+    api: Api, write, tmp_path: Path
+) -> None:
+    script = write("here.py", "x = 1\n")
+    refused = api.post("/debug/start", {"script_path": "here.py"}, expect=400)
+    assert refused["error"] == "bad_argument" and "relative" in refused["message"]
+    # an absolute path runs in its own directory
+    started = api.post("/debug/start", {"script_path": str(script), "python": sys.executable})
+    assert started["success"] and started["data"]["state"] == "paused"
+    assert started["data"]["location"]["file"] == str(script.resolve())
+    api.post("/debug/terminate")
+    # a failed start keeps the previous session's record
+    failed = api.post("/debug/start", {"script_path": str(tmp_path / "missing.py")}, expect=400)
+    assert failed["success"] is False
+    kept = api.get("/v1/sessions/default")
+    assert kept["run_id"] == started["data"]["run_id"] and kept["state"] == "exited"

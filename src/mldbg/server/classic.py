@@ -7,6 +7,7 @@ as the versioned API; nothing here has behaviour of its own.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -64,10 +65,22 @@ def classic_router(manager: SessionManager) -> APIRouter:
     @router.post("/start")
     def start(body: ClassicStart) -> JSONResponse:
         def run() -> Any:
+            script = os.path.expanduser(body.script_path)
+            cwd = body.cwd
+            if cwd is None:
+                # Never the daemon's own directory: a relative path needs the caller's cwd.
+                if not os.path.isabs(script):
+                    raise MldbgError(
+                        f"script_path {body.script_path!r} is relative: give an absolute path, "
+                        "or `cwd` (the directory it is relative to, also the script's cwd)",
+                        code="bad_argument",
+                        argument="cwd",
+                    )
+                cwd = os.path.dirname(script)
             request = StartRequest(
-                script=body.script_path,
+                script=script,
                 args=body.args,
-                cwd=body.cwd,
+                cwd=cwd,
                 python=body.python,
                 stop_on_entry=body.stop_on_entry,
                 replace=True,

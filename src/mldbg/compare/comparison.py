@@ -362,7 +362,16 @@ def _compare_pair(
     result["rtol"] = default_rtol if rtol is None else rtol
     result["atol"] = default_atol if atol is None else atol
     permutation = layouts.permutation(pair)
-    if list(ea.shape) != list(eb.shape) or permutation is not None:
+    # Shapes that differ only by axes of size 1 (a batch of one kept on one side, squeezed
+    # on the other) hold the same elements in the same order: compared as one.
+    unit_axes = (
+        permutation is None
+        and list(ea.shape) != list(eb.shape)
+        and _squeezed(ea.shape) == _squeezed(eb.shape)
+    )
+    if unit_axes:
+        result["reshape"] = "unit axes"
+    if (list(ea.shape) != list(eb.shape) and not unit_axes) or permutation is not None:
         if permutation is None:
             same = _count(ea.shape) == _count(eb.shape)
             result.update(
@@ -386,6 +395,8 @@ def _compare_pair(
         raise CompareInputError(
             f"cannot read {exc.filename or ea.file}: {exc.strerror}", code="unreadable"
         ) from None
+    if unit_axes:
+        array_b = array_b.reshape(tuple(ea.shape))
     try:
         numbers = metrics.compare_arrays(
             array_a, array_b, rtol=result["rtol"], atol=result["atol"], permutation=permutation
@@ -396,6 +407,10 @@ def _compare_pair(
     result.update(numbers)
     result["error"] = None
     return result
+
+
+def _squeezed(shape: list[int]) -> list[int]:
+    return [int(n) for n in shape if int(n) != 1]
 
 
 def _count(shape: list[int]) -> int:

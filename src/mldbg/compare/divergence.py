@@ -29,6 +29,8 @@ Plain tensor directories have no structure: there the first diverging entry is n
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 from ..capture.store import ROOT
@@ -173,7 +175,25 @@ def _bad(result: dict[str, Any]) -> bool:
 
 
 def _worst_rel(results: list[dict[str, Any]]) -> float:
-    return max((rel(r.get("rel_rms")) if not r.get("error") else 0.0 for r in results), default=0.0)
+    return max((_input_rel(r) for r in results), default=0.0)
+
+
+def _input_rel(r: dict[str, Any]) -> float:
+    """How wrong an entry is, relatively. Integers (token or position ids, indices) that
+    differ at all make everything computed from them different: an unbounded error, so
+    the module that receives them is a victim, never the one that made them wrong."""
+    if r.get("error"):
+        return 0.0
+    if not r.get("ok") and _is_integer(r.get("dtype_a")) and _is_integer(r.get("dtype_b")):
+        return math.inf
+    return rel(r.get("rel_rms"))
+
+
+def _is_integer(dtype: Any) -> bool:
+    return bool(_INTEGER_DTYPE.match(str(dtype or "").lower()))
+
+
+_INTEGER_DTYPE = re.compile(r"^(bool|u?int\d*|[iu]\d+)$")  # safetensors (I64) and numpy names
 
 
 def _max_abs(results: list[dict[str, Any]]) -> Any:

@@ -284,6 +284,7 @@ def test_vae_port_with_the_layout_named_compares_clean(home: Path) -> None:
     assert result["ok"], summary(result)
     conv_in = [e for e in result["entries"] if e["module"] == "conv_in" and e["role"] == "out"]
     assert conv_in and conv_in[0]["shape_a"] == conv_in[0]["shape_b"] == [1, 32, 32, 32]
+    assert cli(home, "ref", "port", "--layout", "NHWC").returncode == 0
 
 
 # -- the CLI -----------------------------------------------------------------------------

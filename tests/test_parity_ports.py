@@ -198,6 +198,35 @@ def test_compare_with_replay_shows_local_beside_propagated_error(case: Case, hom
         assert culprit_entries or case.bug == "skipped_norm", summary(result)
 
 
+# -- a float32 reference checking a bf16 / fp16 port ------------------------------------
+
+MIXED = [
+    (Case("llama", "float32"), "bfloat16"),
+    (Case("qwen2", "float32", "attn_scale"), "bfloat16"),
+    (Case("gemma", "float32", "norm_offset"), "float16"),
+    (Case("torch_llama", "float32", "swapped_mlp"), "bfloat16"),
+    (Case("vae", "float32"), "float16"),
+    (Case("vae", "float32", "groupnorm_groups"), "bfloat16"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "port_dtype"),
+    [
+        pytest.param(c, d, id=f"{c}-port-{d}", marks=[NO_DIFFUSERS] if c.arch == "vae" else [])
+        for c, d in MIXED
+    ],
+)
+def test_fp32_reference_judges_a_low_precision_port(
+    case: Case, port_dtype: str, home: Path
+) -> None:
+    """Two dtypes: the port is held to its own (looser) rounding, and bugs still show."""
+    z = build(case).cast_port(port_dtype)
+    capture(z)
+    check_verdict(z, mldbg.compare("ref", "port", map=z.map).result)
+    assert mldbg.replay(z.port, "ref", map=z.map).culprit == z.culprit
+
+
 # -- the strict element-wise test is still there when asked for ------------------------
 
 
@@ -255,6 +284,7 @@ def test_vae_port_with_the_layout_named_compares_clean(home: Path) -> None:
     assert result["ok"], summary(result)
     conv_in = [e for e in result["entries"] if e["module"] == "conv_in" and e["role"] == "out"]
     assert conv_in and conv_in[0]["shape_a"] == conv_in[0]["shape_b"] == [1, 32, 32, 32]
+    assert cli(home, "ref", "port", "--layout", "NHWC").returncode == 0
 
 
 # -- the CLI -----------------------------------------------------------------------------

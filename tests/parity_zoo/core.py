@@ -60,6 +60,20 @@ class ZooPort:
     layout: str | None = None
     notes: list[str] = field(default_factory=list)
 
+    def cast_port(self, dtype: str) -> ZooPort:
+        """Run the port in another dtype than the reference (an fp32 reference checking a
+        bf16 port, say): its parameters and float inputs are cast; returns ``self``."""
+        if self.port_framework == "torch":
+            self.port = self.port.to(TORCH_DTYPES[dtype])
+            cast: Any = lambda t: t.to(TORCH_DTYPES[dtype]) if t.is_floating_point() else t  # noqa: E731
+        else:
+            self.port.set_dtype(MLX_DTYPES[dtype])
+            floating = (mx.float32, mx.bfloat16, mx.float16)
+            cast = lambda a: a.astype(MLX_DTYPES[dtype]) if a.dtype in floating else a  # noqa: E731
+        self.port_inputs = tuple(cast(x) for x in self.port_inputs)
+        self.notes.append(f"port cast to {dtype}")
+        return self
+
     def run_ref(self) -> torch.Tensor:
         """One inference forward of the reference; its main output (logits, latents)."""
         with torch.no_grad():

@@ -59,7 +59,7 @@ CONDITION = "epoch < 0"  # always false, and it reads a local: a real evaluation
 # Sizes: the pure-Python workload is kept short (~0.3-0.6 s plain) because pdb runs it
 # 40-80x slower and the whole default run must stay within ~10 minutes.
 PURE_SIZE = "60"
-LLAMA_SIZE = "20"
+LLAMA_SIZE = "150"
 HOT_CONDITION = "x < 0"  # always false, on a line that runs ~2 million times
 
 # The workloads.  Markers (`# BREAKPOINT never` / `rarely` / `hot`) name the lines the
@@ -168,7 +168,7 @@ def main(steps):
         start = time.perf_counter()
         for epoch in range(steps):
             rarely(epoch, model(ids).logits)
-        model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+        model.generate(ids, attention_mask=mask, max_new_tokens=60, do_sample=False,
                        pad_token_id=0)
     return time.perf_counter() - start
 

@@ -534,3 +534,85 @@ def test_torch_compile_with_breakpoints_elsewhere_and_inside(
     assert "results [3.0, 3.0, 3.0] [3.0, 3.0, 3.0]" in inside.output()
     assert "sys._getframe" not in inside.output()
     inside.terminate()
+
+
+FALLBACKS = """
+def pairs(n):
+    return [
+        (a, b)
+        for a in range(n)
+        for b in range(a)  # second line of a comprehension
+    ]
+
+
+def walk(n):
+    for i in range(n):  # loop header in a generator
+        yield i
+
+
+print(pairs(3), list(walk(3)))
+"""
+
+
+def test_lines_no_hook_can_serve_fall_back_to_tracing(session: Session, write, python: str) -> None:
+    """A comprehension's second line and a generator's loop header: traced, as settrace would."""
+    script = write("fallback.py", FALLBACKS)
+    lines = [line_of(script, "second line of a comprehension"), line_of(script, "loop header")]
+    stops = _same_as_settrace(session, python, script, lines, "sorted(locals())")
+    assert {line for _, _, line, _ in stops} == set(lines)
+
+
+HELPER = """
+def compute(x):
+    y = x + 1  # first statement
+    return y * 2  # second statement
+"""
+
+EDITED = """
+import time
+import helper
+
+for n in range(3):
+    helper.compute(n)  # call
+    time.sleep(0.01)
+print("edited done")
+"""
+
+
+def test_file_edited_since_import_is_traced_like_settrace(
+    session: Session, write, python: str
+) -> None:
+    """The source on disk no longer matches the running code: never hooked from the wrong text."""
+
+    def run(backend: str | None, name: str) -> list[tuple[Any, ...]]:
+        helper = write("helper.py", HELPER)
+        script = write("edited.py", EDITED)
+        s = Session(session.api, name, session.cwd)
+        s.start(
+            script,
+            python=python,
+            env=_env(s, backend),
+            breakpoints=[{"file": str(script), "line": line_of(script, "call")}],
+        )
+        state = s.cont()
+        assert state["reason"] == "breakpoint"
+        # Shift the file by one line on disk: "first statement" is now on the line the
+        # running code has its second statement on.
+        helper.write_text("# edited\n" + helper.read_text())
+        s.brk(helper, line_of(helper, "first statement"))
+        s.api.post(
+            f"{s.base}/breakpoints/remove", {"file": str(script), "line": line_of(script, "call")}
+        )
+        seen = []
+        state = s.cont()
+        while state["state"] == "paused":
+            seen.append((state["location"]["function"], state["location"]["line"], s.value("x")))
+            state = s.cont()
+        assert state["exit_code"] == 0 and "edited done" in s.output()
+        s.terminate()
+        return seen
+
+    instrumented = run(None, session.name)
+    traced = run("settrace", session.name + "-settrace")
+    assert instrumented == traced
+    assert [x for _, _, x in instrumented] == ["0", "1", "2"]

@@ -554,8 +554,11 @@ print(pairs(3), list(walk(3)))
 """
 
 
-def test_lines_no_hook_can_serve_fall_back_to_tracing(session: Session, write, python: str) -> None:
-    """A comprehension's second line and a generator's loop header: traced, as settrace would."""
+def test_comprehension_lines_and_generator_loop_headers_as_under_settrace(
+    session: Session, write, python: str
+) -> None:
+    """A comprehension's second line (its statement arms the frame) and a generator's loop
+    header (no hook can serve it: the file is traced) stop exactly as under settrace."""
     script = write("fallback.py", FALLBACKS)
     lines = [line_of(script, "second line of a comprehension"), line_of(script, "loop header")]
     stops = _same_as_settrace(session, python, script, lines, "sorted(locals())")
@@ -616,3 +619,51 @@ def test_file_edited_since_import_is_traced_like_settrace(
     traced = run("settrace", session.name + "-settrace")
     assert instrumented == traced
     assert [x for _, _, x in instrumented] == ["0", "1", "2"]
+
+
+HELPER_WALK = """
+def walk(n):
+    for i in range(n):  # helper loop header
+        yield i
+"""
+
+TWO_FILES = """
+import helper_walk
+
+
+def local_walk(n):
+    for i in range(n):  # local loop header
+        yield i
+
+
+for _ in range(3):
+    list(helper_walk.walk(2))
+    list(local_walk(2))
+print("two files done")
+"""
+
+
+def test_traced_fallback_sees_breakpoints_added_later_in_other_files(
+    session: Session, write, python: str
+) -> None:
+    """Generator loop headers are traced (no hook): one set later, elsewhere, stops too."""
+    helper = write("helper_walk.py", HELPER_WALK)
+    script = write("two_files.py", TWO_FILES)
+    local = line_of(script, "local loop header")
+    session.start(
+        script,
+        python=python,
+        env=_env(session, None),
+        stop_on_entry=False,
+        breakpoints=[{"file": str(script), "line": local}],
+    )
+    state = session.wait(20)
+    assert state["location"]["line"] == local  # helper_walk.walk already ran, traced
+    session.brk(helper, line_of(helper, "helper loop header"))
+    session.api.post(f"{session.base}/breakpoints/remove", {"file": str(script), "line": local})
+    state = session.cont()
+    assert state["state"] == "paused"
+    assert state["location"]["file"] == str(helper.resolve()), state["location"]
+    assert state["location"]["line"] == line_of(helper, "helper loop header")
+    assert state["location"]["function"] == "walk"
+    assert session.run_to_end()["exit_code"] == 0

@@ -274,6 +274,9 @@ class InstrumentBackend(SettraceBackend):
         current = {file: applied.instr.lines for file, applied in self._applied.items()}
         current.update(self._traced_files)
         changed = {f for f in set(wanted) | set(current) if wanted.get(f) != current.get(f)}
+        # The per-code decisions traced threads use (SettraceBackend._global) are stale now.
+        self._decisions = {}
+        self._files = {}
         if changed:
             live = self._scan(changed)
             for file in changed:

@@ -522,6 +522,8 @@ def test_torch_compile_with_breakpoints_elsewhere_and_inside(
         breakpoints=[{"file": str(script), "line": line_of(script, "inside the compiled")}],
     )
     state = inside.wait(120)
+    # Set while the script runs, once torch is loaded: the hook reaches dynamo wrapped in
+    # torch.compiler.disable, so dynamo breaks the graph without a warning on stderr.
     stops = 0
     while state["state"] == "paused":
         assert state["location"]["line"] == line_of(script, "inside the compiled")
@@ -530,4 +532,138 @@ def test_torch_compile_with_breakpoints_elsewhere_and_inside(
         state = inside.cont(60)
     assert stops == 2
     assert "results [3.0, 3.0, 3.0] [3.0, 3.0, 3.0]" in inside.output()
+    assert "sys._getframe" not in inside.output()
     inside.terminate()
+
+
+FALLBACKS = """
+def pairs(n):
+    return [
+        (a, b)
+        for a in range(n)
+        for b in range(a)  # second line of a comprehension
+    ]
+
+
+def walk(n):
+    for i in range(n):  # loop header in a generator
+        yield i
+
+
+print(pairs(3), list(walk(3)))
+"""
+
+
+def test_comprehension_lines_and_generator_loop_headers_as_under_settrace(
+    session: Session, write, python: str
+) -> None:
+    """A comprehension's second line (its statement arms the frame) and a generator's loop
+    header (no hook can serve it: the file is traced) stop exactly as under settrace."""
+    script = write("fallback.py", FALLBACKS)
+    lines = [line_of(script, "second line of a comprehension"), line_of(script, "loop header")]
+    stops = _same_as_settrace(session, python, script, lines, "sorted(locals())")
+    assert {line for _, _, line, _ in stops} == set(lines)
+
+
+HELPER = """
+def compute(x):
+    y = x + 1  # first statement
+    return y * 2  # second statement
+"""
+
+EDITED = """
+import time
+import helper
+
+for n in range(3):
+    helper.compute(n)  # call
+    time.sleep(0.01)
+print("edited done")
+"""
+
+
+def test_file_edited_since_import_is_traced_like_settrace(
+    session: Session, write, python: str
+) -> None:
+    """The source on disk no longer matches the running code: never hooked from the wrong text."""
+
+    def run(backend: str | None, name: str) -> list[tuple[Any, ...]]:
+        helper = write("helper.py", HELPER)
+        script = write("edited.py", EDITED)
+        s = Session(session.api, name, session.cwd)
+        s.start(
+            script,
+            python=python,
+            env=_env(s, backend),
+            breakpoints=[{"file": str(script), "line": line_of(script, "call")}],
+        )
+        state = s.cont()
+        assert state["reason"] == "breakpoint"
+        # Shift the file by one line on disk: "first statement" is now on the line the
+        # running code has its second statement on.
+        helper.write_text("# edited\n" + helper.read_text())
+        s.brk(helper, line_of(helper, "first statement"))
+        s.api.post(
+            f"{s.base}/breakpoints/remove", {"file": str(script), "line": line_of(script, "call")}
+        )
+        seen = []
+        state = s.cont()
+        while state["state"] == "paused":
+            seen.append((state["location"]["function"], state["location"]["line"], s.value("x")))
+            state = s.cont()
+        assert state["exit_code"] == 0 and "edited done" in s.output()
+        s.terminate()
+        return seen
+
+    instrumented = run(None, session.name)
+    traced = run("settrace", session.name + "-settrace")
+    assert instrumented == traced
+    assert [x for _, _, x in instrumented] == ["0", "1", "2"]
+
+
+HELPER_WALK = """
+def walk(n):
+    for i in range(n):  # helper loop header
+        yield i
+"""
+
+TWO_FILES = """
+import helper_walk
+
+
+def local_walk(n):
+    for i in range(n):  # local loop header
+        yield i
+
+
+for _ in range(3):
+    list(helper_walk.walk(2))
+    list(local_walk(2))
+print("two files done")
+"""
+
+
+def test_traced_fallback_sees_breakpoints_added_later_in_other_files(
+    session: Session, write, python: str
+) -> None:
+    """Generator loop headers are traced (no hook): one set later, elsewhere, stops too."""
+    helper = write("helper_walk.py", HELPER_WALK)
+    script = write("two_files.py", TWO_FILES)
+    local = line_of(script, "local loop header")
+    session.start(
+        script,
+        python=python,
+        env=_env(session, None),
+        stop_on_entry=False,
+        breakpoints=[{"file": str(script), "line": local}],
+    )
+    state = session.wait(20)
+    assert state["location"]["line"] == local  # helper_walk.walk already ran, traced
+    session.brk(helper, line_of(helper, "helper loop header"))
+    session.api.post(f"{session.base}/breakpoints/remove", {"file": str(script), "line": local})
+    state = session.cont()
+    assert state["state"] == "paused"
+    assert state["location"]["file"] == str(helper.resolve()), state["location"]
+    assert state["location"]["line"] == line_of(helper, "helper loop header")
+    assert state["location"]["function"] == "walk"
+    assert session.run_to_end()["exit_code"] == 0

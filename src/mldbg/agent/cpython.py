@@ -21,10 +21,11 @@ script or miss a breakpoint.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import CodeType, FrameType
 from typing import Any
 
@@ -32,6 +33,17 @@ _PTR = ctypes.sizeof(ctypes.c_void_p)
 _SCAN_WORDS = 64  # the trace fields sit well inside the first 64 pointers of PyThreadState
 
 TraceFunction = Callable[[FrameType, str, Any], Any]
+
+
+@contextlib.contextmanager
+def _no_thread_switch() -> Iterator[None]:
+    """Keep the GIL for a few microseconds of pure bookkeeping (no I/O, no blocking)."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
 
 
 class Unavailable(RuntimeError):
@@ -143,8 +155,17 @@ class CPython:
         """
         me = threading.get_ident()
         done = []
-        with self._lock:
+        with self._lock, _no_thread_switch():
+            # Threads are matched to thread states by their top frame, so no other thread
+            # may run (and call or return) between the two readings.
             states = self._tstates() if any(ident != me for ident in idents) else {}
+            for _ in range(3):  # a thread that moved between the two readings: read again
+                if all(ident == me or ident in states for ident in idents):
+                    break
+                alive = sys._current_frames()
+                if all(ident == me or ident in states or ident not in alive for ident in idents):
+                    break
+                states.update(self._tstates())
             for ident in idents:
                 if ident == me:
                     sys.settrace(func)

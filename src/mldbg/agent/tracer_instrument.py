@@ -121,11 +121,12 @@ class InstrumentBackend(SettraceBackend):
         self._old_frames: dict[int, set[FrameType]] = {}
         self._armed_frames: dict[int, set[FrameType]] = {}
         self._get_code_original: Any = None
+        self._wrapper_code: CodeType | None = None  # torch.compiler.disable's frame, if any
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def install(self) -> None:
-        setattr(builtins, HOOK, self._hook_fn)
+        self._publish_hook()
         self._installed = True
         with self._lock:
             self._sync()
@@ -149,7 +150,7 @@ class InstrumentBackend(SettraceBackend):
 
     def prepare_main(self, code: CodeType) -> CodeType:
         """The code the runner executes as ``__main__``: instrumented if it holds breakpoints."""
-        setattr(builtins, HOOK, self._hook_fn)
+        self._publish_hook()
         with self._lock:
             self._sync()
             return self._instrumented_module(code)
@@ -159,12 +160,35 @@ class InstrumentBackend(SettraceBackend):
     def _hook(self, line: int, arm: bool = False) -> None:
         """``__mldbg_bp__(LINE[, arm])``: a line event for this frame, delivered by the code."""
         frame = sys._getframe(1)
+        if frame.f_code is self._wrapper_code and frame.f_back is not None:
+            frame = frame.f_back  # called through torch.compiler.disable's wrapper
         self.debugger.on_line(frame, canonical_code_file(frame.f_code.co_filename), line)
         if arm:
             try:
                 self._arm_current(frame)
             except Exception as exc:  # never an exception in the user's code
                 _report(exc)
+
+    def _publish_hook(self) -> None:
+        """Put the hook in builtins, wrapped for torch's compiler once torch is loaded.
+
+        Dynamo would otherwise inline the hook into a compiled function that holds a
+        breakpoint and warn, on the user's stderr, that it cannot trace ``sys._getframe``.
+        Wrapped in ``torch.compiler.disable`` it is a clean graph break: the compiled code
+        runs eagerly from that line and the breakpoint stops there.
+        """
+        if self._wrapper_code is not None:
+            return
+        hook: Any = self._hook_fn
+        if _dynamo_ready():
+            try:
+                wrapped = sys.modules["torch.compiler"].disable(self._hook_fn, recursive=True)
+                code = getattr(wrapped, "__code__", None)
+                if isinstance(code, CodeType):
+                    hook, self._wrapper_code = wrapped, code
+            except Exception:  # a torch without it: dynamo then inlines the hook and warns
+                pass
+        setattr(builtins, HOOK, hook)
 
     def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
         if not self._thread_needed(threading.get_ident()):
@@ -217,6 +241,8 @@ class InstrumentBackend(SettraceBackend):
         if self._version != self.debugger.breakpoints.version:
             with self._lock:
                 self._sync()
+        elif self._applied and self._wrapper_code is None:
+            self._publish_hook()
         self._update_new_threads()
         if sys.gettrace() is self._global_fn and not self._thread_needed(threading.get_ident()):
             sys.settrace(None)
@@ -248,6 +274,9 @@ class InstrumentBackend(SettraceBackend):
         current = {file: applied.instr.lines for file, applied in self._applied.items()}
         current.update(self._traced_files)
         changed = {f for f in set(wanted) | set(current) if wanted.get(f) != current.get(f)}
+        # The per-code decisions traced threads use (SettraceBackend._global) are stale now.
+        self._decisions = {}
+        self._files = {}
         if changed:
             live = self._scan(changed)
             for file in changed:
@@ -256,6 +285,8 @@ class InstrumentBackend(SettraceBackend):
                 if file in wanted:
                     self._apply(file, wanted[file], live)
         self._version = version
+        if self._applied:
+            self._publish_hook()
         for ident, frames in list(self._armed_frames.items()):
             for frame in list(frames):
                 if not table.lines_in_code(frame.f_code, _file_of(frame.f_code)):
@@ -451,6 +482,8 @@ class InstrumentBackend(SettraceBackend):
             def get_code(self: Any, fullname: str) -> Any:
                 code = original(self, fullname)
                 if code is not None and backend._applied:
+                    if backend._wrapper_code is None:
+                        backend._publish_hook()  # torch may have been loaded since
                     try:
                         code = backend._instrumented_module(code)
                     except Exception as exc:
@@ -463,6 +496,20 @@ class InstrumentBackend(SettraceBackend):
         elif not self._applied and self._get_code_original is not None:
             loader.get_code = self._get_code_original  # type: ignore[method-assign]
             self._get_code_original = None
+
+
+def _dynamo_ready() -> bool:
+    """torch and its compiler are fully imported (never import them, never mid-import)."""
+    torch = sys.modules.get("torch")
+    dynamo = sys.modules.get("torch._dynamo")
+    compiler = sys.modules.get("torch.compiler")
+    return (
+        torch is not None
+        and hasattr(torch, "compile")
+        and dynamo is not None
+        and hasattr(dynamo, "disable")
+        and hasattr(compiler, "disable")
+    )
 
 
 def _file_of(code: CodeType) -> str:

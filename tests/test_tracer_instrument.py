@@ -537,6 +537,13 @@ def test_torch_compile_with_breakpoints_elsewhere_and_inside(
 
 
 FALLBACKS = """
+\"\"\"Module doc.\"\"\"  # module docstring
+
+
+class Documented:
+    \"\"\"Class doc.\"\"\"  # class docstring
+
+
 def pairs(n):
     return [
         (a, b)
@@ -550,17 +557,19 @@ def walk(n):
         yield i
 
 
-print(pairs(3), list(walk(3)))
+print(pairs(3), list(walk(3)), __doc__, Documented.__doc__)
 """
 
 
 def test_comprehension_lines_and_generator_loop_headers_as_under_settrace(
     session: Session, write, python: str
 ) -> None:
-    """A comprehension's second line (its statement arms the frame) and a generator's loop
-    header (no hook can serve it: the file is traced) stop exactly as under settrace."""
+    """A comprehension's second line (its statement arms the frame), a generator's loop
+    header and docstrings (no hook can serve them: the file is traced) stop exactly as
+    under settrace, and the docstrings stay docstrings (the outputs are compared)."""
     script = write("fallback.py", FALLBACKS)
-    lines = [line_of(script, "second line of a comprehension"), line_of(script, "loop header")]
+    markers = ["module docstring", "class docstring", "second line of a", "loop header"]
+    lines = [line_of(script, m) for m in markers]
     stops = _same_as_settrace(session, python, script, lines, "sorted(locals())")
     assert {line for _, _, line, _ in stops} == set(lines)
 

@@ -98,6 +98,14 @@ def _own_lines(stmt: ast.stmt) -> set[int]:
     return lines
 
 
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
+
+
 def _hook_statement(stmt: ast.stmt, line: int, arm: bool) -> ast.stmt:
     args: list[ast.expr] = [ast.Constant(line)]
     if arm:
@@ -122,12 +130,18 @@ class _Hooks:
         self.covered.setdefault(key, set())
         self.armed.setdefault(key, set())
         self.direct.setdefault(key, set())
-        return self.block(body, key)
+        return self.block(body, key, docstring=True)
 
-    def block(self, body: list[ast.stmt], key: ScopeKey) -> list[ast.stmt]:
+    def block(self, body: list[ast.stmt], key: ScopeKey, docstring: bool = False) -> list[ast.stmt]:
         covered, armed, direct = self.covered[key], self.armed[key], self.direct[key]
         out: list[ast.stmt] = []
-        for stmt in body:
+        for index, stmt in enumerate(body):
+            if docstring and index == 0 and _is_docstring(stmt):
+                # A module's or class's docstring is code (it stores __doc__), but a hook in
+                # front of it would make it an ordinary expression: left unserved (traced).
+                self._descend(stmt, key)
+                out.append(stmt)
+                continue
             wanted = (_own_lines(stmt) & self.lines) - covered
             if wanted:
                 first = _first_line(stmt)

@@ -26,7 +26,6 @@ that file the old way instead of missing it.
 from __future__ import annotations
 
 import ast
-import inspect
 import warnings
 from dataclasses import dataclass, field
 from types import CodeType
@@ -44,8 +43,9 @@ _BODY_FIELDS = ("body", "orelse", "finalbody")
 ScopeKey = tuple[str, int]  # (co_name, co_firstlineno); the module is ("<module>", 0)
 MODULE_KEY: ScopeKey = ("<module>", 0)
 # A frame of these suspends at every yield/await, and the arming hook's trace would end
-# there: their lines must be hooked directly.
-_SUSPENDING = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# there: their lines must be hooked directly.  CO_GENERATOR | CO_COROUTINE |
+# CO_ASYNC_GENERATOR, spelled out so the agent does not import inspect at start-up.
+_SUSPENDING = 0x20 | 0x80 | 0x200
 
 
 class InstrumentError(Exception):

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from conftest import BACKEND_PYTHONS, Session, line_of
+from mldbg.agent.instrument import instrument_file
 
 PYTHONS = [
     pytest.param(
@@ -156,10 +157,12 @@ def test_every_kind_of_line_stops_as_under_settrace(session: Session, write, pyt
         "comprehension line",
         "elif line",
         "except line",
-        "lambda line",
         "class line",
     ]
     lines = [line_of(script, m) for m in markers]
+    # Every one of these is served by a hook (none falls back to tracing), so this compares
+    # hooks with tracing; lambdas and generator expressions are traced (test below).
+    assert instrument_file(str(script), frozenset(lines)).uncovered == []
     stops = _same_as_settrace(session, python, script, lines, "sorted(locals())")
     stopped = {line for _, _, line, _ in stops}
     assert stopped == set(lines)
@@ -676,3 +679,25 @@ def test_traced_fallback_sees_breakpoints_added_later_in_other_files(
     assert state["location"]["line"] == line_of(helper, "helper loop header")
     assert state["location"]["function"] == "walk"
     assert session.run_to_end()["exit_code"] == 0
+
+
+DEFERRED = """
+def make():
+    double = lambda a: a * 2  # lambda line
+    gen = (b + 1 for b in range(2))  # genexpr line
+    return double, gen
+
+
+double, gen = make()
+print(double(3), list(gen))
+"""
+
+
+def test_lambdas_and_generator_expressions_run_later_as_under_settrace(
+    session: Session, write, python: str
+) -> None:
+    """Their code runs from another line, after the line that made them: still stops."""
+    script = write("deferred.py", DEFERRED)
+    lines = [line_of(script, "lambda line"), line_of(script, "genexpr line")]
+    stops = _same_as_settrace(session, python, script, lines, "sorted(locals())")
+    assert {function for _, function, _, _ in stops} >= {"<lambda>", "<genexpr>"}

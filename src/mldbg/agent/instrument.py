@@ -39,6 +39,10 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # Code objects compiled from an expression inside another scope's statement.
 INLINE_NAMES = frozenset({"<lambda>", "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 _BODY_FIELDS = ("body", "orelse", "finalbody")
+# Code made on one line but possibly run later from another (a lambda stored and called, a
+# generator expression consumed elsewhere): settrace stops inside them there, and no hook
+# in the line that made them can, so their lines are left to tracing.
+_DEFERRED = frozenset({"<lambda>", "<genexpr>"})
 
 ScopeKey = tuple[str, int]  # (co_name, co_firstlineno); the module is ("<module>", 0)
 MODULE_KEY: ScopeKey = ("<module>", 0)
@@ -219,19 +223,18 @@ def _pair(
     result.origin[id(instr)] = (instr, plain)
     if plain != instr:
         result.changed[plain] = instr
-    inline = plain.co_name in INLINE_NAMES
     wanted = _code_lines(plain) & result.lines
-    if plain.co_name != "<module>":
-        wanted.discard(plain.co_firstlineno)  # the def/class/lambda line: the outer hook's
-    if inline and parent_scope is not None:
+    if plain.co_name in _DEFERRED:
+        missing = wanted  # may run later, from another line: only tracing sees those lines
+    elif plain.co_name in INLINE_NAMES and parent_scope is not None:
+        # A comprehension, run at once by the line that makes it: that line's hook or arm.
+        wanted.discard(plain.co_firstlineno)
         single = len(_code_lines(plain)) <= 1
-        serving = (
-            hooks.covered.get(parent_scope, set())
-            if single
-            else hooks.armed.get(parent_scope, set())
-        )
-        missing = wanted - serving
+        serving = hooks.covered if single else hooks.armed
+        missing = wanted - serving.get(parent_scope, set())
     else:
+        if plain.co_name != "<module>":
+            wanted.discard(plain.co_firstlineno)  # the def/class line: the outer hook's
         missing = wanted - hooks.covered.get(scope, set())
         if plain.co_flags & _SUSPENDING:
             missing |= wanted & (hooks.armed.get(scope, set()) - hooks.direct.get(scope, set()))

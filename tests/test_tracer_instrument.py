@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from conftest import BACKEND_PYTHONS, Session, line_of
+from mldbg.agent.instrument import instrument_file
 
 PYTHONS = [
     pytest.param(
@@ -156,10 +157,12 @@ def test_every_kind_of_line_stops_as_under_settrace(session: Session, write, pyt
         "comprehension line",
         "elif line",
         "except line",
-        "lambda line",
         "class line",
     ]
     lines = [line_of(script, m) for m in markers]
+    # Every one of these is served by a hook (none falls back to tracing), so this compares
+    # hooks with tracing; lambdas and generator expressions are traced (test below).
+    assert instrument_file(str(script), frozenset(lines)).uncovered == []
     stops = _same_as_settrace(session, python, script, lines, "sorted(locals())")
     stopped = {line for _, _, line, _ in stops}
     assert stopped == set(lines)
@@ -537,6 +540,13 @@ def test_torch_compile_with_breakpoints_elsewhere_and_inside(
 
 
 FALLBACKS = """
+\"\"\"Module doc.\"\"\"  # module docstring
+
+
+class Documented:
+    \"\"\"Class doc.\"\"\"  # class docstring
+
+
 def pairs(n):
     return [
         (a, b)
@@ -550,17 +560,19 @@ def walk(n):
         yield i
 
 
-print(pairs(3), list(walk(3)))
+print(pairs(3), list(walk(3)), __doc__, Documented.__doc__)
 """
 
 
 def test_comprehension_lines_and_generator_loop_headers_as_under_settrace(
     session: Session, write, python: str
 ) -> None:
-    """A comprehension's second line (its statement arms the frame) and a generator's loop
-    header (no hook can serve it: the file is traced) stop exactly as under settrace."""
+    """A comprehension's second line (its statement arms the frame), a generator's loop
+    header and docstrings (no hook can serve them: the file is traced) stop exactly as
+    under settrace, and the docstrings stay docstrings (the outputs are compared)."""
     script = write("fallback.py", FALLBACKS)
-    lines = [line_of(script, "second line of a comprehension"), line_of(script, "loop header")]
+    markers = ["module docstring", "class docstring", "second line of a", "loop header"]
+    lines = [line_of(script, m) for m in markers]
     stops = _same_as_settrace(session, python, script, lines, "sorted(locals())")
     assert {line for _, _, line, _ in stops} == set(lines)
 
@@ -667,3 +679,25 @@ def test_traced_fallback_sees_breakpoints_added_later_in_other_files(
     assert state["location"]["line"] == line_of(helper, "helper loop header")
     assert state["location"]["function"] == "walk"
     assert session.run_to_end()["exit_code"] == 0
+
+
+DEFERRED = """
+def make():
+    double = lambda a: a * 2  # lambda line
+    gen = (b + 1 for b in range(2))  # genexpr line
+    return double, gen
+
+
+double, gen = make()
+print(double(3), list(gen))
+"""
+
+
+def test_lambdas_and_generator_expressions_run_later_as_under_settrace(
+    session: Session, write, python: str
+) -> None:
+    """Their code runs from another line, after the line that made them: still stops."""
+    script = write("deferred.py", DEFERRED)
+    lines = [line_of(script, "lambda line"), line_of(script, "genexpr line")]
+    stops = _same_as_settrace(session, python, script, lines, "sorted(locals())")
+    assert {function for _, function, _, _ in stops} >= {"<lambda>", "<genexpr>"}

@@ -26,7 +26,6 @@ that file the old way instead of missing it.
 from __future__ import annotations
 
 import ast
-import inspect
 import warnings
 from dataclasses import dataclass, field
 from types import CodeType
@@ -40,12 +39,17 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # Code objects compiled from an expression inside another scope's statement.
 INLINE_NAMES = frozenset({"<lambda>", "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
 _BODY_FIELDS = ("body", "orelse", "finalbody")
+# Code made on one line but possibly run later from another (a lambda stored and called, a
+# generator expression consumed elsewhere): settrace stops inside them there, and no hook
+# in the line that made them can, so their lines are left to tracing.
+_DEFERRED = frozenset({"<lambda>", "<genexpr>"})
 
 ScopeKey = tuple[str, int]  # (co_name, co_firstlineno); the module is ("<module>", 0)
 MODULE_KEY: ScopeKey = ("<module>", 0)
 # A frame of these suspends at every yield/await, and the arming hook's trace would end
-# there: their lines must be hooked directly.
-_SUSPENDING = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# there: their lines must be hooked directly.  CO_GENERATOR | CO_COROUTINE |
+# CO_ASYNC_GENERATOR, spelled out so the agent does not import inspect at start-up.
+_SUSPENDING = 0x20 | 0x80 | 0x200
 
 
 class InstrumentError(Exception):
@@ -98,6 +102,14 @@ def _own_lines(stmt: ast.stmt) -> set[int]:
     return lines
 
 
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
+
+
 def _hook_statement(stmt: ast.stmt, line: int, arm: bool) -> ast.stmt:
     args: list[ast.expr] = [ast.Constant(line)]
     if arm:
@@ -122,12 +134,18 @@ class _Hooks:
         self.covered.setdefault(key, set())
         self.armed.setdefault(key, set())
         self.direct.setdefault(key, set())
-        return self.block(body, key)
+        return self.block(body, key, docstring=True)
 
-    def block(self, body: list[ast.stmt], key: ScopeKey) -> list[ast.stmt]:
+    def block(self, body: list[ast.stmt], key: ScopeKey, docstring: bool = False) -> list[ast.stmt]:
         covered, armed, direct = self.covered[key], self.armed[key], self.direct[key]
         out: list[ast.stmt] = []
-        for stmt in body:
+        for index, stmt in enumerate(body):
+            if docstring and index == 0 and _is_docstring(stmt):
+                # A module's or class's docstring is code (it stores __doc__), but a hook in
+                # front of it would make it an ordinary expression: left unserved (traced).
+                self._descend(stmt, key)
+                out.append(stmt)
+                continue
             wanted = (_own_lines(stmt) & self.lines) - covered
             if wanted:
                 first = _first_line(stmt)
@@ -205,19 +223,18 @@ def _pair(
     result.origin[id(instr)] = (instr, plain)
     if plain != instr:
         result.changed[plain] = instr
-    inline = plain.co_name in INLINE_NAMES
     wanted = _code_lines(plain) & result.lines
-    if plain.co_name != "<module>":
-        wanted.discard(plain.co_firstlineno)  # the def/class/lambda line: the outer hook's
-    if inline and parent_scope is not None:
+    if plain.co_name in _DEFERRED:
+        missing = wanted  # may run later, from another line: only tracing sees those lines
+    elif plain.co_name in INLINE_NAMES and parent_scope is not None:
+        # A comprehension, run at once by the line that makes it: that line's hook or arm.
+        wanted.discard(plain.co_firstlineno)
         single = len(_code_lines(plain)) <= 1
-        serving = (
-            hooks.covered.get(parent_scope, set())
-            if single
-            else hooks.armed.get(parent_scope, set())
-        )
-        missing = wanted - serving
+        serving = hooks.covered if single else hooks.armed
+        missing = wanted - serving.get(parent_scope, set())
     else:
+        if plain.co_name != "<module>":
+            wanted.discard(plain.co_firstlineno)  # the def/class line: the outer hook's
         missing = wanted - hooks.covered.get(scope, set())
         if plain.co_flags & _SUSPENDING:
             missing |= wanted & (hooks.armed.get(scope, set()) - hooks.direct.get(scope, set()))

@@ -18,11 +18,11 @@ something needs it:
 * **Steps** trace the stepping thread only; **pause** traces every thread until one of
   them stops.  A thread whose reason to be traced is gone removes its own trace function
   at its next event.
-* Breakpoints a hook cannot serve exactly (a line of a multi-line comprehension, a
-  loop header in a generator, a file edited since it was imported, a suspended generator
-  created before the breakpoint) make the backend trace every thread the old way (the
-  per-code-object decisions of :class:`SettraceBackend`) for as long as they exist:
-  slower, never a missed stop.
+* Breakpoints a hook cannot serve exactly (a line holding a lambda or a generator
+  expression, a loop header in a generator, a docstring line, a file edited since it was
+  imported, a suspended generator created before the breakpoint) make the backend trace
+  every thread the old way (the per-code-object decisions of :class:`SettraceBackend`)
+  for as long as they exist: slower, never a missed stop.
 
 A line that has a hook is handled by the hook, never by the trace function as well, so
 a traced frame (a step, a pause) and a hook never report the same line twice.

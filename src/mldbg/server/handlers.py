@@ -223,7 +223,8 @@ def clear(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 @handles("sessions")
 def sessions(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     pruned = manager.prune() if a.get("prune") else []
-    items = manager.all()
+    # live sessions first, then the newest: what a budget must never cut
+    items = sorted(reversed(manager.all()), key=lambda s: s.ended)
     limit = 100
     result: dict[str, Any] = {
         "sessions": [s.snapshot() for s in items[:limit]],

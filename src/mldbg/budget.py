@@ -7,6 +7,9 @@ says how much was left out, and callers set ``truncated`` beside it.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 MESSAGE = 2_000  # an error message or an exception's str()
 TRACEBACK = 8_000  # a formatted traceback: its end matters most
 VALUE = 4_000  # a repr or an eval result
@@ -33,3 +36,23 @@ def cap(text: str, limit: int, keep: str = "head") -> tuple[str, bool]:
 
 def capped(text: str, limit: int, keep: str = "head") -> str:
     return cap(text, limit, keep)[0]
+
+
+def shrink(record: dict[str, Any], limit: int) -> dict[str, Any]:
+    """``record`` as it is, or, if its JSON is over ``limit`` bytes, with its largest values
+    (largest first) cut: strings to a marked head, anything else to a note of its size."""
+    if len(json.dumps(record, default=str)) <= limit:
+        return record
+    cut = dict(record)
+    sizes = {key: len(json.dumps(value, default=str)) for key, value in cut.items()}
+    for key in sorted(sizes, key=sizes.__getitem__, reverse=True):
+        value = cut[key]
+        cut[key] = (
+            capped(value, limit // 4)
+            if isinstance(value, str)
+            else {"truncated": True, "bytes": sizes[key]}
+        )
+        if len(json.dumps(cut, default=str)) <= limit:
+            break
+    cut["truncated"] = True
+    return cut

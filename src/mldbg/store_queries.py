@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import budget
 from .runs import CHECKPOINTS, EVENTS, describe_run, list_runs, resolve_run
 
 CAPTURE_KEYS = (
@@ -177,15 +178,4 @@ def _records(path: Path) -> Any:
 
 
 def _bounded_record(record: dict[str, Any]) -> dict[str, Any]:
-    """A record as it is, unless it is huge: then its largest values are replaced by a note."""
-    text = json.dumps(record, default=str)
-    if len(text) <= RECORD_BYTES:
-        return record
-    bounded = dict(record)
-    for key in sorted(bounded, key=lambda k: -len(json.dumps(bounded[k], default=str))):
-        size = len(json.dumps(bounded[key], default=str))
-        bounded[key] = {"truncated": True, "bytes": size}
-        if len(json.dumps(bounded, default=str)) <= RECORD_BYTES:
-            break
-    bounded["truncated"] = True
-    return bounded
+    return budget.shrink(record, RECORD_BYTES)

@@ -449,7 +449,7 @@ VERBS: tuple[Verb, ...] = (
             Arg("atol", float, "absolute tolerance (default: per dtype)", minimum=0),
             Arg(
                 "map",
-                str,
+                dict[str, Any] | str,  # a map file, or the same map inline as a JSON object
                 "a map file of B's names: {rename, regex, ignore} (a JSON object works in MCP/REST)",
                 kind="path",
             ),

@@ -14,7 +14,6 @@ import contextlib
 import functools
 import inspect
 import json
-import logging
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
@@ -50,8 +49,6 @@ TEXT_BUDGET = 6_000  # the text form of a result; the JSON is in structured cont
 
 def _annotation(arg: Arg) -> Any:
     base = Literal[arg.choices] if arg.choices else arg.type  # type: ignore[valid-type]
-    if arg.name == "map":
-        base = dict[str, Any] | str
     constraints: dict[str, Any] = {"description": arg.help}
     if arg.minimum is not None:
         constraints["ge"] = arg.minimum
@@ -214,7 +211,6 @@ def build_server() -> MCPServer:
     server = MCPServer(
         name="mldbg", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     tools = Tools()
     for verb in VERBS:
         if not verb.mcp:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from typing import Any
 
 from rich.console import Console
@@ -418,4 +419,4 @@ def to_text(verb: str, data: Any, width: int = 120) -> str:
     return buffer.getvalue().rstrip("\n")
 
 
-_TEXT_LOCK = __import__("threading").Lock()
+_TEXT_LOCK = threading.Lock()

@@ -86,8 +86,6 @@ def _field(arg: Arg) -> tuple[Any, Any]:
 def args_model(verb: Verb) -> type[BaseModel]:
     """The pydantic model of a verb's arguments; unknown fields are refused."""
     fields = {arg.name: _field(arg) for arg in verb_args(verb)}
-    if verb.name == "compare":  # a map may come inline as a JSON object too
-        fields["map"] = (dict[str, Any] | str | None, Field(None, description=verb.arg("map").help))
     return create_model(  # type: ignore[call-overload,no-any-return]
         f"{verb.name.capitalize()}Args",
         __config__=ConfigDict(extra="forbid"),
@@ -157,26 +155,7 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
 
 def bound_answer(data: Any) -> Any:
     """Verbs keep their own budgets; this catches what one forgot, before it leaves."""
-    import json
-
-    try:
-        size = len(json.dumps(data, default=str))
-    except (TypeError, ValueError):
-        return data
-    if size <= MAX_ANSWER or not isinstance(data, dict):
-        return data
-    cut = dict(data)
-    for key in sorted(cut, key=lambda k: -len(json.dumps(cut[k], default=str))):
-        value = cut[key]
-        cut[key] = (
-            budget.capped(value, MAX_ANSWER // 4)
-            if isinstance(value, str)
-            else {"truncated": True, "bytes": len(json.dumps(value, default=str))}
-        )
-        if len(json.dumps(cut, default=str)) <= MAX_ANSWER:
-            break
-    cut["truncated"] = True
-    return cut
+    return budget.shrink(data, MAX_ANSWER) if isinstance(data, dict) else data
 
 
 def create_app(manager: SessionManager, token: str) -> FastAPI:

@@ -284,7 +284,7 @@ def test_realistic_report_is_well_formed_escaped_and_offline() -> None:
     assert WEIRD in text and "<only>&a" in text and "port <mlx> & co" in text
     # header, verdict, culprit box, layout, error, nan
     assert "mldbg parity report" in text
-    assert "diverges" in text and "dtype defaults" in text
+    assert "diverges" in text and "scale-aware" in text
     assert CULPRIT in text and "inputs agree, outputs differ" in text
     assert "deepest module whose inputs agree but whose outputs differ" in text
     assert "NHWC→NCHW" in text and "shapes differ: [3] vs [4]" in text

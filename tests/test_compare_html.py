@@ -390,6 +390,7 @@ def run_chromium(binary: str, tmp_path: Path, *args: str) -> subprocess.Complete
     return done
 
 
+@pytest.mark.browser
 def test_browser_renders_culprit_and_plot(chromium: str, tmp_path: Path) -> None:
     result = realistic_result()
     report = write_html(result, tmp_path / "report.html")
@@ -402,6 +403,7 @@ def test_browser_renders_culprit_and_plot(chromium: str, tmp_path: Path) -> None
     assert "weird.&lt;root&gt;&amp;" in dom
 
 
+@pytest.mark.browser
 def test_screenshot_is_not_blank_and_shows_red(chromium: str, tmp_path: Path) -> None:
     report = write_html(realistic_result(), tmp_path / "report.html")
     shot = tmp_path / "shot.png"

@@ -10,6 +10,7 @@ import pytest
 from conftest import Session, line_of
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # real models, both frameworks
 
 
 def test_tensor_eval_is_summarized_not_printed(session: Session, write) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # real models, both frameworks
 pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 pytest.importorskip("transformers")

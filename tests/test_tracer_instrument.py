@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,14 @@ PYTHONS = [
     pytest.param(
         BACKEND_PYTHONS[name],
         id=name,
-        marks=[]
-        if BACKEND_PYTHONS[name]
-        else [pytest.mark.skip(reason=f"no interpreter for {name}")],
+        marks=(
+            (
+                []
+                if BACKEND_PYTHONS[name]
+                else [pytest.mark.skip(reason=f"no interpreter for {name}")]
+            )
+            + ([] if BACKEND_PYTHONS[name] == sys.executable else [pytest.mark.slow])
+        ),
     )
     for name in ("settrace", "settrace-3.10")
 ]

@@ -56,3 +56,23 @@ def shrink(record: dict[str, Any], limit: int) -> dict[str, Any]:
             break
     cut["truncated"] = True
     return cut
+
+
+def page_info(
+    total: int, offset: int, shown: int, verb: str, args: dict[str, Any]
+) -> dict[str, Any]:
+    """The counts every paged listing carries, and the exact call that gets the next page.
+
+    ``{"total", "shown", "truncated"}`` plus, when something is left after this page,
+    ``"next": {"verb": verb, "args": {...args, "offset": offset + shown}}`` (arguments that
+    are None are left out, so the call reads as a person would write it).
+    """
+    info: dict[str, Any] = {
+        "total": total,
+        "shown": shown,
+        "truncated": offset + shown < total,
+    }
+    if info["truncated"]:
+        kept = {k: v for k, v in args.items() if v is not None}
+        info["next"] = {"verb": verb, "args": {**kept, "offset": offset + shown}}
+    return info

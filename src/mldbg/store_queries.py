@@ -35,15 +35,7 @@ def page(
 ) -> dict[str, Any]:
     """``items[offset:offset+limit]`` plus the counts and the call for the next page."""
     shown = items[offset : offset + limit]
-    info: dict[str, Any] = {
-        "total": len(items),
-        "shown": len(shown),
-        "truncated": offset + len(shown) < len(items),
-    }
-    if info["truncated"]:
-        next_args = {k: v for k, v in args.items() if v is not None}
-        info["next"] = {"verb": verb, "args": {**next_args, "offset": offset + len(shown)}}
-    return {"items": shown, **info}
+    return {"items": shown, **budget.page_info(len(items), offset, len(shown), verb, args)}
 
 
 def runs(home: Path, offset: int = 0, limit: int = 20) -> dict[str, Any]:
@@ -82,25 +74,14 @@ def checkpoints(
         if offset <= total < offset + limit:
             kept.append(_bounded_record(record))
         total += 1
-    result: dict[str, Any] = {
+    args = {"run": found.run_id, "name": name, "hit": hit, "limit": limit}
+    return {
         "run_id": found.run_id,
         "path": str(path),
         "checkpoints": kept,
         "unreadable_lines": bad,
-        "total": total,
-        "shown": len(kept),
-        "truncated": offset + len(kept) < total,
+        **budget.page_info(total, offset, len(kept), "checkpoints", args),
     }
-    if result["truncated"]:
-        args = {"run": found.run_id, "name": name, "hit": hit, "limit": limit}
-        result["next"] = {
-            "verb": "checkpoints",
-            "args": {
-                **{k: v for k, v in args.items() if v is not None},
-                "offset": offset + len(kept),
-            },
-        }
-    return result
 
 
 def captures(home: Path, run: str | None = None, limit: int = 50) -> dict[str, Any]:

@@ -338,16 +338,17 @@ class _Totals:
     range_b: tuple[float, float] | None = None
 
     def add(self, offset: int, block_a: Any, block_b: Any) -> None:
-        if math.isfinite(float(np.sum(block_a))) and math.isfinite(float(np.sum(block_b))):
-            # The common case, decided in one pass per side: a NaN or an infinity anywhere
-            # makes the sum non-finite (inf - inf is NaN), so every element is finite and
-            # the masks below would select everything.  A finite block whose sum overflows
-            # merely takes the general path.
-            self.range_a = _merge_range(self.range_a, block_a, None)
-            self.range_b = _merge_range(self.range_b, block_b, None)
-            if block_a.size:
+        if block_a.size:
+            low_a, high_a = float(np.min(block_a)), float(np.max(block_a))
+            low_b, high_b = float(np.min(block_b)), float(np.max(block_b))
+            if all(map(math.isfinite, (low_a, high_a, low_b, high_b))):
+                # The common case, decided by the ranges themselves: min and max propagate
+                # NaN and show an infinity, so finite extremes mean every element is finite
+                # and the masks below would select everything.
+                self.range_a = _merge_bounds(self.range_a, low_a, high_a)
+                self.range_b = _merge_bounds(self.range_b, low_b, high_b)
                 self._add_finite(offset, block_a, block_b, None)
-            return
+                return
         finite_a, finite_b = np.isfinite(block_a), np.isfinite(block_b)
         nan_a, nan_b = np.isnan(block_a), np.isnan(block_b)
         self.nan_a += int(np.count_nonzero(nan_a))
@@ -401,56 +402,65 @@ class _Totals:
         xa, xb = _to_float64(block_a), _to_float64(block_b)
         self.range_a = _merge_range(self.range_a, xa, None)  # integers are all finite
         self.range_b = _merge_range(self.range_b, xb, None)
-        if self.rtol and diff.size:  # the element over its tolerance by the most
-            excess = diff - self.rtol * np.abs(xa)
-            at = int(np.argmax(excess))
-            if float(excess[at]) > self.max_excess_seen:
-                self.max_excess_seen = float(excess[at])
-                self.worst_index = offset + at
-        if diff.size:
-            self._fold(xa, xb, diff)
+        if not diff.size:
+            return
+        larger, scaled = self._magnitudes(xa, xb)
+        excess = np.subtract(diff, scaled)
+        at = int(np.argmax(excess))
+        self.max_excess = max(self.max_excess, float(excess[at]))
+        if self.rtol and float(excess[at]) > self.max_excess_seen:
+            # the element over its tolerance by the most (without rtol: the largest, above)
+            self.max_excess_seen = float(excess[at])
+            self.worst_index = offset + at
+        del excess
+        self._fold(xa, xb, diff, larger, scaled)
 
     def _add_finite(self, offset: int, xa: Any, xb: Any, positions: Any) -> None:
         """Fold in a block of pairs that are finite in both (``positions`` maps them back
         to the block's element numbers when some were dropped)."""
-        # Written with out= so that about three float64 buffers per chunk element are alive.
+        # Written with out= so that about four float64 buffers per chunk element are alive,
+        # and each intermediate is computed once: the passes over the block are the cost.
         diff = np.subtract(xa, xb)
         np.abs(diff, out=diff)
         at = int(np.argmax(diff))  # the first of equal maxima: stable across chunkings
         if float(diff[at]) > self.max_abs:
             self.max_abs = float(diff[at])
             self.largest_index = offset + (at if positions is None else int(positions[at]))
+        larger, scaled = self._magnitudes(xa, xb)
         # ``worst`` is the element that fails its own tolerance by the most (the largest
-        # |b - a| - (atol + rtol |a|)), not merely the largest difference: a big value
-        # off by a few ulps is not worse than a small one off by half of itself.
-        excess = np.abs(xa)
-        np.multiply(excess, -self.rtol, out=excess)
-        np.add(excess, diff, out=excess)
+        # |b - a| - rtol |a|), not merely the largest difference: a big value off by a few
+        # ulps is not worse than a small one off by half of itself.  The same maximum is
+        # the smallest atol that passes (``min_atol``).
+        excess = np.subtract(diff, scaled)
         at = int(np.argmax(excess))
+        self.max_excess = max(self.max_excess, float(excess[at]))
         if float(excess[at]) > self.max_excess_seen:
             self.max_excess_seen = float(excess[at])
             self.worst_index = offset + (at if positions is None else int(positions[at]))
         del excess
-        self._fold(xa, xb, diff)
+        self._fold(xa, xb, diff, larger, scaled)
 
-    def _fold(self, xa: Any, xb: Any, diff: Any) -> None:
-        """The sums, maxima and the tolerance test over pairs finite in both, given
-        ``diff = |xa - xb|`` (a buffer this may overwrite)."""
+    def _magnitudes(self, xa: Any, xb: Any) -> tuple[Any, Any]:
+        """``max(|a|, |b|)`` (the scale relative errors are taken against) and ``rtol |a|``."""
+        scaled = np.abs(xa)
+        larger = np.abs(xb)
+        np.maximum(larger, scaled, out=larger)
+        np.multiply(scaled, self.rtol, out=scaled)
+        return larger, scaled
+
+    def _fold(self, xa: Any, xb: Any, diff: Any, larger: Any, scaled: Any) -> None:
+        """The sums, the relative maximum and the tolerance test over pairs finite in both,
+        given ``diff = |xa - xb|``, ``larger = max(|xa|, |xb|)`` and ``scaled = rtol |xa|``
+        (buffers this overwrites)."""
         self.finite_pairs += xa.size
         self.sum_abs += float(np.sum(diff))
         self.sum_sq_diff += float(np.dot(diff, diff))
-        abs_a = np.abs(xa)
-        # Relative to the larger magnitude of the two: symmetric, bounded by 2, and only
-        # 0/0 (both exactly zero, a perfect match) needs guarding -- dividing by |a| alone
-        # would explode wherever the reference happens to be zero or tiny.  Where the
-        # larger magnitude is 0 the division is skipped and the 0 left in place is the answer.
-        larger = np.abs(xb)
-        np.maximum(larger, abs_a, out=larger)
-        np.divide(diff, larger, out=larger, where=larger > 0)
-        self.max_rel = max(self.max_rel, float(np.max(larger)))
-        del larger
-        scaled = np.multiply(abs_a, self.rtol, out=abs_a)
-        self.max_excess = max(self.max_excess, float(np.max(diff - scaled)))
+        # Relative to the larger magnitude of the two: symmetric, bounded by 2.  Where both
+        # are exactly zero (a perfect match) 0/0 is NaN, which fmax passes over.
+        np.divide(diff, larger, out=larger)
+        rel = float(np.fmax.reduce(larger))
+        if not math.isnan(rel):
+            self.max_rel = max(self.max_rel, rel)
         # atol + rtol * |a|: the expression torch.isclose evaluates, so boundaries round alike.
         allowed = np.add(scaled, self.atol, out=scaled)
         self.mismatched += int(np.count_nonzero(diff > allowed))
@@ -532,6 +542,12 @@ class _Totals:
         if width_a == 0.0:
             return None
         return _json_float((self.range_b[1] - self.range_b[0]) / width_a)
+
+
+def _merge_bounds(
+    current: tuple[float, float] | None, low: float, high: float
+) -> tuple[float, float]:
+    return (low, high) if current is None else (min(current[0], low), max(current[1], high))
 
 
 def _merge_range(

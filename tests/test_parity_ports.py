@@ -361,3 +361,29 @@ def test_html_report_shows_boundary_differences_local_error_and_proposed_map(
     assert "Proposed name map" in page
     first_key = next(iter(unmapped["proposed_map"]))
     assert html.escape(json.dumps(first_key)) in page
+
+
+def test_replay_finds_a_bug_hidden_under_quantization_noise(home: Path) -> None:
+    """A 4-bit port's noise allows ~40% drift downstream, which hides a norm's eps bug from
+    the propagated test; replayed on the reference's inputs the norm alone is far out of
+    bounds, and that fails the comparison and names it (``"test": "local"``)."""
+    from parity_zoo import llama_family
+
+    z = llama_family.build("qwen2", "float32", "norm_eps", quantize=(4, 64))
+    capture(z)
+    replay = mldbg.replay(z.port, "ref")
+    result = mldbg.compare("ref", "port", replay=replay.capture).result
+    assert not result["ok"], summary(result)
+    assert result["first_divergence"]["module"] == z.culprit, summary(result)
+    assert result["first_divergence"]["local"] is True
+    culprit_outputs = [
+        e for e in result["entries"] if e["module"] == z.culprit and e["role"] == "out"
+    ]
+    assert culprit_outputs and all(not e["ok"] for e in culprit_outputs), summary(result)
+    # A clean 4-bit port replayed stays clean: quantization is expected, not blamed.
+    clean = llama_family.build("qwen2", "float32", quantize=(4, 64))
+    with mldbg.capture(clean.port, "clean"):
+        clean.run_port()
+    replayed = mldbg.replay(clean.port, "ref", name="clean-replay")
+    verdict = mldbg.compare("ref", "clean", replay=replayed.capture).result
+    assert verdict["ok"], summary(verdict)

@@ -9,41 +9,45 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from .. import store_queries
+from .. import store_queries, verbs
 from ..compare import CompareInputError, compare
 from ..errors import MldbgError
+from ..verbs import Arg
 from . import compare_render, render
 
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("a", help="reference: capture name, run id, RUN/NAME, directory or file")
-    p.add_argument("b", help="port: the same kinds")
-    p.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")
-    p.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
-    p.add_argument("--map", metavar="FILE", help="JSON map of B's names onto A's (see README)")
-    p.add_argument(
-        "--layout",
-        choices=["NCHW", "NHWC", "auto"],
-        type=lambda v: {"nchw": "NCHW", "nhwc": "NHWC"}.get(v.lower(), v.lower()),
-        help="B's activation layout when shapes cannot tell (C == H == W); default auto",
-    )
-    p.add_argument(
-        "--replay",
-        metavar="NAME",
-        help="a capture written by mldbg.replay(port, A): show each module's local error",
-    )
+# The verb's arguments that mean something only to an answer a client pages through
+# (the CLI prints the whole table, folded, or the whole JSON).
+_PAGING = ("limit", "offset", "home", "session")
+
+
+def add_arguments(p: argparse.ArgumentParser, add_arg: Callable[[Any, Arg], None]) -> None:
+    """The ``compare`` verb's own arguments (declared once, in the verb table), as the CLI
+    spells them, plus what only a terminal needs: the proposed-map file."""
+    for arg in verbs.get("compare").args:
+        if arg.name in _PAGING or not arg.cli:
+            continue
+        if arg.name == "map":  # a file here; REST and MCP also take the map inline
+            p.add_argument("--map", metavar="FILE", help=arg.help)
+        elif arg.name == "layout":  # NCHW/nhwc/Auto: any case
+            p.add_argument(
+                "--layout",
+                choices=arg.choices,
+                type=lambda v: {"nchw": "NCHW", "nhwc": "NHWC"}.get(v.lower(), v.lower()),
+                help=arg.help,
+            )
+        else:
+            add_arg(p, arg)
     p.add_argument(
         "--propose-map",
         metavar="FILE",
         help="write the map proposed from the module trees (when few entries pair) to FILE",
     )
-    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
-    p.add_argument("--all", action="store_true", help="show every row, not the interesting ones")
-    p.add_argument("--inputs", action="store_true", help="show input rows too")
 
 
 def run_compare(args: argparse.Namespace, as_json: bool) -> int:
@@ -75,7 +79,7 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
     if as_json:
         print(json.dumps(comparison.result, indent=2, allow_nan=False))
     else:
-        compare_render.show(comparison.result, show_all=args.all, show_inputs=args.inputs)
+        compare_render.show(comparison.result, show_all=args.passing, show_inputs=args.inputs)
         if args.html:
             render.out.print(f"report: {args.html}")
     return EXIT_OK if comparison.ok else EXIT_DIVERGED

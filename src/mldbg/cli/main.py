@@ -160,7 +160,7 @@ def build_parser(full: bool = True) -> Parser:
     if full:
         from . import compare_cmd
 
-        compare_cmd.add_arguments(p)
+        compare_cmd.add_arguments(p, _add_arg)
     p = command("serve", "run the daemon in the foreground (clients start it on demand)")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
     p.add_argument("--stop", action="store_true", help="stop the running daemon and its sessions")

@@ -489,3 +489,153 @@ def test_pt_files_are_sources(tmp_path: Path) -> None:
     with pytest.raises(mldbg.CompareInputError) as caught:
         mldbg.compare(tmp_path / "a.pt", tmp_path / "c.pt")
     assert caught.value.code == "corrupt_file"
+
+
+class ResidualBlock(nn.Module):
+    """A pre-norm block; ``adds=True`` adds the residual itself (the reference),
+    ``adds=False`` returns only the update and leaves the add to its parent (the port)."""
+
+    def __init__(self, dim: int, adds: bool, approximate: str = "none") -> None:
+        super().__init__()
+        self.norm = Norm(dim)
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+        self.adds = adds
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        update = self.down(nn.functional.gelu(self.up(self.norm(x)), approximate=self.approximate))
+        return x + update if self.adds else update
+
+
+class ResidualStack(nn.Module):
+    def __init__(self, adds_inside: bool, bug_layer: int | None = None, dim: int = 32) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            ResidualBlock(dim, adds_inside, "tanh" if i == bug_layer else "none") for i in range(4)
+        )
+        self.final = Norm(dim)
+        self.adds_inside = adds_inside
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x) if self.adds_inside else x + block(x)
+        return self.final(x)
+
+
+@pytest.mark.parametrize("bug_layer", [None, 2])
+def test_a_residual_add_moved_out_of_the_blocks_is_not_the_culprit(
+    bug_layer: int | None,
+) -> None:
+    """The port's blocks return only their update and the parent adds the residual: every
+    block's output differs (same shape as its input), yet the next block's input agrees
+    again.  Those are boundary differences, not a culprit; a real bug later is still named."""
+    torch.manual_seed(0)
+    ref = ResidualStack(adds_inside=True)
+    port = ResidualStack(adds_inside=False, bug_layer=bug_layer)
+    port.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 8, 32)
+    run_torch(ref, "ref", x)
+    run_torch(port, "port", x)
+    result = mldbg.compare("ref", "port").result
+    moved = {b["module"] for b in result["boundary_differences"]}
+    culprit = result["first_divergence"]
+    if bug_layer is None:
+        assert result["ok"] and culprit is None, json.dumps(culprit)
+        assert moved == {"blocks.0", "blocks.1", "blocks.2", "blocks.3"}, moved
+    else:
+        assert culprit is not None and culprit["module"] == f"blocks.{bug_layer}", json.dumps(
+            culprit
+        )
+        assert {"blocks.0", "blocks.1"} <= moved, moved
+
+
+class ScalingNorm(nn.Module):
+    """A norm that may scale its input first: where the port moved its parent's scale."""
+
+    def __init__(self, dim: int, scale_in: float) -> None:
+        super().__init__()
+        self.norm = Norm(dim)
+        self.scale_in = scale_in
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x * self.scale_in)
+
+
+class ScaledIntoChild(nn.Module):
+    """The reference scales the embeddings in its own forward (or inside ``embed`` when
+    ``in_embed``); the port scales them inside ``norm`` instead."""
+
+    def __init__(self, ref: bool, in_embed: bool = False, approximate: str = "none") -> None:
+        super().__init__()
+        self.embed = Embed(scale=ref and in_embed)
+        self.norm = ScalingNorm(16, 1.0 if ref else 4.0)
+        self.mlp = Mlp(approximate)
+        self.scale_here = 4.0 if ref and not in_embed else 1.0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.norm(self.embed(ids) * self.scale_here))
+
+
+@pytest.mark.parametrize("in_embed", [False, True], ids=["from-parent", "from-sibling"])
+@pytest.mark.parametrize("approximate", ["none", "tanh"], ids=["clean", "gelu-bug"])
+def test_a_scale_moved_into_the_next_module_is_not_the_culprit(
+    in_embed: bool, approximate: str
+) -> None:
+    """A difference the receiving module absorbs itself (its input differs, its output
+    agrees) is a boundary difference, whether the reference applied the scale in the
+    parent's code or inside the previous module; a real bug after it is still named."""
+    torch.manual_seed(0)
+    ref = ScaledIntoChild(ref=True, in_embed=in_embed)
+    port = ScaledIntoChild(ref=False, approximate=approximate)
+    port.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 32, (1, 8))
+    run_torch(ref, "ref", ids)
+    run_torch(port, "port", ids)
+    result = mldbg.compare("ref", "port").result
+    culprit = result["first_divergence"]
+    moved = [b for b in result["boundary_differences"] if b["compensated_by"] == "norm#0"]
+    assert moved, json.dumps(result["boundary_differences"])
+    assert moved[0]["ratio"] == pytest.approx(4.0), moved
+    if approximate == "none":
+        assert result["ok"] and culprit is None, json.dumps(culprit)
+    else:
+        assert culprit is not None and culprit["module"] == "mlp", json.dumps(culprit)
+
+
+class Rotary(nn.Module):
+    """Reads its input only for its length, like transformers' rotary embeddings."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[-2], dtype=torch.float32)
+        return torch.cos(positions[:, None] * torch.arange(1, 5, dtype=torch.float32))
+
+
+class ForgetsScale(nn.Module):
+    def __init__(self, scaled: bool) -> None:
+        super().__init__()
+        self.embed = Embed(scale=scaled)
+        self.rotary = Rotary()
+        self.mlp = Mlp("none")
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        angles = self.rotary(h)
+        return self.mlp(h) + angles.sum()
+
+
+def test_a_module_that_ignores_its_input_values_does_not_excuse_a_real_bug() -> None:
+    """The port forgets the embedding scale (nothing compensates it): the rotary module
+    that reads the embeddings only for their length returns the same either way, which
+    must not make the missing scale look like a boundary difference."""
+    torch.manual_seed(0)
+    ref = ForgetsScale(scaled=True)
+    port = ForgetsScale(scaled=False)
+    port.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 32, (1, 8))
+    run_torch(ref, "ref", ids)
+    run_torch(port, "port", ids)
+    result = mldbg.compare("ref", "port").result
+    assert not result["ok"]
+    assert result["first_divergence"]["module"] == "embed", json.dumps(result["first_divergence"])
+    assert not [b for b in result["boundary_differences"] if b["module"] == "embed"]

@@ -31,7 +31,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ..capture.store import ROOT
 from .sources import Call, Source
@@ -164,7 +167,12 @@ def first_divergence(
             "by_growth": None if growth is None else {k: growth[k] for k in ("name", "reason")},
         }
     if culprit is None:
-        rest = [r for r in failing if (r.get("module"), r.get("call")) not in boundary_keys]
+        moved = {name for b in boundaries for name in b["entries"]}
+        rest = [
+            r
+            for r in failing
+            if (r.get("module"), r.get("call")) not in boundary_keys and r["name"] not in moved
+        ]
         culprit = _fallback(rest) if rest else None  # only boundary differences: no culprit
     return culprit, boundaries
 
@@ -242,6 +250,8 @@ def _boundaries(
         ((calls[k].start_order, k) for k in by_call if k in calls and by_call[k]["in"]),
     )
     found = []
+    absorbers: set[CallKey] = set()
+    same = _SameValues(source)
     for key, roles in by_call.items():
         call = calls.get(key)
         bad = [r for r in roles["out"] if _bad(r)]
@@ -257,9 +267,13 @@ def _boundaries(
         allowed = GROWTH * in_err + local_bound
         consumer = None
         compensated = True
+        absorbed: list[str] = []
         for result in bad:
             shape = tuple(result["shape_a"])
-            nxt = _next_consumer(calls, by_call, starts, call, shape, own_inputs)
+            readers = (
+                _reads_output(same, result["name"], roles["in"]) if shape in own_inputs else None
+            )
+            nxt = _next_consumer(calls, by_call, starts, call, shape, readers)
             if nxt is None:
                 compensated = False
                 break
@@ -267,11 +281,16 @@ def _boundaries(
             if not all(r["ok"] and r.get("scale_ok") is not False for r in inputs) or (
                 _worst_rel(inputs) > allowed
             ):
-                compensated = False
-                break
+                if not _absorbs(by_call[consumer_key], [r for r in inputs if _bad(r)]):
+                    compensated = False
+                    break
+                # The consumer still sees the difference and undoes it itself (the port
+                # moved the computation into it): its outputs agree.
+                absorbed += [r["name"] for r in inputs if _bad(r)]
             consumer = consumer_key
         if not compensated or consumer is None:
             continue
+        absorbers.add(consumer)
         ratio = None
         for result in bad:
             scale = exact_scale(result, result.get("expected") or 0.0)
@@ -283,14 +302,70 @@ def _boundaries(
                 "module": call.module,
                 "call": call.call,
                 "class": call.class_name,
-                "entries": [r["name"] for r in bad],
+                "entries": [r["name"] for r in bad] + absorbed,
                 "ratio": ratio,
                 "compensated_by": f"{consumer[0]}#{consumer[1]}",
                 "rel_rms": _worst_rel(bad),
                 "note": (
                     f"x{ratio:.3f}, compensated by the next module"
                     if ratio is not None
+                    else "differs, and the next module's outputs agree again"
+                    if absorbed
                     else "differs, but the next module's inputs agree again"
+                ),
+            }
+        )
+    found += _absorbed_inputs(calls, by_call, absorbers)
+    return found
+
+
+def _absorbs(roles: dict[str, list[dict[str, Any]]], differing: list[dict[str, Any]]) -> bool:
+    """A call that undid what differed in its inputs: its outputs all agree, and it passes
+    on a tensor shaped like each differing input (a norm that takes ``8 x`` and returns
+    what it returns for ``x``).  A call whose outputs merely do not depend on the values
+    (a rotary embedding reading only its input's dtype) has no such output."""
+    if not roles["out"] or any(_bad(r) for r in roles["out"]):
+        return False
+    shapes = {tuple(r["shape_a"]) for r in roles["out"]}
+    return all(tuple(r["shape_a"]) in shapes for r in differing)
+
+
+def _absorbed_inputs(
+    calls: dict[CallKey, Call],
+    by_call: dict[CallKey, dict[str, list[dict[str, Any]]]],
+    absorbers: set[CallKey],
+) -> list[dict[str, Any]]:
+    """Calls whose inputs differ while their outputs agree: the port moved a computation
+    into the module (the reference scales in the parent's code, the port inside the
+    child), so the difference is the boundary's, not a culprit's."""
+    found = []
+    for key, roles in by_call.items():
+        call = calls.get(key)
+        bad_in = [r for r in roles["in"] if _bad(r)]
+        if call is None or key in absorbers or not bad_in or not _absorbs(roles, bad_in):
+            continue
+        if call.parent is None:
+            continue  # the runs' own inputs differ: that is said plainly, never excused
+        ratio = None
+        for result in bad_in:
+            scale = exact_scale(result, result.get("expected") or 0.0)
+            if scale is not None and scale != 0:
+                ratio = 1.0 / scale
+        name = f"{call.module}#{call.call}"
+        found.append(
+            {
+                "name": name,
+                "module": call.module,
+                "call": call.call,
+                "class": call.class_name,
+                "entries": [r["name"] for r in bad_in],
+                "ratio": ratio,
+                "compensated_by": name,
+                "rel_rms": _worst_rel(bad_in),
+                "note": (
+                    f"input x{ratio:.3f}, compensated inside this module"
+                    if ratio is not None
+                    else "input differs, but this module's outputs agree"
                 ),
             }
         )
@@ -303,27 +378,90 @@ def _next_consumer(
     starts: list[tuple[int, CallKey]],
     call: Call,
     shape: tuple[int, ...],
-    own_inputs: set[tuple[int, ...]],
+    reads_output: Callable[[dict[str, Any]], bool] | None,
 ) -> tuple[CallKey, list[dict[str, Any]]] | None:
-    """The first call starting after ``call`` ended that takes a tensor of ``shape``.
-    Calls that also take a tensor of one of ``call``'s own input shapes while reading
-    the same tensor as ``call`` did are siblings (``k_proj`` after ``q_proj``), skipped
-    by requiring that their matching input is not shaped like ``call``'s inputs, unless
-    ``call``'s output has a new shape."""
+    """The first call starting after ``call`` ended that takes ``call``'s output of ``shape``.
+
+    When the output has a new shape, the first call taking a tensor of that shape is its
+    consumer.  When it has the shape of one of ``call``'s own inputs (a block that returns
+    ``x + update``, or only ``update`` in a port that adds the residual outside), shapes
+    cannot tell a consumer from a sibling reading the same input (``k_proj`` after
+    ``q_proj``), so the reference's values decide: ``reads_output`` says whether an input
+    entry holds exactly the tensor ``call`` returned.  ``None`` there means that cannot be
+    decided (``call`` returned one of its inputs unchanged), and nothing is compensated.
+    """
     assert call.end_order is not None
+    checked = 0
     for start, key in starts:
         if start <= call.end_order:
             continue
         inputs = [r for r in by_call[key]["in"] if tuple(r["shape_a"]) == shape]
         if not inputs:
             continue
-        if shape in own_inputs:
-            # Same shape as what ``call`` read: only a consumer whose input differs
-            # from ``call``'s input can be reading ``call``'s output; without the values
-            # we cannot tell siblings apart, so such outputs are never compensated.
+        if reads_output is None:
+            return None if _shape_is_ambiguous(call, by_call, shape) else (key, inputs)
+        reading = [r for r in inputs if reads_output(r)]
+        if reading:
+            return key, reading
+        checked += 1
+        if checked >= _READERS_CHECKED:
             return None
-        return key, inputs
     return None
+
+
+# How many later calls taking a tensor of the output's shape are read to find the one
+# that takes the output itself: each check reads two tensors of the reference.
+_READERS_CHECKED = 8
+
+
+def _shape_is_ambiguous(
+    call: Call, by_call: dict[CallKey, dict[str, list[dict[str, Any]]]], shape: tuple[int, ...]
+) -> bool:
+    roles = by_call.get((call.module, call.call), {"in": []})
+    return any(tuple(r["shape_a"]) == shape for r in roles["in"])
+
+
+def _reads_output(
+    same: _SameValues, output: str, own_inputs: list[dict[str, Any]]
+) -> Callable[[dict[str, Any]], bool] | None:
+    """A test "does this input entry hold ``output``'s tensor?", or None when ``output``
+    equals one of the call's own inputs (an identity module in the reference: its readers
+    and its input's other readers cannot be told apart)."""
+    if any(same(output, r["name"]) for r in own_inputs):
+        return None
+    return lambda entry: same(entry["name"], output)
+
+
+class _SameValues:
+    """Exact equality of two tensors of the reference capture, read in chunks (bounded
+    memory, like the comparison itself), answers cached."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, source: Source) -> None:
+        self._source = source
+        self._entries = {e.name: e for e in source.entries}
+        self._known: dict[tuple[str, str], bool] = {}
+
+    def __call__(self, x: str, y: str) -> bool:
+        key = (x, y) if x <= y else (y, x)
+        if key not in self._known:
+            self._known[key] = self._equal(x, y)
+        return self._known[key]
+
+    def _equal(self, x: str, y: str) -> bool:
+        ex, ey = self._entries.get(x), self._entries.get(y)
+        if ex is None or ey is None or ex.shape != ey.shape or ex.dtype != ey.dtype:
+            return False
+        try:
+            a = np.asarray(self._source.load(ex)).reshape(-1)
+            b = np.asarray(self._source.load(ey)).reshape(-1)
+        except (OSError, ValueError):
+            return False
+        for start in range(0, a.size, self.CHUNK):
+            if not np.array_equal(a[start : start + self.CHUNK], b[start : start + self.CHUNK]):
+                return False
+        return True
 
 
 def _missing_child(

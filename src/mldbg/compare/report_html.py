@@ -932,9 +932,10 @@ def _boundary_section(result: Mapping[str, Any], entries: list[Entry]) -> str:
         )
     return (
         '<section class="card boundary"><div class="section-head"><h2>Boundary differences'
-        '</h2><span class="muted">a module returns a constant multiple of the reference, and '
-        "the next module's input agrees again: a computation moved across the boundary, not "
-        f"the culprit</span></div><ul>{''.join(items)}</ul></section>\n"
+        '</h2><span class="muted">what a module passes on differs (often by a constant '
+        "factor), and the next module's input agrees again, or the module receiving it undoes "
+        "it: a computation moved across the boundary, not the culprit</span></div>"
+        f"<ul>{''.join(items)}</ul></section>\n"
     )
 
 

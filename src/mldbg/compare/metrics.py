@@ -532,7 +532,13 @@ class _Totals:
             return 0.0  # no direction to share
         if not all(map(math.isfinite, (self.dot, self.norm2_a, self.norm2_b))):
             return "nan"  # squares beyond float64 (|values| > 1e154): no usable answer
-        cosine = self.dot / (math.sqrt(self.norm2_a) * math.sqrt(self.norm2_b))
+        product = self.norm2_a * self.norm2_b
+        # sqrt of the product rounds once (identical tensors give exactly 1); the product
+        # of the roots only where the product itself would overflow or underflow.
+        if math.isfinite(product) and product > 0.0:
+            cosine = self.dot / math.sqrt(product)
+        else:
+            cosine = self.dot / (math.sqrt(self.norm2_a) * math.sqrt(self.norm2_b))
         return min(1.0, max(-1.0, cosine))  # rounding can step just outside [-1, 1]
 
     def _range_ratio(self) -> float | str | None:

@@ -339,3 +339,33 @@ def test_a_nan_only_divergence_is_shown_as_such(tmp_path: Path) -> None:
     assert entry["nonfinite_mismatched"] == 1 and entry["min_atol"] is None
     assert data["first_divergence"]["name"] == "h"
     assert "1 NaN/Inf" in report.read_text()
+
+
+def test_the_compare_answer_bounds_every_list_an_agent_receives() -> None:
+    """REST/MCP compare answers: a port that moves the residual out of 300 blocks has 300
+    boundary differences; the answer carries the first ones and the count, and cut
+    warnings, never the whole lists."""
+    from mldbg.compare.answer import LISTS_SHOWN, bounded
+
+    boundaries = [{"name": f"blocks.{i}#0", "note": "x2.000"} for i in range(300)]
+    result = {
+        "ok": True,
+        "entries": [],
+        "boundary_differences": boundaries,
+        "warnings": ["w" * 100_000] * 40,
+        "unpaired_a": [],
+        "unpaired_b": [],
+    }
+    answer = bounded(result, passing=False, inputs=False, offset=0, limit=20)
+    assert len(answer["boundary_differences"]) == LISTS_SHOWN["boundary_differences"]
+    assert answer["boundary_differences_count"] == 300 and answer["truncated"]
+    assert answer["warnings_count"] == 40
+    assert len(json.dumps(answer)) < 100_000
+    small = bounded(
+        {**result, "boundary_differences": boundaries[:3], "warnings": []},
+        passing=False,
+        inputs=False,
+        offset=0,
+        limit=20,
+    )
+    assert len(small["boundary_differences"]) == 3 and "boundary_differences_count" not in small

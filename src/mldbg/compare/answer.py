@@ -11,7 +11,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .. import budget
+
 UNPAIRED_SHOWN = 50
+# Lists a real port can make long (one boundary per layer when the port adds residuals
+# outside its blocks; a warning per odd file): the first ones, the count, and the CLI's
+# ``--json`` / ``html`` for the whole list.
+LISTS_SHOWN = {"boundary_differences": 20, "warnings": 20}
 
 
 def compare_answer(home: Path, args: dict[str, Any], client_cwd: str | None) -> dict[str, Any]:
@@ -85,5 +91,13 @@ def bounded(
         if len(names) > UNPAIRED_SHOWN:
             answer[side] = names[:UNPAIRED_SHOWN]
             answer[f"{side}_count"] = len(names)
+            answer["truncated"] = True
+    for key, most in LISTS_SHOWN.items():
+        items = result.get(key) or []
+        if key == "warnings":
+            items = [budget.capped(str(w), budget.MESSAGE) for w in items]
+        answer[key] = items[:most]
+        if len(items) > most:
+            answer[f"{key}_count"] = len(items)
             answer["truncated"] = True
     return answer

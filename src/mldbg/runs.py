@@ -23,6 +23,42 @@ RUN_JSON = "run.json"
 OUTPUT_LOG = "output.log"
 EVENTS = "events.jsonl"
 CHECKPOINTS = "checkpoints.jsonl"
+# The run store is private, like the token: eval results and output can hold secrets.
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create ``path`` and any missing parents 0700, whatever the umask.
+
+    Only directories made here are given a mode: an existing one is never re-moded (it
+    may be shared on purpose, and re-moding a shared directory as root breaks others).
+    """
+    missing: list[Path] = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, PRIVATE_DIR)
+        except FileExistsError:
+            continue  # made by someone else meanwhile: theirs, not ours to re-mode
+        os.chmod(directory, PRIVATE_DIR)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """``os.open`` for a run file: created 0600 whatever the umask; returns the descriptor."""
+    fd = os.open(path, flags | os.O_CLOEXEC, PRIVATE_FILE)
+    try:
+        if os.fstat(fd).st_mode & 0o777 != PRIVATE_FILE:
+            os.fchmod(fd, PRIVATE_FILE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def mldbg_home(
@@ -54,7 +90,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON beside the target and rename it into place: readers never see half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with open(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, default=str)
             fh.write("\n")
             fh.flush()
@@ -72,15 +109,19 @@ class JsonlWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the run
+        self._fh = self._open()
 
     def append(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(record, default=str, allow_nan=False, ensure_ascii=False)
         with self._lock:
             if self._fh.closed:
-                self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+                self._fh = self._open()
             self._fh.write(line + "\n")
             self._fh.flush()
+
+    def _open(self) -> Any:
+        fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        return open(fd, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the run
 
     def close(self) -> None:
         with self._lock:
@@ -129,9 +170,10 @@ def reserve_run_dir(home: Path) -> RunDir:
     contains the script's pid; :func:`finalize_run_dir` renames it once the pid exists.
     """
     root = runs_root(home)
-    root.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(root)
     path = root / f".starting-{os.getpid()}-{secrets.token_hex(4)}"
-    path.mkdir()
+    os.mkdir(path, PRIVATE_DIR)
+    os.chmod(path, PRIVATE_DIR)
     return RunDir(path)
 
 

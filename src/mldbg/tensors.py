@@ -41,8 +41,12 @@ def store_dir(home: Path | None = None) -> Path:
 
 
 def check_name(name: str) -> str:
-    """Names are single file names: no '/', no '..', nothing hidden."""
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+    """Names are single file names: no '/', no '..', nothing hidden.
+
+    ``fullmatch``: with ``match``, ``$`` also matches before a final newline, and a name
+    ending in one made a file name nobody can type back.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise ValueError(
             f"bad tensor name {name!r}: use letters, digits and _ . + = @ - (no '/', no '..', "
             "not starting with '.'), at most 200 characters"

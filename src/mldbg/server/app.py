@@ -12,10 +12,13 @@ needs the bearer token (``security.py``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.to_thread
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -39,6 +42,16 @@ CONTEXT_ARGS = (
     Arg("client_home", str, "the client's $MLDBG_HOME", cli=False, mcp=False),
 )
 MAX_ANSWER = 1 << 20  # the last line of defence: no answer is larger than 1 MB
+# Routes run in worker threads, and `wait`/`continue` hold theirs for up to 30 s.  anyio's
+# default of 40 let 40 waiting clients starve every other route (health took 27 s and the
+# CLI started a second daemon).  Idle threads cost little; a starved daemon strands sessions.
+WORKER_THREADS = 512
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    anyio.to_thread.current_default_thread_limiter().total_tokens = WORKER_THREADS
+    yield
 
 
 class ErrorBody(TypedDict, total=False):
@@ -166,8 +179,10 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
         "`Authorization: Bearer <token>` (token in ~/.mldbg/server.json). Routes are "
         "derived from mldbg's verb table: one per verb, named as the CLI names it.",
         redirect_slashes=False,
+        lifespan=_lifespan,
     )
     app.state.manager = manager
+    app.state.recovered = []
 
     @app.exception_handler(MldbgError)
     async def _mldbg_error(request: Request, exc: MldbgError) -> JSONResponse:
@@ -199,8 +214,15 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
         )
 
     @app.get("/v1/health", responses=ERROR_RESPONSES)
-    def health() -> dict[str, Any]:
-        return {"ok": True, "version": __version__, "pid": os.getpid()}
+    async def health() -> dict[str, Any]:
+        """Answered on the event loop itself, never queued behind busy worker threads.
+        ``recovered``: what this daemon found left behind by a previous one that died."""
+        recovered = list(getattr(app.state, "recovered", []))
+        answer = {"ok": True, "version": __version__, "pid": os.getpid()}
+        if recovered:
+            answer["recovered"] = recovered[:50]
+            answer["recovered_total"] = len(recovered)
+        return bound_answer(answer)  # type: ignore[no-any-return]
 
     @app.post("/v1/shutdown", responses=ERROR_RESPONSES)
     def shutdown() -> dict[str, Any]:

@@ -35,14 +35,19 @@ def _live_dir() -> Path:
     return config_dir() / LIVE_DIR
 
 
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (Linux ``/proc``), to tell a reused pid apart."""
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` from field 3 on (Linux); None where there is no such file."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return fields[19]  # field 22 of stat; the first two are cut with the ")"
+            return fh.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (Linux ``/proc``), to tell a reused pid apart."""
+    fields = _stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None  # field 22 of stat
 
 
 def register(session: str, pid: int, run_dir: Path) -> None:
@@ -78,8 +83,11 @@ def _same_process(entry: dict[str, Any]) -> bool:
         os.kill(pid, 0)
     except (KeyError, TypeError, ValueError, OSError):
         return False
-    recorded, now = entry.get("start_time"), process_start_time(pid)
-    return recorded is not None and recorded == now
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":  # a zombie has ended; only its parent's wait is left
+        return False
+    recorded = entry.get("start_time")
+    return recorded is not None and len(fields) > 19 and recorded == fields[19]
 
 
 def _end_process_group(pid: int) -> None:

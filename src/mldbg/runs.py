@@ -121,7 +121,9 @@ class JsonlWriter:
 
     def _open(self) -> Any:
         fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        return open(fd, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the run
+        # A lone surrogate (undecodable bytes in a file name, say) is written as its JSON
+        # escape, ``\udcff``: the line stays valid JSON and reads back the same string.
+        return open(fd, "a", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
 
     def close(self) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -73,6 +74,17 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     500: {"model": ErrorBody, "description": "a bug in mldbg (`internal`)"},
     504: {"model": ErrorBody, "description": "the script did not answer (`agent_timeout`)"},
 }
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON that can always be sent: text holding lone surrogates (undecodable bytes in a
+    file name, ``os.fsdecode(b"\\xff")``) is escaped instead of failing the response."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 def verb_args(verb: Verb) -> tuple[Arg, ...]:
@@ -180,35 +192,36 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
         "derived from mldbg's verb table: one per verb, named as the CLI names it.",
         redirect_slashes=False,
         lifespan=_lifespan,
+        default_response_class=SafeJSONResponse,
     )
     app.state.manager = manager
     app.state.recovered = []
 
     @app.exception_handler(MldbgError)
-    async def _mldbg_error(request: Request, exc: MldbgError) -> JSONResponse:
+    async def _mldbg_error(request: Request, exc: MldbgError) -> SafeJSONResponse:
         payload = exc.to_json()
         payload["error"] = budget.capped(str(payload.get("error")), budget.MESSAGE)
-        return JSONResponse(status_code=exc.status, content=bound_answer(payload))
+        return SafeJSONResponse(status_code=exc.status, content=bound_answer(payload))
 
     @app.exception_handler(RequestValidationError)
-    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=400, content=validation_error(exc.errors()))
+    async def _bad_request(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
+        return SafeJSONResponse(status_code=400, content=validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
         code = {404: "no_such_route", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = f"{request.method} {request.url.path}: {exc.detail}"
-        return JSONResponse(
+        return SafeJSONResponse(
             status_code=exc.status_code,
             content={"error": budget.capped(message, 500), "code": code},
         )
 
     @app.exception_handler(Exception)
-    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    async def _internal_error(request: Request, exc: Exception) -> SafeJSONResponse:
         message = (
             f"internal error in the mldbg daemon: {type(exc).__name__}: {exc} (please report it)"
         )
-        return JSONResponse(
+        return SafeJSONResponse(
             status_code=500,
             content={"error": budget.capped(message, budget.MESSAGE), "code": "internal"},
         )

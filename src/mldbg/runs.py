@@ -104,30 +104,52 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 class JsonlWriter:
-    """Appends one JSON object per line and flushes each at once (crash-safe log)."""
+    """Appends one JSON object per line, each written through at once (crash-safe log).
+
+    Unbuffered, straight to the descriptor: a write that fails (a full disk) raises at
+    once and leaves nothing queued to fail again at close.  A line cut short by the disk
+    filling is ended before the next one, so only that line is lost, never its successor.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._fh = self._open()
+        self._fd: int | None = self._open()
+        self._torn = False  # the last write was cut short: start the next on a new line
 
     def append(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(record, default=str, allow_nan=False, ensure_ascii=False)
-        with self._lock:
-            if self._fh.closed:
-                self._fh = self._open()
-            self._fh.write(line + "\n")
-            self._fh.flush()
-
-    def _open(self) -> Any:
-        fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         # A lone surrogate (undecodable bytes in a file name, say) is written as its JSON
         # escape, ``\udcff``: the line stays valid JSON and reads back the same string.
-        return open(fd, "a", encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
+        data = (line + "\n").encode("utf-8", "backslashreplace")
+        with self._lock:
+            if self._fd is None:
+                self._fd = self._open()
+            if self._torn:
+                data = b"\n" + data
+            view = memoryview(data)
+            while view:
+                try:
+                    written = os.write(self._fd, view)
+                except OSError:
+                    self._torn = len(view) < len(data)
+                    raise
+                view = view[written:]
+            self._torn = False
+
+    def _open(self) -> int:
+        return open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
 
     def close(self) -> None:
         with self._lock:
-            self._fh.close()
+            if self._fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)
+                self._fd = None
 
 
 class RunDir:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import store_size as _store
-from .runs import mldbg_home
+from .runs import PRIVATE_FILE, make_private_dirs, mldbg_home
 
 SUFFIX = ".safetensors"
 KEY = "tensor"
@@ -116,7 +116,7 @@ def debug_save(tensor: Any, name: str, *, exit_after: bool = False) -> Path:
     framework = _framework(tensor)
     path = _path(name)
     _guard(_nbytes(tensor, framework), None)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)  # stored tensors are data: private, like the run store
     metadata = {
         "mldbg_name": name,
         "framework": framework,
@@ -128,6 +128,7 @@ def debug_save(tensor: Any, name: str, *, exit_after: bool = False) -> Path:
     tmp = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}{SUFFIX}")
     try:
         _write(tensor, framework, tmp, metadata)
+        os.chmod(tmp, PRIVATE_FILE)
         os.replace(tmp, path)
     finally:
         if tmp.exists():

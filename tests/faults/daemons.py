@@ -49,9 +49,10 @@ class Daemon:
 
     def __init__(self, config: Path, umask: int | None = None) -> None:
         self.config = config
-        config.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "MLDBG_CONFIG_DIR": str(config)}
-        self.log_path = config / f"daemon-{time.monotonic_ns()}.log"
+        # beside the config directory, not in it: the daemon itself creates that
+        config.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path = config.parent / f"{config.name}-daemon-{time.monotonic_ns()}.log"
         log = open(self.log_path, "wb")  # noqa: SIM115 - closed below
         preexec = (lambda: os.umask(umask)) if umask is not None else None
         self.process = subprocess.Popen(

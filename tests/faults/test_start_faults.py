@@ -154,8 +154,8 @@ def test_a_start_in_progress_can_always_be_ended(api: Api, write, tmp_path: Path
     if how == "replace":
         assert api.get(f"/v1/sessions/{name}")["state"] == "paused"
         api.post(f"/v1/sessions/{name}/terminate")
-    elif how == "terminate":
-        assert api.get(f"/v1/sessions/{name}")["state"] in ("exited", "crashed")
+    else:  # the start failed: it leaves no session behind (there was none before)
+        assert api.get(f"/v1/sessions/{name}", expect=404)["code"] == "unknown_session"
 
 
 def test_serve_stop_ends_a_daemon_with_a_start_in_progress(write, tmp_path: Path) -> None:

@@ -594,8 +594,9 @@ class SessionManager:
             if session.process is not None and not session.ended:
                 session._abort_start()  # a bug mid-start must not leave it "starting"
             with self._lock:
-                if self._sessions.get(name) is session and session.process is None:
-                    # nothing ran: the previous session of this name (ended) keeps its place
+                if self._sessions.get(name) is session:
+                    # A failed start leaves no session (its error carries the run directory
+                    # and the output's tail); the previous one of this name keeps its place.
                     if old is not None:
                         self._sessions[name] = old
                     else:

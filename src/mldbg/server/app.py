@@ -23,7 +23,7 @@ import anyio.to_thread
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from typing_extensions import TypedDict
 
@@ -169,7 +169,10 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
         def endpoint(**kwargs: Any) -> Any:
             session = kwargs.pop("name", None)
             body = kwargs.get("body")
-            values = body.model_dump() if body is not None else model().model_dump()
+            try:
+                values = body.model_dump() if body is not None else model().model_dump()
+            except ValidationError as exc:  # a `null` body where arguments are required
+                raise RequestValidationError(exc.errors()) from None
             return run(session, values)
 
     endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ any moment leaves every earlier record readable.  Nothing here ever deletes a ru
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -86,14 +87,20 @@ def make_run_id(stem: str, pid: int, when: float | None = None) -> str:
     return f"{safe}-{stamp}-{pid}"
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON beside the target and rename it into place: readers never see half a file."""
+def write_json_atomic(path: Path, data: Any, reserve: int = 0) -> None:
+    """Write JSON beside the target and rename it into place: readers never see half a file.
+
+    ``reserve`` bytes of trailing spaces (valid JSON whitespace) keep room in the file for
+    a later :func:`rewrite_in_place` when the disk is full.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with open(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, default=str)
             fh.write("\n")
+            if reserve:
+                fh.write(" " * reserve + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -101,6 +108,32 @@ def write_json_atomic(path: Path, data: Any) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# run.json keeps this much room: the final update (state, exit, a bounded exception and
+# output tail) fits in it even when the disk is full, so a run is finalised regardless.
+META_RESERVE = 24_576
+
+
+def rewrite_in_place(path: Path, data: Any) -> bool:
+    """Overwrite ``path`` within its current size (no new blocks needed on a full disk).
+
+    The last resort when the atomic write fails for want of space: not atomic (a crash in
+    the middle leaves a torn file), so it is used only then.  False if ``data`` is larger.
+    """
+    encoded = (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8", "backslashreplace")
+    try:
+        with open(path, "r+b") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if len(encoded) > size:
+                return False
+            fh.write(encoded + b" " * (size - len(encoded)))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        return False
+    return True
 
 
 class JsonlWriter:
@@ -175,11 +208,17 @@ class RunDir:
         return data if isinstance(data, dict) else {}
 
     def update_meta(self, **fields: Any) -> dict[str, Any]:
-        """Merge fields into run.json (write-then-rename, so it is always whole)."""
+        """Merge fields into run.json (write-then-rename, so it is always whole; on a full
+        disk, rewritten in place within the room kept for that)."""
         with self._meta_lock:
             meta = self.read_meta()
             meta.update(fields)
-            write_json_atomic(self.file(RUN_JSON), meta)
+            path = self.file(RUN_JSON)
+            try:
+                write_json_atomic(path, meta, reserve=META_RESERVE)
+            except OSError as exc:
+                if exc.errno not in FULL_DISK or not rewrite_in_place(path, meta):
+                    raise
             return meta
 
 

@@ -80,10 +80,15 @@ def test_debuggee_sigkill_in_each_state(api: Api, write, tmp_path: Path, state: 
             time.sleep(0.5)
     try:
         os.kill(pid, signal.SIGKILL)
-        if state == "starting":
+        if state == "starting":  # the start fails, says why, and leaves no session
             thread.join(60)
-            assert answers["start"].status_code == 400
-            assert answers["start"].json()["code"] == "start_failed"
+            failed = answers["start"].json()
+            assert answers["start"].status_code == 400 and failed["code"] == "start_failed"
+            assert "exited" in failed["error"] and failed["run_dir"]
+            assert api.get(f"/v1/sessions/{name}", expect=404)["code"] == "unknown_session"
+            meta = run_json(failed["run_dir"])
+            assert meta["state"] == "crashed" and meta["signal"] == "SIGKILL"
+            return
         ended = wait_until(
             lambda: (s := api.get(f"/v1/sessions/{name}"))["state"] in ("exited", "crashed") and s,
             what="the session to end",

@@ -126,6 +126,7 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
             check_session_name(session)
         if verb.store and values.get("session"):
             check_session_name(values["session"])
+        refuse_nul_bytes(values)
         return bound_answer(handler(manager, session, values))
 
     params: list[inspect.Parameter] = []
@@ -179,6 +180,37 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
     endpoint.__name__ = f"verb_{verb.name}"
     endpoint.__doc__ = verb.description or verb.help
     return endpoint
+
+
+def _nul_at(value: Any, where: str) -> str | None:
+    if isinstance(value, str):
+        return where if "\0" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{where}[{key!r}]"
+            if (isinstance(key, str) and "\0" in key) or _nul_at(item, inner):
+                return _nul_at(item, inner) or inner
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _nul_at(item, f"{where}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def refuse_nul_bytes(values: dict[str, Any]) -> None:
+    """No argument of any verb may hold a NUL byte: no path, argv entry, environment
+    variable or Python source can carry one, and deep in the OS it surfaces as a
+    ``ValueError`` (a 500).  Refused here, for every verb, naming where it was."""
+    for name, value in values.items():
+        where = _nul_at(value, name)
+        if where is not None:
+            raise MldbgError(
+                f"{where}: contains a NUL byte (\\0), which no path, argument, environment "
+                "variable or source text can hold",
+                code="bad_argument",
+                argument=where,
+            )
 
 
 def bound_answer(data: Any) -> Any:

@@ -287,3 +287,28 @@ def test_the_debuggee_pid_is_not_left_alive(api: Api) -> None:
     for item in api.get("/v1/sessions")["sessions"]:
         if item["state"] in ("exited", "crashed") and item.get("pid"):
             assert not alive(item["pid"]) or item["pid"] == os.getpid()
+
+
+def test_what_schema_fuzzing_found_stays_fixed(api: Api, write, tmp_path: Path) -> None:
+    """Each of these was a 500 found by the schemathesis run; each is now a clear 4xx."""
+    _paused(api, write, tmp_path, "found")
+    try:
+        cases = [
+            ("POST", "/v1/sessions/found/eval", {"content": b"null"}, "bad_argument"),
+            ("POST", "/v1/sessions/found/frame", {"content": b"null"}, "bad_argument"),
+            ("GET", "/v1/sessions/found/output", {"params": {"offset": -5}}, "bad_argument"),
+            ("GET", "/v1/sessions/found/output", {"params": {"limit": 1 << 70}}, "bad_argument"),
+            ("GET", "/v1/sessions/found/output", {"params": {"tail": -1}}, "bad_argument"),
+            ("GET", "/v1/sessions/found/trace", {"params": {"run": "r" * 5000}}, "bad_path"),
+            ("GET", "/v1/runs", {"params": {"home": "h\0"}}, "bad_argument"),
+            ("POST", "/v1/sessions/found/eval", {"json": {"expression": "*a"}}, "eval_error"),
+            ("POST", "/v1/sessions/found/eval", {"json": {"expression": "return 1"}}, "eval_error"),
+        ]
+        for method, path, request, code in cases:
+            headers = {"Content-Type": "application/json"} if "content" in request else {}
+            response = api.http.request(method, path, headers=headers, **request)
+            assert response.status_code == 400, (path, request, response.text)
+            assert response.json()["code"] == code, (path, request, response.text)
+        assert api.post("/v1/sessions/found/eval", {"expression": "value"})["result"] == "41"
+    finally:
+        api.post("/v1/sessions/found/terminate")

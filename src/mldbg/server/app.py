@@ -127,7 +127,18 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
         if verb.store and values.get("session"):
             check_session_name(values["session"])
         refuse_nul_bytes(values)
-        return bound_answer(handler(manager, session, values))
+        try:
+            return bound_answer(handler(manager, session, values))
+        except OSError as exc:
+            if not verb.store:
+                raise
+            # a run-store verb fails on the path it was given (too long, not readable,
+            # not a directory): the caller's input, said as such, not a 500
+            raise MldbgError(
+                f"{verb.name}: cannot read {exc.filename!r}: {exc.strerror or exc}",
+                code="bad_path",
+                path=str(exc.filename),
+            ) from None
 
     params: list[inspect.Parameter] = []
     if verb.scope == "session":
@@ -148,7 +159,9 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
                     arg.name,
                     inspect.Parameter.KEYWORD_ONLY,
                     annotation=annotation,
-                    default=Query(default, description=arg.help),
+                    # the bounds too: without them a GET took any integer (a 500 deep in
+                    # a seek or read, found by schemathesis)
+                    default=Query(default, description=arg.help, ge=arg.minimum, le=arg.maximum),
                 )
             )
 

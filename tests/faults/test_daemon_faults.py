@@ -113,6 +113,15 @@ def test_daemon_sigkill_ends_its_debuggees_and_the_next_daemon_says_so(
             listed = again.api.get("/v1/sessions/victim")
             assert listed["state"] == "exited" and listed["recovered"]["pid"] == pid
             assert "before the stop" in listed["output_tail"]
+            if state == "paused":  # and the CLI says so in words
+                shown = subprocess.run(
+                    [sys.executable, "-m", "mldbg", "status", "--session", "victim"],
+                    env=again.env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                ).stdout
+                assert "victim: exited (its daemon went away; found ended_itself)" in shown
             # and its name is free again
             _start(again, write, tmp_path, "victim", "")
             again.api.post("/v1/sessions/victim/terminate")

@@ -25,11 +25,17 @@ def _mode(path: Path) -> int:
 
 STORE_SCRIPT = """
 import numpy as np
+import torch
+
+import mldbg
 from mldbg import debug_checkpoint, debug_save
 
 hidden = np.arange(6, dtype=np.float32)
 debug_checkpoint("layer", skip=True, hidden=hidden)
 debug_save(hidden, "hidden")
+net = torch.nn.Linear(3, 2)
+with torch.no_grad(), mldbg.capture(net, "ref"):
+    net(torch.ones(1, 3))
 print("secret output")
 value = 1  # stop here
 """
@@ -57,8 +63,9 @@ def test_run_store_is_private_whatever_the_umask(write, tmp_path: Path) -> None:
         assert ended["state"] == "exited"
         home = tmp_path / ".mldbg"
         run_dir = Path(ended["run_dir"])
-        expected = {"run.json", "output.log", "events.jsonl", "checkpoints.jsonl"}
+        expected = {"run.json", "output.log", "events.jsonl", "checkpoints.jsonl", "captures"}
         assert expected <= {p.name for p in run_dir.iterdir()}
+        assert list(run_dir.glob("captures/ref/*.safetensors"))  # the capture's tensors too
         for directory in (home, home / "runs", run_dir, home / "tensors"):
             assert _mode(directory) == 0o700, directory
         for root, dirs, files in os.walk(run_dir):

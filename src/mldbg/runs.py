@@ -217,8 +217,13 @@ class RunDir:
             try:
                 write_json_atomic(path, meta, reserve=META_RESERVE)
             except OSError as exc:
-                if exc.errno not in FULL_DISK or not rewrite_in_place(path, meta):
+                if exc.errno not in FULL_DISK:
                     raise
+                try:  # the room itself may be what does not fit (a small file-size limit)
+                    write_json_atomic(path, meta)
+                except OSError as again:
+                    if again.errno not in FULL_DISK or not rewrite_in_place(path, meta):
+                        raise
             return meta
 
 

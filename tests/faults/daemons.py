@@ -133,8 +133,11 @@ def kill_quietly(pid: int | None) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def serving(config: Path) -> list[int]:
-    """Pids of the ``mldbg serve`` processes using config directory ``config`` (Linux)."""
+def serving(config: Path) -> list[int] | None:
+    """Pids of the ``mldbg serve`` processes using config directory ``config``; None where
+    there is no ``/proc`` to look in (macOS): callers then rely on their other checks."""
+    if not Path("/proc/self/environ").exists():
+        return None
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:

@@ -45,9 +45,20 @@ def _stat(pid: int) -> list[str] | None:
 
 
 def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (Linux ``/proc``), to tell a reused pid apart."""
+    """When ``pid`` started, to tell a reused pid apart: the kernel's count on Linux
+    (``/proc``), ``ps -o lstart=`` elsewhere (macOS)."""
     fields = _stat(pid)
-    return fields[19] if fields and len(fields) > 19 else None  # field 22 of stat
+    if fields is not None:
+        return fields[19] if len(fields) > 19 else None  # field 22 of stat
+    try:
+        import subprocess
+
+        done = subprocess.run(
+            ["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
 
 
 def register(session: str, pid: int, run_dir: Path) -> None:
@@ -84,10 +95,10 @@ def _same_process(entry: dict[str, Any]) -> bool:
     except (KeyError, TypeError, ValueError, OSError):
         return False
     fields = _stat(pid)
-    if fields is None or fields[0] == "Z":  # a zombie has ended; only its parent's wait is left
+    if fields is not None and fields[0] == "Z":  # a zombie has ended; only a wait is left
         return False
     recorded = entry.get("start_time")
-    return recorded is not None and len(fields) > 19 and recorded == fields[19]
+    return recorded is not None and recorded == process_start_time(pid)
 
 
 def _end_process_group(pid: int) -> None:

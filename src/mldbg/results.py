@@ -60,6 +60,19 @@ class Removed(TypedDict):
     removed: int
 
 
+class Recovered(TypedDict, total=False):
+    """A session a previous daemon left behind, as the next daemon found it."""
+
+    session: str
+    pid: int
+    run_dir: str
+    run_id: str
+    state: str | None  # what run.json now says (exited)
+    ended_reason: str | None  # daemon_lost
+    found: str  # ended_itself | ended_now | vanished
+    store_error: str
+
+
 class State(TypedDict, total=False):
     session: str
     state: str  # starting | running | paused | exited | crashed
@@ -83,6 +96,7 @@ class State(TypedDict, total=False):
     output_truncated: NotRequired[bool]
     terminated: NotRequired[bool]
     store_error: NotRequired[str]
+    recovered: NotRequired[Recovered]  # listed again by a restarted daemon (live_runs.py)
     warnings: NotRequired[list[str]]
 
 

@@ -9,6 +9,7 @@ any moment leaves every earlier record readable.  Nothing here ever deletes a ru
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -23,6 +24,42 @@ RUN_JSON = "run.json"
 OUTPUT_LOG = "output.log"
 EVENTS = "events.jsonl"
 CHECKPOINTS = "checkpoints.jsonl"
+# The run store is private, like the token: eval results and output can hold secrets.
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create ``path`` and any missing parents 0700, whatever the umask.
+
+    Only directories made here are given a mode: an existing one is never re-moded (it
+    may be shared on purpose, and re-moding a shared directory as root breaks others).
+    """
+    missing: list[Path] = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, PRIVATE_DIR)
+        except FileExistsError:
+            continue  # made by someone else meanwhile: theirs, not ours to re-mode
+        os.chmod(directory, PRIVATE_DIR)
+
+
+def open_private(path: Path, flags: int) -> int:
+    """``os.open`` for a run file: created 0600 whatever the umask; returns the descriptor."""
+    fd = os.open(path, flags | os.O_CLOEXEC, PRIVATE_FILE)
+    try:
+        if os.fstat(fd).st_mode & 0o777 != PRIVATE_FILE:
+            os.fchmod(fd, PRIVATE_FILE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def mldbg_home(
@@ -50,13 +87,20 @@ def make_run_id(stem: str, pid: int, when: float | None = None) -> str:
     return f"{safe}-{stamp}-{pid}"
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON beside the target and rename it into place: readers never see half a file."""
+def write_json_atomic(path: Path, data: Any, reserve: int = 0) -> None:
+    """Write JSON beside the target and rename it into place: readers never see half a file.
+
+    ``reserve`` bytes of trailing spaces (valid JSON whitespace) keep room in the file for
+    a later :func:`rewrite_in_place` when the disk is full.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with open(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, default=str)
             fh.write("\n")
+            if reserve:
+                fh.write(" " * reserve + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -66,25 +110,79 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# run.json keeps this much room: the final update (state, exit, a bounded exception and
+# output tail) fits in it even when the disk is full, so a run is finalised regardless.
+META_RESERVE = 24_576
+
+
+def rewrite_in_place(path: Path, data: Any) -> bool:
+    """Overwrite ``path`` within its current size (no new blocks needed on a full disk).
+
+    The last resort when the atomic write fails for want of space: not atomic (a crash in
+    the middle leaves a torn file), so it is used only then.  False if ``data`` is larger.
+    """
+    encoded = (json.dumps(data, indent=2, default=str) + "\n").encode("utf-8", "backslashreplace")
+    try:
+        with open(path, "r+b") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if len(encoded) > size:
+                return False
+            fh.write(encoded + b" " * (size - len(encoded)))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        return False
+    return True
+
+
 class JsonlWriter:
-    """Appends one JSON object per line and flushes each at once (crash-safe log)."""
+    """Appends one JSON object per line, each written through at once (crash-safe log).
+
+    Unbuffered, straight to the descriptor: a write that fails (a full disk) raises at
+    once and leaves nothing queued to fail again at close.  A line cut short by the disk
+    filling is ended before the next one, so only that line is lost, never its successor.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the run
+        self._fd: int | None = self._open()
+        self._torn = False  # the last write was cut short: start the next on a new line
 
     def append(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(record, default=str, allow_nan=False, ensure_ascii=False)
+        # A lone surrogate (undecodable bytes in a file name, say) is written as its JSON
+        # escape, ``\udcff``: the line stays valid JSON and reads back the same string.
+        data = (line + "\n").encode("utf-8", "backslashreplace")
         with self._lock:
-            if self._fh.closed:
-                self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-            self._fh.write(line + "\n")
-            self._fh.flush()
+            if self._fd is None:
+                self._fd = self._open()
+            if self._torn:
+                data = b"\n" + data
+            view = memoryview(data)
+            while view:
+                try:
+                    written = os.write(self._fd, view)
+                except OSError:
+                    self._torn = len(view) < len(data)
+                    raise
+                view = view[written:]
+            self._torn = False
+
+    def _open(self) -> int:
+        return open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
 
     def close(self) -> None:
         with self._lock:
-            self._fh.close()
+            if self._fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)
+                self._fd = None
 
 
 class RunDir:
@@ -110,11 +208,22 @@ class RunDir:
         return data if isinstance(data, dict) else {}
 
     def update_meta(self, **fields: Any) -> dict[str, Any]:
-        """Merge fields into run.json (write-then-rename, so it is always whole)."""
+        """Merge fields into run.json (write-then-rename, so it is always whole; on a full
+        disk, rewritten in place within the room kept for that)."""
         with self._meta_lock:
             meta = self.read_meta()
             meta.update(fields)
-            write_json_atomic(self.file(RUN_JSON), meta)
+            path = self.file(RUN_JSON)
+            try:
+                write_json_atomic(path, meta, reserve=META_RESERVE)
+            except OSError as exc:
+                if exc.errno not in FULL_DISK:
+                    raise
+                try:  # the room itself may be what does not fit (a small file-size limit)
+                    write_json_atomic(path, meta)
+                except OSError as again:
+                    if again.errno not in FULL_DISK or not rewrite_in_place(path, meta):
+                        raise
             return meta
 
 
@@ -129,9 +238,10 @@ def reserve_run_dir(home: Path) -> RunDir:
     contains the script's pid; :func:`finalize_run_dir` renames it once the pid exists.
     """
     root = runs_root(home)
-    root.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(root)
     path = root / f".starting-{os.getpid()}-{secrets.token_hex(4)}"
-    path.mkdir()
+    os.mkdir(path, PRIVATE_DIR)
+    os.chmod(path, PRIVATE_DIR)
     return RunDir(path)
 
 

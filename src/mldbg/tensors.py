@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import store_size as _store
-from .runs import mldbg_home
+from .runs import PRIVATE_FILE, make_private_dirs, mldbg_home
 
 SUFFIX = ".safetensors"
 KEY = "tensor"
@@ -41,8 +41,12 @@ def store_dir(home: Path | None = None) -> Path:
 
 
 def check_name(name: str) -> str:
-    """Names are single file names: no '/', no '..', nothing hidden."""
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+    """Names are single file names: no '/', no '..', nothing hidden.
+
+    ``fullmatch``: with ``match``, ``$`` also matches before a final newline, and a name
+    ending in one made a file name nobody can type back.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise ValueError(
             f"bad tensor name {name!r}: use letters, digits and _ . + = @ - (no '/', no '..', "
             "not starting with '.'), at most 200 characters"
@@ -112,7 +116,7 @@ def debug_save(tensor: Any, name: str, *, exit_after: bool = False) -> Path:
     framework = _framework(tensor)
     path = _path(name)
     _guard(_nbytes(tensor, framework), None)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)  # stored tensors are data: private, like the run store
     metadata = {
         "mldbg_name": name,
         "framework": framework,
@@ -124,6 +128,7 @@ def debug_save(tensor: Any, name: str, *, exit_after: bool = False) -> Path:
     tmp = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(4)}{SUFFIX}")
     try:
         _write(tensor, framework, tmp, metadata)
+        os.chmod(tmp, PRIVATE_FILE)
         os.replace(tmp, path)
     finally:
         if tmp.exists():

@@ -184,7 +184,14 @@ VERBS: tuple[Verb, ...] = (
             ),
             Arg("wait", float, "seconds to wait for the first stop", 30.0, minimum=0, cli=False),
         ),
-        errors=("start_failed", "session_busy", "file_not_found", "not_editable", *BREAK_ERRORS),
+        errors=(
+            "start_failed",
+            "store_unwritable",
+            "session_busy",
+            "file_not_found",
+            "not_editable",
+            *BREAK_ERRORS,
+        ),
         description="Returns the session's state: `paused` with `location` (file, line, code "
         "around it), or `exited` with `exit_code` and the last output if it ran to the end.",
     ),

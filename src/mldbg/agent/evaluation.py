@@ -53,10 +53,18 @@ def compile_input(source: str) -> tuple[Any | None, Any | None]:
     body, tail = tree.body, None
     if isinstance(last, ast.Expr):
         body, tail = tree.body[:-1], ast.Expression(last.value)
-    statements = (
-        compile(ast.Module(body=body, type_ignores=[]), "<mldbg-eval>", "exec") if body else None
-    )
-    expression = compile(tail, "<mldbg-eval>", "eval") if tail is not None else None
+    try:  # some errors only compile() finds (`*a` alone, `return` outside a function)
+        statements = (
+            compile(ast.Module(body=body, type_ignores=[]), "<mldbg-eval>", "exec")
+            if body
+            else None
+        )
+        expression = compile(tail, "<mldbg-eval>", "eval") if tail is not None else None
+    except SyntaxError as exc:
+        raise EvalError(
+            f"syntax error: {exc.msg} (line {exc.lineno}, column {exc.offset})",
+            {"type": "SyntaxError", "line": exc.lineno, "offset": exc.offset, "text": exc.text},
+        ) from None
     return statements, expression
 
 

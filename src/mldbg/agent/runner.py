@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
+from . import orphan
 from . import protocol as P
 from .commands import CommandServer
 from .debugger import Debugger
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     on_run = threading.Event()
     config: dict[str, Any] = {}
+    orphan.install(debugger, config)  # the daemon gone: end, never run on uncontrolled
     reader = threading.Thread(
         target=CommandServer(debugger).serve,
         args=(on_run, config),

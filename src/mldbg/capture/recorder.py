@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..runs import PRIVATE_FILE
 from .flatten import Flat, flatten, flatten_call
 from .store import INDEX, CaptureDir, entry_name, module_label
 
@@ -138,6 +139,7 @@ class Recorder:
                 written, not_saved = self.save(dict(flat.pairs), tmp)
                 skipped.update(not_saved)
                 if written:
+                    os.chmod(tmp, PRIVATE_FILE)  # private whatever the umask, like the run
                     os.replace(tmp, final)
                     size = final.stat().st_size
                     with self._lock:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..runs import JsonlWriter, RunDir, write_json_atomic
+from ..runs import PRIVATE_DIR, JsonlWriter, RunDir, make_private_dirs, write_json_atomic
 
 CAPTURES = "captures"
 CAPTURE_JSON = "capture.json"
@@ -59,7 +59,7 @@ class CaptureDir:
 
     def __init__(self, run: RunDir, name: str, meta: dict[str, Any]) -> None:
         root = run.file(CAPTURES)
-        root.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(root)  # captures hold activations: private, like the run store
         self.path = _unique_dir(root, check_capture_name(name))
         self.name = self.path.name
         self.meta: dict[str, Any] = {
@@ -115,7 +115,8 @@ def _unique_dir(root: Path, name: str) -> Path:
     candidate, n = root / name, 1
     while True:
         try:
-            candidate.mkdir()
+            candidate.mkdir(mode=PRIVATE_DIR)
+            candidate.chmod(PRIVATE_DIR)  # whatever the umask
             return candidate
         except FileExistsError:
             n += 1

@@ -30,7 +30,13 @@ from typing import Any
 from .. import verbs
 from ..errors import MldbgError
 from ..names import check_session_name
-from ..server.config import config_dir, read_server_info
+from ..server.config import (
+    config_dir,
+    daemon_lock_held,
+    lock_file,
+    read_lock_info,
+    read_server_info,
+)
 
 START_TIMEOUT = 30.0
 # Waits happen server-side in slices; the socket timeout leaves room for the longest one.
@@ -228,14 +234,52 @@ def _healthy(info: dict[str, Any], timeout: float = 3.0) -> bool:
         return False
 
 
+def _find_daemon() -> dict[str, Any] | None:
+    """The live daemon's description, or None if there is none.
+
+    The daemon's lock (``config.daemon_lock_held``) says whether one lives; its
+    description comes from server.json, or, when that is missing or corrupt, from the
+    copy the daemon keeps in its lock file.  A server.json whose pid is alive but that no
+    lock backs is a daemon from before the lock existed: still used, never replaced.
+    """
+    info = read_server_info()
+    if daemon_lock_held():
+        held = read_lock_info()
+        if held is not None and (info is None or info.get("pid") != held.get("pid")):
+            return held
+        return info
+    if info is not None and _pid_alive(info) and not lock_file().exists():
+        return info
+    return None
+
+
+def _wait_for_daemon(patience: float) -> dict[str, Any] | None:
+    """A daemon holds the lock but cannot be found yet (it is starting): wait for it."""
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        info = _find_daemon()
+        if info is not None:
+            return info
+        if not daemon_lock_held():
+            return None
+        time.sleep(0.05)
+    raise MldbgError(
+        f"an mldbg daemon holds {lock_file()} but has not said where it listens after "
+        f"{patience:.0f} s; it is busy or stuck. Not starting a second one: try again, or "
+        "stop it (mldbg serve --stop, or kill the process holding the lock)",
+        code="daemon_busy",
+        lock=str(lock_file()),
+    )
+
+
 def connect(autostart: bool = True) -> Client:
     """The running daemon, starting one (once, under a lock) if there is none.
 
-    A daemon whose process is alive is never replaced: a busy one is waited for, so its
-    sessions are never stranded behind a second daemon.
+    A daemon that lives (it holds its lock) is never replaced: a busy one is waited for,
+    so its sessions are never stranded behind a second daemon.
     """
-    info = read_server_info()
-    if info is not None and _pid_alive(info):
+    info = _find_daemon() or (_wait_for_daemon(START_TIMEOUT) if daemon_lock_held() else None)
+    if info is not None:
         return Client(info)
     if not autostart:
         raise MldbgError(
@@ -244,8 +288,8 @@ def connect(autostart: bool = True) -> Client:
     directory = config_dir()
     with open(directory / "server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two clients at once start one daemon, not two
-        info = read_server_info()
-        if info is not None and _pid_alive(info):
+        info = _find_daemon() or (_wait_for_daemon(START_TIMEOUT) if daemon_lock_held() else None)
+        if info is not None:
             return Client(info)
         return Client(_start_daemon(directory))
 
@@ -267,6 +311,10 @@ def _start_daemon(directory: Path) -> dict[str, Any]:
         if info is not None and info.get("pid") == process.pid and _healthy(info):
             return info
         if process.poll() is not None:
+            # it lost the race for the lock to a daemon started by hand: use that one
+            other = _find_daemon() if daemon_lock_held() else None
+            if other is not None:
+                return other
             break
         time.sleep(0.05)
     raise MldbgError(

@@ -62,6 +62,8 @@ def state(data: dict[str, Any]) -> None:
             if data.get("signal")
             else f"exit code {data.get('exit_code')}"
         )
+        if data.get("recovered"):  # listed by a restarted daemon (server/live_runs.py)
+            how = f"its daemon went away; found {data['recovered'].get('found')}"
         colour = "red" if kind == "crashed" or data.get("exit_code") else "green"
         out.print(f"[bold]{name}[/]: [{colour}]{kind}[/] ({how})")
         exception = data.get("exception")
@@ -162,6 +164,8 @@ def sessions(data: dict[str, Any]) -> None:
             place = (
                 f"signal {s['signal']}" if s.get("signal") else f"exit code {s.get('exit_code')}"
             )
+            if s.get("recovered"):
+                place = "daemon lost"
         table.add_row(
             s["session"], s["state"], str(s.get("pid")), escape(place), s.get("run_id") or ""
         )

@@ -12,14 +12,18 @@ needs the bearer token (``security.py``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import json
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.to_thread
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from typing_extensions import TypedDict
 
@@ -39,6 +43,16 @@ CONTEXT_ARGS = (
     Arg("client_home", str, "the client's $MLDBG_HOME", cli=False, mcp=False),
 )
 MAX_ANSWER = 1 << 20  # the last line of defence: no answer is larger than 1 MB
+# Routes run in worker threads, and `wait`/`continue` hold theirs for up to 30 s.  anyio's
+# default of 40 let 40 waiting clients starve every other route (health took 27 s and the
+# CLI started a second daemon).  Idle threads cost little; a starved daemon strands sessions.
+WORKER_THREADS = 512
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    anyio.to_thread.current_default_thread_limiter().total_tokens = WORKER_THREADS
+    yield
 
 
 class ErrorBody(TypedDict, total=False):
@@ -60,6 +74,17 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     500: {"model": ErrorBody, "description": "a bug in mldbg (`internal`)"},
     504: {"model": ErrorBody, "description": "the script did not answer (`agent_timeout`)"},
 }
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON that can always be sent: text holding lone surrogates (undecodable bytes in a
+    file name, ``os.fsdecode(b"\\xff")``) is escaped instead of failing the response."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 def verb_args(verb: Verb) -> tuple[Arg, ...]:
@@ -101,7 +126,19 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
             check_session_name(session)
         if verb.store and values.get("session"):
             check_session_name(values["session"])
-        return bound_answer(handler(manager, session, values))
+        refuse_nul_bytes(values)
+        try:
+            return bound_answer(handler(manager, session, values))
+        except OSError as exc:
+            if not verb.store:
+                raise
+            # a run-store verb fails on the path it was given (too long, not readable,
+            # not a directory): the caller's input, said as such, not a 500
+            raise MldbgError(
+                f"{verb.name}: cannot read {exc.filename!r}: {exc.strerror or exc}",
+                code="bad_path",
+                path=str(exc.filename),
+            ) from None
 
     params: list[inspect.Parameter] = []
     if verb.scope == "session":
@@ -122,7 +159,9 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
                     arg.name,
                     inspect.Parameter.KEYWORD_ONLY,
                     annotation=annotation,
-                    default=Query(default, description=arg.help),
+                    # the bounds too: without them a GET took any integer (a 500 deep in
+                    # a seek or read, found by schemathesis)
+                    default=Query(default, description=arg.help, ge=arg.minimum, le=arg.maximum),
                 )
             )
 
@@ -144,13 +183,47 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
         def endpoint(**kwargs: Any) -> Any:
             session = kwargs.pop("name", None)
             body = kwargs.get("body")
-            values = body.model_dump() if body is not None else model().model_dump()
+            try:
+                values = body.model_dump() if body is not None else model().model_dump()
+            except ValidationError as exc:  # a `null` body where arguments are required
+                raise RequestValidationError(exc.errors()) from None
             return run(session, values)
 
     endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     endpoint.__name__ = f"verb_{verb.name}"
     endpoint.__doc__ = verb.description or verb.help
     return endpoint
+
+
+def _nul_at(value: Any, where: str) -> str | None:
+    if isinstance(value, str):
+        return where if "\0" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{where}[{key!r}]"
+            if (isinstance(key, str) and "\0" in key) or _nul_at(item, inner):
+                return _nul_at(item, inner) or inner
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _nul_at(item, f"{where}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def refuse_nul_bytes(values: dict[str, Any]) -> None:
+    """No argument of any verb may hold a NUL byte: no path, argv entry, environment
+    variable or Python source can carry one, and deep in the OS it surfaces as a
+    ``ValueError`` (a 500).  Refused here, for every verb, naming where it was."""
+    for name, value in values.items():
+        where = _nul_at(value, name)
+        if where is not None:
+            raise MldbgError(
+                f"{where}: contains a NUL byte (\\0), which no path, argument, environment "
+                "variable or source text can hold",
+                code="bad_argument",
+                argument=where,
+            )
 
 
 def bound_answer(data: Any) -> Any:
@@ -166,41 +239,51 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
         "`Authorization: Bearer <token>` (token in ~/.mldbg/server.json). Routes are "
         "derived from mldbg's verb table: one per verb, named as the CLI names it.",
         redirect_slashes=False,
+        lifespan=_lifespan,
+        default_response_class=SafeJSONResponse,
     )
     app.state.manager = manager
+    app.state.recovered = []
 
     @app.exception_handler(MldbgError)
-    async def _mldbg_error(request: Request, exc: MldbgError) -> JSONResponse:
+    async def _mldbg_error(request: Request, exc: MldbgError) -> SafeJSONResponse:
         payload = exc.to_json()
         payload["error"] = budget.capped(str(payload.get("error")), budget.MESSAGE)
-        return JSONResponse(status_code=exc.status, content=bound_answer(payload))
+        return SafeJSONResponse(status_code=exc.status, content=bound_answer(payload))
 
     @app.exception_handler(RequestValidationError)
-    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(status_code=400, content=validation_error(exc.errors()))
+    async def _bad_request(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
+        return SafeJSONResponse(status_code=400, content=validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
         code = {404: "no_such_route", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = f"{request.method} {request.url.path}: {exc.detail}"
-        return JSONResponse(
+        return SafeJSONResponse(
             status_code=exc.status_code,
             content={"error": budget.capped(message, 500), "code": code},
         )
 
     @app.exception_handler(Exception)
-    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    async def _internal_error(request: Request, exc: Exception) -> SafeJSONResponse:
         message = (
             f"internal error in the mldbg daemon: {type(exc).__name__}: {exc} (please report it)"
         )
-        return JSONResponse(
+        return SafeJSONResponse(
             status_code=500,
             content={"error": budget.capped(message, budget.MESSAGE), "code": "internal"},
         )
 
     @app.get("/v1/health", responses=ERROR_RESPONSES)
-    def health() -> dict[str, Any]:
-        return {"ok": True, "version": __version__, "pid": os.getpid()}
+    async def health() -> dict[str, Any]:
+        """Answered on the event loop itself, never queued behind busy worker threads.
+        ``recovered``: what this daemon found left behind by a previous one that died."""
+        recovered = list(getattr(app.state, "recovered", []))
+        answer = {"ok": True, "version": __version__, "pid": os.getpid()}
+        if recovered:
+            answer["recovered"] = recovered[:50]
+            answer["recovered_total"] = len(recovered)
+        return bound_answer(answer)  # type: ignore[no-any-return]
 
     @app.post("/v1/shutdown", responses=ERROR_RESPONSES)
     def shutdown() -> dict[str, Any]:

@@ -2,19 +2,29 @@
 
 The directory is ``$MLDBG_CONFIG_DIR`` or ``~/.mldbg``; it holds the URL, pid and the
 bearer token, so it is readable by its owner only.
+
+One daemon per config directory, for its whole life: the daemon holds an exclusive
+``flock`` on ``daemon.lock`` and writes its description there too.  The lock, not
+server.json, is the truth: it dies with the process (SIGKILL included), so a client
+that finds it held knows a daemon lives — even when server.json is missing or corrupt —
+and never starts a second one beside it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..runs import write_json_atomic
 
 SERVER_JSON = "server.json"
+DAEMON_LOCK = "daemon.lock"
 
 
 def config_dir() -> Path:
@@ -54,3 +64,59 @@ def remove_server_info(pid: int) -> None:
     if info is not None and info.get("pid") == pid:
         with contextlib.suppress(OSError):
             server_file().unlink()
+
+
+def lock_file() -> Path:
+    return config_dir() / DAEMON_LOCK
+
+
+def acquire_daemon_lock(info: dict[str, Any], patience: float = 2.0) -> IO[str] | None:
+    """Take the config directory's daemon lock for this process's lifetime, or None if
+    another daemon holds it.  Clients probe it with brief shared locks, hence the retries.
+    The returned file must stay open: closing it (or dying) releases the lock."""
+    path = lock_file()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    handle = os.fdopen(fd, "r+", encoding="utf-8")
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                handle.close()
+                raise
+            if time.monotonic() > deadline:
+                handle.close()
+                return None
+            time.sleep(0.05)
+    os.fchmod(fd, 0o600)
+    handle.seek(0)
+    handle.truncate()
+    handle.write(json.dumps(info))
+    handle.flush()
+    return handle
+
+
+def daemon_lock_held() -> bool:
+    """Does a daemon hold this config directory's lock (is one alive), right now?"""
+    try:
+        fd = os.open(lock_file(), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)  # also drops the probe's shared lock at once
+    return False
+
+
+def read_lock_info() -> dict[str, Any] | None:
+    """The description the lock's holder wrote (the same as server.json's)."""
+    try:
+        data = json.loads(lock_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and {"url", "token", "pid"} <= data.keys() else None

@@ -57,11 +57,15 @@ def resolve_python(requested: str | None, env: Mapping[str, str], cwd: str) -> s
         if os.sep not in candidate:
             found = shutil.which(candidate, path=env.get("PATH"))
             if found is None:
-                raise StartFailed(f"no interpreter named {requested!r} on the PATH")
+                raise StartFailed(
+                    f"no interpreter named {requested!r} on the PATH", argument="python"
+                )
             return found
         candidate = os.path.join(cwd, candidate)
         if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
-            raise StartFailed(f"--python {requested}: no executable at {candidate}")
+            raise StartFailed(
+                f"--python {requested}: no executable at {candidate}", argument="python"
+            )
         return candidate
     venv = env.get("VIRTUAL_ENV")
     if venv:

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .. import __version__, budget
 from ..errors import MldbgError, NotPaused, SessionBusy, SessionEnded, SessionNotFound, StartFailed
@@ -27,11 +27,14 @@ from ..runs import (
     RunDir,
     finalize_run_dir,
     mldbg_home,
+    open_private,
     reserve_run_dir,
 )
 from ..verbs import fix
+from . import live_runs
 from .agent_link import AgentLink
 from .launcher import LaunchSpec, check_target, resolve_python, spawn
+from .start_checks import check_cwd, check_python, check_request
 
 CONNECT_TIMEOUT = 60.0
 TERMINATE_GRACE = 3.0
@@ -94,6 +97,34 @@ def read_tail(path: Path, lines: int, max_bytes: int | None = None) -> str:
     return "".join(text.splitlines(keepends=True)[-lines:]) if lines else ""
 
 
+def _make_run_dir(home: Path) -> tuple[RunDir, IO[bytes]]:
+    """A reserved run directory and its output.log (0600), or ``store_unwritable``."""
+    try:
+        run = reserve_run_dir(home)
+    except OSError as exc:
+        raise StartFailed(
+            f"cannot create the run directory under {home}: {exc}",
+            code="store_unwritable",
+            path=str(home),
+        ) from None
+    try:
+        fd = open_private(run.file(OUTPUT_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    except OSError as exc:
+        _discard_reserved(run)
+        raise StartFailed(
+            f"cannot create {run.file(OUTPUT_LOG)}: {exc}", code="store_unwritable", path=str(home)
+        ) from None
+    return run, os.fdopen(fd, "ab")
+
+
+def _discard_reserved(run: RunDir) -> None:
+    """Nothing ran: the reserved directory holds nothing worth keeping."""
+    with contextlib.suppress(OSError):
+        run.file(OUTPUT_LOG).unlink()
+    with contextlib.suppress(OSError):
+        run.path.rmdir()
+
+
 class Session:
     def __init__(self, name: str, request: StartRequest) -> None:
         self.name = name
@@ -115,46 +146,68 @@ class Session:
         self.store_error: str | None = None
         self.started_at = _now()
         self.home: Path | None = None
+        self.recovered: dict[str, Any] | None = None  # found by a restarted daemon
 
     # -- start ------------------------------------------------------------------------------
 
     def start(self) -> None:
         req = self.request
+        # Everything the request can get wrong is refused before anything is created.
+        check_request(
+            req.script, req.module, req.args, req.cwd, req.python, req.env, req.env_overrides
+        )
         env = dict(req.env) if req.env is not None else dict(os.environ)
         env.update(req.env_overrides)
         cwd = os.path.abspath(os.path.expanduser(req.cwd or os.getcwd()))
+        check_cwd(cwd)
         script = check_target(req.script, req.module, cwd)
         python = resolve_python(req.python, env, cwd)
+        check_python(python)
         home = mldbg_home(cwd, env)
         self.home = home
-        try:
-            run = reserve_run_dir(home)
-        except OSError as exc:
-            raise StartFailed(f"cannot create the run directory under {home}: {exc}") from None
-        output = open(run.file(OUTPUT_LOG), "ab")  # noqa: SIM115 - handed to the child
+        run, output = _make_run_dir(home)
         link = AgentLink(self._on_event, self._on_link_closed)
         spec = LaunchSpec(python, cwd, env, script, req.module, list(req.args))
         try:
-            process = spawn(spec, link.address, link.token, output)
+            with self.cond:  # a terminate now either comes first (no process) or sees it
+                if self.terminated:
+                    raise StartFailed(f"session {self.name!r} was terminated while starting")
+                process = spawn(spec, link.address, link.token, output)
+                self.process, self.link, self.pid = process, link, process.pid
+        except (StartFailed, ValueError, OSError) as exc:
+            link.close()
+            _discard_reserved(run)
+            if isinstance(exc, StartFailed):
+                raise
+            raise StartFailed(f"cannot run {python}: {exc}", argument="python") from None
         finally:
             output.close()  # the child holds its own copy of the descriptor
-        self.process, self.link, self.pid = process, link, process.pid
         stem = Path(script).stem if script else (req.module or "module").rsplit(".", 1)[-1]
-        self.run = run = finalize_run_dir(run, stem, process.pid)
-        self.events = JsonlWriter(run.file(EVENTS))
-        run.update_meta(
-            run_id=run.run_id,
-            session=self.name,
-            script=os.path.join(cwd, script) if script else None,
-            module=req.module,
-            argv=spec.argv[3:],
-            cwd=cwd,
-            python=python,
-            pid=process.pid,
-            state="starting",
-            started_at=self.started_at,
-            mldbg_version=__version__,
-        )
+        self.run = run
+        try:
+            self.run = run = finalize_run_dir(run, stem, process.pid)
+            self.events = JsonlWriter(run.file(EVENTS))
+            run.update_meta(
+                run_id=run.run_id,
+                session=self.name,
+                script=os.path.join(cwd, script) if script else None,
+                module=req.module,
+                argv=spec.argv[3:],
+                cwd=cwd,
+                python=python,
+                pid=process.pid,
+                state="starting",
+                started_at=self.started_at,
+                mldbg_version=__version__,
+            )
+            live_runs.register(self.name, process.pid, run.path)
+        except OSError as exc:  # a full disk, or the store taken away: stop, and say so
+            self._abort_start()
+            raise StartFailed(
+                f"cannot write the run store under {home}: {exc}; the script was stopped",
+                code="store_unwritable",
+                run_dir=str(run.path),
+            ) from None
         try:
             self.hello = link.accept(process, CONNECT_TIMEOUT)
             run.update_meta(
@@ -166,18 +219,31 @@ class Session:
             with self.cond:
                 self.state = "running"
             link.request("run", {"stop_on_entry": req.stop_on_entry, "run_dir": str(run.path)})
-        except MldbgError as exc:
-            self._kill()
-            process.wait(10)
-            self._record_end(process.returncode)
+        except (MldbgError, OSError) as exc:
+            self._abort_start()
             tail = read_tail_bounded(run.file(OUTPUT_LOG), 20, budget.OUTPUT_TAIL)[0]
+            if isinstance(exc, MldbgError):
+                raise StartFailed(
+                    exc.message, **exc.extra, output_tail=tail, run_dir=str(run.path)
+                ) from None
             raise StartFailed(
-                exc.message, **exc.extra, output_tail=tail, run_dir=str(run.path)
+                f"cannot write the run store under {home}: {exc}; the script was stopped",
+                code="store_unwritable",
+                output_tail=tail,
+                run_dir=str(run.path),
             ) from None
         self.log_event("started", pid=process.pid, python=python, backend=self.hello.get("backend"))
         with contextlib.suppress(OSError):  # `mldbg runs` shows it live, not "starting"
             run.update_meta(state="running")
         threading.Thread(target=self._watch, name=f"mldbg-watch-{self.name}", daemon=True).start()
+
+    def _abort_start(self) -> None:
+        """A start that failed after its process began: end it, and record how it ended."""
+        self._kill()
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(10)
+            self._record_end(self.process.returncode if self.process.returncode is not None else -9)
 
     # -- events from the debuggee -----------------------------------------------------------
 
@@ -241,6 +307,8 @@ class Session:
             self.state = state
             self.stop = {}
             self.cond.notify_all()
+        if self.pid is not None:
+            live_runs.unregister(self.pid)
         if self.link is not None:
             self.link.close()
         if self.events is not None:
@@ -291,6 +359,8 @@ class Session:
             }
         if self.store_error:
             state["store_error"] = self.store_error
+        if self.recovered is not None:
+            state["recovered"] = self.recovered
         if self.ended:
             state["output_tail"], cut = self.output_tail()
             if cut:
@@ -443,13 +513,24 @@ class Session:
         return result
 
     def terminate(self) -> dict[str, Any]:
+        """End the session whatever its state: paused, running, or a start in progress
+        (with or without a process yet), so nothing is ever stuck."""
         if not self.ended:
-            self.terminated = True
+            with self.cond:
+                self.terminated = True
+                process = self.process
+            if process is None:  # a start still checking its request: it will not spawn now
+                with self.cond:
+                    if not self.ended:
+                        self.state = "exited"
+                        self.cond.notify_all()
+                return self.snapshot()
             self._kill()
-            assert self.process is not None
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(TERMINATE_GRACE * 2)
+                process.wait(TERMINATE_GRACE * 2)
             self.wait(TERMINATE_GRACE)
+            if not self.ended and process.returncode is not None:
+                self._record_end(process.returncode)  # no watcher yet: a start in progress
         return self.snapshot()
 
     def _kill(self) -> None:
@@ -509,16 +590,36 @@ class SessionManager:
             old.terminate()
         try:
             session.start()
-        except MldbgError:
+        except BaseException:
+            if session.process is not None and not session.ended:
+                session._abort_start()  # a bug mid-start must not leave it "starting"
             with self._lock:
-                if self._sessions.get(name) is session and session.process is None:
-                    # nothing ran: the previous session of this name (ended) keeps its place
+                if self._sessions.get(name) is session:
+                    # A failed start leaves no session (its error carries the run directory
+                    # and the output's tail); the previous one of this name keeps its place.
                     if old is not None:
                         self._sessions[name] = old
                     else:
                         del self._sessions[name]
             raise
         return session
+
+    def add_recovered(self, record: dict[str, Any]) -> None:
+        """List a session a previous daemon left behind (``live_runs.recover``), ended."""
+        name = str(record.get("session") or "")
+        try:
+            check_session_name(name)
+        except MldbgError:
+            return
+        session = Session(name, StartRequest())
+        session.run = RunDir(Path(record["run_dir"]))
+        session.pid = record.get("pid")
+        session.terminated = True
+        session.state = "crashed" if record.get("state") == "crashed" else "exited"
+        session.recovered = record
+        with self._lock:
+            if name not in self._sessions:
+                self._sessions[name] = session
 
     def get(self, name: str) -> Session:
         with self._lock:

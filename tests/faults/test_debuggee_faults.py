@@ -1,0 +1,314 @@
+"""The debuggee killed at each state, oversized text, hostile input: what the user sees is
+a clear, bounded answer, and nothing written before the fault is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemons import alive, events, kill_quietly, run_json, slow_python, start_body, wait_until
+
+from conftest import Api, line_of
+
+SCRIPT = """
+import sys, time
+print("first words", flush=True)
+value = 41
+marker = 0  # stop here
+while sys.argv[1:] == ["loop"]:
+    time.sleep(0.01)
+print("last words", flush=True)
+"""
+SMALL = 64 * 1024  # every answer below is far under this; the faults were megabytes
+
+
+def _paused(api: Api, write, tmp_path: Path, name: str, *args: str) -> dict[str, Any]:
+    script = write("victim.py", SCRIPT)
+    body = start_body(
+        script,
+        tmp_path,
+        args=list(args),
+        stop_on_entry=False,
+        breakpoints=[{"file": str(script), "line": line_of(script, "stop here")}],
+    )
+    api.post(f"/v1/sessions/{name}/start", body)
+    state = api.post(f"/v1/sessions/{name}/wait", {"wait": 30})
+    assert state["state"] == "paused", state
+    return state
+
+
+@pytest.mark.parametrize("state", ["starting", "running", "paused", "evaluating"])
+def test_debuggee_sigkill_in_each_state(api: Api, write, tmp_path: Path, state: str) -> None:
+    name = f"killed-{state}"
+    answers: dict[str, Any] = {}
+    if state == "starting":
+        script = write("victim.py", SCRIPT)
+        body = start_body(script, tmp_path, python=str(slow_python(tmp_path, 60)))
+
+        def start() -> None:
+            answers["start"] = api.http.post(f"/v1/sessions/{name}/start", json=body)
+
+        thread = threading.Thread(target=start, daemon=True)
+        thread.start()
+        pid = wait_until(
+            lambda: (
+                api.http.get(f"/v1/sessions/{name}").status_code == 200
+                and api.get(f"/v1/sessions/{name}")["pid"]
+            ),
+            what="the starting session's pid",
+        )
+    else:
+        started = _paused(api, write, tmp_path, name, *(["loop"] if state == "running" else []))
+        pid = started["pid"]
+        if state == "running":
+            assert api.post(f"/v1/sessions/{name}/continue", {"wait": 0})["state"] == "running"
+        if state == "evaluating":
+
+            def evaluate() -> None:
+                answers["eval"] = api.http.post(
+                    f"/v1/sessions/{name}/eval", json={"expression": "time.sleep(120)"}
+                )
+
+            thread = threading.Thread(target=evaluate, daemon=True)
+            thread.start()
+            time.sleep(0.5)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        if state == "starting":  # the start fails, says why, and leaves no session
+            thread.join(60)
+            failed = answers["start"].json()
+            assert answers["start"].status_code == 400 and failed["code"] == "start_failed"
+            assert "exited" in failed["error"] and failed["run_dir"]
+            assert api.get(f"/v1/sessions/{name}", expect=404)["code"] == "unknown_session"
+            meta = run_json(failed["run_dir"])
+            assert meta["state"] == "crashed" and meta["signal"] == "SIGKILL"
+            return
+        ended = wait_until(
+            lambda: (s := api.get(f"/v1/sessions/{name}"))["state"] in ("exited", "crashed") and s,
+            what="the session to end",
+        )
+        assert ended["state"] == "crashed" and ended["signal"] == "SIGKILL", ended
+        if state == "evaluating":
+            thread.join(60)
+            assert answers["eval"].status_code == 409
+            assert answers["eval"].json()["code"] == "session_ended"
+        # later calls answer "ended", never a 500
+        refused = api.post(f"/v1/sessions/{name}/eval", {"expression": "1"}, expect=409)
+        assert refused["code"] == "session_ended"
+        assert api.post(f"/v1/sessions/{name}/terminate")["state"] == "crashed"
+        if state != "starting":
+            meta = run_json(ended["run_dir"])
+            assert meta["state"] == "crashed" and meta["signal"] == "SIGKILL"
+            recorded = [e["event"] for e in events(ended["run_dir"])]
+            assert recorded[:2] == ["started", "stopped"] and "ended" in recorded
+            assert "first words" in meta["output_tail"] and "first words" in ended["output_tail"]
+    finally:
+        kill_quietly(pid)
+
+
+# -- byte budgets ------------------------------------------------------------------------------
+
+
+def test_eval_raising_a_huge_message_answers_a_bounded_error(
+    api: Api, write, tmp_path: Path
+) -> None:
+    _paused(api, write, tmp_path, "hugeeval")
+    try:
+        response = api.http.post(
+            "/v1/sessions/hugeeval/eval",
+            json={"expression": "raise ValueError('x' * 100_000_000)"},
+        )
+        assert response.status_code == 400 and len(response.content) < SMALL
+        error = response.json()
+        assert "ValueError" in error["error"] and "cut" in error["error"]
+        # the session lives on, and the event log holds a bounded record too
+        assert api.post("/v1/sessions/hugeeval/eval", {"expression": "value"})["result"] == "41"
+        run_dir = api.get("/v1/sessions/hugeeval")["run_dir"]
+        assert (Path(run_dir) / "events.jsonl").stat().st_size < SMALL
+    finally:
+        api.post("/v1/sessions/hugeeval/terminate")
+
+
+def test_a_huge_uncaught_exception_is_bounded_everywhere(api: Api, write, tmp_path: Path) -> None:
+    script = write("boom.py", "raise RuntimeError('y' * 50_000_000)\n")
+    api.post("/v1/sessions/boom/start", start_body(script, tmp_path, stop_on_entry=False))
+    try:
+        stopped = api.post("/v1/sessions/boom/wait", {"wait": 60})
+        assert stopped["reason"] == "exception", stopped
+        raw = api.http.get("/v1/sessions/boom")
+        assert len(raw.content) < SMALL and "cut" in json.dumps(raw.json()["exception"])
+        ended = api.post("/v1/sessions/boom/continue", {"wait": 60})
+        assert ended["state"] in ("exited", "crashed") and ended["exit_code"] == 1
+        for path in ("/v1/sessions/boom", "/v1/sessions"):
+            assert len(api.http.get(path).content) < SMALL
+        run_json_size = (Path(ended["run_dir"]) / "run.json").stat().st_size
+        assert run_json_size < SMALL
+        assert "RuntimeError" in json.dumps(run_json(ended["run_dir"])["exception"])
+        # the whole traceback is where the output is, and the answer says so
+        assert (Path(ended["run_dir"]) / "output.log").stat().st_size > 50_000_000
+    finally:
+        api.post("/v1/sessions/boom/terminate")
+
+
+def test_a_two_megabyte_line_of_output_never_fills_an_answer(
+    api: Api, write, tmp_path: Path
+) -> None:
+    script = write(
+        "wide.py",
+        "print('z' * 2_000_000, flush=True)\nvalue = 1  # stop here\nprint('done')\n",
+    )
+    body = start_body(
+        script,
+        tmp_path,
+        stop_on_entry=False,
+        breakpoints=[{"file": str(script), "line": line_of(script, "stop here")}],
+    )
+    api.post("/v1/sessions/wide/start", body)
+    try:
+        paused = api.http.post("/v1/sessions/wide/wait", json={"wait": 30})
+        assert paused.json()["state"] == "paused" and len(paused.content) < SMALL
+        for response in (
+            api.http.get("/v1/sessions/wide"),
+            api.http.get("/v1/sessions"),
+            api.http.get("/v1/sessions/wide/output"),
+            api.http.post("/v1/sessions/wide/continue", json={"wait": 30}),
+        ):
+            assert response.status_code == 200 and len(response.content) < SMALL
+        ended = api.get("/v1/sessions/wide")
+        assert ended["state"] == "exited" and ended["output_truncated"] is True
+        output = api.get("/v1/sessions/wide/output")
+        assert output["truncated"] is True and output["path"] and output["next"]
+        assert output["size"] > 2_000_000  # nothing was lost: the whole line is in the file
+    finally:
+        api.post("/v1/sessions/wide/terminate")
+
+
+# -- hostile input ------------------------------------------------------------------------------
+
+HOSTILE_NAMES = [
+    "../etc",
+    "a/b",
+    "x" * 1000,
+    "..",
+    ".hidden",
+    "tab\there",
+    "new\nline",
+    "nul\0byte",
+    "名前",
+    "%2e%2e",
+    "",
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES, ids=range(len(HOSTILE_NAMES)))
+def test_hostile_session_names_get_4xx(api: Api, write, tmp_path: Path, name: str) -> None:
+    from urllib.parse import quote
+
+    script = write("ok.py", "x = 1\n")
+    quoted = quote(name, safe="")
+    for method, path, body in (
+        ("POST", f"/v1/sessions/{quoted}/start", start_body(script, tmp_path)),
+        ("GET", f"/v1/sessions/{quoted}", None),
+        ("POST", f"/v1/sessions/{quoted}/eval", {"expression": "1"}),
+        ("DELETE", f"/v1/sessions/{quoted}", None),
+    ):
+        response = api.http.request(method, path, json=body)
+        assert 400 <= response.status_code < 500, (method, path, response.text)
+        assert response.json()["code"] and len(response.content) < SMALL
+    assert not list((tmp_path / ".mldbg").glob("runs/*"))
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "fifo", "directory"])
+def test_special_files_as_breakpoint_targets_are_refused(
+    api: Api, write, tmp_path: Path, target: str
+) -> None:
+    _paused(api, write, tmp_path, f"special-{target.strip('/').replace('/', '-')}")
+    name = f"special-{target.strip('/').replace('/', '-')}"
+    if target == "fifo":
+        path = tmp_path / "pipe"
+        os.mkfifo(path)
+        target = str(path)
+    elif target == "directory":
+        target = str(tmp_path)
+    try:
+        error = api.post(
+            f"/v1/sessions/{name}/breakpoints", {"file": target, "line": 1}, expect=400
+        )
+        assert error["code"] == "not_a_source_file" and target in error["error"]
+        # the session is unharmed
+        assert api.post(f"/v1/sessions/{name}/eval", {"expression": "value"})["result"] == "41"
+    finally:
+        api.post(f"/v1/sessions/{name}/terminate")
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "open(b'/nonexistent/\\xff\\xfe')",
+        "'\\udcff'",
+        "__import__('os').fsdecode(b'\\xff')",
+        "x\udcff = 1",
+    ],
+)
+def test_eval_with_undecodable_bytes_is_never_a_500(
+    api: Api, write, tmp_path: Path, expression: str
+) -> None:
+    _paused(api, write, tmp_path, "undecodable")
+    try:
+        body = json.dumps({"expression": expression})  # lone surrogates as JSON escapes
+        response = api.http.post(
+            "/v1/sessions/undecodable/eval",
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
+        assert response.status_code in (200, 400), response.text
+        assert api.post("/v1/sessions/undecodable/eval", {"expression": "value"})["result"] == "41"
+    finally:
+        api.post("/v1/sessions/undecodable/terminate")
+
+
+def test_a_tensor_name_ending_in_a_newline_is_refused() -> None:
+    from mldbg.tensors import check_name
+
+    assert check_name("layer.0") == "layer.0"
+    for bad in ("layer\n", "layer\r\n", "a\nb", "\n"):
+        with pytest.raises(ValueError, match="bad tensor name"):
+            check_name(bad)
+
+
+def test_the_debuggee_pid_is_not_left_alive(api: Api) -> None:
+    """Every session of this module is ended: no debuggee outlives its test."""
+    for item in api.get("/v1/sessions")["sessions"]:
+        if item["state"] in ("exited", "crashed") and item.get("pid"):
+            assert not alive(item["pid"]) or item["pid"] == os.getpid()
+
+
+def test_what_schema_fuzzing_found_stays_fixed(api: Api, write, tmp_path: Path) -> None:
+    """Each of these was a 500 found by the schemathesis run; each is now a clear 4xx."""
+    _paused(api, write, tmp_path, "found")
+    try:
+        cases = [
+            ("POST", "/v1/sessions/found/eval", {"content": b"null"}, "bad_argument"),
+            ("POST", "/v1/sessions/found/frame", {"content": b"null"}, "bad_argument"),
+            ("GET", "/v1/sessions/found/output", {"params": {"offset": -5}}, "bad_argument"),
+            ("GET", "/v1/sessions/found/output", {"params": {"limit": 1 << 70}}, "bad_argument"),
+            ("GET", "/v1/sessions/found/output", {"params": {"tail": -1}}, "bad_argument"),
+            ("GET", "/v1/sessions/found/trace", {"params": {"run": "r" * 5000}}, "bad_path"),
+            ("GET", "/v1/runs", {"params": {"home": "h\0"}}, "bad_argument"),
+            ("POST", "/v1/sessions/found/eval", {"json": {"expression": "*a"}}, "eval_error"),
+            ("POST", "/v1/sessions/found/eval", {"json": {"expression": "return 1"}}, "eval_error"),
+        ]
+        for method, path, request, code in cases:
+            headers = {"Content-Type": "application/json"} if "content" in request else {}
+            response = api.http.request(method, path, headers=headers, **request)
+            assert response.status_code == 400, (path, request, response.text)
+            assert response.json()["code"] == code, (path, request, response.text)
+        assert api.post("/v1/sessions/found/eval", {"expression": "value"})["result"] == "41"
+    finally:
+        api.post("/v1/sessions/found/terminate")

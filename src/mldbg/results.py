@@ -84,6 +84,7 @@ class State(TypedDict, total=False):
     terminated: NotRequired[bool]
     store_error: NotRequired[str]
     warnings: NotRequired[list[str]]
+    parent: NotRequired[str]  # a child process's session: the session that started it
 
 
 class Frame(TypedDict, total=False):

@@ -41,10 +41,20 @@ FINISHED = "finished"
 
 # The longest line either end accepts; longer ones end the connection.
 MAX_LINE = 32 * 1024 * 1024
+# The connection's first bytes: ``PREAMBLE + token + "\n"``, a fixed size, so the daemon
+# checks the session's secret before it reads (or buffers) anything a stranger could send.
+PREAMBLE = b"MLDBG1 "
+TOKEN_BYTES = 32  # secrets.token_hex(TOKEN_BYTES): 64 hex digits
+PREAMBLE_SIZE = len(PREAMBLE) + 2 * TOKEN_BYTES + 1
+MAX_HELLO = 64 * 1024  # the hello line, read only once the secret matched
 
 
 class Hello(TypedDict, total=False):
-    token: str
+    token: str  # kept for older agents; the preamble is what proves the secret now
+    child: bool  # a child process of the session's script (forked or started by it)
+    ppid: int
+    rank: str | None  # RANK (else LOCAL_RANK) of an exec'd child: torchrun ranks
+    forked: bool
     python: str
     executable: str
     backend: str

@@ -153,7 +153,7 @@ def sessions(data: dict[str, Any]) -> None:
         out.print("no sessions")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("session", "state", "pid", "where"):
+    for column in ("session", "parent", "state", "pid", "where"):
         table.add_column(column)
     table.add_column("run", no_wrap=True, overflow="ignore")
     for s in items:
@@ -163,7 +163,12 @@ def sessions(data: dict[str, Any]) -> None:
                 f"signal {s['signal']}" if s.get("signal") else f"exit code {s.get('exit_code')}"
             )
         table.add_row(
-            s["session"], s["state"], str(s.get("pid")), escape(place), s.get("run_id") or ""
+            s["session"],
+            s.get("parent") or "",
+            s["state"],
+            str(s.get("pid")),
+            escape(place),
+            s.get("run_id") or "",
         )
     out.print(table)
 

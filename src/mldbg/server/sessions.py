@@ -13,6 +13,8 @@ import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from ..runs import (
     reserve_run_dir,
 )
 from ..verbs import fix
-from .agent_link import AgentLink
+from .agent_link import AgentLink, AgentListener
 from .launcher import LaunchSpec, check_target, resolve_python, spawn
 
 CONNECT_TIMEOUT = 60.0
@@ -50,6 +52,7 @@ class StartRequest:
     breakpoints: list[dict[str, Any]] = field(default_factory=list)
     stop_on_entry: bool = True
     replace: bool = False
+    follow: bool = True  # debug the script's child processes too (start --no-follow: False)
 
 
 def _now() -> str:
@@ -115,6 +118,10 @@ class Session:
         self.store_error: str | None = None
         self.started_at = _now()
         self.home: Path | None = None
+        self.manager: SessionManager | None = None  # set by the manager; children register there
+        self.listener: AgentListener | None = None
+        self.family: Any = None  # children.Family: the script's child processes
+        self._main: Future[AgentLink] = Future()
 
     # -- start ------------------------------------------------------------------------------
 
@@ -132,13 +139,19 @@ class Session:
         except OSError as exc:
             raise StartFailed(f"cannot create the run directory under {home}: {exc}") from None
         output = open(run.file(OUTPUT_LOG), "ab")  # noqa: SIM115 - handed to the child
-        link = AgentLink(self._on_event, self._on_link_closed)
+        from .children import Family
+
+        self.family = Family(self)
+        self.listener = listener = AgentListener(self._on_connection, self.name)
         spec = LaunchSpec(python, cwd, env, script, req.module, list(req.args))
         try:
-            process = spawn(spec, link.address, link.token, output)
+            process = spawn(spec, listener.address, listener.token, output)
+        except BaseException:
+            listener.close()
+            raise
         finally:
             output.close()  # the child holds its own copy of the descriptor
-        self.process, self.link, self.pid = process, link, process.pid
+        self.process, self.pid = process, process.pid
         stem = Path(script).stem if script else (req.module or "module").rsplit(".", 1)[-1]
         self.run = run = finalize_run_dir(run, stem, process.pid)
         self.events = JsonlWriter(run.file(EVENTS))
@@ -156,7 +169,9 @@ class Session:
             mldbg_version=__version__,
         )
         try:
-            self.hello = link.accept(process, CONNECT_TIMEOUT)
+            self.link = link = self._await_main(process, CONNECT_TIMEOUT)
+            self.hello = link.hello
+            link.start(self._on_event, self._on_link_closed)
             run.update_meta(
                 python_version=self.hello.get("python"),
                 backend=self.hello.get("backend"),
@@ -165,7 +180,10 @@ class Session:
             link.request("configure", {"breakpoints": req.breakpoints})
             with self.cond:
                 self.state = "running"
-            link.request("run", {"stop_on_entry": req.stop_on_entry, "run_dir": str(run.path)})
+            link.request(
+                "run",
+                {"stop_on_entry": req.stop_on_entry, "run_dir": str(run.path), "follow": req.follow},
+            )
         except MldbgError as exc:
             self._kill()
             process.wait(10)
@@ -178,6 +196,32 @@ class Session:
         with contextlib.suppress(OSError):  # `mldbg runs` shows it live, not "starting"
             run.update_meta(state="running")
         threading.Thread(target=self._watch, name=f"mldbg-watch-{self.name}", daemon=True).start()
+
+    def _on_connection(self, link: AgentLink) -> None:
+        """An authenticated connection: the script itself (first), or one of its children."""
+        if not link.hello.get("child") and not self._main.done():
+            self._main.set_result(link)
+        elif self.family is not None:
+            self.family.adopt(link)
+        else:
+            link.close()
+
+    def _await_main(self, process: subprocess.Popen[bytes], timeout: float) -> AgentLink:
+        """The script's own connection; fail fast if its interpreter dies first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self._main.result(0.1)
+            except FutureTimeout:
+                pass
+            if process.poll() is not None:
+                raise StartFailed(
+                    f"the script's interpreter exited (code {process.returncode}) before the "
+                    "debugger connected",
+                    exit_code=process.returncode,
+                )
+            if time.monotonic() > deadline:
+                raise StartFailed(f"the debuggee did not connect within {timeout:.0f} s")
 
     # -- events from the debuggee -----------------------------------------------------------
 
@@ -243,6 +287,8 @@ class Session:
             self.cond.notify_all()
         if self.link is not None:
             self.link.close()
+        if self.listener is not None:
+            self.listener.close()
         if self.events is not None:
             self.events.close()
 
@@ -332,7 +378,10 @@ class Session:
         return self.link
 
     def command(self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
-        return self._link().request(cmd, args, timeout)
+        result = self._link().request(cmd, args, timeout)
+        if self.family is not None and cmd in ("break", "remove", "clear"):
+            self.family.broadcast(cmd, args)  # the root's breakpoints apply in its children
+        return result
 
     def paused_command(
         self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 60.0
@@ -454,6 +503,18 @@ class Session:
 
     def _kill(self) -> None:
         process = self.process
+        if self.family is not None and process is not None:
+            # Children that left the process group (torchrun's ranks call setsid), and
+            # children of children: found now, while they are still linked to the script.
+            from .children import descendants, kill_tree
+
+            family = [c.pid for c in self.family.live_children() if c.pid is not None]
+            tree = descendants(process.pid) if process.poll() is None else []
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGTERM)
+            kill_tree([p for p in dict.fromkeys(tree + family) if p != process.pid])
+            self.family.end_all()
         if process is None or process.poll() is not None:
             return
         for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE), (signal.SIGKILL, TERMINATE_GRACE)):
@@ -504,6 +565,7 @@ class SessionManager:
                     fix=[fix("terminate", session=name), fix("start", session=name, replace=True)],
                 )
             session = Session(name, request)
+            session.manager = self
             self._sessions[name] = session
         if old is not None and not old.ended:
             old.terminate()
@@ -519,6 +581,14 @@ class SessionManager:
                         del self._sessions[name]
             raise
         return session
+
+    def add_child(self, child: Session) -> None:
+        """List a child process's session (it stopped); it replaces an ended one of its name."""
+        with self._lock:
+            old = self._sessions.get(child.name)
+            if old is not None and not old.ended and old is not child:
+                child.name = f"{child.name}.w{child.pid}"[-64:]
+            self._sessions[child.name] = child
 
     def get(self, name: str) -> Session:
         with self._lock:

@@ -1,0 +1,304 @@
+"""Every process of a run is debuggable: forked workers, spawned pools, python
+subprocesses and torchrun ranks stop as their own sessions, named after their parent.
+
+Real processes throughout (PyTorch CPU, multiprocessing, torch.distributed with gloo);
+each test also checks that no process of the run is left once it ended.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Api, Session, line_of
+from mldbg.server.children import alive, descendants
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def listed(api: Api) -> list[dict[str, Any]]:
+    return api.get("/v1/sessions")["sessions"]  # type: ignore[no-any-return]
+
+
+def paused_child(api: Api, prefix: str, timeout: float = 90.0) -> dict[str, Any]:
+    """The first listed session named ``prefix...`` that is paused (polls: machines vary)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [s for s in listed(api) if s["session"].startswith(prefix)]
+        paused = [s for s in found if s["state"] == "paused"]
+        if paused:
+            return paused[0]
+        assert time.monotonic() < deadline, f"no paused session {prefix}*: {found}"
+        time.sleep(0.1)
+
+
+def run_tree(session: Session) -> list[int]:
+    """The script's process and every descendant, now."""
+    pid = session.state()["pid"]
+    return [pid, *descendants(pid)]
+
+
+def assert_gone(pids: list[int], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if alive(p)]
+    assert not left, f"processes left running: {left}"
+
+
+def finish(session: Session, timeout: float = 120.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    state = session.wait(20)
+    while state["state"] not in ("exited", "crashed"):
+        assert time.monotonic() < deadline, state
+        state = session.cont(20) if state["state"] == "paused" else session.wait(20)
+    return state  # type: ignore[no-any-return]
+
+
+def child_api(session: Session, name: str) -> Session:
+    return Session(session.api, name, session.cwd)
+
+
+DATALOADER = """
+import sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        value = index * index  # BREAK
+        return torch.tensor([value])
+
+
+if __name__ == "__main__":
+    loader = DataLoader(Squares(), batch_size=1, num_workers=2, multiprocessing_context="fork")
+    seen = sorted(int(batch.item()) for batch in loader)
+    print("SEEN", seen, flush=True)
+"""
+
+
+def test_dataloader_fork_worker_pauses_as_its_own_session(session: Session, write: Any) -> None:
+    script = write("loader.py", DATALOADER)
+    line = line_of(script, "# BREAK")
+    bp = {"file": str(script), "line": line, "condition": "index == 5"}
+    state = session.start(script, breakpoints=[bp], stop_on_entry=False)
+    assert state["state"] == "running", state
+
+    child = paused_child(session.api, f"{session.name}.w")
+    tree = run_tree(session)
+    assert child["parent"] == session.name
+    assert child["pid"] != state["pid"] and child["pid"] in tree
+    assert child["location"]["line"] == line and child["reason"] == "breakpoint"
+    worker = child_api(session, child["session"])
+    assert worker.value("index") == "5"
+    assert worker.value("index * 3") == "15"
+    frames = worker.stack()["frames"]
+    assert frames[0]["function"] == "__getitem__"
+    assert "index" in {v["name"] for v in session.api.get(f"{worker.base}/vars")["variables"]}
+    # the parent is not paused: it keeps its own state (it waits for the worker's data)
+    assert session.state()["state"] == "running"
+
+    resumed = worker.cont(wait=0)
+    assert resumed["state"] in ("running", "exited")
+    end = finish(session)
+    assert end["state"] == "exited" and end["exit_code"] == 0, end
+    assert "SEEN [0, 1, 4, 9, 16, 25, 36, 49]" in session.output()
+    assert_gone(tree)
+    # the worker's session ended with its process
+    deadline = time.monotonic() + 30
+    while worker.state()["state"] not in ("exited", "crashed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+SPAWN_POOL = """
+import multiprocessing as mp
+
+
+def work(x):
+    y = x + 100  # BREAK
+    return y
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        print("RESULTS", pool.map(work, range(4)), flush=True)
+"""
+
+
+def test_spawn_pool_worker_is_followed(session: Session, write: Any) -> None:
+    script = write("pool.py", SPAWN_POOL)
+    line = line_of(script, "# BREAK")
+    bp = {"file": str(script), "line": line, "condition": "x == 2"}
+    session.start(script, breakpoints=[bp], stop_on_entry=False)
+
+    child = paused_child(session.api, f"{session.name}.w")
+    tree = run_tree(session)
+    worker = child_api(session, child["session"])
+    assert worker.value("x") == "2"
+    # the script's environment is what python gives it: no agent variables, no shim
+    assert worker.value("[k for k in __import__('os').environ if k.startswith('MLDBG_AGENT')]") == "[]"
+    step = worker.step("over")
+    assert step["state"] == "paused" and step["location"]["line"] == line + 1
+    assert worker.value("y") == "102"
+    worker.cont(wait=0)
+    end = finish(session)
+    assert end["exit_code"] == 0, end
+    assert "RESULTS [100, 101, 102, 103]" in session.output()
+    assert_gone(tree)
+
+
+SUBPROCESS_PARENT = """
+import subprocess
+import sys
+
+done = subprocess.run([sys.executable, "-u", "child.py", "7"], check=False)
+print("CHILD EXIT", done.returncode, flush=True)
+"""
+
+SUBPROCESS_CHILD = """
+import os
+import sys
+
+number = int(sys.argv[1])
+doubled = number * 2  # BREAK
+print("CHILD", sys.argv, doubled, "PYTHONPATH" in os.environ, flush=True)
+sys.exit(3)
+"""
+
+
+def test_subprocess_python_child_is_followed(session: Session, write: Any) -> None:
+    parent = write("parent.py", SUBPROCESS_PARENT)
+    child_script = write("child.py", SUBPROCESS_CHILD)
+    line = line_of(child_script, "# BREAK")
+    session.start(parent, breakpoints=[{"file": str(child_script), "line": line}], stop_on_entry=False)
+
+    child = paused_child(session.api, f"{session.name}.w")
+    tree = run_tree(session)
+    sub = child_api(session, child["session"])
+    assert sub.value("number") == "7"
+    assert sub.value("sys.argv") == "['child.py', '7']"
+    # a breakpoint set on the parent session later also reaches the (connected) child
+    sub.cont(wait=0)
+    end = finish(session)
+    assert end["exit_code"] == 0
+    output = session.output()
+    assert "CHILD ['child.py', '7'] 14 False" in output
+    assert "CHILD EXIT 3" in output
+    assert_gone(tree)
+
+
+def test_no_follow_leaves_children_alone(session: Session, write: Any) -> None:
+    script = write("loader.py", DATALOADER)
+    line = line_of(script, "# BREAK")
+    bp = {"file": str(script), "line": line}
+    session.start(script, breakpoints=[bp], stop_on_entry=False, no_follow=True)
+    end = finish(session)
+    assert end["exit_code"] == 0, end
+    assert "SEEN [0, 1, 4, 9, 16, 25, 36, 49]" in session.output()
+    assert not [s for s in listed(session.api) if s["session"].startswith(f"{session.name}.")]
+
+
+HANGING_CHILDREN = """
+import subprocess
+import sys
+import time
+
+child = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.1)"])
+grandchild = subprocess.Popen(
+    [sys.executable, "-c", "import time\\nwhile True: time.sleep(0.1)"], start_new_session=True
+)
+print("STARTED", child.pid, grandchild.pid, flush=True)
+while True:
+    time.sleep(0.1)  # BREAK
+"""
+
+
+def test_terminate_of_the_parent_ends_every_child(
+    session: Session, write: Any, tmp_path: Path
+) -> None:
+    script = write("hang.py", HANGING_CHILDREN)
+    session.start(script, stop_on_entry=False)
+    output = session.wait_for_output("STARTED")
+    pids = [int(p) for p in output.split("STARTED", 1)[1].split()[:2]]
+    # plus a paused forked-worker style child session: the DataLoader script in a second session
+    tree = run_tree(session)
+    assert set(pids) <= set(tree)
+    end = session.terminate()
+    assert end["state"] in ("exited", "crashed")
+    assert_gone(tree + pids)
+
+
+def test_terminate_of_the_parent_ends_paused_child_sessions(session: Session, write: Any) -> None:
+    script = write("loader.py", DATALOADER)
+    line = line_of(script, "# BREAK")
+    session.start(
+        script,
+        breakpoints=[{"file": str(script), "line": line, "condition": "index == 1"}],
+        stop_on_entry=False,
+    )
+    child = paused_child(session.api, f"{session.name}.w")
+    tree = run_tree(session)
+    session.terminate()
+    assert_gone(tree)
+    worker = child_api(session, child["session"])
+    assert worker.state()["state"] in ("exited", "crashed")
+    assert worker.eval("index", expect=409)["code"] == "session_ended"
+
+
+TORCHRUN = """
+import os
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+tensor = torch.tensor([float(rank + 1)])
+dist.all_reduce(tensor)
+total = tensor.item()  # BREAK
+print(f"RANK {rank} TOTAL {total}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_ranks_are_sessions_named_by_rank(session: Session, write: Any) -> None:
+    script = write("train.py", TORCHRUN)
+    line = line_of(script, "# BREAK")
+    bp = {"file": str(script), "line": line, "condition": "rank == 1"}
+    env = {
+        **os.environ,
+        "MLDBG_HOME": str(session.cwd / ".mldbg"),
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+    }
+    body = {
+        "module": "torch.distributed.run",
+        "args": ["--nproc_per_node=2", "--master_port=0", "--standalone", str(script)],
+        "cwd": str(session.cwd),
+        "breakpoints": [bp],
+        "stop_on_entry": False,
+        "env": env,
+    }
+    session.api.post(f"{session.base}/start", body)
+    child = paused_child(session.api, f"{session.name}.rank", timeout=150)
+    assert child["session"] == f"{session.name}.rank1"
+    tree = run_tree(session)
+    rank1 = child_api(session, child["session"])
+    assert rank1.value("rank") == "1"
+    assert rank1.value("total") == "3.0" or rank1.value("tensor.item()") == "3.0"
+    rank1.cont(wait=0)
+    end = finish(session, timeout=150)
+    assert end["exit_code"] == 0, session.output()
+    output = session.output()
+    assert "RANK 0 TOTAL 3.0" in output and "RANK 1 TOTAL 3.0" in output
+    assert_gone(tree)

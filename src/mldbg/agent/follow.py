@@ -77,6 +77,7 @@ def install(debugger: Any, credentials: Credentials, follow: bool) -> None:
         return
     _installed = True
     os.register_at_fork(after_in_child=_after_fork_in_child)
+    _patch_run_path(debugger)
     if follow:
         _patch_exec()
 
@@ -189,6 +190,32 @@ def hello(**extra: Any) -> dict[str, Any]:
         "executable": sys.executable,
         **extra,
     }
+
+
+def _patch_run_path(debugger: Any) -> None:
+    """``runpy.run_path`` compiles a file itself, past the import system: a backend that
+    compiles breakpoints into code as modules load (3.10/3.11) gets it here instead.
+
+    That is how a spawned ``multiprocessing`` child runs the parent's main script (as
+    ``__mp_main__``), where the pool's worker functions live.
+    """
+    prepare = getattr(debugger.backend, "prepare_main", None)
+    if prepare is None:
+        return
+    import runpy
+
+    original = getattr(runpy, "_get_code_from_file", None)
+    if original is None:
+        return
+
+    def get_code(*args: Any, **kwargs: Any) -> Any:
+        code, fname = original(*args, **kwargs)
+        try:
+            return prepare(code), fname
+        except Exception:  # never worse than undebugged
+            return code, fname
+
+    runpy._get_code_from_file = get_code  # type: ignore[attr-defined]
 
 
 # -- exec'd children --------------------------------------------------------------------------

@@ -51,9 +51,12 @@ class LineReader:
         deadline = time.monotonic() + timeout
         while len(self._buffer) < size:
             left = deadline - time.monotonic()
-            if left <= 0:
-                raise LinkError(f"fewer than {size} bytes arrived within {timeout:.0f} s")
-            self._fill(size - len(self._buffer), left)
+            try:
+                if left <= 0:
+                    raise LinkError("too slow")
+                self._fill(size - len(self._buffer), left)
+            except LinkError:
+                raise LinkError(f"fewer than {size} bytes arrived within {timeout:g} s") from None
         data = bytes(self._buffer[:size])
         del self._buffer[:size]
         self._scanned = 0

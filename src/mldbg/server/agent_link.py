@@ -34,7 +34,7 @@ EventHandler = Callable[[dict[str, Any]], None]
 # HTTP statuses of the agent's error codes that are not plain bad input (400)
 _STATUS = {"not_paused": 409, "internal": 500}
 HANDSHAKE_TIMEOUT = 5.0  # the secret and the hello must both arrive within this
-MAX_HANDSHAKES = 8  # connections still proving themselves; more are closed at once
+MAX_HANDSHAKES = 64  # connections still proving themselves; more are closed at once
 MESSAGE_DEADLINE = 120.0  # once a message began, the rest must follow within this
 
 log = logging.getLogger("mldbg.agent_link")

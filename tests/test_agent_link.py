@@ -63,7 +63,9 @@ def listener() -> Any:
 def test_the_secret_and_a_hello_open_the_link(listener: Any) -> None:
     listening, collector = listener
     sock = connect(listening.address)
-    sock.sendall(preamble(listening.token) + json.dumps({"event": "hello", "pid": 42}).encode() + b"\n")
+    sock.sendall(
+        preamble(listening.token) + json.dumps({"event": "hello", "pid": 42}).encode() + b"\n"
+    )
     assert collector.arrived.wait(30)
     link = collector.links[0]
     assert link.hello["pid"] == 42 and link.pid == 42

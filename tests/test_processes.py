@@ -146,7 +146,9 @@ def test_spawn_pool_worker_is_followed(session: Session, write: Any) -> None:
     worker = child_api(session, child["session"])
     assert worker.value("x") == "2"
     # the script's environment is what python gives it: no agent variables, no shim
-    assert worker.value("[k for k in __import__('os').environ if k.startswith('MLDBG_AGENT')]") == "[]"
+    assert (
+        worker.value("[k for k in __import__('os').environ if k.startswith('MLDBG_AGENT')]") == "[]"
+    )
     step = worker.step("over")
     assert step["state"] == "paused" and step["location"]["line"] == line + 1
     assert worker.value("y") == "102"
@@ -182,7 +184,9 @@ def test_subprocess_python_child_is_followed(session: Session, write: Any) -> No
     parent = write("parent.py", SUBPROCESS_PARENT)
     child_script = write("child.py", SUBPROCESS_CHILD)
     line = line_of(child_script, "# BREAK")
-    session.start(parent, breakpoints=[{"file": str(child_script), "line": line}], stop_on_entry=False)
+    session.start(
+        parent, breakpoints=[{"file": str(child_script), "line": line}], stop_on_entry=False
+    )
 
     child = paused_child(session.api, f"{session.name}.w")
     tree = run_tree(session)
@@ -307,3 +311,41 @@ def test_torchrun_ranks_are_sessions_named_by_rank(session: Session, write: Any)
     output = session.output()
     assert "RANK 0 TOTAL 3.0" in output and "RANK 1 TOTAL 3.0" in output
     assert_gone(tree)
+
+
+EXEC_FIRST = """
+import os
+import sys
+
+print("FIRST", os.getpid(), flush=True)
+os.execv(sys.executable, [sys.executable, "second.py", "again"])
+"""
+
+EXEC_SECOND = """
+import os
+import sys
+
+where = sys.argv[1]  # BREAK
+print("SECOND", os.getpid(), where, sorted(k for k in os.environ if k.startswith("MLDBG_AGENT")))
+"""
+
+
+def test_exec_of_python_stays_the_same_session(session: Session, write: Any) -> None:
+    first = write("first.py", EXEC_FIRST)
+    second = write("second.py", EXEC_SECOND)
+    line = line_of(second, "# BREAK")
+    state = session.start(first)
+    # a breakpoint set in the first program still applies after the exec
+    session.brk(second, line)
+    state = session.cont(20)
+    deadline = time.monotonic() + 60
+    while state["state"] == "running" and time.monotonic() < deadline:
+        state = session.wait(20)
+    assert state["state"] == "paused", state
+    assert state["location"]["file"] == str(second) and state["location"]["line"] == line
+    assert session.value("sys.argv") == "['second.py', 'again']"
+    end = finish(session)
+    assert end["exit_code"] == 0
+    output = session.output()
+    pid = output.split("FIRST ", 1)[1].split()[0]
+    assert f"SECOND {pid} again []" in output

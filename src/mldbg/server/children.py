@@ -62,9 +62,16 @@ class Family:
             self.children[pid] = child
         link.start(child.on_event, child.on_link_closed)
         if not link.hello.get("forked"):
-            threading.Thread(
-                target=self._configure, args=(child,), name=f"mldbg-child-{pid}", daemon=True
-            ).start()
+            self.configure_later(child, link, ask_root=True)
+
+    def configure_later(self, session: Session, link: AgentLink, ask_root: bool) -> None:
+        """Configure and run an exec'd process on a thread of its own (frees the handshake)."""
+        threading.Thread(
+            target=self._configure,
+            args=(session, link, ask_root),
+            name=f"mldbg-child-{link.pid}",
+            daemon=True,
+        ).start()
 
     def _name_for(self, hello: dict[str, Any], pid: int) -> str:
         root = self.root.name
@@ -86,11 +93,9 @@ class Family:
             names |= {s.name for s in manager.all() if not s.ended}
         return names
 
-    def _configure(self, child: ChildSession) -> None:
-        """An exec'd child: the parent's current breakpoints, then let it run."""
-        specs = self._current_breakpoints()
-        link = child.link
-        assert link is not None
+    def _configure(self, child: Session, link: AgentLink, ask_root: bool) -> None:
+        """An exec'd process: the root's current breakpoints, then let it run."""
+        specs = self._current_breakpoints() if ask_root else list(self.last_breakpoints)
         try:
             try:
                 link.request("configure", {"breakpoints": specs}, CONFIGURE_TIMEOUT)
@@ -108,6 +113,12 @@ class Family:
 
     def _current_breakpoints(self) -> list[dict[str, Any]]:
         """Ask the root's agent (it may have changed since the start); else the last known."""
+        self.remember()
+        return list(self.last_breakpoints)
+
+    def remember(self) -> None:
+        """Note the root's breakpoints, for a process that connects when the root cannot
+        answer (the root itself after an ``os.exec*``)."""
         link = self.root.link
         if link is not None and not link.closed and not self.root.ended:
             try:
@@ -115,7 +126,6 @@ class Family:
                 self.last_breakpoints = [_spec(item) for item in items]
             except Exception:
                 pass
-        return list(self.last_breakpoints)
 
     # -- the family as a whole ---------------------------------------------------------------
 

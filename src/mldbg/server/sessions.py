@@ -182,7 +182,11 @@ class Session:
                 self.state = "running"
             link.request(
                 "run",
-                {"stop_on_entry": req.stop_on_entry, "run_dir": str(run.path), "follow": req.follow},
+                {
+                    "stop_on_entry": req.stop_on_entry,
+                    "run_dir": str(run.path),
+                    "follow": req.follow,
+                },
             )
         except MldbgError as exc:
             self._kill()
@@ -201,6 +205,13 @@ class Session:
         """An authenticated connection: the script itself (first), or one of its children."""
         if not link.hello.get("child") and not self._main.done():
             self._main.set_result(link)
+        elif self.family is not None and self._main.done() and link.pid == self.pid:
+            # the script replaced itself (os.exec* of python): same process, same session
+            old, self.link = self.link, link
+            if old is not None:
+                old.close()
+            link.start(self._on_event, self._on_link_closed)
+            self.family.configure_later(self, link, ask_root=False)
         elif self.family is not None:
             self.family.adopt(link)
         else:
@@ -381,6 +392,7 @@ class Session:
         result = self._link().request(cmd, args, timeout)
         if self.family is not None and cmd in ("break", "remove", "clear"):
             self.family.broadcast(cmd, args)  # the root's breakpoints apply in its children
+            self.family.remember()
         return result
 
     def paused_command(

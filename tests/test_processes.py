@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Api, Session, line_of
+from conftest import Api, Session, backend_params, line_of
 from mldbg.server.children import alive, descendants
 
 pytestmark = pytest.mark.timeout(180)
@@ -135,11 +135,15 @@ if __name__ == "__main__":
 """
 
 
-def test_spawn_pool_worker_is_followed(session: Session, write: Any) -> None:
-    script = write("pool.py", SPAWN_POOL)
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+@pytest.mark.parametrize("python", backend_params())
+def test_multiprocessing_pool_worker_is_followed(
+    session: Session, write: Any, python: str, method: str
+) -> None:
+    script = write("pool.py", SPAWN_POOL.replace('"spawn"', repr(method)))
     line = line_of(script, "# BREAK")
     bp = {"file": str(script), "line": line, "condition": "x == 2"}
-    session.start(script, breakpoints=[bp], stop_on_entry=False)
+    session.start(script, python=python, breakpoints=[bp], stop_on_entry=False)
 
     child = paused_child(session.api, f"{session.name}.w")
     tree = run_tree(session)

@@ -185,6 +185,8 @@ class ChildSession(Session):
     # -- events ------------------------------------------------------------------------------
 
     def on_event(self, message: dict[str, Any]) -> None:
+        if message.get("event") == "finished" and isinstance(message.get("exit_code"), int):
+            self.exit_code = message["exit_code"]
         if message.get("event") == "stopped" and not self.listed:
             self.listed = True
             self.family_of.register(self)

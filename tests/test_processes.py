@@ -353,3 +353,73 @@ def test_exec_of_python_stays_the_same_session(session: Session, write: Any) -> 
     output = session.output()
     pid = output.split("FIRST ", 1)[1].split()[0]
     assert f"SECOND {pid} again []" in output
+
+
+WAITING_CHILD = """
+import os
+import sys
+import time
+
+print("CHILD READY", flush=True)
+while not os.path.exists("go"):
+    time.sleep(0.05)
+
+
+def compute(n):
+    result = n * 10  # BREAK
+    return result
+
+
+total = compute(4)
+if sys.argv[1] == "raise":
+    raise ValueError(f"bad total {total}")
+print("CHILD TOTAL", total, flush=True)
+"""
+
+WAITING_PARENT = """
+import subprocess
+import sys
+
+code = subprocess.run([sys.executable, "child.py", sys.argv[1]]).returncode
+print("PARENT SAW", code, flush=True)
+"""
+
+
+def test_breakpoints_set_later_reach_a_running_child(session: Session, write: Any) -> None:
+    parent = write("parent.py", WAITING_PARENT)
+    child_script = write("child.py", WAITING_CHILD)
+    line = line_of(child_script, "# BREAK")
+    session.start(parent, "ok", stop_on_entry=False)
+    session.wait_for_output("CHILD READY")
+    session.brk(child_script, line, condition="n == 4")  # set on the parent session
+    (session.cwd / "go").write_text("")
+    child = paused_child(session.api, f"{session.name}.w")
+    assert child["location"]["line"] == line
+    sub = child_api(session, child["session"])
+    assert sub.value("n") == "4"
+    assert sub.step("out")["state"] == "paused"
+    assert sub.value("total") == "40"
+    sub.cont(wait=0)
+    end = finish(session)
+    assert end["exit_code"] == 0 and "PARENT SAW 0" in session.output()
+
+
+def test_uncaught_exception_in_a_child_pauses_it_and_terminate_ends_only_it(
+    session: Session, write: Any
+) -> None:
+    parent = write("parent.py", WAITING_PARENT)
+    write("child.py", WAITING_CHILD)
+    (session.cwd / "go").write_text("")
+    session.start(parent, "raise", stop_on_entry=False)
+    child = paused_child(session.api, f"{session.name}.w")
+    assert child["reason"] == "exception"
+    assert "bad total 40" in str(child["exception"])
+    sub = child_api(session, child["session"])
+    assert sub.value("total") == "40"
+    tree = [child["pid"], *descendants(child["pid"])]
+    ended = sub.terminate()
+    assert ended["state"] in ("exited", "crashed") and ended["terminated"] is True
+    assert_gone(tree)
+    # the parent goes on: it sees its child killed by SIGTERM
+    end = finish(session)
+    assert end["exit_code"] == 0 and "PARENT SAW -15" in session.output()

@@ -86,6 +86,20 @@ def test_the_secret_and_a_hello_open_the_link(listener: Any) -> None:
         s.close()
 
 
+def test_a_silent_stranger_does_not_hold_up_the_debuggee(listener: Any) -> None:
+    listening, collector = listener
+    silent = connect(listening.address)  # first in line, and says nothing
+    sock = connect(listening.address)
+    sock.sendall(preamble(listening.token) + b'{"event": "hello", "pid": 7}\n')
+    assert collector.arrived.wait(30) and collector.links[0].pid == 7
+    assert listening.rejected == 0  # the silent one is still waiting for its deadline
+    assert closed_by_peer(silent)
+    assert listening.rejected == 1
+    collector.links[0].close()
+    silent.close()
+    sock.close()
+
+
 @pytest.mark.parametrize(
     "payload",
     [

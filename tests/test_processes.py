@@ -283,7 +283,10 @@ dist.destroy_process_group()
 """
 
 
-def test_torchrun_ranks_are_sessions_named_by_rank(session: Session, write: Any) -> None:
+@pytest.mark.parametrize("ending", ["continue", "terminate"])
+def test_torchrun_ranks_are_sessions_named_by_rank(
+    session: Session, write: Any, ending: str
+) -> None:
     script = write("train.py", TORCHRUN)
     line = line_of(script, "# BREAK")
     bp = {"file": str(script), "line": line, "condition": "rank == 1"}
@@ -309,6 +312,11 @@ def test_torchrun_ranks_are_sessions_named_by_rank(session: Session, write: Any)
     assert rank1.value("rank") == "1"
     assert rank1.value("tensor.item()") == "3.0"  # the all_reduce ran in both ranks
     assert rank1.value("int(os.environ['RANK'])") == "1"
+    if ending == "terminate":  # the ranks left the process group (setsid): still all ended
+        session.terminate()
+        assert_gone(tree)
+        assert rank1.state()["state"] in ("exited", "crashed")
+        return
     rank1.cont(wait=0)
     end = finish(session, timeout=150)
     assert end["exit_code"] == 0, session.output()

@@ -431,3 +431,64 @@ def test_uncaught_exception_in_a_child_pauses_it_and_terminate_ends_only_it(
     # the parent goes on: it sees its child killed by SIGTERM
     end = finish(session)
     assert end["exit_code"] == 0 and "PARENT SAW -15" in session.output()
+
+
+AGENT = ["-m", "mldbg.agent"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["py", "-u", "x.py", "a"], ["py", "-u", *AGENT, "x.py", "a"]),
+        (["py", "-c", "code", "--mp-fork"], ["py", *AGENT, "-c", "code", "--mp-fork"]),
+        (["py", "-uc", "code"], ["py", "-u", *AGENT, "-c", "code"]),
+        (["py", "-Bccode", "a"], ["py", "-B", *AGENT, "-c", "code", "a"]),
+        (
+            ["py", "-W", "ignore", "-m", "pkg", "x"],
+            ["py", "-W", "ignore", *AGENT, "-m", "pkg", "x"],
+        ),
+        (["py", "-Wignore", "s.py"], ["py", "-Wignore", *AGENT, "s.py"]),
+        (
+            ["py", "-X", "dev", "-mtorch.distributed.run"],
+            ["py", "-X", "dev", *AGENT, "-m", "torch.distributed.run"],
+        ),
+        (["py", "--", "-odd.py", "a"], ["py", *AGENT, "-odd.py", "a"]),
+        (
+            ["py", "--check-hash-based-pycs", "never", "s.py"],
+            ["py", "--check-hash-based-pycs", "never", *AGENT, "s.py"],
+        ),
+        (["py"], None),
+        (["py", "-"], None),
+        (["py", "-i", "x.py"], None),
+        (["py", "-E", "x.py"], None),
+        (["py", "-sI", "x.py"], None),
+        (["py", "--version"], None),
+        (["py", "-m", "mldbg.agent", "x.py"], None),
+        (["py", "-c"], None),
+    ],
+)
+def test_python_command_lines_are_rewritten_like_python_parses_them(
+    argv: list[str], expected: list[str] | None
+) -> None:
+    from mldbg.agent.follow import rewrite_argv
+
+    assert rewrite_argv(argv) == expected
+
+
+def test_only_pythons_the_agent_runs_in_are_followed(tmp_path: Path) -> None:
+    import sys
+
+    from mldbg.agent.follow import is_python
+
+    assert is_python(sys.executable)
+    assert not is_python("/bin/sh")
+    old = tmp_path / "python3.8"
+    old.symlink_to(sys.executable)  # its real name is what counts, not the link's
+    assert is_python(str(old))
+    fake = tmp_path / "bin" / "python3.8"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n")
+    assert not is_python(str(fake))  # too old for the agent: left alone
+    other = tmp_path / "bin" / "python"
+    other.write_text("#!/bin/sh\n")
+    assert not is_python(str(other))  # unversioned and not beside this interpreter

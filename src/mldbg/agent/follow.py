@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -221,13 +222,29 @@ def _patch_run_path(debugger: Any) -> None:
 # -- exec'd children --------------------------------------------------------------------------
 
 
-def is_python(program: str) -> bool:
-    name = os.path.basename(program)
-    if _PYTHON_NAME.match(name):
+def is_python(program: str, path: str | None = None) -> bool:
+    """A python the agent runs in: this interpreter, or any CPython 3.10 or newer.
+
+    A child that runs some other python (a system 3.8, a python 2) is left alone: the
+    agent could not even import there, and a debugger must never break the script.
+    """
+    named_python = bool(_PYTHON_NAME.match(os.path.basename(program)))
+    if not named_python and os.path.realpath(program) != os.path.realpath(sys.executable):
+        return False
+    found = program
+    if not os.path.dirname(program):
+        found = shutil.which(program, path=path) or ""
+    if not found:
+        return False
+    real = os.path.realpath(found)
+    if real == os.path.realpath(sys.executable):
         return True
-    with contextlib.suppress(OSError):
-        return os.path.realpath(program) == os.path.realpath(sys.executable)
-    return False
+    version = re.search(r"python(\d+)\.(\d+)", os.path.basename(real))
+    if version is not None:
+        return (int(version.group(1)), int(version.group(2))) >= (3, 10)
+    # an unversioned name: trusted only beside this interpreter (the same virtualenv)
+    here = os.path.dirname(os.path.realpath(sys.executable))
+    return os.path.dirname(real) in (here, os.path.dirname(sys.executable))
 
 
 def rewrite_argv(argv: Sequence[str]) -> list[str] | None:
@@ -320,7 +337,7 @@ def _followed(program: Any, argv: Any) -> list[str] | None:
         name = os.fsdecode(os.fspath(program)) if program is not None else (args[:1] or [""])[0]
     except (TypeError, ValueError):
         return None
-    if not args or not (is_python(name) or is_python(args[0])):
+    if not args or not is_python(name):
         return None
     return rewrite_argv(args)
 
@@ -343,7 +360,9 @@ def _patch_exec() -> None:
     def follow_fork_exec(args: Any, executable_list: Any, *rest: Any, **kw: Any) -> Any:
         # The positions of args (0), executable_list (1) and env (5) are the same in
         # every supported CPython (3.10 to 3.13).
-        new = _followed(executable_list[0] if executable_list else None, args or [])
+        # the candidates of a PATH search, in order: the first that exists is what runs
+        program = next((p for p in executable_list or () if os.path.exists(p)), None)
+        new = _followed(program, args or []) if program is not None else None
         if new is not None and len(rest) >= 4:
             env = child_environment(_env_from_list(rest[3]))
             env_list = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]

@@ -348,6 +348,9 @@ class Session:
             }
         if self.store_error:
             state["store_error"] = self.store_error
+        link = self.link
+        if link is not None and link.error:  # the daemon cut the link: say why
+            state["warnings"] = [link.error]
         if self.ended:
             state["output_tail"], cut = self.output_tail()
             if cut:

@@ -492,3 +492,32 @@ def test_only_pythons_the_agent_runs_in_are_followed(tmp_path: Path) -> None:
     other = tmp_path / "bin" / "python"
     other.write_text("#!/bin/sh\n")
     assert not is_python(str(other))  # unversioned and not beside this interpreter
+
+
+ORPHANING_PARENT = """
+import subprocess
+import sys
+
+child = subprocess.Popen([sys.executable, "child.py", "ok"])
+print("LEFT", child.pid, flush=True)
+"""
+
+
+def test_terminate_after_the_script_ended_ends_the_children_it_left(
+    session: Session, write: Any
+) -> None:
+    parent = write("parent.py", ORPHANING_PARENT)
+    child_script = write("child.py", WAITING_CHILD)
+    (session.cwd / "go").write_text("")
+    line = line_of(child_script, "# BREAK")
+    session.start(
+        parent, breakpoints=[{"file": str(child_script), "line": line}], stop_on_entry=False
+    )
+    child = paused_child(session.api, f"{session.name}.w")
+    end = finish(session)  # the parent ran to its end; its child is paused on its own
+    assert end["exit_code"] == 0
+    sub = child_api(session, child["session"])
+    assert sub.state()["state"] == "paused" and sub.value("n") == "4"
+    session.terminate()
+    assert_gone([child["pid"]])
+    assert sub.state()["state"] in ("exited", "crashed")

@@ -94,7 +94,10 @@ def _after_fork_in_child() -> None:
     with contextlib.suppress(Exception):
         old.abandon()  # first of all: the parent's connection is never written to from here
     try:
-        _reset_locks(debugger, debugger.breakpoints, debugger.backend)
+        from . import breakpoints
+
+        native = getattr(debugger.backend, "_native", None)  # the 3.10/3.11 backend's helper
+        _reset_locks(debugger, debugger.breakpoints, debugger.backend, breakpoints, native)
         debugger._busy = set()
         debugger.paused = None
         debugger.pause_requested = False
@@ -114,7 +117,11 @@ def _reset_locks(*objects: Any) -> None:
     """Fresh locks: a thread of the parent may have held one at the fork, forever in here."""
     kinds = ((type(threading.Lock()), threading.Lock), (type(threading.RLock()), threading.RLock))
     for obj in objects:
+        if obj is None:
+            continue
         for name, value in list(vars(obj).items()):
+            if name.startswith("__"):
+                continue
             for kind, make in kinds:
                 if isinstance(value, kind):
                     setattr(obj, name, make())

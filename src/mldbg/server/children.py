@@ -31,12 +31,14 @@ import time
 from typing import Any
 
 from ..names import is_session_name
-from .agent_link import AgentLink
+from .agent_link import AgentLink, AgentListener
 from .sessions import ENDED, Session, StartRequest
 
 BROADCAST = frozenset({"break", "remove", "clear"})  # breakpoint edits the children follow
 CONFIGURE_TIMEOUT = 15.0
 KILL_GRACE = 3.0
+LISTEN_AFTER_END = 10.0
+BROADCAST_WAIT = 5.0
 
 
 class Family:
@@ -46,6 +48,7 @@ class Family:
         self.root = root
         self.children: dict[int, ChildSession] = {}  # by pid, while connected
         self.lock = threading.Lock()
+        self.closed = False  # terminated: no process of the run may connect any more
         self.last_breakpoints: list[dict[str, Any]] = [dict(b) for b in root.request.breakpoints]
 
     # -- a child connects --------------------------------------------------------------------
@@ -53,7 +56,7 @@ class Family:
     def adopt(self, link: AgentLink) -> None:
         """A child proved the secret: make it a (not yet listed) session and start it."""
         pid = link.pid
-        if pid is None or self.root.ended:
+        if pid is None or self.closed or self.root.terminated:
             link.close()
             return
         with self.lock:
@@ -130,10 +133,19 @@ class Family:
     # -- the family as a whole ---------------------------------------------------------------
 
     def broadcast(self, cmd: str, args: dict[str, Any] | None) -> None:
-        """A breakpoint edit on the root reaches every connected child (fire and forget)."""
-        for child in self.live_children():
-            if child.link is not None and not child.link.closed:
-                child.link.send(cmd, args)
+        """A breakpoint edit on the root reaches every connected child before the verb
+        answers (so a child cannot run past a breakpoint the user already saw set); a
+        child that does not answer within ``BROADCAST_WAIT`` is not waited for, and a
+        child's refusal (a file it cannot see) does not fail the root's edit."""
+        sent = [
+            child.link.send(cmd, args)
+            for child in self.live_children()
+            if child.link is not None and not child.link.closed
+        ]
+        deadline = time.monotonic() + BROADCAST_WAIT
+        for future in sent:
+            with contextlib.suppress(Exception):
+                future.result(max(0.0, deadline - time.monotonic()))
 
     def live_children(self) -> list[ChildSession]:
         with self.lock:
@@ -149,6 +161,22 @@ class Family:
         with self.lock:
             if child.pid is not None and self.children.get(child.pid) is child:
                 del self.children[child.pid]
+
+    def close_when_idle(self, listener: AgentListener) -> None:
+        """The script ended: keep its port open while children it left run (and for
+        ``LISTEN_AFTER_END`` seconds after the last, for any still starting up)."""
+
+        def watch() -> None:
+            idle_since = time.monotonic()
+            while not listener.closed:
+                if self.live_children():
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > LISTEN_AFTER_END:
+                    listener.close()
+                    return
+                time.sleep(0.5)
+
+        threading.Thread(target=watch, name="mldbg-listen-after-end", daemon=True).start()
 
     def end_all(self) -> None:
         """The root was terminated: end every process of the run, then every child session."""

@@ -299,7 +299,10 @@ class Session:
         if self.link is not None:
             self.link.close()
         if self.listener is not None:
-            self.listener.close()
+            if self.terminated or self.family is None:
+                self.listener.close()
+            else:  # children it left behind may still be starting: they can still connect
+                self.family.close_when_idle(self.listener)
         if self.events is not None:
             self.events.close()
 
@@ -514,6 +517,11 @@ class Session:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(TERMINATE_GRACE * 2)
             self.wait(TERMINATE_GRACE)
+        elif self.family is not None:
+            self.family.closed = True
+            if self.listener is not None:
+                self.listener.close()
+            self.family.end_all()  # the script ended, children it left behind may not have
         return self.snapshot()
 
     def _kill(self) -> None:

@@ -103,8 +103,10 @@ def test_dataloader_fork_worker_pauses_as_its_own_session(session: Session, writ
     frames = worker.stack()["frames"]
     assert frames[0]["function"] == "__getitem__"
     assert "index" in {v["name"] for v in session.api.get(f"{worker.base}/vars")["variables"]}
-    # the parent is not paused: it keeps its own state (it waits for the worker's data)
-    assert session.state()["state"] == "running"
+    # the parent is not paused: it keeps its own state (it waits for the worker's data),
+    # and its state says which of its children is
+    parent = session.state()
+    assert parent["state"] == "running" and parent["paused_children"] == [child["session"]]
 
     resumed = worker.cont(wait=0)
     assert resumed["state"] in ("running", "exited")
@@ -197,7 +199,7 @@ def test_subprocess_python_child_is_followed(session: Session, write: Any) -> No
     sub = child_api(session, child["session"])
     assert sub.value("number") == "7"
     assert sub.value("sys.argv") == "['child.py', '7']"
-    # a breakpoint set on the parent session later also reaches the (connected) child
+    assert sub.value("[p for p in sys.path if 'mldbg-agent' in p]") == "[]"
     sub.cont(wait=0)
     end = finish(session)
     assert end["exit_code"] == 0
@@ -209,14 +211,24 @@ def test_subprocess_python_child_is_followed(session: Session, write: Any) -> No
     assert_gone(tree)
 
 
-def test_no_follow_leaves_children_alone(session: Session, write: Any) -> None:
-    script = write("loader.py", DATALOADER)
+@pytest.mark.parametrize(
+    ("source", "printed"),
+    [
+        (DATALOADER, "SEEN [0, 1, 4, 9, 16, 25, 36, 49]"),
+        (SPAWN_POOL, "RESULTS [100, 101, 102, 103]"),
+    ],
+    ids=["fork", "spawn"],
+)
+def test_no_follow_leaves_children_alone(
+    session: Session, write: Any, source: str, printed: str
+) -> None:
+    script = write("script.py", source)
     line = line_of(script, "# BREAK")
     bp = {"file": str(script), "line": line}
     session.start(script, breakpoints=[bp], stop_on_entry=False, no_follow=True)
     end = finish(session)
     assert end["exit_code"] == 0, end
-    assert "SEEN [0, 1, 4, 9, 16, 25, 36, 49]" in session.output()
+    assert printed in session.output()
     assert not [s for s in listed(session.api) if s["session"].startswith(f"{session.name}.")]
 
 
@@ -521,3 +533,32 @@ def test_terminate_after_the_script_ended_ends_the_children_it_left(
     session.terminate()
     assert_gone([child["pid"]])
     assert sub.state()["state"] in ("exited", "crashed")
+
+
+LOOPING_CHILD = """
+import time
+
+counter = 0
+print("CHILD LOOPING", flush=True)
+while True:
+    counter += 1  # BREAK
+    time.sleep(0.01)
+"""
+
+
+def test_pause_and_output_on_a_child_session(session: Session, write: Any) -> None:
+    parent = write("parent.py", WAITING_PARENT)
+    child_script = write("child.py", LOOPING_CHILD)
+    line = line_of(child_script, "# BREAK")
+    bp = {"file": str(child_script), "line": line, "hits": "1"}
+    session.start(parent, "x", breakpoints=[bp], stop_on_entry=False)
+    child = paused_child(session.api, f"{session.name}.w")
+    sub = child_api(session, child["session"])
+    assert sub.cont(wait=0)["state"] == "running"
+    paused = session.api.post(f"{sub.base}/pause", {"wait": 20})
+    assert paused["state"] == "paused" and paused["reason"] == "pause", paused
+    assert int(sub.value("counter")) >= 1
+    assert "CHILD LOOPING" in sub.output()  # the run's output, children's lines included
+    tree = run_tree(session)
+    session.terminate()
+    assert_gone(tree)

@@ -85,6 +85,7 @@ class State(TypedDict, total=False):
     store_error: NotRequired[str]
     warnings: NotRequired[list[str]]
     parent: NotRequired[str]  # a child process's session: the session that started it
+    paused_children: NotRequired[list[str]]  # the run's child sessions paused now (at most 20)
 
 
 class Frame(TypedDict, total=False):

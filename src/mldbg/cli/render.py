@@ -72,6 +72,10 @@ def state(data: dict[str, Any]) -> None:
             out.print(escape(data["output_tail"].rstrip()))
     else:
         out.print(f"[bold]{name}[/]: {kind}")
+    paused = data.get("paused_children") or []
+    if paused:
+        shown = ", ".join(paused[:5]) + (f" (+{len(paused) - 5} more)" if len(paused) > 5 else "")
+        out.print(f"[yellow]paused child processes:[/] {escape(shown)} [dim](-s NAME)[/]")
 
 
 def evaluation(data: dict[str, Any]) -> None:

@@ -562,3 +562,33 @@ def test_pause_and_output_on_a_child_session(session: Session, write: Any) -> No
     tree = run_tree(session)
     session.terminate()
     assert_gone(tree)
+
+
+def test_child_sessions_through_the_cli(cli: Any, write: Any) -> None:
+    script = write("loader.py", DATALOADER)
+    line = line_of(script, "# BREAK")
+    started = cli(
+        "start", "-s", "clikids", "--run", "--break", f"loader.py:{line}:index == 3", "loader.py"
+    )
+    assert "running" in started.stdout
+    deadline = time.monotonic() + 90
+    while True:
+        listing = cli("sessions", json_out=True)["sessions"]
+        kids = [s for s in listing if s.get("parent") == "clikids" and s["state"] == "paused"]
+        if kids:
+            break
+        assert time.monotonic() < deadline, listing
+        time.sleep(0.2)
+    name = kids[0]["session"]
+    assert name.startswith("clikids.w")
+    table = cli("sessions").stdout
+    assert name in table and "parent" in table
+    assert "paused child processes" in cli("status", "-s", "clikids").stdout
+    assert cli("eval", "-s", name, "index").stdout.strip() == "3"
+    cli("continue", "-s", name)
+    deadline = time.monotonic() + 90
+    while cli("status", "-s", "clikids", json_out=True)["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert "SEEN [0, 1, 4, 9, 16, 25, 36, 49]" in cli("output", "-s", "clikids").stdout
+    cli("terminate", "-s", "clikids")

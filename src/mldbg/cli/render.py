@@ -157,14 +157,21 @@ def sessions(data: dict[str, Any]) -> None:
         out.print("no sessions")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("session", "parent", "state", "pid", "where"):
+    # the names are what the user types next (-s NAME): never cut, whatever the width
+    longest = max(len(str(s.get("session"))) for s in items)
+    table.add_column("session", no_wrap=True, min_width=longest)
+    for column in ("parent", "state", "pid", "where"):
         table.add_column(column)
     table.add_column("run", no_wrap=True, overflow="ignore")
     for s in items:
         place = where(s.get("location")) if s.get("state") == "paused" else ""
         if s.get("state") in ("exited", "crashed"):
             place = (
-                f"signal {s['signal']}" if s.get("signal") else f"exit code {s.get('exit_code')}"
+                f"signal {s['signal']}"
+                if s.get("signal")
+                else "ended"  # a child process whose exit code only its parent saw
+                if s.get("exit_code") is None
+                else f"exit code {s.get('exit_code')}"
             )
         table.add_row(
             s["session"],

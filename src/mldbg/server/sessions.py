@@ -352,9 +352,9 @@ class Session:
         if self.store_error:
             state["store_error"] = self.store_error
         if self.family is not None:  # a worker stopped while the script runs on: say where
-            paused = [c.name for c in self.family.live_children() if c.state == "paused"]
-            if paused:
-                state["paused_children"] = paused[:20]
+            children = [c.name for c in self.family.live_children() if c.state == "paused"]
+            if children:
+                state["paused_children"] = children[:20]
         link = self.link
         if link is not None and link.error:  # the daemon cut the link: say why
             state["warnings"] = [link.error]

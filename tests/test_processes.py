@@ -592,3 +592,41 @@ def test_child_sessions_through_the_cli(cli: Any, write: Any) -> None:
         time.sleep(0.2)
     assert "SEEN [0, 1, 4, 9, 16, 25, 36, 49]" in cli("output", "-s", "clikids").stdout
     cli("terminate", "-s", "clikids")
+
+
+TOOL = """#!{python}
+import sys
+
+size = int(sys.argv[1])  # BREAK
+print("TOOL", sys.argv, size, flush=True)
+"""
+
+TOOL_PARENT = """
+import os
+import subprocess
+
+here = os.path.dirname(os.path.abspath(__file__))
+env = dict(os.environ, PATH=here + os.pathsep + os.environ.get("PATH", ""))
+subprocess.run(["tool", "5"], env=env, check=True)   # a console script, found on the PATH
+subprocess.run(["sh", "-c", "echo SHELL $0", "ok"], check=True)  # not python: untouched
+print("PARENT DONE", flush=True)
+"""
+
+
+def test_console_scripts_with_a_python_shebang_are_followed(session: Session, write: Any) -> None:
+    import sys
+
+    tool = write("tool", TOOL.format(python=sys.executable))
+    tool.chmod(0o755)
+    parent = write("parent.py", TOOL_PARENT)
+    line = line_of(tool, "# BREAK")
+    session.start(parent, breakpoints=[{"file": str(tool), "line": line}], stop_on_entry=False)
+    child = paused_child(session.api, f"{session.name}.w")
+    sub = child_api(session, child["session"])
+    assert sub.value("sys.argv") == f"[{str(tool)!r}, '5']"
+    sub.cont(wait=0)
+    end = finish(session)
+    assert end["exit_code"] == 0
+    output = session.output()
+    assert f"TOOL [{str(tool)!r}, '5'] 5" in output and "SHELL ok" in output
+    assert "PARENT DONE" in output

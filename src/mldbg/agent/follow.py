@@ -335,8 +335,13 @@ def child_environment(env: Mapping[str, str]) -> dict[str, str]:
     return child
 
 
-def _followed(program: Any, argv: Any) -> list[str] | None:
-    """The rewritten argv of a python child, or None to leave the call untouched."""
+def _followed(program: Any, argv: Any) -> tuple[str, list[str]] | None:
+    """(the program to run, its rewritten argv) for a python child; None leaves it alone.
+
+    A script with a python shebang (``torchrun``, ``accelerate`` and every other console
+    script pip writes) is run the way the kernel would, by its interpreter, so it is
+    followed too.
+    """
     if _credentials is None or _debugger is None or getattr(_debugger, "detached", False):
         return None
     try:
@@ -344,9 +349,42 @@ def _followed(program: Any, argv: Any) -> list[str] | None:
         name = os.fsdecode(os.fspath(program)) if program is not None else (args[:1] or [""])[0]
     except (TypeError, ValueError):
         return None
-    if not args or not is_python(name):
+    if not args:
         return None
-    return rewrite_argv(args)
+    if not is_python(name):
+        shebang = _python_shebang(name)
+        if shebang is None:
+            return None
+        name, args = shebang[0], [*shebang, name, *args[1:]]
+    new = rewrite_argv(args)
+    return None if new is None else (name, new)
+
+
+def _python_shebang(path: str) -> list[str] | None:
+    """``[interpreter, *its options]`` when ``path`` is a script whose ``#!`` line names a
+    python the agent runs in (``#!/usr/bin/env python3`` included); else None."""
+    try:
+        if not os.path.isfile(path):
+            return None
+        with open(path, "rb") as fh:
+            first = fh.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    try:
+        words = first[2:].decode().split()
+    except UnicodeDecodeError:
+        return None
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")][:1] + [
+            w for w in words[2:] if w.startswith("-")
+        ]
+        if words:
+            words[0] = shutil.which(words[0]) or words[0]
+    if not words or not is_python(words[0]):
+        return None
+    return words
 
 
 def _env_from_list(env_list: Sequence[bytes] | None) -> dict[str, str]:
@@ -369,12 +407,12 @@ def _patch_exec() -> None:
         # every supported CPython (3.10 to 3.13).
         # the candidates of a PATH search, in order: the first that exists is what runs
         program = next((p for p in executable_list or () if os.path.exists(p)), None)
-        new = _followed(program, args or []) if program is not None else None
-        if new is not None and len(rest) >= 4:
+        found = _followed(program, args or []) if program is not None else None
+        if found is not None and len(rest) >= 4:
             env = child_environment(_env_from_list(rest[3]))
             env_list = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
             rest = (*rest[:3], env_list, *rest[4:])
-            args = new
+            executable_list, args = [os.fsencode(found[0])], found[1]
         return fork_exec(args, executable_list, *rest, **kw)
 
     _posixsubprocess.fork_exec = follow_fork_exec
@@ -382,16 +420,16 @@ def _patch_exec() -> None:
     execv, execve = os.execv, os.execve
 
     def follow_execv(path: Any, argv: Any) -> Any:
-        new = _followed(path, argv)
-        if new is None:
+        found = _followed(path, argv)
+        if found is None:
             return execv(path, argv)
-        return execve(path, new, child_environment(os.environ))
+        return execve(found[0], found[1], child_environment(os.environ))
 
     def follow_execve(path: Any, argv: Any, env: Any) -> Any:
-        new = _followed(path, argv)
-        if new is None:
+        found = _followed(path, argv)
+        if found is None:
             return execve(path, argv, env)
-        return execve(path, new, child_environment(env))
+        return execve(found[0], found[1], child_environment(env))
 
     os.execv, os.execve = follow_execv, follow_execve  # type: ignore[assignment]
 
@@ -403,9 +441,21 @@ def _patch_exec() -> None:
 
 def _spawn_patch(original: Any) -> Any:
     def follow_spawn(path: Any, argv: Any, env: Any, *rest: Any, **kw: Any) -> Any:
-        new = _followed(path, argv)
-        if new is None:
+        found = _followed(path, argv) if not _is_bare(path) else _followed(_which(path), argv)
+        if found is None:
             return original(path, argv, env, *rest, **kw)
-        return original(path, new, child_environment(env), *rest, **kw)
+        return original(found[0], found[1], child_environment(env), *rest, **kw)
 
     return follow_spawn
+
+
+def _is_bare(path: Any) -> bool:
+    try:
+        return not os.path.dirname(os.fsdecode(os.fspath(path)))
+    except TypeError:
+        return False
+
+
+def _which(path: Any) -> Any:
+    """posix_spawnp searches the PATH: so do we, to see what it would run."""
+    return shutil.which(os.fsdecode(os.fspath(path))) or path

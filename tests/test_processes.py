@@ -200,6 +200,7 @@ def test_subprocess_python_child_is_followed(session: Session, write: Any) -> No
     assert sub.value("number") == "7"
     assert sub.value("sys.argv") == "['child.py', '7']"
     assert sub.value("[p for p in sys.path if 'mldbg-agent' in p]") == "[]"
+    assert sub.value("sys.orig_argv[1:]") == "['-u', 'child.py', '7']"
     sub.cont(wait=0)
     end = finish(session)
     assert end["exit_code"] == 0

@@ -128,11 +128,26 @@ def _install_main(target: Target, args: list[str]) -> None:
     target.main_globals = main.__dict__
     sys.modules["__main__"] = main
     sys.argv[:] = [target.argv0, *args]
+    _restore_orig_argv()
     if not getattr(sys.flags, "safe_path", False) and target.path0 is not None:
         if sys.path:
             sys.path[0] = target.path0
         else:
             sys.path.insert(0, target.path0)
+
+
+def _restore_orig_argv() -> None:
+    """``sys.orig_argv`` as python would give it: without the ``-m mldbg.agent`` we added."""
+    orig = getattr(sys, "orig_argv", None)
+    if not orig:
+        return
+    for i in range(1, len(orig) - 1):
+        if orig[i] == "-m" and orig[i + 1] == "mldbg.agent":
+            sys.orig_argv = [*orig[:i], *orig[i + 2 :]]
+            return
+        if orig[i] == "-mmldbg.agent":
+            sys.orig_argv = [*orig[:i], *orig[i + 1 :]]
+            return
 
 
 def _line_buffer_output() -> None:

@@ -94,7 +94,7 @@ def test_dataloader_fork_worker_pauses_as_its_own_session(session: Session, writ
 
     child = paused_child(session.api, f"{session.name}.w")
     tree = run_tree(session)
-    assert child["parent"] == session.name
+    assert child["parent"] == session.name and session.state()["parent"] is None
     assert child["pid"] != state["pid"] and child["pid"] in tree
     assert child["location"]["line"] == line and child["reason"] == "breakpoint"
     worker = child_api(session, child["session"])

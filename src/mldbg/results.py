@@ -84,7 +84,7 @@ class State(TypedDict, total=False):
     terminated: NotRequired[bool]
     store_error: NotRequired[str]
     warnings: NotRequired[list[str]]
-    parent: NotRequired[str]  # a child process's session: the session that started it
+    parent: NotRequired[str | None]  # a child process's session: the one that started it
     paused_children: NotRequired[list[str]]  # the run's child sessions paused now (at most 20)
 
 

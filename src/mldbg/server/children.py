@@ -244,11 +244,6 @@ class ChildSession(Session):
     def start(self) -> None:  # pragma: no cover - children are adopted, never started
         raise RuntimeError("a child session is adopted from its connection, never started")
 
-    def snapshot(self) -> dict[str, Any]:
-        state = super().snapshot()
-        state["parent"] = self.parent
-        return state
-
     def terminate(self) -> dict[str, Any]:
         """End this child's process tree (its parent and siblings go on)."""
         if not self.ended:

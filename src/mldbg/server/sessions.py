@@ -351,6 +351,7 @@ class Session:
             }
         if self.store_error:
             state["store_error"] = self.store_error
+        state["parent"] = getattr(self, "parent", None)  # set on child processes' sessions
         if self.family is not None:  # a worker stopped while the script runs on: say where
             children = [c.name for c in self.family.live_children() if c.state == "paused"]
             if children:

@@ -100,6 +100,28 @@ def test_a_silent_stranger_does_not_hold_up_the_debuggee(listener: Any) -> None:
     sock.close()
 
 
+def test_an_oversized_message_from_the_debuggee_cuts_the_link_with_a_reason(
+    listener: Any,
+) -> None:
+    listening, collector = listener
+    sock = connect(listening.address)
+    sock.sendall(preamble(listening.token) + b'{"event": "hello", "pid": 9}\n')
+    assert collector.arrived.wait(30)
+    link = collector.links[0]
+    closed = threading.Event()
+    link.start(lambda message: None, closed.set)
+    pending = link.send("eval", {"expression": "x"})
+    with pytest.raises(OSError):
+        for _ in range(P.MAX_LINE // (1 << 20) + 64):
+            sock.sendall(b"z" * (1 << 20))
+    assert closed.wait(60)
+    assert link.closed and link.error is not None
+    assert f"more than {P.MAX_LINE} bytes" in link.error and "pid 9" in link.error
+    with pytest.raises(Exception, match="ended before it answered"):
+        pending.result(10)  # a request in flight fails at once, it does not hang
+    sock.close()
+
+
 @pytest.mark.parametrize(
     "payload",
     [

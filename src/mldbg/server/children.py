@@ -30,11 +30,11 @@ import threading
 import time
 from typing import Any
 
+from ..errors import AgentError
 from ..names import is_session_name
 from .agent_link import AgentLink, AgentListener
 from .sessions import ENDED, Session, StartRequest
 
-BROADCAST = frozenset({"break", "remove", "clear"})  # breakpoint edits the children follow
 CONFIGURE_TIMEOUT = 15.0
 KILL_GRACE = 3.0
 LISTEN_AFTER_END = 10.0
@@ -102,9 +102,14 @@ class Family:
         try:
             try:
                 link.request("configure", {"breakpoints": specs}, CONFIGURE_TIMEOUT)
-            except Exception as exc:  # e.g. a file this child cannot see: run without them
-                child.log_event("child_breakpoints_refused", error=str(exc)[:2000])
-                link.request("configure", {"breakpoints": []}, CONFIGURE_TIMEOUT)
+            except AgentError:  # one it cannot take (a file it cannot see): each on its own
+                for spec in specs:
+                    try:
+                        link.request("break", spec, CONFIGURE_TIMEOUT)
+                    except AgentError as exc:
+                        child.log_event(
+                            "child_breakpoint_refused", **spec, error=str(exc.message)[:2000]
+                        )
             run_dir = str(self.root.run.path) if self.root.run is not None else None
             link.request(
                 "run",

@@ -85,8 +85,11 @@ if __name__ == "__main__":
 """
 
 
-def test_dataloader_fork_worker_pauses_as_its_own_session(session: Session, write: Any) -> None:
-    script = write("loader.py", DATALOADER)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_dataloader_worker_pauses_as_its_own_session(
+    session: Session, write: Any, method: str
+) -> None:
+    script = write("loader.py", DATALOADER.replace('"fork"', repr(method)))
     line = line_of(script, "# BREAK")
     bp = {"file": str(script), "line": line, "condition": "index == 5"}
     state = session.start(script, breakpoints=[bp], stop_on_entry=False)

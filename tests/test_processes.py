@@ -189,12 +189,16 @@ sys.exit(3)
 """
 
 
-def test_subprocess_python_child_is_followed(session: Session, write: Any) -> None:
+@pytest.mark.parametrize("python", backend_params())
+def test_subprocess_python_child_is_followed(session: Session, write: Any, python: str) -> None:
     parent = write("parent.py", SUBPROCESS_PARENT)
     child_script = write("child.py", SUBPROCESS_CHILD)
     line = line_of(child_script, "# BREAK")
     session.start(
-        parent, breakpoints=[{"file": str(child_script), "line": line}], stop_on_entry=False
+        parent,
+        python=python,
+        breakpoints=[{"file": str(child_script), "line": line}],
+        stop_on_entry=False,
     )
 
     child = paused_child(session.api, f"{session.name}.w")
@@ -358,11 +362,12 @@ print("SECOND", os.getpid(), where, sorted(k for k in os.environ if k.startswith
 """
 
 
-def test_exec_of_python_stays_the_same_session(session: Session, write: Any) -> None:
+@pytest.mark.parametrize("python", backend_params())
+def test_exec_of_python_stays_the_same_session(session: Session, write: Any, python: str) -> None:
     first = write("first.py", EXEC_FIRST)
     second = write("second.py", EXEC_SECOND)
     line = line_of(second, "# BREAK")
-    state = session.start(first)
+    state = session.start(first, python=python)
     # a breakpoint set in the first program still applies after the exec
     session.brk(second, line)
     state = session.cont(20)
@@ -613,18 +618,28 @@ here = os.path.dirname(os.path.abspath(__file__))
 env = dict(os.environ, PATH=here + os.pathsep + os.environ.get("PATH", ""))
 subprocess.run(["tool", "5"], env=env, check=True)   # a console script, found on the PATH
 subprocess.run(["sh", "-c", "echo SHELL $0", "ok"], check=True)  # not python: untouched
+try:
+    subprocess.run(["/nonexistent/python3.12", "x.py"])
+except FileNotFoundError as exc:
+    print("NOT FOUND", exc.filename, flush=True)  # the error python gives, once
 print("PARENT DONE", flush=True)
 """
 
 
-def test_console_scripts_with_a_python_shebang_are_followed(session: Session, write: Any) -> None:
-    import sys
-
-    tool = write("tool", TOOL.format(python=sys.executable))
+@pytest.mark.parametrize("python", backend_params())
+def test_console_scripts_with_a_python_shebang_are_followed(
+    session: Session, write: Any, python: str
+) -> None:
+    tool = write("tool", TOOL.format(python=python))
     tool.chmod(0o755)
     parent = write("parent.py", TOOL_PARENT)
     line = line_of(tool, "# BREAK")
-    session.start(parent, breakpoints=[{"file": str(tool), "line": line}], stop_on_entry=False)
+    session.start(
+        parent,
+        python=python,
+        breakpoints=[{"file": str(tool), "line": line}],
+        stop_on_entry=False,
+    )
     child = paused_child(session.api, f"{session.name}.w")
     sub = child_api(session, child["session"])
     assert sub.value("sys.argv") == f"[{str(tool)!r}, '5']"
@@ -633,4 +648,4 @@ def test_console_scripts_with_a_python_shebang_are_followed(session: Session, wr
     assert end["exit_code"] == 0
     output = session.output()
     assert f"TOOL [{str(tool)!r}, '5'] 5" in output and "SHELL ok" in output
-    assert "PARENT DONE" in output
+    assert "NOT FOUND /nonexistent/python3.12" in output and "PARENT DONE" in output

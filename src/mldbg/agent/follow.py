@@ -400,19 +400,22 @@ def _env_from_list(env_list: Sequence[bytes] | None) -> dict[str, str]:
 def _patch_exec() -> None:
     import _posixsubprocess  # type: ignore[import-not-found]
 
-    fork_exec = _posixsubprocess.fork_exec
+    fork_exec: Any = _posixsubprocess.fork_exec
 
     def follow_fork_exec(args: Any, executable_list: Any, *rest: Any, **kw: Any) -> Any:
         # The positions of args (0), executable_list (1) and env (5) are the same in
         # every supported CPython (3.10 to 3.13).
-        # the candidates of a PATH search, in order: the first that exists is what runs
-        program = next((p for p in executable_list or () if os.path.exists(p)), None)
-        found = _followed(program, args or []) if program is not None else None
-        if found is not None and len(rest) >= 4:
-            env = child_environment(_env_from_list(rest[3]))
-            env_list = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
-            rest = (*rest[:3], env_list, *rest[4:])
-            executable_list, args = [os.fsencode(found[0])], found[1]
+        try:
+            # the candidates of a PATH search, in order: the first that exists is what runs
+            program = next((p for p in executable_list or () if os.path.exists(p)), None)
+            found = _followed(program, args or []) if program is not None else None
+            if found is not None and len(rest) >= 4:
+                env = child_environment(_env_from_list(rest[3]))
+                env_list = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
+                args, executable_list = found[1], [os.fsencode(found[0])]
+                rest = (*rest[:3], env_list, *rest[4:])
+        except Exception as exc:  # following must never break the script's own call
+            _not_followed(exc)
         return fork_exec(args, executable_list, *rest, **kw)
 
     _posixsubprocess.fork_exec = follow_fork_exec
@@ -420,16 +423,28 @@ def _patch_exec() -> None:
     execv, execve = os.execv, os.execve
 
     def follow_execv(path: Any, argv: Any) -> Any:
-        found = _followed(path, argv)
+        try:
+            found = _followed(path, argv)
+            if found is not None:
+                env = child_environment(os.environ)
+        except Exception as exc:
+            _not_followed(exc)
+            found = None
         if found is None:
             return execv(path, argv)
-        return execve(found[0], found[1], child_environment(os.environ))
+        return execve(found[0], found[1], env)
 
     def follow_execve(path: Any, argv: Any, env: Any) -> Any:
-        found = _followed(path, argv)
+        try:
+            found = _followed(path, argv)
+            if found is not None:
+                child_env = child_environment(env)
+        except Exception as exc:
+            _not_followed(exc)
+            found = None
         if found is None:
             return execve(path, argv, env)
-        return execve(found[0], found[1], child_environment(env))
+        return execve(found[0], found[1], child_env)
 
     os.execv, os.execve = follow_execv, follow_execve  # type: ignore[assignment]
 
@@ -441,10 +456,16 @@ def _patch_exec() -> None:
 
 def _spawn_patch(original: Any) -> Any:
     def follow_spawn(path: Any, argv: Any, env: Any, *rest: Any, **kw: Any) -> Any:
-        found = _followed(path, argv) if not _is_bare(path) else _followed(_which(path), argv)
+        try:
+            found = _followed(_which(path) if _is_bare(path) else path, argv)
+            if found is not None:  # env None (3.13's subprocess): this process's environment
+                child_env = child_environment(os.environ if env is None else env)
+        except Exception as exc:
+            _not_followed(exc)
+            found = None
         if found is None:
             return original(path, argv, env, *rest, **kw)
-        return original(found[0], found[1], child_environment(env), *rest, **kw)
+        return original(found[0], found[1], child_env, *rest, **kw)
 
     return follow_spawn
 
@@ -459,3 +480,10 @@ def _is_bare(path: Any) -> bool:
 def _which(path: Any) -> Any:
     """posix_spawnp searches the PATH: so do we, to see what it would run."""
     return shutil.which(os.fsdecode(os.fspath(path))) or path
+
+
+def _not_followed(exc: BaseException) -> None:
+    stream = sys.__stderr__
+    if stream is not None:
+        with contextlib.suppress(Exception):
+            stream.write(f"mldbg: not debugging a child process: {type(exc).__name__}: {exc}\n")

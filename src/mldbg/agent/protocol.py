@@ -1,9 +1,10 @@
 """The agent <-> daemon protocol: message names and shapes, shared by both ends.
 
-JSON lines over one loopback socket.  The debuggee connects back and sends ``Hello``
-(with the session's secret) first; then the daemon sends ``Command`` objects and the
-agent answers each with a ``Reply``, and sends ``Event`` objects unprompted.  Command
-names are the verbs' names (``verbs.py``) wherever a verb maps onto one command.
+JSON lines over one loopback socket per process.  The debuggee connects back, sends
+``PREAMBLE`` with the session's secret, then ``Hello``; then the daemon sends
+``Command`` objects and the agent answers each with a ``Reply``, and sends ``Event``
+objects unprompted.  Command names are the verbs' names (``verbs.py``) wherever a verb
+maps onto one command.
 
 Standard library only: the debuggee imports this.
 """

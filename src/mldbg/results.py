@@ -98,6 +98,8 @@ class State(TypedDict, total=False):
     store_error: NotRequired[str]
     recovered: NotRequired[Recovered]  # listed again by a restarted daemon (live_runs.py)
     warnings: NotRequired[list[str]]
+    parent: NotRequired[str | None]  # a child process's session: the one that started it
+    paused_children: NotRequired[list[str]]  # the run's child sessions paused now (at most 20)
 
 
 class Frame(TypedDict, total=False):

@@ -177,6 +177,12 @@ VERBS: tuple[Verb, ...] = (
             Arg("stop_on_entry", bool, "pause before the first line", True, flag="--run"),
             Arg("replace", bool, "terminate a live session of this name first", False),
             Arg(
+                "no_follow",
+                bool,
+                "do not debug the script's child processes (workers, subprocesses, ranks)",
+                False,
+            ),
+            Arg(
                 "require_editable",
                 list[str],
                 "refuse to start unless these packages are editable installs for the script's "

@@ -37,13 +37,24 @@ from typing import Any
 PARENT_GRACE = 2.0  # seconds to let the kernel re-parent us after the daemon's death
 
 
-def install(debugger: Any, config: dict[str, Any]) -> None:
-    """Make the debugger's "the daemon is gone" path end the script (see the policy)."""
+def install(debugger: Any, config: dict[str, Any], *, child: bool = False) -> None:
+    """Make the debugger's "the daemon is gone" path end the script (see the policy).
+
+    ``child``: this interpreter is a child process of the run (``subprocess``, spawn, a
+    rank) with a session of its own: it ends itself too, but the run's files are its
+    root's, which records its own end.  A process forked from this one after this call
+    inherits the hook and must not take it for its own: a forked child detaches the
+    old way (it is in its parent's process group, which its parent ends).
+    """
     daemon_pid = os.getppid()
+    installed_in = os.getpid()
     detach = debugger.detach
 
     def end_instead() -> None:
-        end(debugger, config, daemon_pid)
+        if os.getpid() != installed_in:
+            detach()
+            return
+        end(debugger, {} if child else config, daemon_pid)
         detach()  # reached only if ending failed: at least stop debugging
 
     debugger.detach = end_instead

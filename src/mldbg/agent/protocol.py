@@ -1,9 +1,10 @@
 """The agent <-> daemon protocol: message names and shapes, shared by both ends.
 
-JSON lines over one loopback socket.  The debuggee connects back and sends ``Hello``
-(with the session's secret) first; then the daemon sends ``Command`` objects and the
-agent answers each with a ``Reply``, and sends ``Event`` objects unprompted.  Command
-names are the verbs' names (``verbs.py``) wherever a verb maps onto one command.
+JSON lines over one loopback socket per process.  The debuggee connects back, sends
+``PREAMBLE`` with the session's secret, then ``Hello``; then the daemon sends
+``Command`` objects and the agent answers each with a ``Reply``, and sends ``Event``
+objects unprompted.  Command names are the verbs' names (``verbs.py``) wherever a verb
+maps onto one command.
 
 Standard library only: the debuggee imports this.
 """
@@ -41,10 +42,20 @@ FINISHED = "finished"
 
 # The longest line either end accepts; longer ones end the connection.
 MAX_LINE = 32 * 1024 * 1024
+# The connection's first bytes: ``PREAMBLE + token + "\n"``, a fixed size, so the daemon
+# checks the session's secret before it reads (or buffers) anything a stranger could send.
+PREAMBLE = b"MLDBG1 "
+TOKEN_BYTES = 32  # secrets.token_hex(TOKEN_BYTES): 64 hex digits
+PREAMBLE_SIZE = len(PREAMBLE) + 2 * TOKEN_BYTES + 1
+MAX_HELLO = 64 * 1024  # the hello line, read only once the secret matched
 
 
 class Hello(TypedDict, total=False):
-    token: str
+    token: str  # kept for older agents; the preamble is what proves the secret now
+    child: bool  # a child process of the session's script (forked or started by it)
+    ppid: int
+    rank: str | None  # RANK (else LOCAL_RANK) of an exec'd child: torchrun ranks
+    forked: bool
     python: str
     executable: str
     backend: str

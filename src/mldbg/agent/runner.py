@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-from . import orphan
+from . import follow, orphan
 from . import protocol as P
 from .commands import CommandServer
 from .debugger import Debugger
@@ -33,6 +33,7 @@ PRIVATE_ENV = (
     "MLDBG_AGENT_TOKEN",
     "MLDBG_AGENT_PATH",
     "MLDBG_AGENT_PYTHONPATH",
+    follow.CHILD_ENV,
 )
 EXIT_USAGE = 2
 
@@ -106,17 +107,47 @@ def load_module(name: str) -> Target:
     return Target(code, spec.origin or mod_name, main_globals, os.getcwd())
 
 
+def load_command(source: str) -> Target:
+    """``python -c CODE``: how multiprocessing's spawn and forkserver children start."""
+    code = compile(source, "<string>", "exec", dont_inherit=True)
+    main_globals: dict[str, Any] = {
+        "__name__": "__main__",
+        "__builtins__": builtins,
+        "__loader__": importlib.machinery.BuiltinImporter,
+        "__spec__": None,
+        "__package__": None,
+        "__doc__": None,
+        "__annotations__": {},
+    }
+    return Target(code, "-c", main_globals, "")
+
+
 def _install_main(target: Target, args: list[str]) -> None:
     main = types.ModuleType("__main__")
     main.__dict__.update(target.main_globals)
     target.main_globals = main.__dict__
     sys.modules["__main__"] = main
     sys.argv[:] = [target.argv0, *args]
+    _restore_orig_argv()
     if not getattr(sys.flags, "safe_path", False) and target.path0 is not None:
         if sys.path:
             sys.path[0] = target.path0
         else:
             sys.path.insert(0, target.path0)
+
+
+def _restore_orig_argv() -> None:
+    """``sys.orig_argv`` as python would give it: without the ``-m mldbg.agent`` we added."""
+    orig = getattr(sys, "orig_argv", None)
+    if not orig:
+        return
+    for i in range(1, len(orig) - 1):
+        if orig[i] == "-m" and orig[i + 1] == "mldbg.agent":
+            sys.orig_argv = [*orig[:i], *orig[i + 2 :]]
+            return
+        if orig[i] == "-mmldbg.agent":
+            sys.orig_argv = [*orig[:i], *orig[i + 1 :]]
+            return
 
 
 def _line_buffer_output() -> None:
@@ -147,12 +178,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    module = None
-    if argv and argv[0] == "-m":
+    module = command = None
+    script = ""
+    if argv and argv[0] in ("-m", "-c"):
         if len(argv) < 2:
-            print("mldbg.agent: -m needs a module name", file=sys.stderr)
+            print(f"mldbg.agent: {argv[0]} needs an argument", file=sys.stderr)
             return EXIT_USAGE
-        module, args = argv[1], argv[2:]
+        if argv[0] == "-m":
+            module, args = argv[1], argv[2:]
+        else:
+            command, args = argv[1], argv[2:]
     elif argv:
         script, args = argv[0], argv[1:]
     else:
@@ -160,22 +195,29 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
     _restore_environment(private)
-    wire = Wire.connect(str(private["MLDBG_AGENT_ADDR"]))
+    token = str(private["MLDBG_AGENT_TOKEN"] or "")
+    is_child = bool(private[follow.CHILD_ENV])
+    try:
+        wire = Wire.connect(str(private["MLDBG_AGENT_ADDR"]), token)
+    except OSError as exc:
+        if not is_child:
+            raise
+        # The session is gone: a child of a terminated run goes on as plain python would.
+        print(f"mldbg.agent: not debugging this child ({exc})", file=sys.stderr)
+        wire = None
+    if wire is None:
+        return _run_undebugged(module, command, script, args)
     debugger = Debugger(wire, os.getcwd())
-    wire.send(
-        {
-            "event": "hello",
-            "token": private["MLDBG_AGENT_TOKEN"],
-            "pid": os.getpid(),
-            "python": sys.version.split()[0],
-            "executable": sys.executable,
-            "backend": debugger.backend.name,
-            "libraries": library_versions(),
-        }
-    )
+    extra: dict[str, Any] = {"backend": debugger.backend.name}
+    if is_child:
+        rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
+        extra.update(child=True, forked=False, rank=rank)
+    else:
+        extra["libraries"] = library_versions()
+    wire.send(follow.hello(**extra))
     on_run = threading.Event()
     config: dict[str, Any] = {}
-    orphan.install(debugger, config)  # the daemon gone: end, never run on uncontrolled
+    orphan.install(debugger, config, child=is_child)  # daemon gone: end, never run on alone
     reader = threading.Thread(
         target=CommandServer(debugger).serve,
         args=(on_run, config),
@@ -184,12 +226,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     reader.start()
     on_run.wait()
+    if debugger.detached and is_child:
+        return _run_undebugged(module, command, script, args)
     if debugger.detached:
         print("mldbg.agent: the daemon went away before the script started", file=sys.stderr)
         return 70
 
+    follow.install(
+        debugger,
+        follow.Credentials(
+            str(private["MLDBG_AGENT_ADDR"]), token, str(private["MLDBG_AGENT_PATH"] or "")
+        ),
+        bool(config.get("follow", True)),
+    )
     try:
-        target = load_module(module) if module else load_script(script, script)
+        if module:
+            target = load_module(module)
+        elif command is not None:
+            target = load_command(command)
+        else:
+            target = load_script(script, script)
     except SyntaxError:
         traceback.print_exc(limit=0)
         wire.send({"event": "finished", "exit_code": 1})
@@ -216,6 +272,22 @@ def main(argv: list[str] | None = None) -> int:
     _install_thread_hook(debugger)
     debugger.backend.install()
     return _run(debugger, target)
+
+
+def _run_undebugged(module: str | None, command: str | None, script: str, args: list[str]) -> int:
+    """A child whose session ended: run its target as python would, without the agent."""
+    if module:
+        target = load_module(module)
+    elif command is not None:
+        target = load_command(command)
+    else:
+        target = load_script(script, script)
+    _install_main(target, args)
+    try:
+        exec(target.code, target.main_globals)
+    except SystemExit as exc:
+        return _exit_code_of(exc)
+    return 0
 
 
 def _run(debugger: Debugger, target: Target) -> int:

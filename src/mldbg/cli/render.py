@@ -74,6 +74,10 @@ def state(data: dict[str, Any]) -> None:
             out.print(escape(data["output_tail"].rstrip()))
     else:
         out.print(f"[bold]{name}[/]: {kind}")
+    paused = data.get("paused_children") or []
+    if paused:
+        shown = ", ".join(paused[:5]) + (f" (+{len(paused) - 5} more)" if len(paused) > 5 else "")
+        out.print(f"[yellow]paused child processes:[/] {escape(shown)} [dim](-s NAME)[/]")
 
 
 def evaluation(data: dict[str, Any]) -> None:
@@ -155,19 +159,31 @@ def sessions(data: dict[str, Any]) -> None:
         out.print("no sessions")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("session", "state", "pid", "where"):
+    # the names are what the user types next (-s NAME): never cut, whatever the width
+    longest = max(len(str(s.get("session"))) for s in items)
+    table.add_column("session", no_wrap=True, min_width=longest)
+    for column in ("parent", "state", "pid", "where"):
         table.add_column(column)
     table.add_column("run", no_wrap=True, overflow="ignore")
     for s in items:
         place = where(s.get("location")) if s.get("state") == "paused" else ""
         if s.get("state") in ("exited", "crashed"):
             place = (
-                f"signal {s['signal']}" if s.get("signal") else f"exit code {s.get('exit_code')}"
+                f"signal {s['signal']}"
+                if s.get("signal")
+                else "ended"  # a child process whose exit code only its parent saw
+                if s.get("exit_code") is None
+                else f"exit code {s.get('exit_code')}"
             )
             if s.get("recovered"):
                 place = "daemon lost"
         table.add_row(
-            s["session"], s["state"], str(s.get("pid")), escape(place), s.get("run_id") or ""
+            s["session"],
+            s.get("parent") or "",
+            s["state"],
+            str(s.get("pid")),
+            escape(place),
+            s.get("run_id") or "",
         )
     out.print(table)
 

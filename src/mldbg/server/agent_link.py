@@ -1,7 +1,14 @@
-"""The daemon's end of one debuggee connection: requests with replies, and events.
+"""The daemon's end of the debuggee connections: who may connect, and what they may send.
 
-Each session listens on its own loopback port; the debuggee connects back and proves
-it is the process we started with a one-time token.
+Each session listens on its own loopback port for its whole life: the script connects
+back first, then every child process it starts (forked workers, spawned pools, python
+subprocesses, torchrun ranks) opens its own connection.  Anyone on the machine can
+reach a loopback port, so a connection is trusted only after its first fixed-size bytes
+carry the session's secret (``protocol.PREAMBLE``); until then nothing else is read.
+Every read is bounded in size (the hello, each later message) and in time (the
+handshake, the rest of a message once it began); a stranger, a flood or a silent
+connection is dropped and logged, and handshakes run on their own short-lived threads
+(at most ``MAX_HANDSHAKES`` at once), so none of them delays the start.
 """
 
 from __future__ import annotations
@@ -9,92 +16,163 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import secrets
 import socket
-import subprocess
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from ..errors import AgentError, AgentTimeout, SessionEnded, StartFailed
+from ..agent import protocol as P
+from ..agent.wire import LineReader, LinkError
+from ..errors import AgentError, AgentTimeout, SessionEnded
 
 EventHandler = Callable[[dict[str, Any]], None]
 # HTTP statuses of the agent's error codes that are not plain bad input (400)
 _STATUS = {"not_paused": 409, "internal": 500}
+HANDSHAKE_TIMEOUT = 5.0  # the secret and the hello must both arrive within this
+MAX_HANDSHAKES = 64  # connections still proving themselves; more are closed at once
+MESSAGE_DEADLINE = 120.0  # once a message began, the rest must follow within this
+
+log = logging.getLogger("mldbg.agent_link")
+
+
+class AgentListener:
+    """The session's loopback port: authenticates each connection, hands on the good ones.
+
+    ``on_connection(link)`` runs on the handshake thread for every connection that
+    proved the secret and sent a well-formed hello; it starts the link's reader when it
+    has decided what the connection is (the script, or one of its children).
+    """
+
+    def __init__(self, on_connection: Callable[[AgentLink], None], label: str = "") -> None:
+        self._on_connection = on_connection
+        self.label = label
+        self.token = secrets.token_hex(P.TOKEN_BYTES)
+        self._expected = P.PREAMBLE + self.token.encode("ascii") + b"\n"
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        host, port = self._listener.getsockname()
+        self.address = f"{host}:{port}"
+        self._slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self.closed = False
+        self.rejected = 0  # connections dropped: strangers, floods, silence (tests read it)
+        threading.Thread(
+            target=self._accept_loop, name=f"mldbg-listen-{label}", daemon=True
+        ).start()
+
+    def _accept_loop(self) -> None:
+        while not self.closed:
+            try:
+                sock, peer = self._listener.accept()
+            except OSError:
+                if self.closed:
+                    return
+                continue
+            if not self._slots.acquire(blocking=False):
+                self.rejected += 1
+                log.warning("%s: too many connections proving themselves; dropped %s", self, peer)
+                _drop(sock)
+                continue
+            threading.Thread(
+                target=self._handshake, args=(sock, peer), name="mldbg-handshake", daemon=True
+            ).start()
+
+    def _handshake(self, sock: socket.socket, peer: Any) -> None:
+        try:
+            reader = LineReader(sock, P.MAX_LINE, idle=None, partial=MESSAGE_DEADLINE)
+            try:
+                # a blocking recv inside read_exact is bounded by select's deadline
+                first = reader.read_exact(P.PREAMBLE_SIZE, HANDSHAKE_TIMEOUT)
+                if not secrets.compare_digest(first, self._expected):
+                    raise LinkError("it did not present the session's secret")
+                raw = reader.read_line(limit=P.MAX_HELLO, idle=HANDSHAKE_TIMEOUT)
+                if raw is None:
+                    raise LinkError("it closed before its hello")
+                hello = json.loads(raw)
+                if not isinstance(hello, dict):
+                    raise LinkError("its hello is not a JSON object")
+            except (LinkError, EOFError, OSError, ValueError) as exc:
+                self.rejected += 1
+                reason = str(exc) or type(exc).__name__
+                log.warning("%s: dropped a connection from %s: %s", self, peer, reason)
+                _drop(sock)
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            link = AgentLink(sock, reader, hello)
+            if self.closed:
+                link.close()
+                return
+            try:
+                self._on_connection(link)
+            except Exception:  # a bug in one child's registration must not stop the others
+                traceback.print_exc()
+                link.close()
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+
+    def __str__(self) -> str:
+        return f"agent port {self.address} ({self.label})"
+
+
+def _drop(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
 
 
 class AgentLink:
-    def __init__(self, on_event: EventHandler, on_close: Callable[[], None]) -> None:
-        self._on_event = on_event
-        self._on_close = on_close
-        self.token = secrets.token_hex(16)
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(1)
-        host, port = self._listener.getsockname()
-        self.address = f"{host}:{port}"
-        self._sock: socket.socket | None = None
+    """One authenticated debuggee connection: requests with replies, and events."""
+
+    def __init__(self, sock: socket.socket, reader: LineReader, hello: dict[str, Any]) -> None:
+        self._sock = sock
+        self._reader = reader
+        self.hello = hello
+        self._on_event: EventHandler = lambda message: None
+        self._on_close: Callable[[], None] = lambda: None
         self._send_lock = threading.Lock()
         self._pending: dict[int, Future[dict[str, Any]]] = {}
         self._ids = itertools.count(1)
         self.closed = False
+        self.error: str | None = None  # why the daemon cut the link, if it did
 
-    def accept(self, process: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
-        """Wait for the debuggee's hello; fail fast if it dies first."""
-        deadline = time.monotonic() + timeout
-        self._listener.settimeout(0.1)
-        try:
-            while True:
-                if process.poll() is not None:
-                    raise StartFailed(
-                        f"the script's interpreter exited (code {process.returncode}) before the "
-                        "debugger connected",
-                        exit_code=process.returncode,
-                    )
-                if time.monotonic() > deadline:
-                    raise StartFailed(f"the debuggee did not connect within {timeout:.0f} s")
-                try:
-                    sock, _ = self._listener.accept()
-                except TimeoutError:
-                    continue
-                sock.settimeout(10)
-                hello = self._read_hello(sock)
-                if hello is None:
-                    sock.close()
-                    continue
-                sock.settimeout(None)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._sock = sock
-                break
-        finally:
-            self._listener.close()
+    @property
+    def pid(self) -> int | None:
+        pid = self.hello.get("pid")
+        return pid if isinstance(pid, int) else None
+
+    def start(self, on_event: EventHandler, on_close: Callable[[], None]) -> None:
+        """Begin reading: events go to ``on_event``; ``on_close`` runs once at the end."""
+        self._on_event = on_event
+        self._on_close = on_close
         threading.Thread(target=self._read_loop, name="mldbg-link", daemon=True).start()
-        return hello
-
-    def _read_hello(self, sock: socket.socket) -> dict[str, Any] | None:
-        try:
-            line = sock.makefile("r", encoding="utf-8").readline()
-            hello = json.loads(line)
-        except (OSError, ValueError):
-            return None
-        if not isinstance(hello, dict) or not secrets.compare_digest(
-            str(hello.get("token", "")), self.token
-        ):
-            return None  # someone else found the port: ignore them
-        return hello
 
     def _read_loop(self) -> None:
-        assert self._sock is not None
-        reader = self._sock.makefile("r", encoding="utf-8")
         try:
-            for line in reader:
+            while True:
+                try:
+                    line = self._reader.read_line()
+                except LinkError as exc:
+                    self.error = f"the debuggee (pid {self.pid}) broke the protocol: {exc}"
+                    log.warning("%s; link closed", self.error)
+                    break
+                if line is None:
+                    break
                 try:
                     message = json.loads(line)
                 except ValueError:
+                    continue
+                if not isinstance(message, dict):
                     continue
                 if "event" in message:
                     try:
@@ -102,7 +180,7 @@ class AgentLink:
                     except Exception:  # a bug in handling one event must not cut the session off
                         traceback.print_exc()
                     continue
-                future = self._pending.pop(message.get("id"), None)
+                future = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
                 if future is not None:
                     future.set_result(message)
         except OSError:
@@ -113,11 +191,13 @@ class AgentLink:
                 if not future.done():
                     future.set_exception(SessionEnded("the script ended before it answered"))
             self._pending.clear()
+            with contextlib.suppress(OSError):
+                self._sock.close()
             self._on_close()
 
     def send(self, cmd: str, args: dict[str, Any] | None = None) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
-        if self.closed or self._sock is None:
+        if self.closed:
             future.set_exception(SessionEnded("the script is no longer running"))
             return future
         request_id = next(self._ids)
@@ -151,9 +231,7 @@ class AgentLink:
 
     def close(self) -> None:
         self.closed = True
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.shutdown(socket.SHUT_RDWR)
-            self._sock.close()
         with contextlib.suppress(OSError):
-            self._listener.close()
+            self._sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._sock.close()

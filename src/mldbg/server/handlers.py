@@ -71,6 +71,7 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         breakpoints=[dict(bp) for bp in a.get("breakpoints") or []],
         stop_on_entry=a.get("stop_on_entry", True),
         replace=bool(a.get("replace")),
+        follow=not a.get("no_follow"),
     )
     session = manager.start(name, request)
     state = session.wait(_bounded(a.get("wait", 30.0)) if request.stop_on_entry else 0.0)

@@ -13,6 +13,8 @@ import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -32,7 +34,7 @@ from ..runs import (
 )
 from ..verbs import fix
 from . import live_runs
-from .agent_link import AgentLink
+from .agent_link import AgentLink, AgentListener
 from .launcher import LaunchSpec, check_target, resolve_python, spawn
 from .start_checks import check_cwd, check_python, check_request
 
@@ -53,6 +55,7 @@ class StartRequest:
     breakpoints: list[dict[str, Any]] = field(default_factory=list)
     stop_on_entry: bool = True
     replace: bool = False
+    follow: bool = True  # debug the script's child processes too (start --no-follow: False)
 
 
 def _now() -> str:
@@ -147,6 +150,10 @@ class Session:
         self.started_at = _now()
         self.home: Path | None = None
         self.recovered: dict[str, Any] | None = None  # found by a restarted daemon
+        self.manager: SessionManager | None = None  # set by the manager; children register there
+        self.listener: AgentListener | None = None
+        self.family: Any = None  # children.Family: the script's child processes
+        self._main: Future[AgentLink] = Future()
 
     # -- start ------------------------------------------------------------------------------
 
@@ -166,16 +173,19 @@ class Session:
         home = mldbg_home(cwd, env)
         self.home = home
         run, output = _make_run_dir(home)
-        link = AgentLink(self._on_event, self._on_link_closed)
+        from .children import Family
+
+        self.family = Family(self)
+        listener = AgentListener(self._on_connection, self.name)
         spec = LaunchSpec(python, cwd, env, script, req.module, list(req.args))
         try:
             with self.cond:  # a terminate now either comes first (no process) or sees it
                 if self.terminated:
                     raise StartFailed(f"session {self.name!r} was terminated while starting")
-                process = spawn(spec, link.address, link.token, output)
-                self.process, self.link, self.pid = process, link, process.pid
+                process = spawn(spec, listener.address, listener.token, output)
+                self.process, self.pid, self.listener = process, process.pid, listener
         except (StartFailed, ValueError, OSError) as exc:
-            link.close()
+            listener.close()
             _discard_reserved(run)
             if isinstance(exc, StartFailed):
                 raise
@@ -209,7 +219,9 @@ class Session:
                 run_dir=str(run.path),
             ) from None
         try:
-            self.hello = link.accept(process, CONNECT_TIMEOUT)
+            self.link = link = self._await_main(process, CONNECT_TIMEOUT)
+            self.hello = link.hello
+            link.start(self._on_event, self._on_link_closed)
             run.update_meta(
                 python_version=self.hello.get("python"),
                 backend=self.hello.get("backend"),
@@ -218,7 +230,14 @@ class Session:
             link.request("configure", {"breakpoints": req.breakpoints})
             with self.cond:
                 self.state = "running"
-            link.request("run", {"stop_on_entry": req.stop_on_entry, "run_dir": str(run.path)})
+            link.request(
+                "run",
+                {
+                    "stop_on_entry": req.stop_on_entry,
+                    "run_dir": str(run.path),
+                    "follow": req.follow,
+                },
+            )
         except (MldbgError, OSError) as exc:
             self._abort_start()
             tail = read_tail_bounded(run.file(OUTPUT_LOG), 20, budget.OUTPUT_TAIL)[0]
@@ -244,6 +263,39 @@ class Session:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(10)
             self._record_end(self.process.returncode if self.process.returncode is not None else -9)
+
+    def _on_connection(self, link: AgentLink) -> None:
+        """An authenticated connection: the script itself (first), or one of its children."""
+        if not link.hello.get("child") and not self._main.done():
+            self._main.set_result(link)
+        elif self.family is not None and self._main.done() and link.pid == self.pid:
+            # the script replaced itself (os.exec* of python): same process, same session
+            old, self.link = self.link, link
+            if old is not None:
+                old.close()
+            link.start(self._on_event, self._on_link_closed)
+            self.family.configure_later(self, link, ask_root=False)
+        elif self.family is not None:
+            self.family.adopt(link)
+        else:
+            link.close()
+
+    def _await_main(self, process: subprocess.Popen[bytes], timeout: float) -> AgentLink:
+        """The script's own connection; fail fast if its interpreter dies first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self._main.result(0.1)
+            except FutureTimeout:
+                pass
+            if process.poll() is not None:
+                raise StartFailed(
+                    f"the script's interpreter exited (code {process.returncode}) before the "
+                    "debugger connected",
+                    exit_code=process.returncode,
+                )
+            if time.monotonic() > deadline:
+                raise StartFailed(f"the debuggee did not connect within {timeout:.0f} s")
 
     # -- events from the debuggee -----------------------------------------------------------
 
@@ -311,6 +363,11 @@ class Session:
             live_runs.unregister(self.pid)
         if self.link is not None:
             self.link.close()
+        if self.listener is not None:
+            if self.terminated or self.family is None:
+                self.listener.close()
+            else:  # children it left behind may still be starting: they can still connect
+                self.family.close_when_idle(self.listener)
         if self.events is not None:
             self.events.close()
 
@@ -361,6 +418,14 @@ class Session:
             state["store_error"] = self.store_error
         if self.recovered is not None:
             state["recovered"] = self.recovered
+        state["parent"] = getattr(self, "parent", None)  # set on child processes' sessions
+        if self.family is not None:  # a worker stopped while the script runs on: say where
+            children = [c.name for c in self.family.live_children() if c.state == "paused"]
+            if children:
+                state["paused_children"] = children[:20]
+        link = self.link
+        if link is not None and link.error:  # the daemon cut the link: say why
+            state["warnings"] = [link.error]
         if self.ended:
             state["output_tail"], cut = self.output_tail()
             if cut:
@@ -402,7 +467,11 @@ class Session:
         return self.link
 
     def command(self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
-        return self._link().request(cmd, args, timeout)
+        result = self._link().request(cmd, args, timeout)
+        if self.family is not None and cmd in ("break", "remove", "clear"):
+            self.family.broadcast(cmd, args)  # the root's breakpoints apply in its children
+            self.family.remember()
+        return result
 
     def paused_command(
         self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 60.0
@@ -531,10 +600,27 @@ class Session:
             self.wait(TERMINATE_GRACE)
             if not self.ended and process.returncode is not None:
                 self._record_end(process.returncode)  # no watcher yet: a start in progress
+        elif self.family is not None:
+            self.family.closed = True
+            if self.listener is not None:
+                self.listener.close()
+            self.family.end_all()  # the script ended, children it left behind may not have
         return self.snapshot()
 
     def _kill(self) -> None:
         process = self.process
+        if self.family is not None and process is not None:
+            # Children that left the process group (torchrun's ranks call setsid), and
+            # children of children: found now, while they are still linked to the script.
+            from .children import descendants, kill_tree
+
+            family = [c.pid for c in self.family.live_children() if c.pid is not None]
+            tree = descendants(process.pid) if process.poll() is None else []
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGTERM)
+            kill_tree([p for p in dict.fromkeys(tree + family) if p != process.pid])
+            self.family.end_all()
         if process is None or process.poll() is not None:
             return
         for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE), (signal.SIGKILL, TERMINATE_GRACE)):
@@ -585,6 +671,7 @@ class SessionManager:
                     fix=[fix("terminate", session=name), fix("start", session=name, replace=True)],
                 )
             session = Session(name, request)
+            session.manager = self
             self._sessions[name] = session
         if old is not None and not old.ended:
             old.terminate()
@@ -620,6 +707,14 @@ class SessionManager:
         with self._lock:
             if name not in self._sessions:
                 self._sessions[name] = session
+
+    def add_child(self, child: Session) -> None:
+        """List a child process's session (it stopped); it replaces an ended one of its name."""
+        with self._lock:
+            old = self._sessions.get(child.name)
+            if old is not None and not old.ended and old is not child:
+                child.name = f"{child.name}.w{child.pid}"[-64:]
+            self._sessions[child.name] = child
 
     def get(self, name: str) -> Session:
         with self._lock:

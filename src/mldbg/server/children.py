@@ -1,0 +1,352 @@
+"""Child processes of a session's script, each its own session once it stops.
+
+Every process the script starts connects back to the session's agent port (see
+``agent/follow.py``).  The daemon keeps each connection as a :class:`ChildSession` of
+the root session's :class:`Family`, but lists it (``sessions``, every verb by name)
+only from its first stop: a DataLoader forks workers every epoch, and workers that
+never stop are not worth a line in the listing.
+
+Names extend the parent's (the scheme the README documents):
+
+* a process with a ``RANK`` (else ``LOCAL_RANK``) in a fresh interpreter (torchrun's
+  ranks): ``ROOT.rank<N>``;
+* any other child: ``PARENT.w<pid>``, where PARENT is the session of the process that
+  started it when the daemon knows it (a DataLoader worker of rank 1 is
+  ``ddp.rank1.w4242``), else the root session;
+* names are at most 64 characters; a longer one falls back to ``ROOT.w<pid>``.
+
+A child session ends when its connection closes, which the kernel does when its
+process ends.  Terminating a child ends its process tree; terminating the root ends
+every process of the run (its process group, every descendant, every child session).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+from ..errors import AgentError
+from ..names import is_session_name
+from .agent_link import AgentLink, AgentListener
+from .sessions import ENDED, Session, StartRequest
+
+CONFIGURE_TIMEOUT = 15.0
+KILL_GRACE = 3.0
+LISTEN_AFTER_END = 10.0
+BROADCAST_WAIT = 5.0
+
+
+class Family:
+    """The root session's child processes: naming, breakpoints, and the end of all of them."""
+
+    def __init__(self, root: Session) -> None:
+        self.root = root
+        self.children: dict[int, ChildSession] = {}  # by pid, while connected
+        self.lock = threading.Lock()
+        self.closed = False  # terminated: no process of the run may connect any more
+        self.last_breakpoints: list[dict[str, Any]] = [dict(b) for b in root.request.breakpoints]
+
+    # -- a child connects --------------------------------------------------------------------
+
+    def adopt(self, link: AgentLink) -> None:
+        """A child proved the secret: make it a (not yet listed) session and start it."""
+        pid = link.pid
+        if pid is None or self.closed or self.root.terminated:
+            link.close()
+            return
+        with self.lock:
+            name = self._name_for(link.hello, pid)
+            child = ChildSession(name, self, link)
+            self.children[pid] = child
+        link.start(child.on_event, child.on_link_closed)
+        if not link.hello.get("forked"):
+            self.configure_later(child, link, ask_root=True)
+
+    def configure_later(self, session: Session, link: AgentLink, ask_root: bool) -> None:
+        """Configure and run an exec'd process on a thread of its own (frees the handshake)."""
+        threading.Thread(
+            target=self._configure,
+            args=(session, link, ask_root),
+            name=f"mldbg-child-{link.pid}",
+            daemon=True,
+        ).start()
+
+    def _name_for(self, hello: dict[str, Any], pid: int) -> str:
+        root = self.root.name
+        rank = hello.get("rank")
+        taken = self._taken_names()
+        if rank is not None and str(rank).isdigit():
+            name = f"{root}.rank{int(rank)}"
+            if name not in taken:
+                return name
+        parent = self.children.get(hello.get("ppid"))  # type: ignore[arg-type]
+        base = parent.name if parent is not None else root
+        name = f"{base}.w{pid}"
+        return name if is_session_name(name) else f"{root}.w{pid}"[-64:]
+
+    def _taken_names(self) -> set[str]:
+        names = {c.name for c in self.children.values() if not c.ended}
+        manager = self.root.manager
+        if manager is not None:
+            names |= {s.name for s in manager.all() if not s.ended}
+        return names
+
+    def _configure(self, child: Session, link: AgentLink, ask_root: bool) -> None:
+        """An exec'd process: the root's current breakpoints, then let it run."""
+        specs = self._current_breakpoints() if ask_root else list(self.last_breakpoints)
+        try:
+            try:
+                link.request("configure", {"breakpoints": specs}, CONFIGURE_TIMEOUT)
+            except AgentError:  # one it cannot take (a file it cannot see): each on its own
+                for spec in specs:
+                    try:
+                        link.request("break", spec, CONFIGURE_TIMEOUT)
+                    except AgentError as exc:
+                        child.log_event(
+                            "child_breakpoint_refused", **spec, error=str(exc.message)[:2000]
+                        )
+            run_dir = str(self.root.run.path) if self.root.run is not None else None
+            link.request(
+                "run",
+                {"stop_on_entry": False, "run_dir": run_dir, "follow": True},
+                CONFIGURE_TIMEOUT,
+            )
+        except Exception as exc:
+            child.log_event("child_start_failed", error=str(exc)[:2000])
+
+    def _current_breakpoints(self) -> list[dict[str, Any]]:
+        """Ask the root's agent (it may have changed since the start); else the last known."""
+        self.remember()
+        return list(self.last_breakpoints)
+
+    def remember(self) -> None:
+        """Note the root's breakpoints, for a process that connects when the root cannot
+        answer (the root itself after an ``os.exec*``)."""
+        link = self.root.link
+        if link is not None and not link.closed and not self.root.ended:
+            try:
+                items = link.request("breaks", None, CONFIGURE_TIMEOUT).get("breakpoints", [])
+                self.last_breakpoints = [_spec(item) for item in items]
+            except Exception:
+                pass
+
+    # -- the family as a whole ---------------------------------------------------------------
+
+    def broadcast(self, cmd: str, args: dict[str, Any] | None) -> None:
+        """A breakpoint edit on the root reaches every connected child before the verb
+        answers (so a child cannot run past a breakpoint the user already saw set); a
+        child that does not answer within ``BROADCAST_WAIT`` is not waited for, and a
+        child's refusal (a file it cannot see) does not fail the root's edit."""
+        sent = [
+            child.link.send(cmd, args)
+            for child in self.live_children()
+            if child.link is not None and not child.link.closed
+        ]
+        deadline = time.monotonic() + BROADCAST_WAIT
+        for future in sent:
+            with contextlib.suppress(Exception):
+                future.result(max(0.0, deadline - time.monotonic()))
+
+    def live_children(self) -> list[ChildSession]:
+        with self.lock:
+            return [c for c in self.children.values() if not c.ended]
+
+    def register(self, child: ChildSession) -> None:
+        """A child stopped for the first time: list it under its name."""
+        manager = self.root.manager
+        if manager is not None:
+            manager.add_child(child)
+
+    def forget(self, child: ChildSession) -> None:
+        with self.lock:
+            if child.pid is not None and self.children.get(child.pid) is child:
+                del self.children[child.pid]
+
+    def close_when_idle(self, listener: AgentListener) -> None:
+        """The script ended: keep its port open while children it left run (and for
+        ``LISTEN_AFTER_END`` seconds after the last, for any still starting up)."""
+
+        def watch() -> None:
+            idle_since = time.monotonic()
+            while not listener.closed:
+                if self.live_children():
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > LISTEN_AFTER_END:
+                    listener.close()
+                    return
+                time.sleep(0.5)
+
+        threading.Thread(target=watch, name="mldbg-listen-after-end", daemon=True).start()
+
+    def end_all(self) -> None:
+        """The root was terminated: end every process of the run, then every child session."""
+        children = self.live_children()
+        pids = [c.pid for c in children if c.pid is not None]
+        kill_tree(pids)
+        for child in children:
+            child.wait_ended(KILL_GRACE)
+            child.mark_ended()
+
+
+class ChildSession(Session):
+    """One child process of a run: every verb of a session, on its own connection."""
+
+    def __init__(self, name: str, family: Family, link: AgentLink) -> None:
+        root = family.root
+        super().__init__(name, StartRequest(cwd=root.request.cwd, breakpoints=[]))
+        self.family_of = family
+        self.parent = root.name
+        ppid = link.hello.get("ppid")
+        parent = family.children.get(ppid) if isinstance(ppid, int) else None
+        if parent is not None:
+            self.parent = parent.name
+        self.manager = root.manager
+        self.link = link
+        self.hello = link.hello
+        self.pid = link.pid
+        self.run = root.run
+        self.events = root.events  # one events.jsonl per run; records carry the session
+        self.home = root.home
+        self.state = "running"
+        self.listed = False
+
+    # -- events ------------------------------------------------------------------------------
+
+    def on_event(self, message: dict[str, Any]) -> None:
+        if message.get("event") == "finished" and isinstance(message.get("exit_code"), int):
+            self.exit_code = message["exit_code"]
+        if message.get("event") == "stopped" and not self.listed:
+            self.listed = True
+            self.family_of.register(self)
+        self._on_event(message)
+
+    def on_link_closed(self) -> None:
+        self.mark_ended()
+
+    def mark_ended(self) -> None:
+        with self.cond:
+            if self.state in ENDED:
+                return
+            self.state = "exited"
+            self.stop = {}
+            self.cond.notify_all()
+        self.log_event("ended", state="exited", pid=self.pid, terminated=self.terminated)
+        self.family_of.forget(self)
+        if self.link is not None:
+            self.link.close()
+
+    def wait_ended(self, timeout: float) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.ended, timeout=timeout)
+
+    # -- what differs from a root session ----------------------------------------------------
+
+    def start(self) -> None:  # pragma: no cover - children are adopted, never started
+        raise RuntimeError("a child session is adopted from its connection, never started")
+
+    def terminate(self) -> dict[str, Any]:
+        """End this child's process tree (its parent and siblings go on)."""
+        if not self.ended:
+            self.terminated = True
+            if self.pid is not None:
+                kill_tree([self.pid])
+            self.wait_ended(KILL_GRACE * 2)
+            self.mark_ended()
+        return self.snapshot()
+
+    def _kill(self) -> None:
+        if self.pid is not None:
+            kill_tree([self.pid])
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children first), from /proc, else from ``ps``."""
+    parents: dict[int, list[int]] = {}
+    try:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            # the command name may hold spaces and parentheses: fields follow the last ')'
+            fields = stat[stat.rfind(b")") + 2 :].split()
+            if len(fields) > 1:
+                parents.setdefault(int(fields[1]), []).append(int(entry))
+    except OSError:
+        with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+            out = subprocess.run(
+                ["ps", "-A", "-o", "pid=", "-o", "ppid="],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
+            for row in out.splitlines():
+                child, _, parent = row.strip().partition(" ")
+                parents.setdefault(int(parent.strip()), []).append(int(child))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for kid in parents.get(todo.pop(), []):
+            if kid not in found:
+                found.append(kid)
+                todo.append(kid)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent's wait() counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_tree(pids: list[int], grace: float = KILL_GRACE) -> None:
+    """SIGTERM each process and every descendant (found before any dies, since orphans
+    lose their parent link), then SIGKILL what is left after ``grace`` seconds."""
+    everyone: list[int] = []
+    for pid in pids:
+        for member in [pid, *descendants(pid)]:
+            if member not in everyone and member != os.getpid():
+                everyone.append(member)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for member in everyone:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(member, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            everyone = [m for m in everyone if alive(m)]
+            if not everyone:
+                return
+            time.sleep(0.05)
+
+
+def _spec(item: dict[str, Any]) -> dict[str, Any]:
+    """A breakpoint as the agent lists it, back into what ``configure`` takes."""
+    keys = ("checkpoint", "condition") if item.get("checkpoint") else _SPEC_KEYS
+    return {k: item.get(k) for k in keys if item.get(k) is not None}
+
+
+_SPEC_KEYS = ("file", "line", "condition", "hits", "log")

@@ -1,0 +1,265 @@
+"""The agent port: only the session's own processes get in, and nothing they or a
+stranger send can take the daemon's memory or time.
+
+Real sockets throughout: the listener in this process for the protocol's rules, and
+the test daemon's own agent ports for strangers hitting a live session.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from conftest import Session
+from mldbg.agent import protocol as P
+from mldbg.agent.wire import LineReader, LinkError, preamble
+from mldbg.server import agent_link
+from mldbg.server.agent_link import AgentLink, AgentListener
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.links: list[AgentLink] = []
+        self.arrived = threading.Event()
+
+    def __call__(self, link: AgentLink) -> None:
+        self.links.append(link)
+        self.arrived.set()
+
+
+def connect(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def closed_by_peer(sock: socket.socket, timeout: float = 30.0) -> bool:
+    """True once the other end closed (EOF or reset) within ``timeout``."""
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.fixture
+def listener() -> Any:
+    collector = Collector()
+    listening = AgentListener(collector, "test")
+    yield listening, collector
+    listening.close()
+
+
+def test_the_secret_and_a_hello_open_the_link(listener: Any) -> None:
+    listening, collector = listener
+    sock = connect(listening.address)
+    sock.sendall(
+        preamble(listening.token) + json.dumps({"event": "hello", "pid": 42}).encode() + b"\n"
+    )
+    assert collector.arrived.wait(30)
+    link = collector.links[0]
+    assert link.hello["pid"] == 42 and link.pid == 42
+    events: list[dict[str, Any]] = []
+    link.start(events.append, lambda: None)
+    sock.sendall(b'{"event": "log", "message": "hi"}\n')
+    deadline = time.monotonic() + 30
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert events == [{"event": "log", "message": "hi"}]
+    # the listener keeps accepting: a second process of the session gets in too
+    collector.arrived.clear()
+    other = connect(listening.address)
+    other.sendall(preamble(listening.token) + b'{"event": "hello", "pid": 43}\n')
+    assert collector.arrived.wait(30) and collector.links[1].pid == 43
+    link.close()
+    for s in (sock, other):
+        s.close()
+
+
+def test_a_silent_stranger_does_not_hold_up_the_debuggee(listener: Any) -> None:
+    listening, collector = listener
+    silent = connect(listening.address)  # first in line, and says nothing
+    sock = connect(listening.address)
+    sock.sendall(preamble(listening.token) + b'{"event": "hello", "pid": 7}\n')
+    assert collector.arrived.wait(30) and collector.links[0].pid == 7
+    assert listening.rejected == 0  # the silent one is still waiting for its deadline
+    assert closed_by_peer(silent)
+    assert listening.rejected == 1
+    collector.links[0].close()
+    silent.close()
+    sock.close()
+
+
+def test_an_oversized_message_from_the_debuggee_cuts_the_link_with_a_reason(
+    listener: Any,
+) -> None:
+    listening, collector = listener
+    sock = connect(listening.address)
+    sock.sendall(preamble(listening.token) + b'{"event": "hello", "pid": 9}\n')
+    assert collector.arrived.wait(30)
+    link = collector.links[0]
+    closed = threading.Event()
+    link.start(lambda message: None, closed.set)
+    pending = link.send("eval", {"expression": "x"})
+    with pytest.raises(OSError):
+        for _ in range(P.MAX_LINE // (1 << 20) + 64):
+            sock.sendall(b"z" * (1 << 20))
+    assert closed.wait(60)
+    assert link.closed and link.error is not None
+    assert f"more than {P.MAX_LINE} bytes" in link.error and "pid 9" in link.error
+    with pytest.raises(Exception, match="ended before it answered"):
+        pending.result(10)  # a request in flight fails at once, it does not hang
+    sock.close()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(b"", id="nothing"),
+        pytest.param(b'{"event": "hello", "pid": 1}\n', id="hello-without-secret"),
+        pytest.param(preamble("0" * 2 * P.TOKEN_BYTES), id="wrong-secret"),
+        pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", id="http"),
+        pytest.param(bytes(range(256)) * 4, id="garbage"),
+    ],
+)
+def test_strangers_are_dropped(
+    listener: Any, payload: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent_link, "HANDSHAKE_TIMEOUT", 1.0)
+    listening, collector = listener
+    sock = connect(listening.address)
+    if payload:
+        sock.sendall(payload)
+    assert closed_by_peer(sock)
+    sock.close()
+    assert not collector.links
+    assert listening.rejected == 1
+
+
+def test_a_flood_is_cut_after_the_preamble(listener: Any) -> None:
+    listening, collector = listener
+    sock = connect(listening.address)
+    sent = 0
+    block = b"x" * (1 << 20)
+    with pytest.raises(OSError):
+        while sent < 1 << 30:  # a GB, if nobody stopped it
+            sock.sendall(block)
+            sent += len(block)
+    assert sent < 64 << 20  # the daemon read 72 bytes, then closed: the sender fails soon
+    assert not collector.links
+    sock.close()
+
+
+def test_an_oversized_hello_is_refused_even_with_the_secret(listener: Any) -> None:
+    listening, collector = listener
+    sock = connect(listening.address)
+    sock.sendall(preamble(listening.token))
+    hello = json.dumps({"event": "hello", "pid": 1, "pad": "x" * (P.MAX_HELLO + 10)})
+    with pytest.raises(OSError):
+        sock.sendall(hello.encode() + b"\n")
+        sock.sendall(b"y" * (8 << 20))
+    assert closed_by_peer(sock)
+    assert not collector.links and listening.rejected == 1
+    sock.close()
+
+
+def test_line_reader_limits_size_and_time() -> None:
+    a, b = socket.socketpair()
+    try:
+        reader = LineReader(a, limit=16, idle=None, partial=0.5)
+        b.sendall(b"short\n" + b"y" * 40)
+        assert reader.read_line() == b"short"
+        with pytest.raises(LinkError, match="more than 16 bytes"):
+            reader.read_line()
+        reader = LineReader(a, limit=1024, idle=0.3, partial=0.3)
+        with pytest.raises(LinkError, match="nothing arrived"):
+            reader.read_line()  # silent
+        b.sendall(b"half a mess")
+        with pytest.raises(LinkError, match="nothing arrived"):
+            reader.read_line()  # a message begun, never finished
+        with pytest.raises(LinkError, match="fewer than 100 bytes"):
+            reader.read_exact(100, 0.3)
+        b.close()
+        with pytest.raises(LinkError, match="inside a message"):
+            reader.read_line()
+    finally:
+        a.close()
+
+
+# -- against a live session of the test daemon ------------------------------------------------
+
+
+def agent_ports(daemon_pid: int, http_port: int) -> list[int]:
+    """The daemon's listening loopback ports other than its HTTP one: the agent ports."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{daemon_pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{daemon_pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = []
+    with open("/proc/net/tcp") as fh:
+        for row in fh.readlines()[1:]:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # LISTEN
+                port = int(local.split(":")[1], 16)
+                if port != http_port:
+                    ports.append(port)
+    return ports
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for row in fh:
+            if row.startswith("VmRSS:"):
+                return int(row.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_strangers_on_a_live_sessions_port_change_nothing(
+    session: Session, write: Any, daemon: dict[str, Any]
+) -> None:
+    script = write("victim.py", "secret = 41\nprint('ANSWER', secret + 1)\n")
+    state = session.start(script)
+    assert state["state"] == "paused"
+    http_port = int(daemon["url"].rsplit(":", 1)[1].split("/")[0])
+    ports = agent_ports(daemon["pid"], http_port)
+    assert ports, "the session's agent port is not listening"
+    before = rss_kb(daemon["pid"])
+    silent = [socket.create_connection(("127.0.0.1", p)) for p in ports for _ in range(3)]
+    for port in ports:
+        flood = socket.create_connection(("127.0.0.1", port))
+        with pytest.raises(OSError):
+            for _ in range(256):  # up to 256 MB, if nobody stopped it
+                flood.sendall(b"z" * (1 << 20))
+        flood.close()
+        liar = socket.create_connection(("127.0.0.1", port))
+        liar.sendall(b"MLDBG1 " + b"f" * 64 + b"\n" + b'{"event": "hello", "pid": 1}\n')
+        assert closed_by_peer(liar)
+        liar.close()
+    # the session answers at once, strangers and all, and its process is the same
+    assert session.value("6 * 7") == "42" and session.state()["location"]["line"] == 1
+    assert session.state()["pid"] == state["pid"]
+    end = session.run_to_end()
+    assert end["state"] == "exited" and "ANSWER 42" in session.output()
+    for sock in silent:
+        assert closed_by_peer(sock)  # dropped at the handshake deadline (or the session's end)
+        sock.close()
+    assert rss_kb(daemon["pid"]) - before < 64 * 1024  # the flood was never buffered
+    listed = [s["session"] for s in session.api.get("/v1/sessions")["sessions"]]
+    assert not [n for n in listed if n.startswith(f"{session.name}.")]

@@ -16,6 +16,7 @@ frame and line, is told to stay silent.  Standard library only (agent side).
 from __future__ import annotations
 
 import dis
+import os
 import sys
 import threading
 from types import CodeType, FrameType
@@ -26,6 +27,26 @@ from .paths import canonical_code_file
 
 if TYPE_CHECKING:
     from .debugger import Debugger
+
+
+def compile_conditions() -> bool:
+    """``MLDBG_COMPILE_CONDITIONS=0`` evaluates every condition in the debugger instead
+    (the reference the tests compare with, and a way out should compiling one misbehave)."""
+    return os.environ.get("MLDBG_COMPILE_CONDITIONS", "1") != "0"
+
+
+def dynamo_ready() -> bool:
+    """torch and its compiler are fully imported (never import them, never mid-import)."""
+    torch = sys.modules.get("torch")
+    dynamo = sys.modules.get("torch._dynamo")
+    compiler = sys.modules.get("torch.compiler")
+    return (
+        torch is not None
+        and hasattr(torch, "compile")
+        and dynamo is not None
+        and hasattr(dynamo, "disable")
+        and hasattr(compiler, "disable")
+    )
 
 
 def statement_starts(code: CodeType, lines: frozenset[int]) -> dict[int, int]:

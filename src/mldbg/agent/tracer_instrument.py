@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import builtins
 import dis
-import gc
 import sys
 import threading
-import types
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -43,8 +41,12 @@ from types import CodeType, FrameType, FunctionType
 from typing import TYPE_CHECKING, Any
 
 from .cpython import CPython, Unavailable
-from .inline_conditions import ConditionHooks, statement_starts
+from .inline_conditions import ConditionHooks, compile_conditions, statement_starts
+from .inline_conditions import dynamo_ready as _dynamo_ready
 from .instrument import ARM, HOOK, PASSED, Instrumented, InstrumentError, instrument_file
+from .live_code import GENERATOR_CODE as _GENERATOR_CODE
+from .live_code import Live as _Live
+from .live_code import scan
 from .paths import canonical_code_file
 from .tracer_settrace import SettraceBackend
 
@@ -53,11 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["InstrumentBackend", "Unavailable"]
 
-_GENERATOR_CODE = {
-    types.GeneratorType: ("gi_code", "gi_frame", "gi_running"),
-    types.CoroutineType: ("cr_code", "cr_frame", "cr_running"),
-    types.AsyncGeneratorType: ("ag_code", "ag_frame", "ag_running"),
-}
 _AGENT_THREAD = "mldbg-agent"  # the reader thread the runner starts: never traced
 
 
@@ -70,14 +67,6 @@ class _Applied:
         default_factory=list
     )
     consts: list[tuple[CodeType, int, object, object]] = field(default_factory=list)
-
-
-@dataclass
-class _Live:
-    """Function and generator objects of the files being changed, from one ``gc`` pass."""
-
-    functions: dict[str, list[FunctionType]] = field(default_factory=dict)
-    generators: dict[str, list[Any]] = field(default_factory=dict)
 
 
 def _hook_offsets(code: CodeType) -> frozenset[int]:
@@ -326,21 +315,13 @@ class InstrumentBackend(SettraceBackend):
             self._trace_threads(self._user_threads(), attach_all=False)
 
     def _scan(self, files: set[str]) -> _Live:
-        live = _Live()
-        if not files:
-            return live
-        for obj in gc.get_objects():
-            kind = type(obj)
-            if kind is FunctionType:
-                file = canonical_code_file(obj.__code__.co_filename)
-                if file in files:
-                    live.functions.setdefault(file, []).append(obj)
-            elif kind in _GENERATOR_CODE:
-                code = getattr(obj, _GENERATOR_CODE[kind][0])
-                file = canonical_code_file(code.co_filename)
-                if file in files:
-                    live.generators.setdefault(file, []).append(obj)
-        return live
+        known = [
+            plain
+            for file, applied in self._applied.items()
+            if file in files
+            for _, plain in applied.instr.origin.values()
+        ]
+        return scan(files, known)
 
     def _plain_of(self, code: CodeType) -> CodeType:
         entry = self._origins.get(id(code))
@@ -532,22 +513,10 @@ _Key = tuple[frozenset[int], frozenset[tuple[int, str]]]  # lines, (line, condit
 
 def _wanted(bps: dict[int, Any]) -> _Key:
     """What a file's instrumentation depends on: its lines and their conditions."""
+    if not compile_conditions():
+        return frozenset(bps), frozenset()
     conditions = frozenset((line, bp.condition) for line, bp in bps.items() if bp.condition)
     return frozenset(bps), conditions
-
-
-def _dynamo_ready() -> bool:
-    """torch and its compiler are fully imported (never import them, never mid-import)."""
-    torch = sys.modules.get("torch")
-    dynamo = sys.modules.get("torch._dynamo")
-    compiler = sys.modules.get("torch.compiler")
-    return (
-        torch is not None
-        and hasattr(torch, "compile")
-        and dynamo is not None
-        and hasattr(dynamo, "disable")
-        and hasattr(compiler, "disable")
-    )
 
 
 def _file_of(code: CodeType) -> str:

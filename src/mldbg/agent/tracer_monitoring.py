@@ -4,6 +4,10 @@ With no breakpoint and nothing stepping, no event is enabled at all.  With break
 PY_START is on globally and answers ``DISABLE`` for every code object that holds none;
 LINE events are enabled only on code objects that hold one, and lines that are not
 breakpoints answer ``DISABLE``.  Any change re-arms with ``restart_events()``.
+
+Conditional breakpoints are compiled into the code where they can be
+(:mod:`.compiled_conditions`): their lines get no LINE event unless the frame is being
+stepped or paused, so a hot conditional breakpoint costs the condition, not a callback.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import threading
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
+from .compiled_conditions import CompiledConditions
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
@@ -31,6 +36,7 @@ class MonitoringBackend:
         self._lined: set[CodeType] = set()  # code objects with LINE enabled locally
         self._lock = threading.RLock()
         self._installed = False  # breakpoints may be set before the script (and tracing) starts
+        self._compiled = CompiledConditions(debugger)
 
     def install(self) -> None:
         mon = self._mon
@@ -44,10 +50,17 @@ class MonitoringBackend:
         self._installed = True
         self.refresh()
 
+    def prepare_main(self, code: CodeType) -> CodeType:
+        """The script's module code, with its conditional breakpoints compiled in."""
+        with self._lock:
+            return self._compiled.prepare_main(code)
+
     def uninstall(self) -> None:
         if not self._installed:
             return
         self._installed = False
+        with self._lock:
+            self._compiled.uninstall()
         mon = self._mon
         mon.set_events(self._tool, 0)
         for code in list(self._lined):
@@ -63,6 +76,13 @@ class MonitoringBackend:
             return None
         debugger = self.debugger
         file = canonical_code_file(code.co_filename)
+        compiled = self._compiled.starts_of(code)
+        if (
+            compiled is not None
+            and not debugger.active
+            and not (debugger.breakpoints.lines_in_code(code, file) - compiled.keys())
+        ):
+            return self._disable  # its breakpoints are compiled in: no LINE events needed
         if debugger.wants_code(code, file):
             self._enable_lines(code)
             return None
@@ -75,6 +95,15 @@ class MonitoringBackend:
 
     def _on_line(self, code: CodeType, line: int) -> Any:
         frame: FrameType = sys._getframe(1)
+        compiled = self._compiled.starts_of(code)
+        if compiled is not None and line in compiled:
+            # The compiled condition reports this breakpoint; a step or a pause must still
+            # see the line, once, with the breakpoint taking precedence as usual.
+            if not self.debugger.active:
+                return self._disable
+            if frame.f_lasti == compiled[line]:
+                self._compiled.hooks.line_event(frame, canonical_code_file(code.co_filename), line)
+            return None
         if self.debugger.on_line(frame, canonical_code_file(code.co_filename), line):
             return None
         return self._disable
@@ -105,6 +134,8 @@ class MonitoringBackend:
         self.refresh_globals()
 
     def breakpoints_changed(self) -> None:
+        with self._lock:
+            self._compiled.sync()
         self.refresh()
         for frame in self.debugger.breakpoints.running_frames():
             self._enable_lines(frame.f_code)

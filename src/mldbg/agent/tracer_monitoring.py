@@ -72,10 +72,15 @@ class MonitoringBackend:
     # -- events -----------------------------------------------------------------------------
 
     def _on_start(self, code: CodeType, offset: int) -> Any:
-        if code in self._lined:
-            return None
         debugger = self.debugger
         file = canonical_code_file(code.co_filename)
+        if file not in debugger.breakpoints.by_file and not debugger.active:
+            # The common answer, first: while breakpoints are set, every code object's
+            # first call lands here (thousands during an import), and `code in set`
+            # would hash the code object, constants and nested code included, each time.
+            return self._disable
+        if code in self._lined:
+            return None
         compiled = self._compiled.starts_of(code)
         if (
             compiled is not None

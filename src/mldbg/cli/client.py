@@ -18,7 +18,6 @@ import http.client
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -251,6 +250,8 @@ def connect(autostart: bool = True) -> Client:
 
 
 def _start_daemon(directory: Path) -> dict[str, Any]:
+    import subprocess  # only here: a command that finds the daemon running never pays for it
+
     log_path = directory / "server.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(

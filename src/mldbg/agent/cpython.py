@@ -203,7 +203,9 @@ def replace_const(code: CodeType, index: int, value: object) -> object:
     old = consts[index]
     if slot.value != id(old):
         raise Unavailable("co_consts does not have the expected layout")
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(value))
+    incref, decref = ctypes.pythonapi.Py_IncRef, ctypes.pythonapi.Py_DecRef
+    incref.argtypes = decref.argtypes = [ctypes.c_void_p]  # as CPython() sets them: addresses
+    incref(id(value))
     slot.value = id(value)
-    ctypes.pythonapi.Py_DecRef(ctypes.py_object(old))
+    decref(id(old))
     return old

@@ -234,3 +234,22 @@ def test_conditions_that_would_change_the_code_are_not_compiled_in(
         assert instr.uncovered == []
     instr = instrument_file(str(script), lines, {3: "x", 7: "super() is None"})
     assert instr.inlined == {3}  # super() needs __class__: hook path
+
+
+def test_conditions_set_while_paused_compile_into_the_running_module_and_come_back_out(
+    session: Session, write, python: str
+) -> None:
+    """Set at the entry stop: the module body (already running) defines its functions from
+    compiled-in constants; removing the breakpoint restores the plain code."""
+    script = write("conditions.py", CONDITIONS)
+    line = line_of(script, "hot line")
+    session.start(script, python=python, env=_env(session, None))
+    session.brk(script, line, condition="i == 5")
+    state = session.cont()
+    assert state["location"]["line"] == line and session.value("i") == "5"
+    assert session.value("'__mldbg_bp__' in hot.__code__.co_names") == "True"
+    assert session.value("__import__('sys').gettrace()") == "None"
+    session.api.post(f"{session.base}/breakpoints/remove", {"file": str(script), "line": line})
+    assert session.value("'__mldbg_bp__' in hot.__code__.co_names") == "False"
+    assert session.run_to_end()["exit_code"] == 0
+    assert "[0, 3, 6, 9, 12] 437 10 3" in session.output()

@@ -472,7 +472,7 @@ class Mldbg:
             "python": python,
             "breakpoints": breakpoints,
             "stop_on_entry": False,
-            "env_overrides": {"MLDBG_HOME": str(self.scratch / "runs")},
+            "env": {"MLDBG_HOME": str(self.scratch / "runs")},
         }
         started = time.perf_counter()
         state = self._call("POST", f"/v1/sessions/{name}/start", body)
@@ -507,7 +507,7 @@ class Mldbg:
             "args": [work.size],
             "cwd": str(work.path.parent),
             "python": python,
-            "env_overrides": {"MLDBG_HOME": str(self.scratch / "runs")},
+            "env": {"MLDBG_HOME": str(self.scratch / "runs")},
         }
         started = time.perf_counter()
         state = self._call("POST", f"/v1/sessions/{name}/start", body)

@@ -253,3 +253,21 @@ def test_conditions_set_while_paused_compile_into_the_running_module_and_come_ba
     assert session.value("'__mldbg_bp__' in hot.__code__.co_names") == "False"
     assert session.run_to_end()["exit_code"] == 0
     assert "[0, 3, 6, 9, 12] 437 10 3" in session.output()
+
+
+def test_condition_changed_while_its_loop_runs(session: Session, write, python: str) -> None:
+    """The frame keeps running the code compiled for the old condition: the new one rules."""
+    script = write("conditions.py", CONDITIONS)
+    line = line_of(script, "hot line")
+    session.start(script, python=python, env=_env(session, None))
+    session.brk(script, line, condition="i >= 5")
+    state = session.cont()
+    assert state["location"]["line"] == line and session.value("i") == "5"
+    session.brk(script, line, condition="i == 8")  # replaces it; `hot` is still running
+    seen = []
+    state = session.cont()
+    while state["state"] == "paused":
+        seen.append((state["location"]["line"], session.value("i")))
+        state = session.cont()
+    assert seen == [(line, "8")]
+    assert "[0, 3, 6, 9, 12] 437 10 3" in session.output()

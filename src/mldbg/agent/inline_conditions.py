@@ -72,12 +72,19 @@ class ConditionHooks:
         # thread -> (frame, line) whose breakpoint a line event already handled
         self._reported: dict[int, tuple[FrameType, int]] = {}
 
-    def hook(self, frame: FrameType, line: int, mode: int) -> None:
-        """The code's own call: the condition passed (or raised, inside the except clause)."""
+    def hook(self, frame: FrameType, line: int, mode: int, current: bool = True) -> None:
+        """The code's own call: the condition passed (or raised, inside the except clause).
+
+        ``current``: False when the frame runs code compiled for breakpoints since changed
+        (a loop that was already running): the backend traces such frames, so its line
+        event, with the condition set now, has decided; this call only clears the mark.
+        """
         ident = threading.get_ident()
         seen = self._reported.pop(ident, None)
         if seen is not None and seen[0] is frame and seen[1] == line:
             return  # the line event of a traced frame handled this breakpoint already
+        if not current:
+            return
         if mode == PASSED:
             outcome: Any = True
         else:

@@ -164,7 +164,8 @@ class InstrumentBackend(SettraceBackend):
             frame = frame.f_back  # called through torch.compiler.disable's wrapper
         if mode >= PASSED:
             try:
-                self._conditions.hook(frame, line, mode)
+                current = self._serves(frame.f_code, _file_of(frame.f_code))
+                self._conditions.hook(frame, line, mode, current)
             except Exception as exc:  # never an exception in the user's code
                 _report(exc)
             return

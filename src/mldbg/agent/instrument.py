@@ -300,7 +300,6 @@ def instrument_source(
     """
     try:
         plain = compile(source, file, "exec", dont_inherit=True)
-        ast.parse(source, file)
     except (SyntaxError, ValueError) as exc:
         raise InstrumentError(f"{file} does not compile: {exc}") from None
     asked = {line: text for line, text in (conditions or {}).items() if line in lines}

@@ -17,10 +17,10 @@ import threading
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
-from .compiled_conditions import CompiledConditions
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
+    from .compiled_conditions import CompiledConditions
     from .debugger import Debugger
 
 
@@ -36,7 +36,8 @@ class MonitoringBackend:
         self._lined: set[CodeType] = set()  # code objects with LINE enabled locally
         self._lock = threading.RLock()
         self._installed = False  # breakpoints may be set before the script (and tracing) starts
-        self._compiled = CompiledConditions(debugger)
+        # Made (and its ast/dis/ctypes imports paid) with the first conditional breakpoint.
+        self._compiled: CompiledConditions | None = None
 
     def install(self) -> None:
         mon = self._mon
@@ -53,14 +54,23 @@ class MonitoringBackend:
     def prepare_main(self, code: CodeType) -> CodeType:
         """The script's module code, with its conditional breakpoints compiled in."""
         with self._lock:
-            return self._compiled.prepare_main(code)
+            compiled = self._compiled_conditions()
+            return code if compiled is None else compiled.prepare_main(code)
+
+    def _compiled_conditions(self) -> CompiledConditions | None:
+        if self._compiled is None and any(bp.condition for bp in self.debugger.breakpoints.all()):
+            from .compiled_conditions import CompiledConditions
+
+            self._compiled = CompiledConditions(self.debugger)
+        return self._compiled
 
     def uninstall(self) -> None:
         if not self._installed:
             return
         self._installed = False
         with self._lock:
-            self._compiled.uninstall()
+            if self._compiled is not None:
+                self._compiled.uninstall()
         mon = self._mon
         mon.set_events(self._tool, 0)
         for code in list(self._lined):
@@ -81,7 +91,7 @@ class MonitoringBackend:
             return self._disable
         if code in self._lined:
             return None
-        compiled = self._compiled.starts_of(code)
+        compiled = None if self._compiled is None else self._compiled.starts_of(code)
         if (
             compiled is not None
             and not debugger.active
@@ -100,14 +110,15 @@ class MonitoringBackend:
 
     def _on_line(self, code: CodeType, line: int) -> Any:
         frame: FrameType = sys._getframe(1)
-        compiled = self._compiled.starts_of(code)
-        if compiled is not None and line in compiled:
+        conditions = self._compiled
+        compiled = None if conditions is None else conditions.starts_of(code)
+        if conditions is not None and compiled is not None and line in compiled:
             # The compiled condition reports this breakpoint; a step or a pause must still
             # see the line, once, with the breakpoint taking precedence as usual.
             if not self.debugger.active:
                 return self._disable
             if frame.f_lasti == compiled[line]:
-                self._compiled.hooks.line_event(frame, canonical_code_file(code.co_filename), line)
+                conditions.hooks.line_event(frame, canonical_code_file(code.co_filename), line)
             return None
         if self.debugger.on_line(frame, canonical_code_file(code.co_filename), line):
             return None
@@ -140,7 +151,9 @@ class MonitoringBackend:
 
     def breakpoints_changed(self) -> None:
         with self._lock:
-            self._compiled.sync()
+            compiled = self._compiled_conditions()
+            if compiled is not None:
+                compiled.sync()
         self.refresh()
         for frame in self.debugger.breakpoints.running_frames():
             self._enable_lines(frame.f_code)

@@ -809,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
             # The smallest script: start-up of the debugger, not of the script's imports.
             entry = next((w for w in mine if w.name == "pure-python"), mine[0])
             measure_start(mldbg, interpreter, entry, max(rounds, 3))
-        print("REST / MCP / CLI latency: (rows to come with the daemon work; see README)")
+        print("REST / MCP / CLI latency: see benchmarks/latency.py")
         failed = [
             config
             for _, _, configs in plans

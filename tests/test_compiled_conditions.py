@@ -96,7 +96,7 @@ class K:
 
 f = outer(1)
 for q in range(5):
-    f(q)
+    f(q)  # module line
 print(list(gen(5)), hot(30), risky(5), K().m(2))
 """
 
@@ -110,6 +110,7 @@ CONDITIONAL_BREAKPOINTS = [
     ("comprehension line", {"condition": "i == 7", "log": "i={i} total={total}"}),
     ("raising line", {"condition": "1 / (i - 2) > 0"}),
     ("method line", {"condition": "a == 2"}),
+    ("module line", {"condition": "q == 3"}),  # the module body: LOAD_NAME, as eval does
 ]
 
 
@@ -132,6 +133,7 @@ def test_compiled_in_conditions_stop_as_when_evaluated(
     assert by_line.count(("breakpoint", line_of(script, "hot line"))) == 3
     assert by_line.count(("breakpoint", line_of(script, "raising line"))) == 3  # 2 raises
     assert by_line.count(("breakpoint", line_of(script, "method line"))) == 1
+    assert by_line.count(("breakpoint", line_of(script, "module line"))) == 1
     assert line_of(script, "comprehension line") not in {line for _, line in by_line}
 
 

@@ -273,3 +273,33 @@ def test_condition_changed_while_its_loop_runs(session: Session, write, python: 
         state = session.cont()
     assert seen == [(line, "8")]
     assert "[0, 3, 6, 9, 12] 437 10 3" in session.output()
+
+
+HELPER_COND = """
+def compute(x):
+    y = x * 2  # helper line
+    return y
+"""
+
+IMPORTS_LATER = """
+import helper_cond
+
+total = sum(helper_cond.compute(n) for n in range(6))
+print("total", total)
+"""
+
+
+def test_condition_in_a_module_imported_after_it_was_set(
+    session: Session, write, python: str
+) -> None:
+    helper = write("helper_cond.py", HELPER_COND)
+    script = write("imports_later.py", IMPORTS_LATER)
+    session.start(script, python=python, env=_env(session, None))  # paused before the import
+    session.brk(helper, line_of(helper, "helper line"), condition="x == 4")
+    state = session.cont()
+    assert state["location"]["line"] == line_of(helper, "helper line")
+    assert session.value("x") == "4"
+    compiled = "'__mldbg_bp__' in __import__('helper_cond').compute.__code__.co_names"
+    assert session.value(compiled) == "True"
+    assert session.run_to_end()["exit_code"] == 0
+    assert "total 30" in session.output()

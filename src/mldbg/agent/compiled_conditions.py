@@ -17,8 +17,9 @@ What is changed, and undone exactly when the breakpoints change:
   module body, paused at entry), through :func:`.cpython.replace_const`;
 * the script's own module code, before it runs (:meth:`prepare_main`).
 
-Modules imported after the breakpoint was set keep their plain code: their line is
-served by LINE events (slower, never missed).
+* the code of modules imported later (a wrapper around ``SourceLoader.get_code``, as
+  the 3.10/3.11 backend does), so a condition set at the entry stop in a library file
+  not imported yet is compiled in too.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class CompiledConditions:
         self._hook_fn = self._hook
         self._wrapper_code: CodeType | None = None
         self._published = False
+        self._get_code_original: Any = None
 
     # -- what the monitoring backend asks ---------------------------------------------------
 
@@ -113,11 +115,13 @@ class CompiledConditions:
                 self._apply(file, wanted[file], live)
         if self._applied:
             self._publish()
+        self._update_import_hook()
 
     def uninstall(self) -> None:
         live = scan(set(self._applied))
         for file in list(self._applied):
             self._undo(file, live)
+        self._update_import_hook()
         # The hook stays in builtins: a frame still running instrumented code calls it.
 
     # -- the hook the compiled code calls ------------------------------------------------------
@@ -150,6 +154,39 @@ class CompiledConditions:
                 pass
         setattr(builtins, HOOK, hook)
         self._published = True
+
+    # -- modules imported while conditions are compiled in -------------------------------------
+
+    def _instrumented_module(self, code: CodeType) -> CodeType:
+        applied = self._applied.get(canonical_code_file(code.co_filename))
+        if applied is not None and applied.instr.inline and code == applied.instr.plain:
+            return applied.instr.module
+        return code
+
+    def _update_import_hook(self) -> None:
+        from importlib import _bootstrap_external  # type: ignore[attr-defined]
+
+        loader = _bootstrap_external.SourceLoader
+        wanted = any(applied.instr.inline for applied in self._applied.values())
+        if wanted and self._get_code_original is None:
+            original = loader.get_code
+            owner = self
+
+            def get_code(self: Any, fullname: str) -> Any:
+                code = original(self, fullname)
+                if code is not None and owner._applied:
+                    try:
+                        code = owner._instrumented_module(code)
+                    except Exception as exc:  # never break an import
+                        _report(exc)
+                return code
+
+            get_code.__wrapped__ = original  # type: ignore[attr-defined]
+            self._get_code_original = original
+            loader.get_code = get_code  # type: ignore[method-assign]
+        elif not wanted and self._get_code_original is not None:
+            loader.get_code = self._get_code_original  # type: ignore[method-assign]
+            self._get_code_original = None
 
     # -- applying ---------------------------------------------------------------------------
 

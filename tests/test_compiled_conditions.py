@@ -303,3 +303,22 @@ def test_condition_in_a_module_imported_after_it_was_set(
     assert session.value(compiled) == "True"
     assert session.run_to_end()["exit_code"] == 0
     assert "total 30" in session.output()
+
+
+def test_condition_taken_away_while_its_loop_runs(session: Session, write, python: str) -> None:
+    """Replaced by an unconditional breakpoint: every pass stops, exactly once."""
+    script = write("conditions.py", CONDITIONS)
+    line = line_of(script, "hot line")
+    session.start(script, python=python, env=_env(session, None))
+    session.brk(script, line, condition="i >= 5")
+    state = session.cont()
+    assert state["location"]["line"] == line and session.value("i") == "5"
+    session.brk(script, line)  # replaces it, without a condition
+    seen = []
+    for _ in range(3):
+        state = session.cont()
+        seen.append((state["location"]["line"], session.value("i")))
+    assert seen == [(line, "6"), (line, "7"), (line, "8")]
+    session.api.post(f"{session.base}/breakpoints/clear")
+    assert session.run_to_end()["exit_code"] == 0
+    assert "[0, 3, 6, 9, 12] 437 10 3" in session.output()

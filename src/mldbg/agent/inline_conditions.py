@@ -97,7 +97,11 @@ class ConditionHooks:
         debugger = self.debugger
         bp = debugger.breakpoints.at(file, line)
         outcome: Any = False
-        if bp is not None and bp.condition_code is not None:
+        if bp is not None and bp.condition_code is None:
+            # Code compiled for a condition since taken away, still running in this frame:
+            # the breakpoint is unconditional now, and on_line applies it.
+            outcome = None
+        elif bp is not None and bp.condition_code is not None:
             try:
                 outcome = bool(eval(bp.condition_code, frame.f_globals, frame.f_locals))
             except Exception as exc:  # reported by on_line, as a raising condition is

@@ -5,7 +5,8 @@ many calls, and judged against the targets of the issues:
 
 * REST eval / status / step: <= 5 ms p50 on a persistent connection;
 * an MCP tool call: <= 10 ms over the same REST call;
-* ``mldbg eval`` from a shell: <= 120 ms (an idle machine).
+* ``mldbg eval`` from a shell: <= 120 ms (an idle machine), human and ``--json``, beside
+  ``python -c pass`` (the interpreter's own start-up on this machine, at that moment).
 
 Run: ``.venv/bin/python benchmarks/latency.py [--calls N]``.  It uses a private config
 directory and run store under a temporary directory, never ``~/.mldbg``.

@@ -5,7 +5,8 @@ many calls, and judged against the targets of the issues:
 
 * REST eval / status / step: <= 5 ms p50 on a persistent connection;
 * an MCP tool call: <= 10 ms over the same REST call;
-* ``mldbg eval`` from a shell: <= 120 ms (an idle machine).
+* ``mldbg eval`` from a shell: <= 120 ms (an idle machine), human and ``--json``, beside
+  ``python -c pass`` (the interpreter's own start-up on this machine, at that moment).
 
 Run: ``.venv/bin/python benchmarks/latency.py [--calls N]``.  It uses a private config
 directory and run store under a temporary directory, never ``~/.mldbg``.
@@ -95,14 +96,22 @@ def mcp_rows(config: Path, session: str, calls: int) -> dict[str, float]:
 
 
 def cli_rows(config: Path, session: str, runs: int) -> dict[str, float]:
+    """``mldbg eval`` (human and ``--json``) beside ``python -c pass``, runs interleaved,
+    so that the interpreter's own start-up on this machine, now, is in the same table."""
     env = {**os.environ, "MLDBG_CONFIG_DIR": str(config)}
-    command = [str(Path(sys.executable).with_name("mldbg")), "eval", "-s", session, "total + 1"]
-    samples = []
+    mldbg = str(Path(sys.executable).with_name("mldbg"))
+    commands = {
+        "python": [sys.executable, "-c", "pass"],
+        "eval": [mldbg, "eval", "-s", session, "total + 1"],
+        "eval_json": [mldbg, "eval", "--json", "-s", session, "total + 1"],
+    }
+    samples: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(runs):
-        started = time.perf_counter()
-        subprocess.run(command, env=env, capture_output=True, check=True)
-        samples.append(time.perf_counter() - started)
-    return {"eval": median_ms(samples)}
+        for name, command in commands.items():
+            started = time.perf_counter()
+            subprocess.run(command, env=env, capture_output=True, check=True)
+            samples[name].append(time.perf_counter() - started)
+    return {name: median_ms(values) for name, values in samples.items()}
 
 
 def main() -> int:
@@ -148,14 +157,19 @@ def main() -> int:
         ("MCP status over REST", mcp["status"] - rest["status"], 10.0),
         ("MCP eval over REST", mcp["eval"] - rest["eval"], 10.0),
         ("CLI `mldbg eval` (wall)", cli["eval"], 120.0),
+        ("CLI `mldbg eval --json` (wall)", cli["eval_json"], 120.0),
+        ("`python -c pass` (wall, reference)", cli["python"], None),
     ]
     if options.json:
         print(json.dumps({name: {"ms": round(ms, 2), "target_ms": t} for name, ms, t in rows}))
         return 0
-    print(f"{'measure':32} {'ms':>8} {'target':>8}  verdict")
+    print(f"{'measure':36} {'ms':>8} {'target':>8}  verdict")
     for name, ms, target in rows:
+        if target is None:
+            print(f"{name:36} {ms:8.2f} {'':>8}")
+            continue
         verdict = "met" if ms <= target else "MISSED"
-        print(f"{name:32} {ms:8.2f} {target:8.0f}  {verdict}")
+        print(f"{name:36} {ms:8.2f} {target:8.0f}  {verdict}")
     return 0
 
 

@@ -472,7 +472,7 @@ class Mldbg:
             "python": python,
             "breakpoints": breakpoints,
             "stop_on_entry": False,
-            "env_overrides": {"MLDBG_HOME": str(self.scratch / "runs")},
+            "env": {"MLDBG_HOME": str(self.scratch / "runs")},
         }
         started = time.perf_counter()
         state = self._call("POST", f"/v1/sessions/{name}/start", body)
@@ -507,7 +507,7 @@ class Mldbg:
             "args": [work.size],
             "cwd": str(work.path.parent),
             "python": python,
-            "env_overrides": {"MLDBG_HOME": str(self.scratch / "runs")},
+            "env": {"MLDBG_HOME": str(self.scratch / "runs")},
         }
         started = time.perf_counter()
         state = self._call("POST", f"/v1/sessions/{name}/start", body)
@@ -809,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
             # The smallest script: start-up of the debugger, not of the script's imports.
             entry = next((w for w in mine if w.name == "pure-python"), mine[0])
             measure_start(mldbg, interpreter, entry, max(rounds, 3))
-        print("REST / MCP / CLI latency: (rows to come with the daemon work; see README)")
+        print("REST / MCP / CLI latency: see benchmarks/latency.py")
         failed = [
             config
             for _, _, configs in plans

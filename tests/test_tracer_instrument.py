@@ -37,8 +37,8 @@ PYTHONS = [
 pytestmark = pytest.mark.parametrize("python", PYTHONS)
 
 
-def _env(session: Session, backend: str | None) -> dict[str, str]:
-    env = {**os.environ, "MLDBG_HOME": str(session.cwd / ".mldbg")}
+def _env(session: Session, backend: str | None, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "MLDBG_HOME": str(session.cwd / ".mldbg"), **extra}
     env.pop("MLDBG_BACKEND", None)
     if backend:
         env["MLDBG_BACKEND"] = backend
@@ -53,6 +53,7 @@ def _stops(
     backend: str | None,
     probe: str,
     actions: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[list[tuple[Any, ...]], str]:
     """Run ``script`` to the end with breakpoints on ``lines``; one entry per stop.
 
@@ -66,11 +67,15 @@ def _stops(
         for item in lines
     ]
     state = session.start(
-        script, python=python, env=_env(session, backend), breakpoints=specs, stop_on_entry=False
+        script,
+        python=python,
+        env=_env(session, backend, **(env or {})),
+        breakpoints=specs,
+        stop_on_entry=False,
     )
-    expected = "monitoring" if state.get("python_version", "3.11") >= "3.12" else None
-    assert expected is None
-    assert state["backend"] == (backend or "instrument")
+    version = tuple(int(part) for part in state["python_version"].split(".")[:2])
+    default = "monitoring" if version >= (3, 12) else "instrument"
+    assert state["backend"] == (backend or default)
     state = session.wait(20) if state["state"] == "running" else state
     seen: list[tuple[Any, ...]] = []
     todo = list(actions or [])

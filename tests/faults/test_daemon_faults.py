@@ -147,9 +147,10 @@ def test_daemon_sigkill_while_starting_is_cleaned_up_by_the_next_daemon(
     starting = wait_until(
         lambda: (
             daemon.api.http.get("/v1/sessions/early").status_code == 200
+            and daemon.api.get("/v1/sessions/early").get("pid") is not None
             and daemon.api.get("/v1/sessions/early")
         ),
-        what="the session to exist",
+        what="the session's process to exist",
     )
     assert starting["state"] == "starting"
     pid = starting["pid"]

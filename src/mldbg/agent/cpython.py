@@ -183,19 +183,29 @@ class CPython:
         return done
 
     def replace_const(self, code: CodeType, index: int, value: object) -> object:
-        """Put ``value`` in ``code.co_consts[index]``; returns what was there.
+        """Put ``value`` in ``code.co_consts[index]``; returns what was there (see below)."""
+        return replace_const(code, index, value)
 
-        The caller keeps the old value alive (it restores it later), so dropping the
-        tuple's reference to it is safe.
-        """
-        consts = code.co_consts
-        if not 0 <= index < len(consts):
-            raise IndexError(index)
-        slot = ctypes.c_void_p.from_address(id(consts) + tuple.__basicsize__ + index * _PTR)
-        old = consts[index]
-        if slot.value != id(old):
-            raise Unavailable("co_consts does not have the expected layout")
-        self._incref(id(value))
-        slot.value = id(value)
-        self._decref(id(old))
-        return old
+
+def replace_const(code: CodeType, index: int, value: object) -> object:
+    """Put ``value`` in ``code.co_consts[index]``; returns what was there.
+
+    Any CPython version: a tuple's items follow its header (``tuple.__basicsize__``), and
+    the old item's address is checked before anything is written.  The caller keeps the
+    old value alive (it restores it later), so dropping the tuple's reference is safe.
+    """
+    if sys.implementation.name != "cpython":
+        raise Unavailable("constants can only be replaced in CPython")
+    consts = code.co_consts
+    if not 0 <= index < len(consts):
+        raise IndexError(index)
+    slot = ctypes.c_void_p.from_address(id(consts) + tuple.__basicsize__ + index * _PTR)
+    old = consts[index]
+    if slot.value != id(old):
+        raise Unavailable("co_consts does not have the expected layout")
+    incref, decref = ctypes.pythonapi.Py_IncRef, ctypes.pythonapi.Py_DecRef
+    incref.argtypes = decref.argtypes = [ctypes.c_void_p]  # as CPython() sets them: addresses
+    incref(id(value))
+    slot.value = id(value)
+    decref(id(old))
+    return old

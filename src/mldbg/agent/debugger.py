@@ -51,9 +51,12 @@ class Debugger:
             return True
         return bool(self.breakpoints.lines_in_code(code, file))
 
-    def on_line(self, frame: FrameType, file: str, line: int) -> bool:
+    def on_line(self, frame: FrameType, file: str, line: int, condition: Any = None) -> bool:
         """Handle a line event; False means this line can stay silent until something changes.
 
+        ``condition``: None to evaluate the breakpoint's condition here; otherwise its
+        outcome, already known (True/False, or the exception it raised) because the
+        backend compiled the condition into the code.
         A bug in here must never surface as an exception in the user's code, so errors are
         reported on stderr and the script goes on.
         """
@@ -63,7 +66,7 @@ class Debugger:
             bp = self.breakpoints.at(file, line)
             if bp is not None and _repeat_of_caller_line(frame, line):
                 bp = None
-            if bp is not None and self._breakpoint_hit(bp, frame):
+            if bp is not None and self._breakpoint_hit(bp, frame, condition):
                 return True
             if self.pause_requested:
                 if not is_mldbg_file(file):
@@ -79,21 +82,24 @@ class Debugger:
             _report_internal_error(exc)
             return True
 
-    def _breakpoint_hit(self, bp: Any, frame: FrameType) -> bool:
+    def _breakpoint_hit(self, bp: Any, frame: FrameType, condition: Any = None) -> bool:
         """Apply condition, hit count and logpoint; True when this hit stopped the thread."""
-        if bp.condition_code is not None:
+        if condition is None and bp.condition_code is not None:
             try:
-                passed = bool(eval(bp.condition_code, frame.f_globals, frame.f_locals))
-            except Exception as exc:  # a broken condition stops, so the user sees why
-                self.stop(
-                    frame,
-                    "breakpoint",
-                    breakpoint=bp.to_json(),
-                    condition_error=f"condition {bp.condition!r} raised {type(exc).__name__}: {exc}",
-                )
-                return True
-            if not passed:
-                return False
+                condition = bool(eval(bp.condition_code, frame.f_globals, frame.f_locals))
+            except Exception as exc:
+                condition = exc
+        if isinstance(condition, BaseException):  # a broken condition stops: the user sees why
+            error = f"{type(condition).__name__}: {condition}"
+            self.stop(
+                frame,
+                "breakpoint",
+                breakpoint=bp.to_json(),
+                condition_error=f"condition {bp.condition!r} raised {error}",
+            )
+            return True
+        if condition is False:
+            return False
         if not bp.hit_matches():
             return False
         if bp.log_parts is not None:

@@ -21,16 +21,50 @@ line inside a multi-line statement; a decorator) gets an *arming* hook instead,
 sees those lines exactly as ``sys.settrace`` would.  A breakpoint line that neither kind
 of hook can serve is reported in :attr:`Instrumented.uncovered`, and the backend traces
 that file the old way instead of missing it.
+
+A breakpoint with a condition on a "before this statement" line gets the condition
+itself compiled in, in the function's own scope, instead of a bare hook:
+
+    try:
+        if CONDITION: __mldbg_bp__(LINE, 2)   # passed: the debugger counts the hit
+    except Exception:
+        __mldbg_bp__(LINE, 3)                 # raised: the debugger reports it (sys.exc_info)
+
+so an always-false condition on a hot line costs what evaluating the expression costs,
+with no Python call into the debugger.  The names of the condition must resolve as
+``eval(condition, f_globals, f_locals)`` would: a condition that would give the code
+object a new local, cell or free variable (a walrus, a name bound by an enclosing
+function and not used by this one, ``super()``), or nested code (a lambda or a
+comprehension), is not compiled in; its line gets the bare hook and the debugger
+evaluates it as before.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import CodeType
 
 HOOK = "__mldbg_bp__"
+# Second argument of the hook: what the compiled code already decided about the line.
+ARM = 1  # turn on line tracing for this frame (a loop header, a `with` line...)
+PASSED = 2  # the breakpoint's condition was compiled in and is true
+RAISED = 3  # the compiled-in condition raised: the exception is sys.exc_info()'s
+# A condition holding these would create code objects or bindings of its own.
+_NOT_INLINE = (
+    ast.Lambda,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+    ast.NamedExpr,
+    ast.Yield,
+    ast.YieldFrom,
+    ast.Await,
+)
 
 # Statements whose first line fires more than one line event per execution, or whose
 # first line event comes after code on other lines ran (decorators): they need arming.
@@ -71,6 +105,15 @@ class Instrumented:
     origin: dict[int, tuple[CodeType, CodeType]] = field(default_factory=dict)
     # (code name, line): breakpoints in code no hook can serve
     uncovered: list[tuple[str, int]] = field(default_factory=list)
+    # line -> condition, for the conditional breakpoints asked for (compiled in or not)
+    conditions: dict[int, str] = field(default_factory=dict)
+    # id(instrumented code) -> lines whose condition is compiled into that code object
+    inline: dict[int, frozenset[int]] = field(default_factory=dict)
+
+    @property
+    def inlined(self) -> frozenset[int]:
+        """Every line whose condition is compiled in."""
+        return frozenset().union(*self.inline.values()) if self.inline else frozenset()
 
 
 def _first_line(stmt: ast.stmt) -> int:
@@ -110,30 +153,70 @@ def _is_docstring(stmt: ast.stmt) -> bool:
     )
 
 
-def _hook_statement(stmt: ast.stmt, line: int, arm: bool) -> ast.stmt:
+def _hook_call(line: int, mode: int = 0) -> ast.stmt:
     args: list[ast.expr] = [ast.Constant(line)]
-    if arm:
-        args.append(ast.Constant(True))
-    node = ast.Expr(ast.Call(func=ast.Name(HOOK, ast.Load()), args=args, keywords=[]))
+    if mode:
+        args.append(ast.Constant(mode))
+    return ast.Expr(ast.Call(func=ast.Name(HOOK, ast.Load()), args=args, keywords=[]))
+
+
+def _placed(node: ast.stmt, stmt: ast.stmt, line: int) -> ast.stmt:
+    """Every node on the breakpoint statement's line and column, so positions stay put."""
     for child in ast.walk(node):
-        child.lineno = child.end_lineno = line  # type: ignore[attr-defined]
-        child.col_offset = child.end_col_offset = stmt.col_offset  # type: ignore[attr-defined]
+        if isinstance(child, (ast.expr, ast.stmt, ast.excepthandler)):
+            child.lineno = child.end_lineno = line
+            child.col_offset = child.end_col_offset = stmt.col_offset
     return node
+
+
+def _hook_statement(stmt: ast.stmt, line: int, arm: bool) -> ast.stmt:
+    return _placed(_hook_call(line, ARM if arm else 0), stmt, line)
+
+
+def parse_condition(condition: str) -> ast.expr | None:
+    """The condition's expression, or None when it cannot be compiled in (see the module doc)."""
+    try:
+        tree = ast.parse(condition.strip(), "<condition>", "eval")
+    except (SyntaxError, ValueError):
+        return None
+    if any(isinstance(node, _NOT_INLINE) for node in ast.walk(tree)):
+        return None
+    return tree.body
+
+
+def _condition_statement(stmt: ast.stmt, line: int, condition: ast.expr) -> ast.stmt:
+    test = ast.If(test=condition, body=[_hook_call(line, PASSED)], orelse=[])
+    handler = ast.ExceptHandler(
+        type=ast.Name("Exception", ast.Load()), name=None, body=[_hook_call(line, RAISED)]
+    )
+    node = ast.Try(body=[test], handlers=[handler], orelse=[], finalbody=[])
+    return _placed(node, stmt, line)
 
 
 class _Hooks:
     """Inserts the hooks and records, per scope, which lines they serve."""
 
-    def __init__(self, lines: frozenset[int]) -> None:
+    def __init__(
+        self,
+        lines: frozenset[int],
+        conditions: dict[int, ast.expr] | None = None,
+        inline_only: bool = False,
+    ) -> None:
         self.lines = lines
+        self.conditions = conditions or {}
+        # Only compiled-in conditions, no bare or arming hook: the lines the monitoring
+        # backend (3.12+) hands over; what cannot be compiled in stays with its LINE events.
+        self.inline_only = inline_only
         self.covered: dict[ScopeKey, set[int]] = {}
         self.armed: dict[ScopeKey, set[int]] = {}
         self.direct: dict[ScopeKey, set[int]] = {}
+        self.inlined: dict[ScopeKey, set[int]] = {}
 
     def scope(self, body: list[ast.stmt], key: ScopeKey) -> list[ast.stmt]:
         self.covered.setdefault(key, set())
         self.armed.setdefault(key, set())
         self.direct.setdefault(key, set())
+        self.inlined.setdefault(key, set())
         return self.block(body, key, docstring=True)
 
     def block(self, body: list[ast.stmt], key: ScopeKey, docstring: bool = False) -> list[ast.stmt]:
@@ -154,7 +237,16 @@ class _Hooks:
                     and first == stmt.lineno
                     and not isinstance(stmt, _REPEATING)
                 )
-                out.append(_hook_statement(stmt, first, arm=not simple))
+                condition = self.conditions.get(stmt.lineno) if simple else None
+                if condition is not None:
+                    out.append(_condition_statement(stmt, first, copy.deepcopy(condition)))
+                    self.inlined[key].add(stmt.lineno)
+                elif self.inline_only:
+                    self._descend(stmt, key)
+                    out.append(stmt)
+                    continue
+                else:
+                    out.append(_hook_statement(stmt, first, arm=not simple))
                 covered |= wanted
                 if simple:
                     direct.add(stmt.lineno)
@@ -190,14 +282,56 @@ def _nested(code: CodeType) -> list[CodeType]:
     return [const for const in code.co_consts if isinstance(const, CodeType)]
 
 
-def instrument_source(source: bytes, file: str, lines: frozenset[int]) -> Instrumented:
-    """Compile ``source`` (the text of ``file``) plain and with hooks on ``lines``."""
+class _ShapeChanged(InstrumentError):
+    """A compiled-in condition gave a code object new variables or nested code."""
+
+
+def instrument_source(
+    source: bytes,
+    file: str,
+    lines: frozenset[int],
+    conditions: Mapping[int, str] | None = None,
+    inline_only: bool = False,
+) -> Instrumented:
+    """Compile ``source`` (the text of ``file``) plain and with hooks on ``lines``.
+
+    ``conditions`` (line -> expression) are compiled in where they can be; with
+    ``inline_only``, only those lines get anything, and only if compiled in.
+    """
     try:
         plain = compile(source, file, "exec", dont_inherit=True)
-        tree = ast.parse(source, file)
     except (SyntaxError, ValueError) as exc:
         raise InstrumentError(f"{file} does not compile: {exc}") from None
-    hooks = _Hooks(lines)
+    asked = {line: text for line, text in (conditions or {}).items() if line in lines}
+    parsed = {line: parse_condition(text) for line, text in asked.items()}
+    candidates = {line: expr for line, expr in parsed.items() if expr is not None}
+    try:
+        result = _build(source, file, lines, plain, candidates, inline_only)
+    except _ShapeChanged:
+        # Find the conditions that change the code's shape, one at a time (rare: a name
+        # bound only by an enclosing function, super(), ...), and leave those to the hook.
+        kept = {}
+        for line, expr in candidates.items():
+            try:
+                _build(source, file, lines, plain, {line: expr}, inline_only)
+            except _ShapeChanged:
+                continue
+            kept[line] = expr
+        result = _build(source, file, lines, plain, kept, inline_only)
+    result.conditions = asked
+    return result
+
+
+def _build(
+    source: bytes,
+    file: str,
+    lines: frozenset[int],
+    plain: CodeType,
+    conditions: dict[int, ast.expr],
+    inline_only: bool,
+) -> Instrumented:
+    tree = ast.parse(source, file)
+    hooks = _Hooks(lines, conditions, inline_only)
     tree.body = hooks.scope(tree.body, MODULE_KEY)
     try:
         with warnings.catch_warnings():
@@ -210,6 +344,9 @@ def instrument_source(source: bytes, file: str, lines: frozenset[int]) -> Instru
     return result
 
 
+_SHAPE = ("co_varnames", "co_cellvars", "co_freevars", "co_argcount", "co_flags")
+
+
 def _pair(
     result: Instrumented,
     hooks: _Hooks,
@@ -220,9 +357,15 @@ def _pair(
 ) -> None:
     if plain.co_name != instr.co_name or plain.co_firstlineno != instr.co_firstlineno:
         raise InstrumentError(f"{result.file}: code objects do not pair up at {plain.co_name}")
+    if any(getattr(plain, name) != getattr(instr, name) for name in _SHAPE):
+        raise _ShapeChanged(f"{result.file}: a compiled-in condition changes {plain.co_name}")
     result.origin[id(instr)] = (instr, plain)
     if plain != instr:
         result.changed[plain] = instr
+    if plain.co_name not in INLINE_NAMES:
+        inlined = hooks.inlined.get(scope)
+        if inlined:
+            result.inline[id(instr)] = frozenset(inlined)
     wanted = _code_lines(plain) & result.lines
     if plain.co_name in _DEFERRED:
         missing = wanted  # may run later, from another line: only tracing sees those lines
@@ -241,7 +384,7 @@ def _pair(
     result.uncovered.extend((plain.co_name, line) for line in sorted(missing))
     children_plain, children_instr = _nested(plain), _nested(instr)
     if len(children_plain) != len(children_instr):
-        raise InstrumentError(f"{result.file}: nested code differs in {plain.co_name}")
+        raise _ShapeChanged(f"{result.file}: nested code differs in {plain.co_name}")
     for child_plain, child_instr in zip(children_plain, children_instr, strict=True):
         if child_plain.co_name in INLINE_NAMES:
             child_scope = scope  # lambdas and comprehensions live in the enclosing scope
@@ -250,10 +393,15 @@ def _pair(
         _pair(result, hooks, child_plain, child_instr, child_scope, scope)
 
 
-def instrument_file(file: str, lines: frozenset[int]) -> Instrumented:
+def instrument_file(
+    file: str,
+    lines: frozenset[int],
+    conditions: Mapping[int, str] | None = None,
+    inline_only: bool = False,
+) -> Instrumented:
     try:
         with open(file, "rb") as fh:
             source = fh.read()
     except OSError as exc:
         raise InstrumentError(f"cannot read {file}: {exc}") from None
-    return instrument_source(source, file, lines)
+    return instrument_source(source, file, lines, conditions, inline_only)

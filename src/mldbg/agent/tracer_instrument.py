@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import builtins
 import dis
-import gc
 import sys
 import threading
-import types
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -43,7 +41,12 @@ from types import CodeType, FrameType, FunctionType
 from typing import TYPE_CHECKING, Any
 
 from .cpython import CPython, Unavailable
-from .instrument import HOOK, Instrumented, InstrumentError, instrument_file
+from .inline_conditions import ConditionHooks, compile_conditions, statement_starts
+from .inline_conditions import dynamo_ready as _dynamo_ready
+from .instrument import ARM, HOOK, PASSED, Instrumented, InstrumentError, instrument_file
+from .live_code import GENERATOR_CODE as _GENERATOR_CODE
+from .live_code import Live as _Live
+from .live_code import scan
 from .paths import canonical_code_file
 from .tracer_settrace import SettraceBackend
 
@@ -52,11 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["InstrumentBackend", "Unavailable"]
 
-_GENERATOR_CODE = {
-    types.GeneratorType: ("gi_code", "gi_frame", "gi_running"),
-    types.CoroutineType: ("cr_code", "cr_frame", "cr_running"),
-    types.AsyncGeneratorType: ("ag_code", "ag_frame", "ag_running"),
-}
 _AGENT_THREAD = "mldbg-agent"  # the reader thread the runner starts: never traced
 
 
@@ -71,14 +69,6 @@ class _Applied:
     consts: list[tuple[CodeType, int, object, object]] = field(default_factory=list)
 
 
-@dataclass
-class _Live:
-    """Function and generator objects of the files being changed, from one ``gc`` pass."""
-
-    functions: dict[str, list[FunctionType]] = field(default_factory=dict)
-    generators: dict[str, list[Any]] = field(default_factory=dict)
-
-
 def _hook_offsets(code: CodeType) -> frozenset[int]:
     """Offsets where a hook statement begins: a line event there is the hook's to report.
 
@@ -89,7 +79,13 @@ def _hook_offsets(code: CodeType) -> frozenset[int]:
     offsets = set()
     previous = None
     for instruction in dis.get_instructions(code):
-        if instruction.argval == HOOK and instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+        if (
+            instruction.argval == HOOK
+            and instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME")
+            # A compiled-in condition's hook is called after the condition, inside the
+            # statement: no line event starts there (that line is ConditionHooks' to serve).
+            and (instruction.starts_line or previous is not None and previous.starts_line)
+        ):
             start = (
                 previous if previous is not None and previous.opname == "PUSH_NULL" else instruction
             )
@@ -110,12 +106,16 @@ class InstrumentBackend(SettraceBackend):
         self._installed = False
         self._version = -1  # breakpoint table version last applied
         self._applied: dict[str, _Applied] = {}
-        self._traced_files: dict[str, frozenset[int]] = {}  # served by tracing, not hooks
+        self._traced_files: dict[str, _Key] = {}  # served by tracing, not hooks
         self._old_generators: weakref.WeakSet[Any] = weakref.WeakSet()
         # Every instrumented code object ever made (kept alive, so ids stay unique):
         # id -> (instrumented, plain); and the offsets where its hooks begin.
         self._origins: dict[int, tuple[CodeType, CodeType]] = {}
         self._hooked: dict[int, frozenset[int]] = {}
+        # id(instrumented code) -> {line: offset of its statement} for the lines whose
+        # breakpoint condition is compiled into that code
+        self._inline_lines: dict[int, dict[int, int]] = {}
+        self._conditions = ConditionHooks(debugger)
         # Frames traced for breakpoints, per thread: running old code (found when the
         # breakpoints changed) and armed by a hook (a loop header, say).
         self._old_frames: dict[int, set[FrameType]] = {}
@@ -157,13 +157,20 @@ class InstrumentBackend(SettraceBackend):
 
     # -- what runs in the debuggee ---------------------------------------------------------------
 
-    def _hook(self, line: int, arm: bool = False) -> None:
-        """``__mldbg_bp__(LINE[, arm])``: a line event for this frame, delivered by the code."""
+    def _hook(self, line: int, mode: int = 0) -> None:
+        """``__mldbg_bp__(LINE[, mode])``: a line event for this frame, delivered by the code."""
         frame = sys._getframe(1)
         if frame.f_code is self._wrapper_code and frame.f_back is not None:
             frame = frame.f_back  # called through torch.compiler.disable's wrapper
+        if mode >= PASSED:
+            try:
+                current = self._serves(frame.f_code, _file_of(frame.f_code))
+                self._conditions.hook(frame, line, mode, current)
+            except Exception as exc:  # never an exception in the user's code
+                _report(exc)
+            return
         self.debugger.on_line(frame, canonical_code_file(frame.f_code.co_filename), line)
-        if arm:
+        if mode == ARM:
             try:
                 self._arm_current(frame)
             except Exception as exc:  # never an exception in the user's code
@@ -198,9 +205,15 @@ class InstrumentBackend(SettraceBackend):
 
     def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event == "line":
-            hooked = self._hooked.get(id(frame.f_code))
+            code = frame.f_code
+            hooked = self._hooked.get(id(code))
             if hooked and frame.f_lasti in hooked:
                 return self._local_fn  # the hook that starts here reports this line
+            inline = self._inline_lines.get(id(code))
+            if inline and frame.f_lineno in inline:
+                if frame.f_lasti == inline[frame.f_lineno]:
+                    self._conditions.line_event(frame, _file_of(code), frame.f_lineno)
+                return self._local_fn
             return super()._local(frame, event, arg)
         if event == "return":
             ident = threading.get_ident()
@@ -270,8 +283,11 @@ class InstrumentBackend(SettraceBackend):
         table = self.debugger.breakpoints
         with table.lock:
             version = table.version
-            wanted = {file: frozenset(lines) for file, lines in table.by_file.items()}
-        current = {file: applied.instr.lines for file, applied in self._applied.items()}
+            wanted = {file: _wanted(bps) for file, bps in table.by_file.items()}
+        current = {
+            file: (applied.instr.lines, frozenset(applied.instr.conditions.items()))
+            for file, applied in self._applied.items()
+        }
         current.update(self._traced_files)
         changed = {f for f in set(wanted) | set(current) if wanted.get(f) != current.get(f)}
         # The per-code decisions traced threads use (SettraceBackend._global) are stale now.
@@ -300,38 +316,33 @@ class InstrumentBackend(SettraceBackend):
             self._trace_threads(self._user_threads(), attach_all=False)
 
     def _scan(self, files: set[str]) -> _Live:
-        live = _Live()
-        if not files:
-            return live
-        for obj in gc.get_objects():
-            kind = type(obj)
-            if kind is FunctionType:
-                file = canonical_code_file(obj.__code__.co_filename)
-                if file in files:
-                    live.functions.setdefault(file, []).append(obj)
-            elif kind in _GENERATOR_CODE:
-                code = getattr(obj, _GENERATOR_CODE[kind][0])
-                file = canonical_code_file(code.co_filename)
-                if file in files:
-                    live.generators.setdefault(file, []).append(obj)
-        return live
+        known = [
+            plain
+            for file, applied in self._applied.items()
+            if file in files
+            for _, plain in applied.instr.origin.values()
+        ]
+        return scan(files, known)
 
     def _plain_of(self, code: CodeType) -> CodeType:
         entry = self._origins.get(id(code))
         return entry[1] if entry is not None and entry[0] is code else code
 
-    def _apply(self, file: str, lines: frozenset[int], live: _Live) -> None:
+    def _apply(self, file: str, key: _Key, live: _Live) -> None:
+        lines, conditions = key
         try:
-            instr = instrument_file(file, lines)
+            instr = instrument_file(file, lines, dict(conditions))
         except InstrumentError:
-            self._traced_files[file] = lines
+            self._traced_files[file] = key
             return
         if instr.uncovered:
-            self._traced_files[file] = lines
+            self._traced_files[file] = key
             return
-        for key, (code, _) in instr.origin.items():
-            self._origins[key] = (code, instr.origin[key][1])
-            self._hooked[key] = _hook_offsets(code)
+        for key_id, (code, _) in instr.origin.items():
+            self._origins[key_id] = (code, instr.origin[key_id][1])
+            self._hooked[key_id] = _hook_offsets(code)
+        for key_id, inline in instr.inline.items():
+            self._inline_lines[key_id] = statement_starts(instr.origin[key_id][0], inline)
         applied = _Applied(instr)
         self._applied[file] = applied
         table = self.debugger.breakpoints
@@ -373,7 +384,7 @@ class InstrumentBackend(SettraceBackend):
             self._patch_consts(applied, holder)
         if mismatch:
             self._undo(file, live)
-            self._traced_files[file] = lines
+            self._traced_files[file] = key
 
     def _patch_consts(self, applied: _Applied, holder: CodeType) -> None:
         for index, const in enumerate(holder.co_consts):
@@ -498,18 +509,15 @@ class InstrumentBackend(SettraceBackend):
             self._get_code_original = None
 
 
-def _dynamo_ready() -> bool:
-    """torch and its compiler are fully imported (never import them, never mid-import)."""
-    torch = sys.modules.get("torch")
-    dynamo = sys.modules.get("torch._dynamo")
-    compiler = sys.modules.get("torch.compiler")
-    return (
-        torch is not None
-        and hasattr(torch, "compile")
-        and dynamo is not None
-        and hasattr(dynamo, "disable")
-        and hasattr(compiler, "disable")
-    )
+_Key = tuple[frozenset[int], frozenset[tuple[int, str]]]  # lines, (line, condition) pairs
+
+
+def _wanted(bps: dict[int, Any]) -> _Key:
+    """What a file's instrumentation depends on: its lines and their conditions."""
+    if not compile_conditions():
+        return frozenset(bps), frozenset()
+    conditions = frozenset((line, bp.condition) for line, bp in bps.items() if bp.condition)
+    return frozenset(bps), conditions
 
 
 def _file_of(code: CodeType) -> str:

@@ -4,6 +4,10 @@ With no breakpoint and nothing stepping, no event is enabled at all.  With break
 PY_START is on globally and answers ``DISABLE`` for every code object that holds none;
 LINE events are enabled only on code objects that hold one, and lines that are not
 breakpoints answer ``DISABLE``.  Any change re-arms with ``restart_events()``.
+
+Conditional breakpoints are compiled into the code where they can be
+(:mod:`.compiled_conditions`): their lines get no LINE event unless the frame is being
+stepped or paused, so a hot conditional breakpoint costs the condition, not a callback.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
+    from .compiled_conditions import CompiledConditions
     from .debugger import Debugger
 
 
@@ -31,6 +36,8 @@ class MonitoringBackend:
         self._lined: set[CodeType] = set()  # code objects with LINE enabled locally
         self._lock = threading.RLock()
         self._installed = False  # breakpoints may be set before the script (and tracing) starts
+        # Made (and its ast/dis/ctypes imports paid) with the first conditional breakpoint.
+        self._compiled: CompiledConditions | None = None
 
     def install(self) -> None:
         mon = self._mon
@@ -44,10 +51,26 @@ class MonitoringBackend:
         self._installed = True
         self.refresh()
 
+    def prepare_main(self, code: CodeType) -> CodeType:
+        """The script's module code, with its conditional breakpoints compiled in."""
+        with self._lock:
+            compiled = self._compiled_conditions()
+            return code if compiled is None else compiled.prepare_main(code)
+
+    def _compiled_conditions(self) -> CompiledConditions | None:
+        if self._compiled is None and any(bp.condition for bp in self.debugger.breakpoints.all()):
+            from .compiled_conditions import CompiledConditions
+
+            self._compiled = CompiledConditions(self.debugger)
+        return self._compiled
+
     def uninstall(self) -> None:
         if not self._installed:
             return
         self._installed = False
+        with self._lock:
+            if self._compiled is not None:
+                self._compiled.uninstall()
         mon = self._mon
         mon.set_events(self._tool, 0)
         for code in list(self._lined):
@@ -59,10 +82,22 @@ class MonitoringBackend:
     # -- events -----------------------------------------------------------------------------
 
     def _on_start(self, code: CodeType, offset: int) -> Any:
-        if code in self._lined:
-            return None
         debugger = self.debugger
         file = canonical_code_file(code.co_filename)
+        if file not in debugger.breakpoints.by_file and not debugger.active:
+            # The common answer, first: while breakpoints are set, every code object's
+            # first call lands here (thousands during an import), and `code in set`
+            # would hash the code object, constants and nested code included, each time.
+            return self._disable
+        if code in self._lined:
+            return None
+        compiled = None if self._compiled is None else self._compiled.starts_of(code)
+        if (
+            compiled is not None
+            and not debugger.active
+            and not (debugger.breakpoints.lines_in_code(code, file) - compiled.keys())
+        ):
+            return self._disable  # its breakpoints are compiled in: no LINE events needed
         if debugger.wants_code(code, file):
             self._enable_lines(code)
             return None
@@ -75,6 +110,16 @@ class MonitoringBackend:
 
     def _on_line(self, code: CodeType, line: int) -> Any:
         frame: FrameType = sys._getframe(1)
+        conditions = self._compiled
+        compiled = None if conditions is None else conditions.starts_of(code)
+        if conditions is not None and compiled is not None and line in compiled:
+            # The compiled condition reports this breakpoint; a step or a pause must still
+            # see the line, once, with the breakpoint taking precedence as usual.
+            if not self.debugger.active:
+                return self._disable
+            if frame.f_lasti == compiled[line]:
+                conditions.hooks.line_event(frame, canonical_code_file(code.co_filename), line)
+            return None
         if self.debugger.on_line(frame, canonical_code_file(code.co_filename), line):
             return None
         return self._disable
@@ -105,6 +150,10 @@ class MonitoringBackend:
         self.refresh_globals()
 
     def breakpoints_changed(self) -> None:
+        with self._lock:
+            compiled = self._compiled_conditions()
+            if compiled is not None:
+                compiled.sync()
         self.refresh()
         for frame in self.debugger.breakpoints.running_frames():
             self._enable_lines(frame.f_code)

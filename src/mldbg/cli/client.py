@@ -5,8 +5,8 @@
 request the table derives, and returns the verb's result (``results.py``) or raises
 ``DaemonError`` carrying the daemon's ``{"error", "code", ...}``.
 
-Fast by construction: the standard library's ``http.client`` (cheap to import), one
-persistent connection per thread with ``TCP_NODELAY`` (no Nagle/delayed-ACK stall), no
+Fast by construction: a bare-socket HTTP/1.1 exchange (``http1.py``: ``http.client``
+alone would cost a CLI command ~40 ms of imports), one persistent connection per thread with ``TCP_NODELAY`` (no Nagle/delayed-ACK stall), no
 health probe per call: a dead connection is reopened once, and only a daemon that is
 really gone is reported (``daemon_unreachable``).
 """
@@ -14,11 +14,8 @@ really gone is reported (``daemon_unreachable``).
 from __future__ import annotations
 
 import fcntl
-import http.client
 import json
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -37,6 +34,7 @@ from ..server.config import (
     read_lock_info,
     read_server_info,
 )
+from .http1 import Connection
 
 START_TIMEOUT = 30.0
 # Waits happen server-side in slices; the socket timeout leaves room for the longest one.
@@ -75,12 +73,10 @@ class Client:
 
     # -- transport ------------------------------------------------------------------------------
 
-    def _connection(self) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=HTTP_TIMEOUT)
-            conn.connect()
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def _connection(self) -> Connection:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = Connection(self.host, self.port, HTTP_TIMEOUT)  # TCP_NODELAY set
             self._local.conn = conn
         return conn
 
@@ -100,11 +96,9 @@ class Client:
         for attempt in (1, 2):
             try:
                 conn = self._connection()
-                conn.request(method, target, body=data, headers=self.headers)
-                response = conn.getresponse()
-                raw = response.read()
+                status, raw = conn.request(method, target, data, self.headers)
                 break
-            except (OSError, http.client.HTTPException) as exc:
+            except OSError as exc:
                 self._drop_connection()
                 if attempt == 2:
                     raise MldbgError(
@@ -115,12 +109,12 @@ class Client:
         try:
             payload = json.loads(raw) if raw else {}
         except ValueError:
-            payload = {"error": raw[:500].decode("utf-8", "replace") or f"HTTP {response.status}"}
-        if response.status >= 400:
+            payload = {"error": raw[:500].decode("utf-8", "replace") or f"HTTP {status}"}
+        if status >= 400:
             if not isinstance(payload, dict):
                 payload = {"error": str(payload)[:500]}
             payload.setdefault("code", "http_error")
-            raise DaemonError(payload, response.status)
+            raise DaemonError(payload, status)
         return payload
 
     def close(self) -> None:
@@ -225,12 +219,13 @@ def _healthy(info: dict[str, Any], timeout: float = 3.0) -> bool:
         return False
     try:
         client = Client(info)
-        conn = http.client.HTTPConnection(client.host, client.port, timeout=timeout)
-        conn.request("GET", "/v1/health", headers=client.headers)
-        ok = conn.getresponse().status == 200
-        conn.close()
-        return ok
-    except (OSError, http.client.HTTPException, KeyError, ValueError):
+        conn = Connection(client.host, client.port, timeout)
+        try:
+            status, _ = conn.request("GET", "/v1/health", None, client.headers)
+        finally:
+            conn.close()
+        return status == 200
+    except (OSError, KeyError, ValueError):
         return False
 
 
@@ -295,6 +290,8 @@ def connect(autostart: bool = True) -> Client:
 
 
 def _start_daemon(directory: Path) -> dict[str, Any]:
+    import subprocess  # only here: a command that finds the daemon running never pays for it
+
     log_path = directory / "server.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(

@@ -113,8 +113,16 @@ def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
     parser.add_argument(*names, dest=arg.name, **kwargs)
 
 
-def build_parser(full: bool = True) -> Parser:
-    """The whole parser; ``full=False`` leaves out ``compare``'s options (they import numpy)."""
+COMMANDS = ("compare", "serve", "mcp", "demo")
+
+
+def build_parser(full: bool = True, only: str | None = None) -> Parser:
+    """The whole parser; ``full=False`` leaves out ``compare``'s options (they import numpy).
+
+    ``only``: just that command's sub-parser (what one invocation needs; building all of
+    them, the tool commands' renderers included, is most of a command's start-up).  Its
+    options, usage and errors are the ones the whole parser gives it.
+    """
     common = Parser(add_help=False)
     common.add_argument("--session", "-s", default=argparse.SUPPRESS, help=COMMON_HELP["session"])
     common.add_argument(
@@ -135,7 +143,7 @@ def build_parser(full: bool = True) -> Parser:
         )
 
     for verb in VERBS:
-        if not verb.cli:
+        if not verb.cli or only not in (None, verb.name):
             continue
         p = command(verb.name, verb.help)
         if verb.name in ("break", "remove"):
@@ -156,21 +164,55 @@ def build_parser(full: bool = True) -> Parser:
         if verb.name == "tensors":  # `tensors clear --name NAME` reads better than a positional
             p.add_argument("--name", dest="name_flag", help=argparse.SUPPRESS)
 
-    p = command("compare", verbs.get("compare").help)
-    if full:
-        from . import compare_cmd
+    if only in (None, "compare"):
+        p = command("compare", verbs.get("compare").help)
+        if full:
+            from . import compare_cmd
 
-        compare_cmd.add_arguments(p, _add_arg)
-    p = command("serve", "run the daemon in the foreground (clients start it on demand)")
-    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
-    p.add_argument("--stop", action="store_true", help="stop the running daemon and its sessions")
-    command("mcp", "serve the debugger as MCP tools on stdin/stdout (for coding agents)")
-    p = command("demo", "a scripted session on the bundled tiny PyTorch model")
-    p.add_argument("--keep", action="store_true", help="leave the demo session open")
-    from . import tools_cmd
+            compare_cmd.add_arguments(p, _add_arg)
+    if only in (None, "serve"):
+        p = command("serve", "run the daemon in the foreground (clients start it on demand)")
+        p.add_argument(
+            "--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)"
+        )
+        p.add_argument(
+            "--stop", action="store_true", help="stop the running daemon and its sessions"
+        )
+    if only in (None, "mcp"):
+        command("mcp", "serve the debugger as MCP tools on stdin/stdout (for coding agents)")
+    if only in (None, "demo"):
+        p = command("demo", "a scripted session on the bundled tiny PyTorch model")
+        p.add_argument("--keep", action="store_true", help="leave the demo session open")
+    if only is None or only in TOOL_COMMANDS:
+        from . import tools_cmd
 
-    tools_cmd.add_parsers(command)
+        tools_cmd.add_parsers(command)
     return parser
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command an argument list names, if it names a known one before any help flag.
+
+    None (build the whole parser) for help, a typo, or no command: those answers list
+    every command.
+    """
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token in ("-h", "--help"):
+            return None
+        if token in ("--session", "-s"):
+            i += 2
+            continue
+        if token.startswith("-"):
+            i += 1
+            continue
+        known = token in COMMANDS or token in TOOL_COMMANDS
+        if not known:
+            verb = verbs.BY_NAME.get(token)
+            known = verb is not None and verb.cli and verb.name == token
+        return token if known else None
+    return None
 
 
 def split_start(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -364,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str], as_json: bool) -> int:
-    parser = build_parser(full="compare" in argv or "-h" in argv or "--help" in argv)
+    parser = build_parser(
+        full="compare" in argv or "-h" in argv or "--help" in argv, only=command_of(argv)
+    )
     script_args: list[str] = []
     if argv and argv[0] == "start":
         argv, script_args = split_start(argv)
@@ -377,7 +421,7 @@ def _main(argv: list[str], as_json: bool) -> int:
         if args.verb == "start":
             args.args = script_args
         as_json = bool(getattr(args, "json", False)) or as_json
-        if args.verb in ("serve", "mcp", "demo", "compare"):
+        if args.verb in COMMANDS:
             return run_command(args, as_json)
         if args.verb in TOOL_COMMANDS:
             from . import tools_cmd

@@ -5,14 +5,53 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.console import Console
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+class _LazyConsole:
+    """A rich ``Console`` made on first use: importing rich costs more than the rest of a
+    CLI command (~60 ms), and a command that prints a plain value never needs it."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return getattr(self._console, name)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def Table(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - rich's Table, imported when used
+    from rich.table import Table as RichTable
+
+    return RichTable(*args, **kwargs)
+
+
+def plain_line(text: str) -> None:
+    """Print ``text`` as it is (no markup, no emoji codes): without rich while ``out`` is
+    the process's own console and rich is not loaded yet."""
+    target: Any = out
+    if isinstance(target, _LazyConsole) and target._console is None:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    else:
+        target.print(escape(text))
+
+
+out: Any = _LazyConsole(highlight=False, soft_wrap=True)
+err: Any = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
 def where(location: dict[str, Any] | None) -> str:
@@ -83,7 +122,7 @@ def state(data: dict[str, Any]) -> None:
 def evaluation(data: dict[str, Any]) -> None:
     if data.get("output"):
         out.print(escape(data["output"].rstrip("\n")), style="dim")
-    out.print(escape(str(data.get("result"))))
+    plain_line(str(data.get("result")))
 
 
 def stack(data: dict[str, Any]) -> None:
@@ -429,6 +468,8 @@ def to_text(verb: str, data: Any, width: int = 120) -> str:
     with _TEXT_LOCK:
         saved = out, err
         buffer = io.StringIO()
+        from rich.console import Console
+
         out = err = Console(
             file=buffer, width=width, no_color=True, highlight=False, soft_wrap=True
         )

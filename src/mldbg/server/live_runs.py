@@ -150,13 +150,25 @@ def recover() -> list[dict[str, Any]]:
     return found
 
 
+def _renamed(path: Path, pid: int) -> Path:
+    """Where a run registered under its reserved name (``.starting-…``) went: the daemon
+    died between giving it its real id (``<stem>-<time>-<pid>``) and noting that."""
+    if path.exists() or not path.name.startswith(".starting-") or not pid:
+        return path
+    with contextlib.suppress(OSError):
+        named = [p for p in path.parent.iterdir() if p.name.split(".")[0].endswith(f"-{pid}")]
+        if named:
+            return max(named, key=lambda p: p.stat().st_mtime)
+    return path
+
+
 def _recover_one(entry: dict[str, Any]) -> dict[str, Any]:
     pid = int(entry.get("pid") or 0)
     how = "vanished"
     if pid and _same_process(entry):
         _end_process_group(pid)
         how = "ended_now"
-    run = RunDir(Path(str(entry.get("run_dir"))))
+    run = RunDir(_renamed(Path(str(entry.get("run_dir"))), pid))
     meta = run.read_meta()
     if meta.get("ended_reason") == DAEMON_LOST and how == "vanished":
         how = "ended_itself"

@@ -184,6 +184,9 @@ class Session:
                     raise StartFailed(f"session {self.name!r} was terminated while starting")
                 process = spawn(spec, listener.address, listener.token, output)
                 self.process, self.pid, self.listener = process, process.pid, listener
+            # Known to a next daemon from the first moment (the run dir renamed below is
+            # found again by the pid in its name).
+            live_runs.register(self.name, process.pid, run.path)
         except (StartFailed, ValueError, OSError) as exc:
             listener.close()
             _discard_reserved(run)
@@ -196,6 +199,7 @@ class Session:
         self.run = run
         try:
             self.run = run = finalize_run_dir(run, stem, process.pid)
+            live_runs.register(self.name, process.pid, run.path)
             self.events = JsonlWriter(run.file(EVENTS))
             run.update_meta(
                 run_id=run.run_id,
@@ -210,7 +214,6 @@ class Session:
                 started_at=self.started_at,
                 mldbg_version=__version__,
             )
-            live_runs.register(self.name, process.pid, run.path)
         except OSError as exc:  # a full disk, or the store taken away: stop, and say so
             self._abort_start()
             raise StartFailed(

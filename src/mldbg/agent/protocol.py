@@ -20,6 +20,10 @@ REMOVE = "remove"
 CLEAR = "clear"
 BREAKS = "breaks"
 PAUSE = "pause"
+WATCH = "watch"  # add a watch expression
+UNWATCH = "unwatch"
+THREADS = "threads"  # list the script's threads
+THREAD = "thread"  # select a stopped thread for the paused commands
 
 # Commands only a paused thread can serve: the reader thread queues them to it.
 CONTINUE = "continue"

@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     _restore_environment(private)
     wire = Wire.connect(str(private["MLDBG_AGENT_ADDR"]))
     debugger = Debugger(wire, os.getcwd())
+    if module is None:  # `break --function __main__.NAME` resolves in the script
+        debugger.main_file = os.path.realpath(script)
     wire.send(
         {
             "event": "hello",
@@ -205,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
 
         checkpoint.attach_debugger(str(config["run_dir"]), debugger.on_checkpoint)
     _install_main(target, args)
+    if module is not None and target.main_globals.get("__file__"):
+        debugger.main_file = os.path.realpath(str(target.main_globals["__file__"]))
+        debugger.retry_pending()
     _line_buffer_output()
     prepare_main = getattr(debugger.backend, "prepare_main", None)
     if prepare_main is not None:  # the script's own breakpoints, compiled in (3.10/3.11)

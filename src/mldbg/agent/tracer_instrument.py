@@ -202,6 +202,9 @@ class InstrumentBackend(SettraceBackend):
             if hooked and frame.f_lasti in hooked:
                 return self._local_fn  # the hook that starts here reports this line
             return super()._local(frame, event, arg)
+        if event == "exception":
+            self._exception(frame, arg)
+            return self._local_fn
         if event == "return":
             ident = threading.get_ident()
             for table in (self._armed_frames, self._old_frames):
@@ -225,6 +228,7 @@ class InstrumentBackend(SettraceBackend):
             or ident in self._old_frames
             or self._traced_files
             or self._old_generators
+            or debugger.breakpoints.exceptions.raising
         )
 
     def _arm_current(self, frame: FrameType) -> None:
@@ -298,6 +302,8 @@ class InstrumentBackend(SettraceBackend):
         self._update_new_threads()
         if self._traced_files or self._old_generators:
             self._trace_threads(self._user_threads(), attach_all=False)
+        if table.exceptions.raising:
+            self._trace_for_exceptions()
 
     def _scan(self, files: set[str]) -> _Live:
         live = _Live()
@@ -463,9 +469,24 @@ class InstrumentBackend(SettraceBackend):
                     frame = frame.f_back
         self._native.set_thread_trace(idents, self._global_fn)
 
+    def _trace_for_exceptions(self) -> None:
+        """``break --raised``: every thread traced for 'exception' events, not for lines."""
+        frames = sys._current_frames()
+        for ident in self._user_threads():
+            frame: FrameType | None = frames.get(ident)
+            while frame is not None:
+                if frame.f_trace is None:
+                    frame.f_trace = self._local_fn
+                    frame.f_trace_lines = False
+                frame = frame.f_back
+        self._native.set_thread_trace(self._user_threads(), self._global_fn)
+
     def _update_new_threads(self) -> None:
         everywhere = bool(
-            self.debugger.pause_requested or self._traced_files or self._old_generators
+            self.debugger.pause_requested
+            or self._traced_files
+            or self._old_generators
+            or self.debugger.breakpoints.exceptions.raising
         )
         threading.settrace(self._global_fn if everywhere else None)  # type: ignore[arg-type]
 

@@ -110,6 +110,22 @@ def test_uncaught_with_types_filters_post_mortem_stops(
     assert state["state"] == "exited" and state["exit_code"] == 1, state  # KeyError: no stop
 
 
+def test_raised_on_the_plain_settrace_backend(session: Session, write, python: str) -> None:
+    """MLDBG_BACKEND=settrace (the fallback where the instrument backend cannot run)."""
+    if "3.12" in python or "3.13" in python:
+        pytest.skip("sys.monitoring is the only backend from 3.12 on")
+    script = write("raising.py", RAISING)
+    env = {**os.environ, "MLDBG_BACKEND": "settrace", "MLDBG_HOME": str(session.cwd / ".mldbg")}
+    first = session.start(script, python=python, env=env)
+    assert first["backend"] == "settrace"
+    _break(session, raised=["ValueError"])
+    state = session.cont()
+    assert state["location"]["line"] == line_of(script, "raise here"), state
+    state = session.cont()
+    assert state["location"]["line"] == line_of(script, "the library raises"), state
+    assert session.cont()["state"] == "exited"
+
+
 # -- function breakpoints ---------------------------------------------------------------------
 
 FUNCTIONS = """
@@ -435,6 +451,8 @@ worker.start()
 while counter < 50:
     time.sleep(0.01)
 stop_at = counter  # main stop
+while counter < stop_at + 20:  # the worker runs on after the stop (a step in it, say)
+    time.sleep(0.001)
 stop = True
 worker.join()
 print("joined")
@@ -471,6 +489,11 @@ def test_all_threads_stop_and_thread_selects_one(session: Session, write, python
     assert back["location"]["line"] == line
     error = _post(session, "thread", {"number": 424242}, expect=400)
     assert error["code"] == "no_such_thread"
+    # step in the selected worker: it stops on its next line, and the main thread is held
+    _post(session, "thread", {"number": names["spinner"]["number"]})
+    stepped = session.step("over")
+    assert stepped["reason"] == "step" and stepped["thread"]["name"] == "spinner", stepped
+    assert stepped["location"]["function"] == "spin"
     assert session.run_to_end()["state"] == "exited"
     assert "joined" in session.output()
 

@@ -88,10 +88,12 @@ class Debugger:
         reported on stderr and the script goes on.
         """
         if threading.get_ident() in self._busy:
-            return True
+            # While the other threads are being stopped every line has events; the stopped
+            # thread's own evaluations should not pay for that (DISABLE until the resume).
+            return not self.freezing
         try:
-            if self.freezing and T.may_freeze_in(file):
-                self._hold(frame)
+            if self.freezing and T.may_freeze_in(file) and self._hold(frame):
+                return True  # this thread was told to step: from the next line on
             bp = self.breakpoints.at(file, line)
             if bp is not None and _repeat_of_caller_line(frame, line):
                 bp = None
@@ -300,24 +302,26 @@ class Debugger:
 
     # -- every thread stops -----------------------------------------------------------------
 
-    def _hold(self, frame: FrameType) -> None:
-        """Another thread stopped: this one waits here, serving commands if selected."""
+    def _hold(self, frame: FrameType) -> bool:
+        """Another thread stopped: this one waits here, serving commands if selected.
+
+        True when it was told to step (the step starts after this line)."""
         me = threading.get_ident()
         stopped = self.paused
         if stopped is not None and stopped.thread.ident == me:
-            return
+            return False
         if threading.current_thread().name == T.AGENT_THREAD:
-            return  # the debugger's own helpers (an eval's watchdog) never wait
+            return False  # the debugger's own helpers (an eval's watchdog) never wait
         frames = frames_from_stack(frame)
         if not frames:
-            return
+            return False
         self._busy.add(me)
         try:
             held = PausedThread(frames, "thread_stopped", False, {})
             self.held[me] = held
             if not self.freezing:  # released while we were getting here
                 self.held.pop(me, None)
-                return
+                return False
             respond = functools.partial(reply, self.wire)
             resume = held.serve(respond)
             self.held.pop(me, None)
@@ -331,6 +335,7 @@ class Debugger:
                     )
                     self.backend.arm_stack(frames[0][0])
             held.drain(respond)
+            return resume.kind != "continue"
         finally:
             self._busy.discard(me)
 

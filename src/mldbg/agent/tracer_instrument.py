@@ -263,9 +263,14 @@ class InstrumentBackend(SettraceBackend):
         sys.settrace(self._global_fn)
 
     def arm_all_threads(self) -> None:
-        """A pause: trace every thread (the reader thread aside) until one of them stops."""
+        """A pause: trace every thread (the reader thread aside) until one of them stops.
+
+        Also when one thread stopped and the others must stop too: the caller is then the
+        stopped thread, which needs no tracing (it serves commands, and evaluations there
+        run untraced)."""
         self._update_new_threads()
-        self._trace_threads(self._user_threads(), attach_all=True)
+        me = threading.get_ident()
+        self._trace_threads([i for i in self._user_threads() if i != me], attach_all=True)
 
     # -- applying breakpoints ------------------------------------------------------------------
 

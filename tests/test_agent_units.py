@@ -24,7 +24,7 @@ from mldbg.agent import functions, locate
 from mldbg.agent.breakpoints import BreakpointError, BreakpointTable, format_log, make_breakpoint
 from mldbg.agent.debugger import Debugger
 from mldbg.agent.evaluation import EvalError, FrameNamespace
-from mldbg.agent.exceptions import ExceptionBreak, ExceptionBreaks, parse_types
+from mldbg.agent.exceptions import ExceptionBreak, parse_types
 from mldbg.agent.interrupt import EvalTimeout, Interruptible
 from mldbg.agent.logtemplate import TemplateError, compile_template, render
 from mldbg.agent.paused import PausedThread, frames_from_stack
@@ -221,8 +221,13 @@ def test_exception_filters_match_by_type_name_and_stop_once() -> None:
     assert parse_types(["*"]) == ()
     with pytest.raises(BreakpointError):
         parse_types(["not a type"])
-    breaks = ExceptionBreaks()
-    breaks.add(ExceptionBreak("uncaught", ("KeyError",)), iter(range(1, 100)))  # type: ignore[arg-type]
+    table = BreakpointTable()
+    table.add_exception(ExceptionBreak("uncaught", ("KeyError",)))
+    breaks = table.exceptions
+    assert not breaks.raising
+    raised = table.add_exception(ExceptionBreak("raised"))
+    assert breaks.raising
+    table.remove_id(raised.id)
     assert not breaks.raising
     assert breaks.uncaught_allows(KeyError()) and not breaks.uncaught_allows(ValueError())
     error = ValueError()
@@ -255,9 +260,8 @@ class _Agent:
 def test_raised_exceptions_stop_in_user_code_only() -> None:
     agent = _Agent()
     debugger = agent.debugger
-    from mldbg.agent.breakpoints import _ids
-
-    debugger.breakpoints.exceptions.add(ExceptionBreak("raised", ("ValueError",)), _ids)
+    debugger.breakpoints.add_exception(ExceptionBreak("raised", ("ValueError",)))
+    assert debugger.breakpoints.exceptions.raising
 
     def user_code() -> None:
         try:

@@ -403,6 +403,13 @@ class BreakpointTable:
             self._changed()
             return count
 
+    def add_exception(self, item: Any) -> Any:
+        """An exception breakpoint (``exceptions.ExceptionBreak``): one per mode."""
+        with self.lock:
+            added = self.exceptions.add(item, _ids)
+            self._changed()
+            return added
+
     def next_id(self) -> int:
         return next(_ids)
 
@@ -458,6 +465,7 @@ class BreakpointTable:
     def _changed(self) -> None:
         self.version += 1
         self._code_cache.clear()
+        self.exceptions.changed()
 
     def lines_in_code(self, code: CodeType, file: str) -> frozenset[int]:
         """Breakpoint lines that belong to this very code object (not to nested ones)."""

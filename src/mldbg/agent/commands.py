@@ -237,11 +237,7 @@ class CommandServer:
         if isinstance(item, CheckpointFilter):
             return table.add_checkpoint(item)
         if isinstance(item, ExceptionBreak):
-            from .breakpoints import _ids
-
-            added = table.exceptions.add(item, _ids)
-            table._changed()
-            return added
+            return table.add_exception(item)
         if isinstance(item, PendingFunction):
             with table.lock:
                 table.pending[item.id] = item

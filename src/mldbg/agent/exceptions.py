@@ -83,10 +83,11 @@ class ExceptionBreaks:
     _seen: Any = field(default_factory=weakref.WeakSet)
     _seen_ids: set[int] = field(default_factory=set)
 
-    @property
-    def raising(self) -> bool:
-        """Must the tracers report raised exceptions at all?"""
-        return any(item.mode == "raised" for item in self.items.values())
+    raising: bool = False  # must the tracers report raised exceptions at all? (hot path)
+
+    def changed(self) -> None:
+        """Recompute ``raising`` after ``items`` changed (the breakpoint table calls this)."""
+        self.raising = any(item.mode == "raised" for item in self.items.values())
 
     def add(self, item: ExceptionBreak, ids: itertools.count[int]) -> ExceptionBreak:
         with self.lock:

@@ -7,14 +7,17 @@ selects one and ``stack``/``vars``/``eval``/``step`` act on it.  A thread inside
 call into C (a sleep, a lock, a big tensor op) stops when it returns to Python; until
 then ``threads`` lists it as running.
 
-Threads are never stopped inside ``threading.py`` or importlib (they may hold the locks
-``threading.enumerate`` or ``import`` need) nor in the agent's own code.
+Threads are never held inside the standard library (``threading``, ``queue``, ``logging``
+and importlib hold locks between lines that an evaluation may need) nor in the agent's
+own code: they are held at their next line outside it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import sysconfig
 import threading
 from typing import Any
 
@@ -25,9 +28,31 @@ MAX_THREADS = 100
 _THREADING_FILE = canonical_code_file(threading.__file__)
 
 
+def _stdlib_root() -> str | None:
+    try:
+        path = sysconfig.get_path("stdlib")
+    except KeyError:
+        return None
+    return os.path.realpath(path) + os.sep if path else None
+
+
+_STDLIB = _stdlib_root()
+
+
+@functools.cache
 def may_freeze_in(file: str) -> bool:
-    """Can a thread be held at a line of this file without risking a deadlock?"""
-    return not (file.startswith("<") or file == _THREADING_FILE or is_mldbg_file(file))
+    """Can a thread be held at a line of this file without risking a deadlock?
+
+    Not in the standard library: its code holds locks between lines (``queue``,
+    ``logging``, ``threading``, importlib) that an evaluation on the stopped thread may need.
+    Such a thread is held at its next line outside it.
+    """
+    if file.startswith("<") or file == _THREADING_FILE or is_mldbg_file(file):
+        return False
+    if _STDLIB and file.startswith(_STDLIB):
+        parts = file.split(os.sep)
+        return "site-packages" in parts or "dist-packages" in parts
+    return True
 
 
 def user_threads() -> dict[int, threading.Thread]:

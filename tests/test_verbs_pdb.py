@@ -282,8 +282,11 @@ def test_watch_shown_at_every_stop_and_kept_by_restart(
     status = session.state()  # status carries them too
     assert len(status["watches"]) == 2
     assert _post(session, "unwatch", {"target": "undefined_name"})["watches"] == [
-        {"id": watched["watch"]["id"], "expression": "total * 10"}
+        {"id": watched["watch"]["id"], "expression": "total * 10", "value": "20"}
     ]
+    now = _post(session, "watch", {"expression": "i"})  # set while paused: its value at once
+    assert now["watch"]["value"] == "2" and session.state()["watches"][-1]["value"] == "2"
+    _post(session, "unwatch", {"target": "i"})
 
     restarted = _post(session, "restart", {})
     assert restarted["state"] == "paused" and restarted["reason"] == "entry", restarted

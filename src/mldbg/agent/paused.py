@@ -156,6 +156,20 @@ class PausedThread:
             **({"watches": self.watch_values} if self.watch_values else {}),
         }
 
+    def cmd_watch_values(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """The watch expressions' values in the selected frame now (a watch set while paused)."""
+        values = []
+        for item in items[:64]:
+            expression = str(item.get("expression", ""))
+            try:
+                code = compile(expression, "<watch>", "eval")
+            except (SyntaxError, ValueError) as exc:
+                values.append({**item, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            values.append(self.watch_value(int(item.get("id", 0)), expression, code))
+        self.watch_values = values
+        return {"watches": values}
+
     def interrupt(self) -> bool:
         """Interrupt the evaluation this thread is running, if any (``pause`` while paused)."""
         return self.guard.interrupt()

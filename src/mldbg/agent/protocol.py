@@ -33,7 +33,8 @@ FRAME = "frame"
 VARS = "vars"
 EVAL = "eval"
 LOCATION = "location"
-PAUSED_COMMANDS = frozenset({CONTINUE, STEP, STACK, FRAME, VARS, EVAL, LOCATION})
+WATCH_VALUES = "watch_values"  # evaluate the watch expressions now, in the selected frame
+PAUSED_COMMANDS = frozenset({CONTINUE, STEP, STACK, FRAME, VARS, EVAL, LOCATION, WATCH_VALUES})
 
 STEP_KINDS = ("over", "into", "out")
 

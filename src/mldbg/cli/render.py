@@ -385,14 +385,21 @@ def compare_summary(data: dict[str, Any]) -> None:
 
 def watches(data: dict[str, Any]) -> None:
     if data.get("watch"):
-        out.print(f"watch #{data['watch']['id']}: {escape(str(data['watch']['expression']))}")
+        item = data["watch"]
+        now = item.get("value", item.get("error"))
+        out.print(
+            f"watch #{item['id']}: {escape(str(item['expression']))}"
+            + (f" = {escape(str(now))}" if now is not None else "")
+        )
     for item in data.get("removed") or []:
         out.print(f"unwatched #{item['id']}: {escape(str(item['expression']))}")
     if not data.get("watch"):
         listed = data.get("watches") or []
         out.print(f"{len(listed)} watch expression(s)" + (":" if listed else ""))
         for item in listed:
-            out.print(f"  #{item['id']} {escape(str(item['expression']))}")
+            now = item.get("value", item.get("error"))
+            tail = f" = {escape(str(now))}" if now is not None else ""
+            out.print(f"  #{item['id']} {escape(str(item['expression']))}{tail}")
 
 
 def threads(data: dict[str, Any]) -> None:

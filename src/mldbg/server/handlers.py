@@ -255,10 +255,12 @@ def restart(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
 
 @handles("watch")
 def watch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from . import pdb_verbs
+
     s = _session(manager, name)
-    result = s.command("watch", {"expression": a["expression"]})
+    result: dict[str, Any] = s.command("watch", {"expression": a["expression"]})
     _remember(s)
-    return result
+    return pdb_verbs.with_values(s, result)
 
 
 @handles("unwatch")
@@ -266,9 +268,9 @@ def unwatch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
     from . import pdb_verbs
 
     s = _session(manager, name)
-    result = s.command("unwatch", pdb_verbs.unwatch_args(a))
+    result: dict[str, Any] = s.command("unwatch", pdb_verbs.unwatch_args(a))
     _remember(s)
-    return result
+    return pdb_verbs.with_values(s, result)
 
 
 @handles("threads")

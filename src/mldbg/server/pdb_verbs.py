@@ -133,6 +133,28 @@ def restart(manager: SessionManager, name: str, wait: float) -> dict[str, Any]:
     return state
 
 
+def with_values(s: Session, result: dict[str, Any]) -> dict[str, Any]:
+    """A watch set (or removed) while paused: the values now, also in the session's state."""
+    if s.state != "paused":
+        return result
+    try:
+        values = s.paused_command("watch_values", {"items": result.get("watches", [])}, 30.0)
+    except MldbgError:
+        return result
+    watches = values.get("watches", [])
+    with s.cond:
+        if s.state == "paused" and s.stop:
+            if watches:
+                s.stop["watches"] = watches
+            else:
+                s.stop.pop("watches", None)
+    by_id = {w.get("id"): w for w in watches}
+    if result.get("watch"):
+        result["watch"] = {**result["watch"], **by_id.get(result["watch"].get("id"), {})}
+    result["watches"] = watches
+    return result
+
+
 def unwatch_args(a: dict[str, Any]) -> dict[str, Any]:
     target = (a.get("target") or "").strip()
     if a.get("id") is not None:

@@ -367,6 +367,27 @@ def test_pause_stops_in_user_code_not_in_a_library(session: Session, write, pyth
         session.cont(wait=0)
 
 
+def test_pause_deep_in_a_library_says_where_and_offers_step_out(
+    session: Session, write, python: str
+) -> None:
+    script = write(
+        "lib_bound.py",
+        """
+        import difflib
+        print("started", flush=True)
+        while True:  # difflib's pure-Python matching never returns to this file soon
+            difflib.SequenceMatcher(None, list(range(40000)), list(range(40000, 0, -1))).ratio()
+        """,
+    )
+    session.start(script, python=python, stop_on_entry=False)
+    session.wait_for_output("started")
+    state = _post(session, "pause", {"wait": 25})
+    assert state["state"] == "paused", state
+    assert state["location"]["file"].endswith("difflib.py"), state
+    assert "library" in state["note"] and "<module>" in state["note"]
+    assert {"verb": "step", "args": {"kind": "out"}} in state["fix"]
+
+
 # -- f-string logpoints -----------------------------------------------------------------------
 
 
@@ -432,6 +453,43 @@ def test_a_runaway_eval_is_interrupted_and_the_session_stays_paused(
     assert int(session.value("n")) > 0  # what ran before the interrupt stays
     assert session.state()["state"] == "paused"
     assert session.run_to_end()["state"] == "exited"
+
+
+def test_ctrl_c_on_cli_eval_interrupts_it_inside_the_script(
+    cli, write, python: str, config_dir: Path, tmp_path: Path
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    write("loop.py", LOOP)
+    name = f"cc{os.getpid()}{int(time.time() * 1000) % 100000}"
+    cli("start", "--session", name, "--python", python, "--break", "loop.py:2", "loop.py")
+    assert cli("continue", "--session", name, json_out=True)["reason"] == "breakpoint"
+    env = {**os.environ, "MLDBG_CONFIG_DIR": str(config_dir)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mldbg", "eval", "--session", name, "while True: pass"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # `threads` shows where the paused thread is: inside the evaluated code once it runs
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        listed = cli("threads", "--session", name, json_out=True)["threads"]
+        where = listed[0]["where"] or {}
+        if (where.get("innermost") or {}).get("file") == "<mldbg-eval>":
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "interrupted the evaluation" in err
+    assert cli("eval", "--session", name, "x + 1", json_out=True)["result"] == "1"
+    assert cli("status", "--session", name, json_out=True)["state"] == "paused"
+    cli("terminate", "--session", name)
 
 
 # -- every thread stops -----------------------------------------------------------------------

@@ -270,10 +270,11 @@ def _interrupt_eval(session: str) -> None:
     from .client import connect
 
     try:
-        connect(autostart=False).call("pause", session, wait=0)
-        print("interrupted the evaluation; the session is still paused", file=sys.stderr)
+        state = connect(autostart=False).call("pause", session, wait=0)
     except Exception:  # the daemon may be gone: nothing more to do
-        pass
+        return
+    if state.get("interrupted"):
+        print("interrupted the evaluation; the session is still paused", file=sys.stderr)
 
 
 def _still_running(elapsed: float) -> None:

@@ -370,22 +370,32 @@ def test_pause_stops_in_user_code_not_in_a_library(session: Session, write, pyth
 def test_pause_deep_in_a_library_says_where_and_offers_step_out(
     session: Session, write, python: str
 ) -> None:
+    # a "library": any file under a site-packages directory; this one never returns
+    write(
+        "libs/site-packages/spinlib.py", "def spin():\n    n = 0\n    while True:\n        n += 1\n"
+    )
     script = write(
         "lib_bound.py",
         """
-        import difflib
+        import spinlib
         print("started", flush=True)
-        while True:  # difflib's pure-Python matching never returns to this file soon
-            difflib.SequenceMatcher(None, list(range(40000)), list(range(40000, 0, -1))).ratio()
+        spinlib.spin()  # the user's last line
         """,
     )
-    session.start(script, python=python, stop_on_entry=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(script.parent / "libs" / "site-packages"),
+        "MLDBG_HOME": str(session.cwd / ".mldbg"),
+    }
+    session.start(script, python=python, stop_on_entry=False, env=env)
     session.wait_for_output("started")
     state = _post(session, "pause", {"wait": 25})
     assert state["state"] == "paused", state
-    assert state["location"]["file"].endswith("difflib.py"), state
-    assert "library" in state["note"] and "<module>" in state["note"]
+    assert state["location"]["file"].endswith("spinlib.py"), state
+    assert "library" in state["note"], state
+    assert f"<module>() at line {line_of(script, 'last line')}" in state["note"]
     assert {"verb": "step", "args": {"kind": "out"}} in state["fix"]
+    assert session.value("n") != "0"  # the library's frame, live
 
 
 # -- f-string logpoints -----------------------------------------------------------------------

@@ -642,3 +642,47 @@ def test_cli_break_variants(cli, write, python: str) -> None:
     assert "watch out = [0, 1]" in human
     cli("terminate", "--session", name)
     assert json.loads(json.dumps(listed))  # plain JSON all the way
+
+
+# -- the same verbs as MCP tools ----------------------------------------------------------------
+
+
+def test_the_new_verbs_through_mcp(
+    config_dir: Path, daemon: dict[str, Any], tmp_path: Path, write, python: str
+) -> None:
+    from test_mcp import Tools, run_mcp
+
+    script = write("loop.py", LOOP)
+    call = line_of(script, "call site")
+    name = f"mcpv{os.getpid()}{int(time.time() * 1000) % 100000}"
+
+    async def scenario(tool: Tools, client: Any) -> None:
+        listed = {t.name for t in (await client.list_tools()).tools}
+        assert {"until", "restart", "watch", "unwatch", "threads", "thread"} <= listed
+        state = await tool("start", script="loop.py", python=python, session=name)
+        assert state["reason"] == "entry"
+        fn = await tool("break", function="__main__.double", session=name)
+        assert fn["line"] == line_of(script, "in double")
+        await tool("remove", id=fn["id"], session=name)
+        raised = await tool("break", raised=[], session=name)
+        assert raised["exception"] == "raised"
+        watch = await tool("watch", expression="total", session=name)
+        assert "NameError" in watch["watch"]["error"]  # at entry, total is not defined yet
+        state = await tool("until", target=str(call), session=name)
+        assert state["location"]["line"] == call and state["watches"][0]["value"] == "0"
+        threads = await tool("threads", session=name)
+        assert threads["threads"][0]["stopped_here"]
+        chosen = await tool("thread", number=1, session=name)
+        assert chosen["location"]["line"] == call
+        timed = await tool.error("eval", expression="while True: pass", timeout=0.5, session=name)
+        assert timed["code"] == "eval_timeout"
+        assert (await tool("up", count=5, session=name))["clamped"]
+        assert (await tool("unwatch", session=name))["watches"] == []
+        again = await tool("restart", session=name)
+        assert again["reason"] == "entry" and again["restarted_from"] == state["run_id"]
+        assert [b["exception"] for b in (await tool("breaks", session=name))["breakpoints"]] == [
+            "raised"
+        ]
+        await tool("terminate", session=name)
+
+    run_mcp(config_dir, tmp_path, scenario)

@@ -61,10 +61,12 @@ def state(data: dict[str, Any]) -> None:
             out.print(
                 f"[cyan]watch[/] {escape(str(item.get('expression')))} = {escape(str(value))}"
             )
-        if data.get("fix"):
-            from .main import hint
-
-            out.print(f"[dim]try: {escape(str(hint(data['fix'])))}[/]")
+        if data.get("fix"):  # worded for any surface: "step out", "continue"
+            calls = [
+                " ".join([str(f.get("verb")), *map(str, (f.get("args") or {}).values())])
+                for f in data["fix"][:3]
+            ]
+            out.print(f"[dim]try: {escape('; or '.join(calls))}[/]")
     elif kind == "running":
         out.print(f"[bold]{name}[/]: running (pid {data.get('pid')})")
     elif kind in ("exited", "crashed"):

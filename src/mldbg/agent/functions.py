@@ -74,14 +74,16 @@ def resolve(name: str, cwd: str | None, main_file: str | None) -> tuple[str, int
     if parts[0] == "__main__":
         if not main_file:
             return None
-        return _in_file(name, main_file, parts[1:], None)
+        return _in_file(name, main_file, parts[1:], None, final=True)
     for k in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:k])
         module = sys.modules.get(module_name)
         file = _module_file(module_name, module, cwd)
         if file is None:
             continue
-        return _in_file(name, file, parts[k:], module)
+        # Not loaded yet, and its source does not define the name (a package re-exporting
+        # it, torch.nn.Linear): pending until the module is loaded and can be asked.
+        return _in_file(name, file, parts[k:], module, final=module is not None)
     return None
 
 
@@ -98,7 +100,9 @@ def _module_file(name: str, module: ModuleType | None, cwd: str | None) -> str |
     return None
 
 
-def _in_file(name: str, file: str, rest: list[str], module: ModuleType | None) -> tuple[str, int]:
+def _in_file(
+    name: str, file: str, rest: list[str], module: ModuleType | None, final: bool
+) -> tuple[str, int] | None:
     try:
         with open(file, "rb") as fh:
             tree = ast.parse(fh.read(), file)
@@ -112,6 +116,8 @@ def _in_file(name: str, file: str, rest: list[str], module: ModuleType | None) -
             found = _from_namespace(module, rest)
             if found is not None:
                 return found
+        if not final:
+            return None
         raise BreakpointError(
             f"{name}: {file} defines no {'.'.join(rest)}",
             code="no_such_function",

@@ -201,6 +201,30 @@ def test_function_breakpoints_by_dotted_name(session: Session, write, python: st
     assert session.cont()["state"] == "exited"
 
 
+def test_pending_function_breakpoint_is_set_when_its_module_loads(
+    session: Session, write, python: str
+) -> None:
+    write("relib/__init__.py", "from .impl import Thing as Alias\n")
+    impl = write(
+        "relib/impl.py",
+        """
+        class Thing:
+            @staticmethod
+            def go(x):
+                return x * 3  # go body
+        """,
+    )
+    script = write("use.py", "import relib\nprint(relib.Alias.go(2))  # at once, no import\n")
+    session.start(script, python=python, breakpoints=[{"function": "relib.Alias.go"}])
+    (listed,) = session.api.get(f"{session.base}/breaks")["breakpoints"]
+    assert listed["pending"] is True  # relib/__init__.py does not define Alias itself
+    state = session.cont()
+    assert state["reason"] == "breakpoint", state
+    assert state["location"] == {**state["location"], "file": str(impl.resolve())}
+    assert state["location"]["line"] == line_of(impl, "go body")
+    assert session.cont()["state"] == "exited" and "6" in session.output()
+
+
 def test_function_breakpoint_errors(session: Session, write, python: str) -> None:
     script = write("fmain.py", FUNCTIONS)
     write("pkg/models.py", MODELS)

@@ -308,7 +308,9 @@ class Debugger(ThreadHolding):
 
         if self.breakpoints.pending:
             if self._import_watcher is None:
-                self._import_watcher = ImportWatcher(self.retry_pending)
+                self._import_watcher = ImportWatcher(
+                    self.retry_pending, lambda: [p.name for p in self.breakpoints.pending.values()]
+                )
             self._import_watcher.install()
         elif self._import_watcher is not None:
             self._import_watcher.uninstall()

@@ -12,17 +12,20 @@ breakpoint then stops on every call:
 * a name the source does not define (a re-export, a class made at run time) is looked up
   in the loaded module's namespace, without calling any ``__getattr__``.
 
-A module that cannot be found yet leaves the breakpoint *pending*: it is retried when
-the script imports something, and set as soon as its module exists.
+A module that cannot be found yet, or one whose source does not define the name (a
+package re-exporting it), leaves the breakpoint *pending*: it is set as soon as that module
+has been loaded (:class:`ImportWatcher`).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import inspect
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from types import CodeType, ModuleType
 from typing import Any
@@ -187,8 +190,26 @@ def _from_namespace(module: ModuleType, rest: list[str]) -> tuple[str, int] | No
     if code is None or code.co_filename.startswith("<"):
         return None
     file = canonical(code.co_filename)
+    node = _def_starting_at(file, code.co_firstlineno)
+    if node is not None:
+        return file, _first_body_line(file, node)
     starts = sorted({line for _, _, line in code.co_lines() if line and line > code.co_firstlineno})
     return file, starts[0] if starts else code.co_firstlineno
+
+
+def _def_starting_at(file: str, first_line: int) -> Any:
+    """The ``def`` whose code starts at ``first_line`` (its first decorator's line, if any)."""
+    try:
+        with open(file, "rb") as fh:
+            tree = ast.parse(fh.read(), file)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            decorators = [d.lineno for d in node.decorator_list]
+            if first_line in (node.lineno, min(decorators, default=node.lineno)):
+                return node
+    return None
 
 
 def _static_attr(obj: Any, attr: str) -> Any:
@@ -225,27 +246,68 @@ def _code_of(obj: Any) -> CodeType | None:
 
 
 class ImportWatcher:
-    """A ``sys.meta_path`` entry that finds nothing; each lookup retries pending breakpoints.
+    """A ``sys.meta_path`` entry that retries pending breakpoints when modules load.
 
-    Python has no "after import" hook; the next import after a module loads comes soon in
-    practice (a module's own imports, the next ``import`` line), and is cheap with few
-    pending names.
+    Python has no "after import" hook.  For a module a pending name lives in (or a package
+    above it), the watcher asks the other finders for its spec and wraps that one loader's
+    ``exec_module`` (an attribute of the loader instance, removed again after it ran), so
+    the breakpoint is set the moment the module has run, before anything can call the
+    function.  Any other lookup also retries (cheap with few pending names).  It finds
+    nothing itself and never breaks an import: its own errors are swallowed.
     """
 
-    def __init__(self, retry: Any) -> None:
+    def __init__(self, retry: Any, pending_names: Any) -> None:
         self._retry = retry
-        self._busy = False
+        self._pending_names = pending_names
+        self._busy = threading.local()
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        if not self._busy:
-            self._busy = True
-            try:
-                self._retry()
-            except Exception:  # never break the script's imports
-                pass
-            finally:
-                self._busy = False
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if getattr(self._busy, "value", False):
+            return None
+        self._busy.value = True
+        try:
+            self._safe_retry()
+            if not any(n.startswith(fullname + ".") for n in self._pending_names()):
+                return None
+            spec = self._spec_from_others(fullname, path, target)
+            if spec is not None:
+                self._wrap(spec.loader)
+            return spec
+        except Exception:  # never break the script's imports
+            return None
+        finally:
+            self._busy.value = False
+
+    def _safe_retry(self) -> None:
+        with contextlib.suppress(Exception):  # never break the script's imports
+            self._retry()
+
+    def _spec_from_others(self, fullname: str, path: Any, target: Any) -> Any:
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                return spec
         return None
+
+    def _wrap(self, loader: Any) -> None:
+        original = getattr(loader, "exec_module", None)
+        if original is None or "exec_module" in getattr(loader, "__dict__", {}):
+            return
+        watcher = self
+
+        def exec_module(module: Any) -> None:
+            try:
+                original(module)
+            finally:
+                with contextlib.suppress(AttributeError):
+                    del loader.exec_module
+                watcher._safe_retry()
+
+        with contextlib.suppress(AttributeError, TypeError):
+            loader.exec_module = exec_module
 
     def install(self) -> None:
         if self not in sys.meta_path:

@@ -141,7 +141,9 @@ def test_errors_exit_nonzero_and_say_what_to_do(cli, write) -> None:
         assert "FILE:LINE" in error["error"]
         proc = cli("eval", "--session", "clierr", "1/0", expect=1)
         assert "ZeroDivisionError" in proc.stderr
-        proc = cli("up", "--session", "clierr", expect=1)
+        proc = cli("up", "--session", "clierr")  # past the outermost frame: stays, says so
+        assert "already at the outermost frame" in proc.stdout
+        proc = cli("frame", "--session", "clierr", "1", expect=1)
         assert "no frame 1" in proc.stderr
         error = cli("start", "--session", "clierr", "blank.py", json_out=True, expect=1)
         assert error["code"] == "session_busy"

@@ -388,7 +388,9 @@ def test_variables_and_frames(session: Session, write, python: str) -> None:
     assert any(v["name"] == "GLOBAL_CONST" and v["scope"] == "global" for v in data["variables"])
     moved = session.api.post(f"{session.base}/up", {"count": 1})
     assert moved["frame"]["function"] == "<module>"
-    error = session.api.post(f"{session.base}/up", {}, expect=400)
+    clamped = session.api.post(f"{session.base}/up", {})  # past the outermost: stays there
+    assert clamped["selected"] == 1 and "outermost" in clamped["note"]
+    error = session.api.post(f"{session.base}/frame", {"index": 2}, expect=400)
     assert "no frame 2" in error["error"] and error["code"] == "no_such_frame"
     assert session.api.post(f"{session.base}/frame", {"index": 0})["frame"]["function"] == "g"
 

@@ -38,6 +38,10 @@ class BreakpointSpec(TypedDict, total=False):
     hits: str | None
     log: str | None
     checkpoint: str | None
+    function: str | None  # a dotted name instead of file and line
+    exception: str | None  # "raised" or "uncaught" (with types)
+    types: list[str] | None
+    this_thread: bool | None
 
 
 class BreakpointInfo(TypedDict, total=False):
@@ -50,10 +54,48 @@ class BreakpointInfo(TypedDict, total=False):
     log: str | None
     hit_count: int
     warning: str  # e.g. the file is not the copy of its module the script imports
+    function: str  # set by a function breakpoint
+    pending: bool  # a function breakpoint whose module is not found yet
+    exception: str  # "raised" / "uncaught": an exception breakpoint
+    types: list[str]
+    temporary: bool  # until's one-shot breakpoint
+    this_thread: bool
+    existing: bool  # until reused the breakpoint already on that line
 
 
-class Breakpoints(TypedDict):
+class Breakpoints(TypedDict, total=False):
     breakpoints: list[BreakpointInfo]
+    watches: list[dict[str, Any]]
+
+
+class Watch(TypedDict, total=False):
+    id: int
+    expression: str
+    value: str  # at a stop: the value's one line (bounded)
+    error: str  # at a stop: what evaluating it raised
+
+
+class Watches(TypedDict, total=False):
+    watch: Watch  # the one just set
+    removed: list[Watch]
+    watches: list[Watch]
+
+
+class ThreadInfo(TypedDict, total=False):
+    number: int
+    id: int
+    native_id: int | None
+    name: str
+    daemon: bool
+    paused: bool
+    stopped_here: bool
+    selected: bool
+    where: dict[str, Any] | None
+
+
+class Threads(Truncation, total=False):
+    threads: list[ThreadInfo]
+    pid: int
 
 
 class Removed(TypedDict):
@@ -100,6 +142,15 @@ class State(TypedDict, total=False):
     warnings: NotRequired[list[str]]
     parent: NotRequired[str | None]  # a child process's session: the one that started it
     paused_children: NotRequired[list[str]]  # the run's child sessions paused now (at most 20)
+    watches: NotRequired[list[Watch]]  # every watch expression, evaluated at this stop
+    note: NotRequired[str]  # e.g. a pause that had to stop in library code
+    fix: NotRequired[list[dict[str, Any]]]  # calls that help from here (step out)
+    raised: NotRequired[bool]  # stopped by break --raised: the exception is live
+    raised_in: NotRequired[dict[str, Any]]  # where a library raised what stopped here
+    until: NotRequired[BreakpointInfo]  # the one-shot breakpoint until set
+    restarted_from: NotRequired[str]  # restart: the run id this one replaces
+    selected: NotRequired[int]  # thread: the selected thread's id
+    interrupted: NotRequired[bool]  # pause while paused: an evaluation was interrupted
 
 
 class Frame(TypedDict, total=False):
@@ -119,6 +170,8 @@ class Stack(Truncation, total=False):
 class FrameSelected(TypedDict, total=False):
     selected: int
     frame: dict[str, Any]
+    note: str  # up/down past the last frame: where it stopped
+    clamped: bool
 
 
 class Variable(TypedDict):

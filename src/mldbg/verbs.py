@@ -30,14 +30,17 @@ class Arg:
 
     ``kind`` says how a client must treat the value: ``path`` values are made absolute
     against the client's working directory before they are sent (the daemon runs
-    elsewhere); ``text`` may be ``-`` on the CLI to read standard input.
+    elsewhere); ``source`` values (a breakpoint's file) too, but only where that file
+    exists, else they go as typed for the debuggee to find (its cwd, then its import
+    path: ``torch/nn/modules/linear.py``); ``text`` may be ``-`` on the CLI to read
+    standard input.  ``nargs="*"``: on the CLI the flag takes zero or more values.
     """
 
     name: str
     type: Any
     help: str
     default: Any = None
-    kind: Literal["plain", "path", "text"] = "plain"
+    kind: Literal["plain", "path", "text", "source"] = "plain"
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
@@ -47,6 +50,7 @@ class Arg:
     short: str | None = None
     cli: bool = True  # False: filled in by the client, never typed by a person
     mcp: bool = True
+    nargs: str | None = None
 
     @property
     def required(self) -> bool:
@@ -138,6 +142,8 @@ BREAK_ERRORS = (
     "bad_hits",
     "bad_log",
     "session_ended",
+    "ambiguous_file",
+    "no_such_function",
 )
 PAUSED_ERRORS = ("not_paused", "session_ended", "agent_timeout")
 RESUME_ERRORS = ("not_paused", "session_ended")
@@ -203,21 +209,58 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb(
         "break",
-        "set a breakpoint (FILE:LINE or FILE LINE), or a checkpoint filter",
+        "set a breakpoint (FILE:LINE or FILE LINE), a function, exception or checkpoint one",
         R.BreakpointInfo,
         (
-            Arg("file", str, "path; relative paths resolve against the client's cwd", kind="path"),
+            Arg(
+                "file",
+                str,
+                "path: the client's cwd, else the session's cwd, else the files the script can "
+                "import (torch/nn/modules/linear.py, linear.py)",
+                kind="source",
+            ),
             Arg("line", int, "line number", minimum=1),
             Arg("condition", str, "stop only when this expression is true", flag="--if"),
             Arg("hits", str, "N: stop on the Nth hit; >=N: from the Nth on; %N: every Nth"),
-            Arg("log", str, 'print this instead of stopping; {expr} is filled in: "x={x.shape}"'),
+            Arg(
+                "log",
+                str,
+                'print this instead of stopping; an f-string body: "mean={loss.mean():.3f} {x!r}"',
+            ),
             Arg("checkpoint", str, "pause only at debug_checkpoint calls so named (a glob)"),
+            Arg(
+                "function",
+                str,
+                "stop at every call of this function, by dotted name (pkg.mod.Class.method, "
+                "__main__.parse); pending until its module exists",
+            ),
+            Arg(
+                "raised",
+                list[str],
+                "stop where these exception types are raised, even if caught later (no types: "
+                "every exception); library frames are skipped to the first frame of your code",
+                nargs="*",
+            ),
+            Arg(
+                "uncaught",
+                list[str],
+                "stop post-mortem on uncaught exceptions (the default); with types, only those",
+                nargs="*",
+            ),
+            Arg(
+                "this_thread",
+                bool,
+                "stop only the thread that hits it (default: every thread stops)",
+                False,
+            ),
         ),
         route="break",
         legacy_routes=(("POST", "breakpoints"),),
         errors=BREAK_ERRORS,
-        description="Also inside installed libraries (transformers, torch). A line that "
-        "cannot hold one is refused with `nearest_lines`.",
+        description="Also inside installed libraries (transformers, torch): a relative path "
+        "not found under the cwd is looked up among the files the script can import "
+        "(`ambiguous_file` lists candidates). A line that cannot hold one is refused with "
+        "`nearest_lines`. The answer's `id` works wherever FILE:LINE does (remove, until).",
     ),
     Verb(
         "breaks",
@@ -229,12 +272,13 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb(
         "remove",
-        "remove a breakpoint (FILE:LINE) or a checkpoint filter",
+        "remove a breakpoint (FILE:LINE or its id) or a checkpoint filter",
         R.BreakpointInfo,
         (
-            Arg("file", str, "the breakpoint's file", kind="path"),
+            Arg("file", str, "the breakpoint's file", kind="source"),
             Arg("line", int, "the breakpoint's line", minimum=1),
             Arg("checkpoint", str, "remove this checkpoint filter"),
+            Arg("id", int, "the breakpoint's id (from break or breaks)", minimum=1),
         ),
         legacy_routes=(("POST", "breakpoints/remove"),),
         errors=("no_such_breakpoint", "session_ended"),
@@ -317,7 +361,7 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb(
         "up",
-        "select the caller's frame",
+        "select the caller's frame (past the outermost: the outermost, with a note)",
         R.FrameSelected,
         (Arg("count", int, "how many frames up", 1, minimum=1, positional=True),),
         errors=(*PAUSED_ERRORS, "no_such_frame"),
@@ -356,10 +400,92 @@ VERBS: tuple[Verb, ...] = (
                 kind="text",
                 positional=True,
             ),
+            Arg(
+                "timeout",
+                float,
+                "interrupt the evaluation after this many seconds (the session stays paused)",
+                30.0,
+                minimum=0.1,
+                maximum=3600,
+            ),
         ),
-        errors=(*PAUSED_ERRORS, "eval_error"),
+        errors=(*PAUSED_ERRORS, "eval_error", "eval_timeout", "eval_interrupted"),
         description="Tensors in the result are summarized (shape, dtype, device, stats); "
-        "assignments change the script's variables; what the code prints is returned in `output`.",
+        "assignments change the script's variables; what the code prints is returned in `output`. "
+        "An evaluation past `timeout` (or hit by `pause`) is interrupted inside the script: "
+        "`eval_timeout` / `eval_interrupted`, and the session stays paused where it was.",
+    ),
+    Verb(
+        "until",
+        "run to a line (FILE:LINE, LINE in the current file, or #ID of a breakpoint): a "
+        "one-shot breakpoint, then continue",
+        R.State,
+        (
+            Arg(
+                "target",
+                str,
+                "FILE:LINE, LINE (the current file) or #ID (a breakpoint's line)",
+                positional=True,
+            ),
+            Arg("file", str, "the file (instead of target)", kind="source"),
+            Arg("line", int, "the line (instead of target)", minimum=1),
+            Arg("id", int, "run to this breakpoint's line (instead of target)", minimum=1),
+            _wait(60.0),
+        ),
+        waits=True,
+        errors=(*RESUME_ERRORS, *BREAK_ERRORS, "no_such_breakpoint"),
+        description="The one-shot breakpoint goes away at the next stop, whatever stopped. "
+        "Answers like continue, with `until` the breakpoint it set.",
+    ),
+    Verb(
+        "restart",
+        "start the session's script again: same script, args, env, cwd, breakpoints and "
+        "watches; a new run id",
+        R.State,
+        (Arg("wait", float, "seconds to wait for the first stop", 30.0, minimum=0, cli=False),),
+        errors=("start_failed", *BREAK_ERRORS),
+        description="The old run ends (terminated) and keeps its record; `restarted_from` "
+        "names it.",
+    ),
+    Verb(
+        "watch",
+        "evaluate an expression at every stop (shown with the stop, in JSON under `watches`)",
+        R.Watches,
+        (
+            Arg(
+                "expression",
+                str,
+                "a Python expression, evaluated in the stopped frame",
+                REQUIRED,
+                kind="text",
+                positional=True,
+            ),
+        ),
+        errors=("bad_expression", "too_many_watches", "session_ended"),
+    ),
+    Verb(
+        "unwatch",
+        "remove a watch expression (by id or text; none given: all)",
+        R.Watches,
+        (
+            Arg("target", str, "the watch's id (#N or N) or its expression", positional=True),
+            Arg("id", int, "the watch's id", minimum=1),
+        ),
+        errors=("no_such_watch", "session_ended"),
+    ),
+    Verb(
+        "threads",
+        "the script's threads: id, name, where each is, and whether it is paused",
+        R.Threads,
+        method="GET",
+        errors=("session_ended",),
+    ),
+    Verb(
+        "thread",
+        "select a paused thread (number from threads, or id) for stack, vars, eval and step",
+        R.State,
+        (Arg("number", int, "thread number from threads, or its id", REQUIRED, positional=True),),
+        errors=(*PAUSED_ERRORS, "no_such_thread"),
     ),
     Verb(
         "output",

@@ -59,47 +59,18 @@ def _compile_expression(text: str, what: str, code: str = "bad_condition") -> Co
         ) from None
 
 
-def compile_log_template(template: str) -> list[str | CodeType]:
-    """Split ``"x={x.shape} y={y}"`` into literal text and compiled expressions.
+def compile_log_template(template: str) -> list[Any]:
+    """Parse a logpoint message as the body of an f-string (see :mod:`.logtemplate`)."""
+    from .logtemplate import TemplateError, compile_template
 
-    Braces are matched with nesting so dict literals, slices and calls work inside
-    ``{...}``; ``{{`` and ``}}`` are literal braces.
-    """
-    parts: list[str | CodeType] = []
-    literal: list[str] = []
-    i = 0
-    while i < len(template):
-        char = template[i]
-        if char in "{}" and template[i : i + 2] in ("{{", "}}"):
-            literal.append(char)
-            i += 2
-            continue
-        if char == "}":
-            raise BreakpointError(
-                f"log message {template!r} has an unmatched '}}' (write '}}}}')", code="bad_log"
-            )
-        if char != "{":
-            literal.append(char)
-            i += 1
-            continue
-        depth, j = 1, i + 1
-        while j < len(template) and depth:
-            depth += {"{": 1, "}": -1}.get(template[j], 0)
-            j += 1
-        if depth:
-            raise BreakpointError(
-                f"log message {template!r} has an unmatched '{{' (write '{{{{')", code="bad_log"
-            )
-        if literal:
-            parts.append("".join(literal))
-            literal = []
-        parts.append(
-            _compile_expression(template[i + 1 : j - 1].strip(), "log expression", "bad_log")
-        )
-        i = j
-    if literal:
-        parts.append("".join(literal))
-    return parts
+    try:
+        return compile_template(template)
+    except TemplateError as exc:
+        raise BreakpointError(
+            f"log message {template!r} is not a valid f-string body: {exc} "
+            "(write {{ and }} for literal braces)",
+            code="bad_log",
+        ) from None
 
 
 def _code_lines(code: CodeType) -> set[int]:
@@ -226,10 +197,13 @@ class Breakpoint:
     hit_count: int = 0
     condition_code: CodeType | None = field(default=None, repr=False)
     hits_rule: tuple[str, int] | None = field(default=None, repr=False)
-    log_parts: list[str | CodeType] | None = field(default=None, repr=False)
+    log_parts: list[Any] | None = field(default=None, repr=False)
+    temporary: bool = False  # `until`: removed at the next stop, whatever stopped
+    function: str | None = None  # set by `break --function NAME`: the name it came from
+    this_thread: bool = False  # stop only the thread that hit it, not every thread
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        info: dict[str, Any] = {
             "id": self.id,
             "file": self.file,
             "line": self.line,
@@ -238,6 +212,13 @@ class Breakpoint:
             "log": self.log,
             "hit_count": self.hit_count,
         }
+        if self.temporary:
+            info["temporary"] = True
+        if self.function:
+            info["function"] = self.function
+        if self.this_thread:
+            info["this_thread"] = True
+        return info
 
     def hit_matches(self) -> bool:
         """Counts a hit (the condition already passed) and says whether this one stops."""
@@ -265,9 +246,9 @@ def make_breakpoint(
         raise BreakpointError("a breakpoint needs a file (FILE:LINE)", code="bad_argument")
     path = canonical(file, cwd)
     if not os.path.lexists(path):
-        raise BreakpointError(
-            f"no such file: {file} (resolved to {path})", code="file_not_found", file=path
-        )
+        from .locate import find_importable
+
+        path = find_importable(file, cwd, path)
     if line is None or line == "" or line == 0:
         raise BreakpointError(
             f"a breakpoint in {file} needs a line number (FILE:LINE)", code="bad_argument"
@@ -364,8 +345,12 @@ class BreakpointTable:
     """
 
     def __init__(self) -> None:
+        from .exceptions import ExceptionBreaks
+
         self.by_file: dict[str, dict[int, Breakpoint]] = {}
         self.checkpoints: dict[str, CheckpointFilter] = {}
+        self.exceptions = ExceptionBreaks()
+        self.pending: dict[int, Any] = {}  # function breakpoints whose module is not there yet
         self.version = 0
         self.lock = threading.RLock()
         self._code_cache: dict[CodeType, frozenset[int]] = {}
@@ -410,10 +395,65 @@ class BreakpointTable:
     def clear(self) -> int:
         with self.lock:
             count = sum(len(lines) for lines in self.by_file.values()) + len(self.checkpoints)
+            count += len(self.exceptions.items) + len(self.pending)
             self.by_file.clear()
             self.checkpoints.clear()
+            self.exceptions.items.clear()
+            self.pending.clear()
             self._changed()
             return count
+
+    def add_exception(self, item: Any) -> Any:
+        """An exception breakpoint (``exceptions.ExceptionBreak``): one per mode."""
+        with self.lock:
+            added = self.exceptions.add(item, _ids)
+            self._changed()
+            return added
+
+    def next_id(self) -> int:
+        return next(_ids)
+
+    def everything(self) -> list[Any]:
+        """Every kind of breakpoint, each with ``id`` and ``to_json``."""
+        with self.lock:
+            return [
+                *self.all(),
+                *self.checkpoints.values(),
+                *self.exceptions.items.values(),
+                *self.pending.values(),
+            ]
+
+    def find(self, bp_id: int) -> Any:
+        for item in self.everything():
+            if item.id == bp_id:
+                return item
+        known = ", ".join(f"#{i.id}" for i in self.everything()[:50]) or "none"
+        raise BreakpointError(
+            f"no breakpoint #{bp_id}; set breakpoints: {known}", code="no_such_breakpoint"
+        )
+
+    def remove_id(self, bp_id: int) -> Any:
+        """Remove any kind of breakpoint by its id."""
+        item = self.find(bp_id)
+        with self.lock:
+            if isinstance(item, Breakpoint):
+                return self.remove(item.file, item.line)
+            if isinstance(item, CheckpointFilter):
+                return self.checkpoints.pop(item.name)
+            if bp_id in self.exceptions.items:
+                item = self.exceptions.items.pop(bp_id)
+            else:
+                item = self.pending.pop(bp_id)
+            self._changed()
+            return item
+
+    def remove_temporary(self) -> list[Breakpoint]:
+        """``until``'s one-shot breakpoints, gone at the next stop whatever stopped."""
+        with self.lock:
+            gone = [bp for bp in self.all() if bp.temporary]
+            for bp in gone:
+                self.remove(bp.file, bp.line)
+            return gone
 
     def all(self) -> list[Breakpoint]:
         with self.lock:
@@ -425,6 +465,7 @@ class BreakpointTable:
     def _changed(self) -> None:
         self.version += 1
         self._code_cache.clear()
+        self.exceptions.changed()
 
     def lines_in_code(self, code: CodeType, file: str) -> frozenset[int]:
         """Breakpoint lines that belong to this very code object (not to nested ones)."""
@@ -462,26 +503,11 @@ def running_frames() -> list[FrameType]:
 
 
 def format_log(bp: Breakpoint, frame: FrameType) -> str:
-    """Render a logpoint's message in ``frame``; a failing expression shows its error inline."""
+    """Render a logpoint's message in ``frame``; a failing field shows its error inline."""
     from .. import summary
+    from .logtemplate import render
 
-    out: list[str] = []
-    for part in bp.log_parts or []:
-        if isinstance(part, str):
-            out.append(part)
-            continue
-        try:
-            value = eval(part, frame.f_globals, frame.f_locals)
-        except Exception as exc:  # the user's expression: any error is reported, not raised
-            out.append(f"<error: {type(exc).__name__}: {exc}>")
-            continue
-        out.append(summary.one_line(value) if summary.is_tensor(value) else _bounded_str(value))
-    return "".join(out)
+    def tensor_line(value: object) -> str | None:
+        return summary.one_line(value) if summary.is_tensor(value) else None
 
-
-def _bounded_str(value: object, limit: int = 1000) -> str:
-    try:
-        text = str(value)
-    except Exception as exc:
-        return f"<str failed: {type(exc).__name__}: {exc}>"
-    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} chars)"
+    return render(bp.log_parts or [], frame, tensor_line)

@@ -20,6 +20,9 @@ from .breakpoints import (
     make_checkpoint_filter,
 )
 from .debugger import Debugger
+from .exceptions import ExceptionBreak, parse_types
+from .functions import PendingFunction, check_name, resolve
+from .paused import CommandError
 from .wire import reply
 
 
@@ -40,7 +43,7 @@ class CommandServer:
                 return
             cmd = message.get("cmd", "")
             if cmd in P.PAUSED_COMMANDS:
-                paused = debugger.paused
+                paused = debugger.target()
                 if paused is None:
                     reply(
                         self.wire,
@@ -59,7 +62,7 @@ class CommandServer:
                 continue
             try:
                 result = handler(**(message.get("args") or {}))
-            except BreakpointError as exc:
+            except (BreakpointError, CommandError) as exc:
                 reply(self.wire, message, False, str(exc), exc.extra, exc.code)
             except TypeError as exc:  # arguments the command does not take
                 reply(self.wire, message, False, f"{cmd}: {exc}", None, "bad_argument")
@@ -74,31 +77,58 @@ class CommandServer:
 
     # -- commands -----------------------------------------------------------------------------
 
-    def cmd_configure(self, breakpoints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def cmd_configure(
+        self,
+        breakpoints: list[dict[str, Any]] | None = None,
+        watches: list[str] | None = None,
+        main_file: str | None = None,
+    ) -> dict[str, Any]:
         """Validate and set the start-up breakpoints all at once; any error refuses them all."""
+        if main_file:
+            self.debugger.main_file = main_file
         made = [self._build(spec) for spec in breakpoints or []]
+        for expression in watches or []:
+            self.debugger.watches.add(expression)
         for item in made:
             self._add(item)
         self.debugger.backend.breakpoints_changed()
+        self.debugger.watch_imports()
         return {"breakpoints": [item.to_json() for item in made]}
 
     def cmd_run(self, **_: Any) -> dict[str, Any]:
         return {"running": True}
 
     def cmd_break(self, **spec: Any) -> dict[str, Any]:
-        item = self._add(self._build(spec))
+        temporary = bool(spec.pop("temporary", False))
+        item = self._build(spec)
+        if temporary and isinstance(item, Breakpoint):
+            existing = self.debugger.breakpoints.at(item.file, item.line)
+            if existing is not None:  # `until` a breakpoint's line: that one stops there
+                return {**existing.to_json(), "existing": True}
+            item.temporary = True
+        item = self._add(item)
         self.debugger.backend.breakpoints_changed()
+        self.debugger.watch_imports()
         return item.to_json()
 
     def cmd_remove(
-        self, file: str | None = None, line: int | None = None, checkpoint: str | None = None
+        self,
+        file: str | None = None,
+        line: int | None = None,
+        checkpoint: str | None = None,
+        id: int | None = None,
     ) -> dict[str, Any]:
         table = self.debugger.breakpoints
+        if id is not None:
+            removed = table.remove_id(int(id))
+            self.debugger.backend.breakpoints_changed()
+            self.debugger.watch_imports()
+            return dict(removed.to_json())
         if checkpoint:
             return table.remove_checkpoint(checkpoint).to_json()
         if not file or line is None:
             raise BreakpointError(
-                "say which breakpoint to remove: a file and line, or a checkpoint name",
+                "say which breakpoint to remove: its id, a file and line, or a checkpoint name",
                 code="bad_argument",
             )
         bp = table.remove(file, int(line), self.debugger.cwd)
@@ -112,15 +142,30 @@ class CommandServer:
 
     def cmd_breaks(self) -> dict[str, Any]:
         table = self.debugger.breakpoints
-        items = [bp.to_json() for bp in table.all()] + [
-            f.to_json() for f in table.checkpoints.values()
-        ]
-        return {"breakpoints": items}
+        items = [item.to_json() for item in table.everything()]
+        return {"breakpoints": items, "watches": self.debugger.watches.listing()}
 
     def cmd_pause(self) -> dict[str, Any]:
         return self.debugger.request_pause()
 
-    def _build(self, spec: dict[str, Any]) -> Breakpoint | CheckpointFilter:
+    def cmd_watch(self, expression: str) -> dict[str, Any]:
+        item = self.debugger.watches.add(expression)
+        return {"watch": item.to_json(), "watches": self.debugger.watches.listing()}
+
+    def cmd_unwatch(self, id: int | None = None, expression: str | None = None) -> dict[str, Any]:
+        gone = self.debugger.watches.remove(id, expression)
+        return {
+            "removed": [w.to_json() for w in gone],
+            "watches": self.debugger.watches.listing(),
+        }
+
+    def cmd_threads(self) -> dict[str, Any]:
+        return self.debugger.threads()
+
+    def cmd_thread(self, number: int) -> dict[str, Any]:
+        return self.debugger.select_thread(number)
+
+    def _build(self, spec: dict[str, Any]) -> Any:
         if spec.get("checkpoint"):
             if spec.get("file") or spec.get("line") or spec.get("hits") or spec.get("log"):
                 raise BreakpointError(
@@ -129,7 +174,12 @@ class CommandServer:
                     code="bad_argument",
                 )
             return make_checkpoint_filter(spec["checkpoint"], spec.get("condition"))
-        return make_breakpoint(
+        exception = spec.get("exception")
+        if exception is not None or spec.get("raised") is not None or spec.get("uncaught"):
+            return self._exception(spec)
+        if spec.get("function"):
+            return self._function(spec)
+        bp = make_breakpoint(
             spec.get("file") or "",
             spec.get("line"),
             condition=spec.get("condition"),
@@ -137,9 +187,70 @@ class CommandServer:
             log=spec.get("log"),
             cwd=self.debugger.cwd,
         )
+        bp.this_thread = bool(spec.get("this_thread"))
+        return bp
 
-    def _add(self, item: Breakpoint | CheckpointFilter) -> Breakpoint | CheckpointFilter:
+    def _exception(self, spec: dict[str, Any]) -> ExceptionBreak:
+        """``raised``: a list of type names ([] = every exception); ``uncaught``: a flag (with
+        ``types``); ``exception`` + ``types``: the form ``breaks`` lists (restart uses it)."""
+        if spec.get("file") or spec.get("line") or spec.get("function"):
+            raise BreakpointError(
+                "an exception breakpoint takes type names, not a file, line or function",
+                code="bad_argument",
+            )
+        mode = spec.get("exception") or ("raised" if spec.get("raised") is not None else "uncaught")
+        if mode not in ("raised", "uncaught"):
+            raise BreakpointError(
+                f"exception breakpoints are 'raised' or 'uncaught', not {mode!r}",
+                code="bad_argument",
+            )
+        types = spec.get("types")
+        if types is None:
+            types = spec.get(mode)
+        return ExceptionBreak(mode, parse_types(types))
+
+    def _function(self, spec: dict[str, Any]) -> Breakpoint | PendingFunction:
+        name = str(spec["function"]).strip()
+        check_name(name)
+        if spec.get("file") or spec.get("line"):
+            raise BreakpointError(
+                "a function breakpoint takes a dotted name, not a file and line",
+                code="bad_argument",
+            )
+        rest = {
+            "condition": spec.get("condition"),
+            "hits": spec.get("hits"),
+            "log": spec.get("log"),
+        }
+        found = resolve(name, self.debugger.cwd, self.debugger.main_file)
+        table = self.debugger.breakpoints
+        if found is None:
+            make_breakpoint_check(rest)  # a bad condition is refused now, not at import
+            return PendingFunction(name, table.next_id(), rest)
+        bp = make_breakpoint(found[0], found[1], cwd=self.debugger.cwd, **rest)
+        bp.function = name
+        bp.this_thread = bool(spec.get("this_thread"))
+        return bp
+
+    def _add(self, item: Any) -> Any:
         table = self.debugger.breakpoints
         if isinstance(item, CheckpointFilter):
             return table.add_checkpoint(item)
+        if isinstance(item, ExceptionBreak):
+            return table.add_exception(item)
+        if isinstance(item, PendingFunction):
+            with table.lock:
+                table.pending[item.id] = item
+            return item
         return table.add(item)
+
+
+def make_breakpoint_check(rest: dict[str, Any]) -> None:
+    """Compile a pending breakpoint's condition, hit count and log now: errors come at once."""
+    from .breakpoints import _compile_expression, compile_log_template, parse_hits
+
+    if rest.get("condition"):
+        _compile_expression(rest["condition"], "condition")
+    if rest.get("log"):
+        compile_log_template(rest["log"])
+    parse_hits(rest.get("hits"))

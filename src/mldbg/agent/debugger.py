@@ -11,29 +11,60 @@ import functools
 import os
 import sys
 import threading
+import time
 from types import CodeType, FrameType
 from typing import Any
 
 from . import protocol as P
-from .breakpoints import BreakpointTable, format_log
-from .paths import canonical_code_file, is_mldbg_file
-from .paused import PausedThread, Resume, exception_info, frames_from_stack, frames_from_traceback
+from . import threads as T
+from .breakpoints import BreakpointError, BreakpointTable, format_log, make_breakpoint
+from .paths import canonical_code_file, is_library_file, is_mldbg_file
+from .paused import (
+    PausedThread,
+    Resume,
+    describe_frame,
+    exception_info,
+    frames_from_stack,
+    frames_from_traceback,
+)
 from .stepping import StepRequest
+from .threads import ThreadHolding
+from .watches import Watches
 from .wire import Wire, reply
 
+# A pause that lands in library code runs on this long for a line of the user's code
+# before it stops where it is (and says so, offering `step out`).
+PAUSE_LIBRARY_GRACE = 1.0
 
-class Debugger:
+
+class Debugger(ThreadHolding):
     def __init__(self, wire: Wire, cwd: str) -> None:
         self.wire = wire
         self.cwd = cwd
         self.breakpoints = BreakpointTable()
         self.step: StepRequest | None = None
-        self.pause_requested = False
+        self._pause_flag = False  # `pause` was asked and no thread has stopped for it yet
+        self._pause_since = 0.0
+        self.freezing = False  # a thread stopped: the others stop at their next line
         self.paused: PausedThread | None = None
+        self.held: dict[int, PausedThread] = {}  # threads stopped because another one did
+        self.selected_thread: int | None = None  # `thread N`; None: the one that stopped
         self.detached = False
+        self.main_file: str | None = None  # the script, once known: __main__.NAME resolves in it
+        self.watches = Watches()
         self._stop_lock = threading.Lock()
         self._busy: set[int] = set()  # threads inside the debugger: they never stop again
+        self._import_watcher: Any = None
         self.backend = _choose_backend(self)
+
+    @property
+    def pause_requested(self) -> bool:
+        """Every thread needs line events: a pause is pending, or threads are being stopped."""
+        return self._pause_flag or self.freezing
+
+    @pause_requested.setter
+    def pause_requested(self, value: bool) -> None:
+        self._pause_flag = value
 
     # -- what the tracers ask ---------------------------------------------------------------
 
@@ -61,16 +92,22 @@ class Debugger:
         reported on stderr and the script goes on.
         """
         if threading.get_ident() in self._busy:
-            return True
+            # While the other threads are being stopped every line has events; the stopped
+            # thread's own evaluations should not pay for that (DISABLE until the resume).
+            return not self.freezing
         try:
+            if self.freezing and T.may_freeze_in(file) and self._hold(frame):
+                return True  # this thread was told to step: from the next line on
             bp = self.breakpoints.at(file, line)
             if bp is not None and _repeat_of_caller_line(frame, line):
                 bp = None
             if bp is not None and self._breakpoint_hit(bp, frame, condition):
                 return True
-            if self.pause_requested:
+            if self._pause_flag:
                 if not is_mldbg_file(file):
-                    self.stop(frame, "pause")
+                    self._pause_at(frame, file)
+                return True
+            if self.freezing:
                 return True
             step = self.step
             if step is not None:
@@ -118,8 +155,75 @@ class Debugger:
                 }
             )
             return False
-        self.stop(frame, "breakpoint", breakpoint=bp.to_json())
+        self.stop(frame, "breakpoint", all_threads=not bp.this_thread, breakpoint=bp.to_json())
         return True
+
+    def _pause_at(self, frame: FrameType, file: str) -> None:
+        """Stop for ``pause``: in the user's code if it comes soon, else here, saying so."""
+        if not is_library_file(file):
+            self.stop(frame, "pause")
+            return
+        waited = time.monotonic() - self._pause_since
+        if waited < PAUSE_LIBRARY_GRACE:
+            return
+        user = next(
+            (
+                (f, line)
+                for f, line in frames_from_stack(frame)
+                if not is_library_file(canonical_code_file(f.f_code.co_filename))
+            ),
+            None,
+        )
+        note = (
+            f"paused in library code ({os.path.basename(file)}); your code's innermost "
+            "frame is "
+            + (
+                f"{describe_frame(user[0], user[1])['function']}() at line {user[1]}"
+                if user
+                else "not on this thread's stack"
+            )
+        )
+        self.stop(
+            frame,
+            "pause",
+            note=note,
+            fix=[{"verb": "step", "args": {"kind": "out"}}, {"verb": "continue", "args": {}}],
+        )
+
+    # -- exceptions -------------------------------------------------------------------------
+
+    def on_exception(self, frame: FrameType, exc: BaseException, origin: bool) -> None:
+        """An exception was raised in ``frame`` (``origin``) or reached it from a callee.
+
+        Stops in the user's code only (see :mod:`.exceptions`); never raises.
+        """
+        table = self.breakpoints.exceptions
+        if self.detached or not table.raising or threading.get_ident() in self._busy:
+            return
+        try:
+            file = canonical_code_file(frame.f_code.co_filename)
+            if is_library_file(file) or is_mldbg_file(file):
+                return
+            item = table.match("raised", exc)
+            if item is None or not table.first_time(exc):
+                return
+            item.hit_count += 1
+            details: dict[str, Any] = {"exception": exception_info(exc), "raised": True}
+            if not origin:
+                tb = exc.__traceback__
+                while tb is not None and tb.tb_next is not None:
+                    tb = tb.tb_next
+                if tb is not None:
+                    where = describe_frame(tb.tb_frame, tb.tb_lineno)
+                    details["raised_in"] = where
+                    details["note"] = (
+                        f"raised in library code at {where['file']}:{where['line']} "
+                        f"({where['function']}); stopped at the first frame of your code it reached"
+                    )
+            details["breakpoint"] = item.to_json()
+            self.stop(frame, "exception", **details)
+        except Exception as exc2:
+            _report_internal_error(exc2)
 
     def on_checkpoint(self, frame: FrameType, info: dict[str, Any]) -> None:
         """A ``debug_checkpoint(..., skip=False)`` call: pause, unless filters leave it out."""
@@ -143,12 +247,12 @@ class Debugger:
 
     # -- stopping ---------------------------------------------------------------------------
 
-    def stop(self, frame: FrameType, reason: str, **details: Any) -> None:
-        self._enter_stop(frames_from_stack(frame), reason, False, details)
+    def stop(self, frame: FrameType, reason: str, all_threads: bool = True, **details: Any) -> None:
+        self._enter_stop(frames_from_stack(frame), reason, False, details, all_threads)
 
     def post_mortem(self, exc: BaseException) -> None:
         """Stop on an uncaught exception with the raising frame selected."""
-        if self.detached:
+        if self.detached or not self.breakpoints.exceptions.uncaught_allows(exc):
             return
         frames = frames_from_traceback(exc.__traceback__)
         if not frames:
@@ -156,7 +260,12 @@ class Debugger:
         self._enter_stop(frames, "exception", True, {"exception": exception_info(exc)})
 
     def _enter_stop(
-        self, frames: list[Any], reason: str, post_mortem: bool, details: dict[str, Any]
+        self,
+        frames: list[Any],
+        reason: str,
+        post_mortem: bool,
+        details: dict[str, Any],
+        all_threads: bool = True,
     ) -> None:
         me = threading.get_ident()
         if self.detached or me in self._busy or not frames:
@@ -164,18 +273,27 @@ class Debugger:
         self._busy.add(me)
         try:
             with self._stop_lock:
-                if reason == "pause" and not self.pause_requested:
+                if reason == "pause" and not self._pause_flag:
                     return  # another thread already answered the pause
-                self.pause_requested = False
+                self._pause_flag = False
                 self.step = None
+                if self.breakpoints.remove_temporary():  # `until`: one shot, whatever stopped
+                    self.backend.breakpoints_changed()
                 paused = PausedThread(frames, reason, post_mortem, details)
+                paused.watch_values = self.watches.evaluate(paused)
                 self.paused = paused
+                self.selected_thread = None
+                if all_threads:
+                    self.freezing = True
                 self.backend.refresh()
+                if all_threads:
+                    self.backend.arm_all_threads()
                 self.wire.send(
                     {"event": P.STOPPED, **paused.state(), "trace": paused.trace_record()}
                 )
                 respond = functools.partial(reply, self.wire)
                 resume = paused.serve(respond) if not self.wire.closed else Resume()
+                self._release_held()
                 self.paused = None
                 paused.drain(respond)
                 self.backend.refresh()  # forget what the previous step or pause armed
@@ -189,13 +307,57 @@ class Debugger:
         finally:
             self._busy.discard(me)
 
+    # -- function breakpoints whose module comes later -----------------------------------------
+
+    def watch_imports(self) -> None:
+        from .functions import ImportWatcher
+
+        if self.breakpoints.pending:
+            if self._import_watcher is None:
+                self._import_watcher = ImportWatcher(
+                    self.retry_pending, lambda: [p.name for p in self.breakpoints.pending.values()]
+                )
+            self._import_watcher.install()
+        elif self._import_watcher is not None:
+            self._import_watcher.uninstall()
+
+    def retry_pending(self) -> list[Any]:
+        """Set the pending function breakpoints whose module can now be found."""
+        from .functions import resolve
+
+        table = self.breakpoints
+        done = []
+        for pending in list(table.pending.values()):
+            try:
+                found = resolve(pending.name, self.cwd, self.main_file)
+            except BreakpointError:
+                found = None
+            if found is None:
+                continue
+            try:
+                bp = make_breakpoint(found[0], found[1], cwd=self.cwd, **pending.spec)
+            except BreakpointError:
+                continue
+            bp.id, bp.function = pending.id, pending.name
+            with table.lock:
+                table.pending.pop(pending.id, None)
+                table.add(bp)
+            done.append(bp)
+        if done:
+            self.backend.breakpoints_changed()
+            self.watch_imports()
+        return done
+
     def mark_busy(self) -> None:
         """The calling thread works for the debugger: it never stops, whatever it runs."""
         self._busy.add(threading.get_ident())
 
     def request_pause(self) -> dict[str, Any]:
-        if self.paused is not None:
-            return {"already_paused": True}
+        if self.paused is not None and not self.paused.resumed:
+            # Paused already: a pause interrupts whatever evaluation is running.
+            interrupted = any(p.interrupt() for p in [self.paused, *self.held.values()])
+            return {"already_paused": True, "interrupted": interrupted}
+        self._pause_since = time.monotonic()
         self.pause_requested = True
         self.backend.refresh()
         self.backend.arm_all_threads()
@@ -207,9 +369,12 @@ class Debugger:
         self.breakpoints.clear()
         self.step = None
         self.pause_requested = False
+        self.freezing = False
         paused = self.paused
         if paused is not None:
             paused.queue.put({"cmd": "__detach__"})
+        for held in list(self.held.values()):
+            held.queue.put({"cmd": "__detach__"})
         self.backend.refresh()
 
 

@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any
 
 from .. import budget
+from .interrupt import EvalInterrupt
 
 
 def _safe_str(value: object) -> str:
@@ -31,9 +32,10 @@ _WRITE_THROUGH = sys.version_info >= (3, 13)  # PEP 667: frame.f_locals is a liv
 class EvalError(Exception):
     """The user's code raised or did not compile; ``details`` is shown to them."""
 
-    def __init__(self, message: str, details: dict[str, Any]) -> None:
+    def __init__(self, message: str, details: dict[str, Any], code: str = "eval_error") -> None:
         super().__init__(message)
         self.details = details
+        self.code = code  # eval_error; eval_timeout / eval_interrupted when it was cut short
 
 
 def compile_input(source: str) -> tuple[Any | None, Any | None]:
@@ -92,6 +94,13 @@ class FrameNamespace:
             if statements is not None:
                 exec(statements, frame.f_globals, self.locals)
             result = eval(expression, frame.f_globals, self.locals) if expression else None
+        except EvalInterrupt as exc:
+            raise EvalError(
+                f"the evaluation {exc.reason} and was interrupted; the session is still paused "
+                "where it was",
+                {"type": type(exc).__name__},
+                exc.code,
+            ) from None
         except BaseException as exc:  # the user's code: even sys.exit() must not end the script
             tb = exc.__traceback__.tb_next if exc.__traceback__ else None
             lines = traceback.format_exception(type(exc), exc, tb)

@@ -21,6 +21,7 @@ from typing import Any
 from .. import budget
 from . import protocol as P
 from .evaluation import EvalError, FrameNamespace
+from .interrupt import EvalInterrupt, Interruptible
 from .paths import canonical_code_file, is_library_file, is_mldbg_file
 
 CODE_CONTEXT = 5
@@ -43,6 +44,7 @@ class Resume:
 
     kind: str = "continue"
     into_libraries: bool = False
+    released: bool = False  # another thread was resumed: this one goes on with it
 
 
 def source_context(file: str, line: int, radius: int = CODE_CONTEXT) -> list[list[Any]]:
@@ -137,6 +139,9 @@ class PausedThread:
         self.thread = threading.current_thread()
         self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
         self._namespaces: dict[int, FrameNamespace] = {}
+        self.guard = Interruptible()
+        self.watch_values: list[dict[str, Any]] = []
+        self.resumed = False  # told to go on: a pause from now on is for the next stop
 
     # -- state ------------------------------------------------------------------------------
 
@@ -148,7 +153,44 @@ class PausedThread:
             "frame_index": self.selected,
             "thread": {"id": self.thread.ident, "name": self.thread.name},
             **self.details,
+            **({"watches": self.watch_values} if self.watch_values else {}),
         }
+
+    def cmd_watch_values(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """The watch expressions' values in the selected frame now (a watch set while paused)."""
+        values = []
+        for item in items[:64]:
+            expression = str(item.get("expression", ""))
+            try:
+                code = compile(expression, "<watch>", "eval")
+            except (SyntaxError, ValueError) as exc:
+                values.append({**item, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            values.append(self.watch_value(int(item.get("id", 0)), expression, code))
+        self.watch_values = values
+        return {"watches": values}
+
+    def interrupt(self) -> bool:
+        """Interrupt the evaluation this thread is running, if any (``pause`` while paused)."""
+        return self.guard.interrupt()
+
+    def watch_value(self, watch_id: int, expression: str, code: Any) -> dict[str, Any]:
+        """One watch expression in the selected frame, as one bounded line, never raising."""
+        from .. import summary
+        from .watches import VALUE_CHARS, WATCH_TIMEOUT
+
+        item: dict[str, Any] = {"id": watch_id, "expression": expression}
+        try:
+            frame, _ = self.frames[self.selected]
+            namespace = self._namespace()
+            with self.guard.running(WATCH_TIMEOUT):
+                value = eval(code, frame.f_globals, namespace.locals)
+            item["value"] = summary.one_line(value, VALUE_CHARS)
+        except EvalInterrupt as exc:
+            item["error"] = f"{type(exc).__name__}: {exc.reason}"
+        except Exception as exc:
+            item["error"] = budget.capped(f"{type(exc).__name__}: {_safe_str(exc)}", VALUE_CHARS)
+        return item
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -158,23 +200,27 @@ class PausedThread:
             message = self.queue.get()
             if message.get("cmd") == "__detach__":
                 return Resume()
+            if message.get("cmd") == "__release__":
+                return Resume(released=True)
             cmd = message.get("cmd", "")
             args = message.get("args") or {}
             try:
                 if cmd == P.CONTINUE:
+                    self.resumed = True
                     respond(message, True, {"resumed": True})
                     return Resume()
                 if cmd == P.STEP:
                     kind = args.get("kind", "over")
                     if kind not in P.STEP_KINDS:
                         raise CommandError(f"unknown step kind {kind!r}: use over, into or out")
+                    self.resumed = True
                     respond(message, True, {"resumed": True})
                     return Resume(kind, bool(args.get("into_libraries")))
                 result = getattr(self, f"cmd_{cmd}")(**args)
             except CommandError as exc:
                 respond(message, False, str(exc), exc.extra, exc.code)
             except EvalError as exc:
-                respond(message, False, str(exc), exc.details, "eval_error")
+                respond(message, False, str(exc), exc.details, exc.code)
             except Exception as exc:  # a bug of ours must not leave the script hanging
                 respond(
                     message,
@@ -193,7 +239,7 @@ class PausedThread:
                 message = self.queue.get_nowait()
             except queue.Empty:
                 return
-            if message.get("cmd") != "__detach__":
+            if message.get("cmd") not in ("__detach__", "__release__"):
                 respond(
                     message,
                     False,
@@ -234,6 +280,17 @@ class PausedThread:
 
     def cmd_frame(self, index: int | None = None, move: int = 0) -> dict[str, Any]:
         target = self.selected + int(move) if index is None else int(index)
+        note = None
+        if index is None and move and self.frames and not 0 <= target < len(self.frames):
+            # `up 50` from frame 2 of 5: go as far as there is, and say so
+            clamped = max(0, min(target, len(self.frames) - 1))
+            edge = "outermost" if target > clamped else "innermost"
+            note = (
+                f"stopped at the {edge} frame ({clamped}) of {len(self.frames)}"
+                if clamped != self.selected
+                else f"already at the {edge} frame ({clamped}) of {len(self.frames)}"
+            )
+            target = clamped
         if not 0 <= target < len(self.frames):
             where = "the outermost" if target >= len(self.frames) else "the innermost"
             raise CommandError(
@@ -245,7 +302,14 @@ class PausedThread:
             )
         self.selected = target
         frame, line = self.frames[target]
-        return {"selected": target, "frame": describe_frame(frame, line, target, code=True)}
+        result: dict[str, Any] = {
+            "selected": target,
+            "frame": describe_frame(frame, line, target, code=True),
+        }
+        if note:
+            result["note"] = note
+            result["clamped"] = True
+        return result
 
     def cmd_vars(
         self, all: bool = False, filter: str | None = None, offset: int = 0, limit: int = 50
@@ -287,12 +351,19 @@ class PausedThread:
             result["next"] = {"verb": "vars", "args": {k: v for k, v in args.items() if v}}
         return result
 
-    def cmd_eval(self, expression: str) -> dict[str, Any]:
+    def cmd_eval(self, expression: str, timeout: float | None = 30.0) -> dict[str, Any]:
         from .. import summary
 
         printed = _Tee(sys.stdout)
-        with contextlib.redirect_stdout(printed):
-            value = self._namespace().run(expression)
+        try:
+            with self.guard.running(timeout), contextlib.redirect_stdout(printed):
+                value = self._namespace().run(expression)
+        except EvalInterrupt as exc:  # delivered just outside the user's code
+            raise EvalError(
+                f"the evaluation {exc.reason} and was interrupted; the session is still paused",
+                {"type": type(exc).__name__},
+                exc.code,
+            ) from None
         described = summary.summarize(value)
         if summary.is_tensor(value):  # its one line comes from the same stats: computed once
             text = summary.one_line_from_summary(described, 1000)

@@ -21,6 +21,10 @@ REMOVE = "remove"
 CLEAR = "clear"
 BREAKS = "breaks"
 PAUSE = "pause"
+WATCH = "watch"  # add a watch expression
+UNWATCH = "unwatch"
+THREADS = "threads"  # list the script's threads
+THREAD = "thread"  # select a stopped thread for the paused commands
 
 # Commands only a paused thread can serve: the reader thread queues them to it.
 CONTINUE = "continue"
@@ -30,7 +34,8 @@ FRAME = "frame"
 VARS = "vars"
 EVAL = "eval"
 LOCATION = "location"
-PAUSED_COMMANDS = frozenset({CONTINUE, STEP, STACK, FRAME, VARS, EVAL, LOCATION})
+WATCH_VALUES = "watch_values"  # evaluate the watch expressions now, in the selected frame
+PAUSED_COMMANDS = frozenset({CONTINUE, STEP, STACK, FRAME, VARS, EVAL, LOCATION, WATCH_VALUES})
 
 STEP_KINDS = ("over", "into", "out")
 

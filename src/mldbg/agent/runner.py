@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     if wire is None:
         return _run_undebugged(module, command, script, args)
     debugger = Debugger(wire, os.getcwd())
+    if module is None and script is not None:  # `break --function __main__.NAME`
+        debugger.main_file = os.path.realpath(script)
     extra: dict[str, Any] = {"backend": debugger.backend.name}
     if is_child:
         rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
@@ -263,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
 
         checkpoint.attach_debugger(str(config["run_dir"]), debugger.on_checkpoint)
     _install_main(target, args)
+    if module is not None and target.main_globals.get("__file__"):
+        debugger.main_file = os.path.realpath(str(target.main_globals["__file__"]))
+        debugger.retry_pending()
     _line_buffer_output()
     prepare_main = getattr(debugger.backend, "prepare_main", None)
     if prepare_main is not None:  # the script's own breakpoints, compiled in (3.10/3.11)

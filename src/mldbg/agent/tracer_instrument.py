@@ -215,6 +215,9 @@ class InstrumentBackend(SettraceBackend):
                     self._conditions.line_event(frame, _file_of(code), frame.f_lineno)
                 return self._local_fn
             return super()._local(frame, event, arg)
+        if event == "exception":
+            self._exception(frame, arg)
+            return self._local_fn
         if event == "return":
             ident = threading.get_ident()
             for table in (self._armed_frames, self._old_frames):
@@ -238,6 +241,7 @@ class InstrumentBackend(SettraceBackend):
             or ident in self._old_frames
             or self._traced_files
             or self._old_generators
+            or debugger.breakpoints.exceptions.raising
         )
 
     def _arm_current(self, frame: FrameType) -> None:
@@ -272,9 +276,14 @@ class InstrumentBackend(SettraceBackend):
         sys.settrace(self._global_fn)
 
     def arm_all_threads(self) -> None:
-        """A pause: trace every thread (the reader thread aside) until one of them stops."""
+        """A pause: trace every thread (the reader thread aside) until one of them stops.
+
+        Also when one thread stopped and the others must stop too: the caller is then the
+        stopped thread, which needs no tracing (it serves commands, and evaluations there
+        run untraced)."""
         self._update_new_threads()
-        self._trace_threads(self._user_threads(), attach_all=True)
+        me = threading.get_ident()
+        self._trace_threads([i for i in self._user_threads() if i != me], attach_all=True)
 
     # -- applying breakpoints ------------------------------------------------------------------
 
@@ -314,6 +323,8 @@ class InstrumentBackend(SettraceBackend):
         self._update_new_threads()
         if self._traced_files or self._old_generators:
             self._trace_threads(self._user_threads(), attach_all=False)
+        if table.exceptions.raising:
+            self._trace_for_exceptions()
 
     def _scan(self, files: set[str]) -> _Live:
         known = [
@@ -474,9 +485,24 @@ class InstrumentBackend(SettraceBackend):
                     frame = frame.f_back
         self._native.set_thread_trace(idents, self._global_fn)
 
+    def _trace_for_exceptions(self) -> None:
+        """``break --raised``: every thread traced for 'exception' events, not for lines."""
+        frames = sys._current_frames()
+        for ident in self._user_threads():
+            frame: FrameType | None = frames.get(ident)
+            while frame is not None:
+                if frame.f_trace is None:
+                    frame.f_trace = self._local_fn
+                    frame.f_trace_lines = False
+                frame = frame.f_back
+        self._native.set_thread_trace(self._user_threads(), self._global_fn)
+
     def _update_new_threads(self) -> None:
         everywhere = bool(
-            self.debugger.pause_requested or self._traced_files or self._old_generators
+            self.debugger.pause_requested
+            or self._traced_files
+            or self._old_generators
+            or self.debugger.breakpoints.exceptions.raising
         )
         threading.settrace(self._global_fn if everywhere else None)  # type: ignore[arg-type]
 

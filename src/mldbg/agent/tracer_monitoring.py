@@ -48,6 +48,8 @@ class MonitoringBackend:
         mon.use_tool_id(self._tool, "mldbg")
         mon.register_callback(self._tool, self._events.PY_START, self._on_start)
         mon.register_callback(self._tool, self._events.LINE, self._on_line)
+        mon.register_callback(self._tool, self._events.RAISE, self._on_raise)
+        mon.register_callback(self._tool, self._events.PY_UNWIND, self._on_unwind)
         self._installed = True
         self.refresh()
 
@@ -77,6 +79,8 @@ class MonitoringBackend:
             mon.set_local_events(self._tool, code, 0)
         mon.register_callback(self._tool, self._events.PY_START, None)
         mon.register_callback(self._tool, self._events.LINE, None)
+        mon.register_callback(self._tool, self._events.RAISE, None)
+        mon.register_callback(self._tool, self._events.PY_UNWIND, None)
         mon.free_tool_id(self._tool)
 
     # -- events -----------------------------------------------------------------------------
@@ -123,6 +127,17 @@ class MonitoringBackend:
         if self.debugger.on_line(frame, canonical_code_file(code.co_filename), line):
             return None
         return self._disable
+
+    # -- exception breakpoints (armed only while one is set: see refresh_globals) -----------------
+
+    def _on_raise(self, code: CodeType, offset: int, exc: BaseException) -> Any:
+        self.debugger.on_exception(sys._getframe(1), exc, True)
+
+    def _on_unwind(self, code: CodeType, offset: int, exc: BaseException) -> Any:
+        """An exception leaves a frame: its caller receives it (the user's code, perhaps)."""
+        caller = sys._getframe(1).f_back
+        if caller is not None:
+            self.debugger.on_exception(caller, exc, False)
 
     # -- changes ----------------------------------------------------------------------------
 
@@ -177,5 +192,7 @@ class MonitoringBackend:
             )
             if self.debugger.pause_requested:
                 wanted |= self._events.LINE
+            if self.debugger.breakpoints.exceptions.raising:
+                wanted |= self._events.RAISE | self._events.PY_UNWIND
             self._mon.set_events(self._tool, wanted)
             self._mon.restart_events()

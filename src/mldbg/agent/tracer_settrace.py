@@ -40,6 +40,14 @@ class SettraceBackend:
     # -- events -----------------------------------------------------------------------------
 
     def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+        local = self._decide(frame)
+        if local is None and self.debugger.breakpoints.exceptions.raising:
+            # An exception breakpoint needs 'exception' events in every frame, not its lines.
+            frame.f_trace_lines = False
+            return self._local_fn
+        return local
+
+    def _decide(self, frame: FrameType) -> Any:
         debugger = self.debugger
         code = frame.f_code
         if debugger.active:
@@ -67,10 +75,21 @@ class SettraceBackend:
             if not self.debugger.on_line(frame, file, frame.f_lineno) and not (
                 self.debugger.breakpoints.lines_in_code(code, file)
             ):
+                if self.debugger.breakpoints.exceptions.raising:
+                    frame.f_trace_lines = False  # still wanted for its exceptions
+                    return self._local_fn
                 # Armed for a step or a pause that is over: stop paying for this frame's lines.
                 frame.f_trace = None
                 return None
+        elif event == "exception":
+            self._exception(frame, arg)
         return self._local_fn
+
+    def _exception(self, frame: FrameType, arg: Any) -> None:
+        """Raised here (the traceback has no deeper entry) or received from a callee."""
+        if self.debugger.breakpoints.exceptions.raising:
+            tb = arg[2]
+            self.debugger.on_exception(frame, arg[1], tb is None or tb.tb_next is None)
 
     # -- changes ----------------------------------------------------------------------------
 
@@ -80,6 +99,11 @@ class SettraceBackend:
     def breakpoints_changed(self) -> None:
         self._decisions = {}
         self._files = {}
+        if self.debugger.breakpoints.exceptions.raising:
+            for frame in running_frames():  # frames already running see their exceptions too
+                if frame.f_trace is None:
+                    frame.f_trace = self._local_fn
+                    frame.f_trace_lines = False
         # Frames already running (a loop at module level, say) never see a new 'call' event:
         # give those that now hold a breakpoint a local trace function directly.
         for frame in self.debugger.breakpoints.running_frames():

@@ -138,6 +138,8 @@ class Client:
         for arg in verb.args:
             if arg.kind == "path" and isinstance(values.get(arg.name), str):
                 values[arg.name] = _absolute(values[arg.name])
+            elif arg.kind == "source" and isinstance(values.get(arg.name), str):
+                values[arg.name] = source_path(values[arg.name])
         if verb.scope == "session":
             name = check_session_name("default" if session is None else session)
             path = verb.path.replace("{name}", urllib.parse.quote(name, safe=""))

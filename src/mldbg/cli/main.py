@@ -95,7 +95,9 @@ def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
         parser.add_argument(arg.name, **kwargs)
         return
     names = [arg.cli_flag] + ([arg.short] if arg.short else [])
-    if arg.type is bool:
+    if arg.nargs:  # `--raised` alone, or `--raised ValueError KeyError`
+        kwargs.update(nargs=arg.nargs, default=None, metavar="TYPE")
+    elif arg.type is bool:
         flipped = not bool(arg.default)
         kwargs["action"] = "store_const"
         kwargs["const"] = flipped
@@ -259,13 +261,27 @@ def verb_arguments(verb: Verb, a: argparse.Namespace) -> dict[str, Any]:
         if hasattr(a, arg.name):
             values[arg.name] = getattr(a, arg.name)
     if verb.name in ("break", "remove"):
-        if a.location:
+        if verb.name == "remove" and a.location and re.fullmatch(r"#?\d+", a.location):
+            values["id"] = int(a.location.lstrip("#"))  # `remove 3`: a breakpoint's id
+        elif a.location:
             file, line, cond = parse_location(a.location, a.line_number)
             values.update(file=file, line=line)
             if cond and verb.name == "break" and not values.get("condition"):
                 values["condition"] = cond
-        elif not values.get("checkpoint"):
-            raise UsageError("give FILE:LINE (or FILE LINE), or --checkpoint NAME")
+        elif not (
+            values.get("checkpoint")
+            or values.get("function")
+            or values.get("id")
+            or values.get("raised") is not None
+            or values.get("uncaught") is not None
+        ):
+            raise UsageError(
+                "give FILE:LINE (or FILE LINE), --function NAME, --raised [TYPE...], "
+                "--uncaught or --checkpoint NAME"
+            )
+    if verb.name == "until" and values.get("target") and _LOCATION.match(values["target"]):
+        file, line, _ = parse_location(values.pop("target"))
+        values.update(file=file, line=line)
     if verb.name == "start":
         if a.module:
             if a.script:
@@ -289,6 +305,18 @@ def verb_arguments(verb: Verb, a: argparse.Namespace) -> dict[str, Any]:
     if verb.name == "eval" and values.get("expression") == "-":
         values["expression"] = sys.stdin.read()
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _interrupt_eval(session: str) -> None:
+    """Ctrl-C on ``mldbg eval``: interrupt the evaluation inside the script (a pause does)."""
+    from .client import connect
+
+    try:
+        state = connect(autostart=False).call("pause", session, wait=0)
+    except Exception:  # the daemon may be gone: nothing more to do
+        return
+    if state.get("interrupted"):
+        print("interrupted the evaluation; the session is still paused", file=sys.stderr)
 
 
 def _still_running(elapsed: float) -> None:
@@ -436,6 +464,8 @@ def _main(argv: list[str], as_json: bool) -> int:
         emit_error(exc, as_json)
         return EXIT_USAGE if exc.code in USAGE_CODES else EXIT_ERROR
     except KeyboardInterrupt:
+        if getattr(locals().get("args"), "verb", None) == "eval":
+            _interrupt_eval(getattr(locals()["args"], "session", "default"))
         return 130
     if as_json:
         print(json.dumps(data, indent=2, default=str))

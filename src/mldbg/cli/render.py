@@ -92,7 +92,20 @@ def state(data: dict[str, Any]) -> None:
             out.print(
                 f"checkpoint {escape(str(checkpoint.get('name')))} (hit {checkpoint.get('hit_count')})"
             )
+        if data.get("note"):
+            out.print(f"[yellow]{escape(str(data['note']))}[/]")
         code_block(data.get("location"))
+        for item in data.get("watches") or []:
+            value = item.get("value", item.get("error"))
+            out.print(
+                f"[cyan]watch[/] {escape(str(item.get('expression')))} = {escape(str(value))}"
+            )
+        if data.get("fix"):  # worded for any surface: "step out", "continue"
+            calls = [
+                " ".join([str(f.get("verb")), *map(str, (f.get("args") or {}).values())])
+                for f in data["fix"][:3]
+            ]
+            out.print(f"[dim]try: {escape('; or '.join(calls))}[/]")
     elif kind == "running":
         out.print(f"[bold]{name}[/]: running (pid {data.get('pid')})")
     elif kind in ("exited", "crashed"):
@@ -144,6 +157,8 @@ def stack(data: dict[str, Any]) -> None:
 def frame(data: dict[str, Any]) -> None:
     info = data.get("frame") or {}
     out.print(f"frame #{data.get('selected')}: {escape(where(info))}")
+    if data.get("note"):
+        out.print(f"[yellow]{escape(str(data['note']))}[/]")
     code_block(info)
 
 
@@ -180,8 +195,20 @@ def breakpoints(data: dict[str, Any]) -> None:
 def breakpoint_line(bp: dict[str, Any]) -> str:
     if bp.get("checkpoint"):
         parts = [f"#{bp['id']} checkpoint {escape(bp['checkpoint'])}"]
+    elif bp.get("exception"):
+        types = ", ".join(bp.get("types") or []) or "every exception"
+        parts = [f"#{bp['id']} exception {escape(bp['exception'])}: {escape(types)}"]
+    elif bp.get("pending"):
+        parts = [
+            f"#{bp['id']} function {escape(str(bp.get('function')))} [yellow](pending: "
+            "set when its module is imported)[/]"
+        ]
     else:
         parts = [f"#{bp['id']} {escape(bp['file'])}:{bp['line']}"]
+        if bp.get("function"):
+            parts.append(f"(function {escape(bp['function'])})")
+        if bp.get("temporary"):
+            parts.append("(one-shot)")
     if bp.get("condition"):
         parts.append(f"if {escape(bp['condition'])}")
     if bp.get("hits"):
@@ -417,6 +444,38 @@ def compare_summary(data: dict[str, Any]) -> None:
     compare_render.show(data, show_all=True, show_inputs=True)
 
 
+def watches(data: dict[str, Any]) -> None:
+    if data.get("watch"):
+        item = data["watch"]
+        now = item.get("value", item.get("error"))
+        out.print(
+            f"watch #{item['id']}: {escape(str(item['expression']))}"
+            + (f" = {escape(str(now))}" if now is not None else "")
+        )
+    for item in data.get("removed") or []:
+        out.print(f"unwatched #{item['id']}: {escape(str(item['expression']))}")
+    if not data.get("watch"):
+        listed = data.get("watches") or []
+        out.print(f"{len(listed)} watch expression(s)" + (":" if listed else ""))
+        for item in listed:
+            now = item.get("value", item.get("error"))
+            tail = f" = {escape(str(now))}" if now is not None else ""
+            out.print(f"  #{item['id']} {escape(str(item['expression']))}{tail}")
+
+
+def threads(data: dict[str, Any]) -> None:
+    for t in data.get("threads", []):
+        mark = "*" if t.get("selected") else " "
+        status = "paused" if t.get("paused") else "running"
+        where_ = where(t.get("where")) if t.get("where") else "?"
+        out.print(
+            f"{mark} {t.get('number'):>2} {escape(str(t.get('name')))} "
+            f"[dim](id {t.get('id')})[/] {status} at {escape(where_)}"
+        )
+    if data.get("truncated"):
+        out.print(f"[dim]{data.get('shown')} of {data.get('total')} threads[/]")
+
+
 def pause_state(data: dict[str, Any]) -> None:
     state(data)
     if data.get("state") == "running":
@@ -447,6 +506,12 @@ RENDERERS = {
     "vars": variables,
     "eval": evaluation,
     "output": output,
+    "until": state,
+    "restart": state,
+    "watch": watches,
+    "unwatch": watches,
+    "threads": threads,
+    "thread": state,
     "terminate": state,
     "forget": forgotten,
     "trace": trace,

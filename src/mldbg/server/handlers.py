@@ -159,7 +159,8 @@ def vars_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 
 @handles("eval")
 def eval_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
-    return _session(manager, name).evaluate(a["expression"])
+    timeout = float(a.get("timeout") or 30.0)
+    return _session(manager, name).evaluate(a["expression"], timeout)
 
 
 @handles("output")
@@ -178,9 +179,16 @@ def terminate(manager: SessionManager, name: str | None, a: dict[str, Any]) -> A
 @handles("break")
 def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     s = _session(manager, name)
-    spec = {k: a.get(k) for k in ("file", "line", "condition", "hits", "log", "checkpoint")}
+    keys = ("file", "line", "condition", "hits", "log", "checkpoint", "function")
+    spec = {k: a.get(k) for k in keys}
+    for key in ("raised", "uncaught"):  # [] means every exception: keep it, drop only None
+        if a.get(key) is not None:
+            spec[key] = list(a[key])
+    if a.get("this_thread"):
+        spec["this_thread"] = True
     result: dict[str, Any] = s.command("break", spec)
     s.log_event("breakpoint_set", **result)
+    _remember(s)
     if result.get("file"):
         warning = imported_copy_warning(s, result["file"])
         if warning:
@@ -207,15 +215,76 @@ def breaks(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 @handles("remove")
 def remove(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     s = _session(manager, name)
-    spec = {k: a.get(k) for k in ("file", "line", "checkpoint")}
+    spec = {k: a.get(k) for k in ("file", "line", "checkpoint", "id")}
     result: dict[str, Any] = s.command("remove", spec)
     s.log_event("breakpoint_removed", **result)
+    _remember(s)
     return result
 
 
 @handles("clear")
 def clear(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
-    return _session(manager, name).command("clear")
+    s = _session(manager, name)
+    result = s.command("clear")
+    _remember(s)
+    return result
+
+
+def _remember(s: Session) -> None:
+    from . import pdb_verbs
+
+    pdb_verbs.remember(s)
+
+
+# -- pdb / debugpy verbs: until, restart, watch, threads (issue 12) -----------------------------
+
+
+@handles("until")
+def until(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from . import pdb_verbs
+
+    return pdb_verbs.until(_session(manager, name), a, _bounded(a.get("wait")))
+
+
+@handles("restart")
+def restart(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from . import pdb_verbs
+
+    assert name is not None
+    return pdb_verbs.restart(manager, name, _bounded(a.get("wait", 30.0)))
+
+
+@handles("watch")
+def watch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from . import pdb_verbs
+
+    s = _session(manager, name)
+    result: dict[str, Any] = s.command("watch", {"expression": a["expression"]})
+    _remember(s)
+    return pdb_verbs.with_values(s, result)
+
+
+@handles("unwatch")
+def unwatch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from . import pdb_verbs
+
+    s = _session(manager, name)
+    result: dict[str, Any] = s.command("unwatch", pdb_verbs.unwatch_args(a))
+    _remember(s)
+    return pdb_verbs.with_values(s, result)
+
+
+@handles("threads")
+def threads(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    return _session(manager, name).command("threads")
+
+
+@handles("thread")
+def thread(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    s = _session(manager, name)
+    s.require_paused()
+    result: dict[str, Any] = s.command("thread", {"number": a["number"]})
+    return {**s.snapshot(), **result}
 
 
 # -- the daemon and the run store -------------------------------------------------------------

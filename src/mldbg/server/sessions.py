@@ -41,6 +41,9 @@ from .start_checks import check_cwd, check_python, check_request
 CONNECT_TIMEOUT = 60.0
 TERMINATE_GRACE = 3.0
 ENDED = ("exited", "crashed")
+# What some stops carry besides the fixed fields: watch values, a note (a pause that had to
+# stop in library code, an exception raised in a library), the calls that help from there.
+STOP_EXTRAS = ("watches", "note", "fix", "raised", "raised_in")
 
 
 @dataclass
@@ -56,6 +59,7 @@ class StartRequest:
     stop_on_entry: bool = True
     replace: bool = False
     follow: bool = True  # debug the script's child processes too (start --no-follow: False)
+    watches: list[str] = field(default_factory=list)
 
 
 def _now() -> str:
@@ -154,6 +158,7 @@ class Session:
         self.listener: AgentListener | None = None
         self.family: Any = None  # children.Family: the script's child processes
         self._main: Future[AgentLink] = Future()
+        self.last_breaks: dict[str, Any] | None = None  # for restart after the end
 
     # -- start ------------------------------------------------------------------------------
 
@@ -230,7 +235,10 @@ class Session:
                 backend=self.hello.get("backend"),
                 libraries=self.hello.get("libraries", {}),
             )
-            link.request("configure", {"breakpoints": req.breakpoints})
+            configure: dict[str, Any] = {"breakpoints": req.breakpoints}
+            if req.watches:
+                configure["watches"] = req.watches
+            link.request("configure", configure)
             with self.cond:
                 self.state = "running"
             link.request(
@@ -417,6 +425,9 @@ class Session:
                 "python_version": self.hello.get("python"),
                 "backend": self.hello.get("backend"),
             }
+        for key in STOP_EXTRAS:
+            if stop.get(key) is not None:
+                state[key] = stop[key]
         if self.store_error:
             state["store_error"] = self.store_error
         if self.recovered is not None:
@@ -479,6 +490,10 @@ class Session:
     def paused_command(
         self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 60.0
     ) -> Any:
+        link = self.require_paused()
+        return link.request(cmd, args, timeout)
+
+    def require_paused(self) -> AgentLink:
         link = self._link()
         if self.state != "paused":
             raise NotPaused(
@@ -488,7 +503,7 @@ class Session:
                 state=self.state,
                 fix=[fix("pause", session=self.name), fix("wait", session=self.name)],
             )
-        return link.request(cmd, args, timeout)
+        return link
 
     def resume(
         self, cmd: str, args: dict[str, Any] | None = None, wait: float = 0.0
@@ -528,16 +543,23 @@ class Session:
     def pause(self, wait: float = 5.0) -> dict[str, Any]:
         link = self._link()
         if self.state == "paused":
-            return self.snapshot()
+            # Paused already: the agent interrupts an evaluation that is still running.
+            answer = link.request("pause", None, 10.0)
+            state = self.snapshot()
+            if isinstance(answer, dict) and answer.get("interrupted"):
+                state["interrupted"] = True
+            return state
         seq = self.stop_seq
         link.request("pause")
         self.log_event("pause")
         return self.wait(wait, after_seq=seq)
 
-    def evaluate(self, expression: str) -> dict[str, Any]:
+    def evaluate(self, expression: str, timeout: float = 30.0) -> dict[str, Any]:
         shown = budget.capped(expression, budget.VALUE)
         try:
-            result = self.paused_command("eval", {"expression": expression})
+            result = self.paused_command(
+                "eval", {"expression": expression, "timeout": timeout}, timeout + 30.0
+            )
         except MldbgError as exc:
             self.log_event("eval", expression=shown, error=exc.message, code=exc.code)
             raise

@@ -1,0 +1,167 @@
+"""The daemon's side of the verbs pdb and debugpy users reach for: until, restart, unwatch.
+
+``until`` is a one-shot breakpoint plus ``continue`` (the agent removes it at the next
+stop, whatever stopped); ``restart`` starts the same request again with the breakpoints
+and watches the session has now (asked from the debuggee while it lives, else the last
+ones it reported).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from typing import Any
+
+from ..errors import MldbgError
+from ..verbs import fix
+from .sessions import Session, SessionManager
+
+_LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)$")
+_ID = re.compile(r"^#?(?P<id>\d+)$")
+
+
+def until_location(s: Session, a: dict[str, Any]) -> dict[str, Any]:
+    """Where ``until`` runs to, as a breakpoint spec (file, line)."""
+    target = (a.get("target") or "").strip()
+    bp_id = a.get("id")
+    file, line = a.get("file"), a.get("line")
+    if target:
+        match = _LOCATION.match(target)
+        if match:
+            file, line = match["file"], int(match["line"])
+        elif target.startswith("#") and _ID.match(target):
+            bp_id = int(target[1:])
+        elif target.isdigit():
+            line = int(target)
+        else:
+            raise MldbgError(
+                f"until takes FILE:LINE, LINE (in the current file) or #ID, not {target!r}",
+                code="bad_argument",
+                argument="target",
+            )
+    if bp_id is not None:
+        for bp in s.command("breaks").get("breakpoints", []):
+            if bp.get("id") == int(bp_id):
+                if not bp.get("file") or not bp.get("line"):
+                    raise MldbgError(
+                        f"breakpoint #{bp_id} has no line to run to (it is a "
+                        f"{'pending function' if bp.get('pending') else 'checkpoint or exception'}"
+                        " breakpoint)",
+                        code="bad_argument",
+                        argument="id",
+                    )
+                return {"file": bp["file"], "line": bp["line"]}
+        raise MldbgError(
+            f"no breakpoint #{bp_id}",
+            code="no_such_breakpoint",
+            fix=[fix("breaks", session=s.name)],
+        )
+    if line is None:
+        raise MldbgError(
+            "until needs a target: FILE:LINE, LINE or #ID", code="bad_argument", argument="target"
+        )
+    if not file:
+        location = s.snapshot().get("location") or {}
+        file = location.get("file")
+        if not file:
+            raise MldbgError(
+                "no current file to run to a line in: give FILE:LINE",
+                code="bad_argument",
+                argument="target",
+            )
+    return {"file": file, "line": int(line)}
+
+
+def until(s: Session, a: dict[str, Any], wait: float) -> dict[str, Any]:
+    s.require_paused()
+    spec = until_location(s, a)
+    bp: dict[str, Any] = s.command("break", {**spec, "temporary": True})
+    s.log_event("until", **spec)
+    state = s.resume("continue", None, wait)
+    state["until"] = bp
+    return state
+
+
+def remember(s: Session) -> None:
+    """Keep the session's breakpoints and watches, for a restart after it has ended."""
+    with contextlib.suppress(MldbgError):
+        s.last_breaks = s.command("breaks")
+
+
+def restart_specs(breaks: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Breakpoint specs ``configure`` accepts, from what ``breaks`` lists."""
+    specs: list[dict[str, Any]] = []
+    for bp in breaks.get("breakpoints", []):
+        if bp.get("temporary"):
+            continue
+        common = {k: bp.get(k) for k in ("condition", "hits", "log") if bp.get(k)}
+        if bp.get("this_thread"):
+            common["this_thread"] = True
+        if bp.get("exception"):
+            specs.append({"exception": bp["exception"], "types": bp.get("types") or []})
+        elif bp.get("checkpoint"):
+            specs.append({"checkpoint": bp["checkpoint"], "condition": bp.get("condition")})
+        elif bp.get("function"):
+            specs.append({"function": bp["function"], **common})
+        elif bp.get("file") and bp.get("line"):
+            specs.append({"file": bp["file"], "line": bp["line"], **common})
+    watches = [w["expression"] for w in breaks.get("watches", []) if w.get("expression")]
+    return specs, watches
+
+
+def restart(manager: SessionManager, name: str, wait: float) -> dict[str, Any]:
+    old = manager.get(name)
+    breaks: dict[str, Any] | None = None
+    if not old.ended:
+        try:
+            breaks = old.command("breaks")
+        except MldbgError:
+            breaks = None
+    if breaks is None:
+        breaks = getattr(old, "last_breaks", None)
+    if breaks is None:
+        specs, watches = list(old.request.breakpoints), list(old.request.watches)
+    else:
+        specs, watches = restart_specs(breaks)
+    request = dataclasses.replace(old.request, breakpoints=specs, watches=watches, replace=True)
+    old_run = old.run.run_id if old.run is not None else None
+    session = manager.start(name, request)
+    state = session.wait(wait if request.stop_on_entry else 0.0)
+    if old_run:
+        state["restarted_from"] = old_run
+    return state
+
+
+def with_values(s: Session, result: dict[str, Any]) -> dict[str, Any]:
+    """A watch set (or removed) while paused: the values now, also in the session's state."""
+    if s.state != "paused":
+        return result
+    try:
+        values = s.paused_command("watch_values", {"items": result.get("watches", [])}, 30.0)
+    except MldbgError:
+        return result
+    watches = values.get("watches", [])
+    with s.cond:
+        if s.state == "paused" and s.stop:
+            if watches:
+                s.stop["watches"] = watches
+            else:
+                s.stop.pop("watches", None)
+    by_id = {w.get("id"): w for w in watches}
+    if result.get("watch"):
+        result["watch"] = {**result["watch"], **by_id.get(result["watch"].get("id"), {})}
+    result["watches"] = watches
+    return result
+
+
+def unwatch_args(a: dict[str, Any]) -> dict[str, Any]:
+    target = (a.get("target") or "").strip()
+    if a.get("id") is not None:
+        return {"id": int(a["id"])}
+    if not target:
+        return {}
+    match = _ID.match(target)
+    if match:
+        return {"id": int(match["id"])}
+    return {"expression": target}

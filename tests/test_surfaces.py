@@ -157,3 +157,27 @@ def test_answers_stay_within_their_budgets(session, write, daemon: dict[str, Any
         assert exc.code == "eval_error" and len(str(exc)) < 10_000  # type: ignore[attr-defined]
     result = client.call("eval", name, expression="'q' * 10_000_000")
     assert len(result["result"]) < 10_000 and result["result_truncated"]
+
+
+def test_a_daemon_with_another_verb_table_is_named_in_the_error(daemon: dict[str, Any]) -> None:
+    """A daemon left running from before an upgrade answers new verbs with
+    ``no_such_route``: the client, seeing its table's fingerprint differ from the one in
+    server.json, says so and how to recover; with the same table it adds nothing."""
+    from mldbg.cli.client import Client, DaemonError
+
+    assert daemon["verbs"] == verbs.fingerprint()  # the daemon publishes its table's digest
+    same = Client(daemon)
+    try:
+        same.request("POST", "/v1/sessions/default/no-such-verb", {})
+    except DaemonError as exc:
+        assert exc.code == "no_such_route" and not exc.extra.get("daemon_skew")
+    else:
+        raise AssertionError("an unknown route was answered")
+    skewed = Client({**daemon, "verbs": "0" * 16, "version": "0.0.1"})
+    try:
+        skewed.request("POST", "/v1/sessions/default/no-such-verb", {})
+    except DaemonError as exc:
+        assert exc.code == "no_such_route" and exc.extra.get("daemon_skew") is True
+        assert "mldbg serve --stop" in exc.message and "0.0.1" in exc.message
+    else:
+        raise AssertionError("an unknown route was answered")

@@ -675,3 +675,14 @@ def get(name: str) -> Verb:
 def fix(verb: str, **args: Any) -> dict[str, Any]:
     """A call that fixes or continues an error, worded by each surface (CLI flag, MCP tool)."""
     return {"verb": verb, "args": {k: v for k, v in args.items() if v is not None}}
+
+
+def fingerprint() -> str:
+    """A short digest of the table as the wire sees it (verbs, routes, argument names and
+    types).  The daemon publishes it in server.json; a client whose table differs (the
+    daemon was started by an mldbg since upgraded or edited) can then say so, instead of
+    leaving an agent to puzzle over ``no_such_route`` or an unknown argument."""
+    import hashlib
+
+    shape = [(v.name, v.method, v.path, [(a.name, str(a.type)) for a in v.args]) for v in VERBS]
+    return hashlib.sha256(repr(shape).encode()).hexdigest()[:16]

@@ -41,6 +41,8 @@ START_TIMEOUT = 30.0
 HTTP_TIMEOUT = 90.0
 # A long wait is a loop of short server-side waits, so a client can say it is still waiting.
 WAIT_SLICE = 5.0
+# Errors that a daemon started by another mldbg (an older verb table) answers.
+SKEW_CODES = ("no_such_route", "bad_argument")
 
 
 class DaemonError(MldbgError):
@@ -114,8 +116,24 @@ class Client:
             if not isinstance(payload, dict):
                 payload = {"error": str(payload)[:500]}
             payload.setdefault("code", "http_error")
+            if payload["code"] in SKEW_CODES:
+                self._explain_skew(payload)
             raise DaemonError(payload, status)
         return payload
+
+    def _explain_skew(self, payload: dict[str, Any]) -> None:
+        """A route or argument the daemon does not know, from a daemon whose verb table is
+        not this client's: say that, not only what it refused."""
+        theirs = self.info.get("verbs")
+        if theirs == verbs.fingerprint():
+            return
+        started = self.info.get("version") or "an unknown version"
+        payload["daemon_skew"] = True
+        payload["error"] = (
+            f"{payload.get('error', '')} -- the daemon (pid {self.info.get('pid', '?')}, mldbg "
+            f"{started}) was started by a different mldbg than this client's; stop it with "
+            "`mldbg serve --stop` (its sessions end) and run the command again"
+        )
 
     def close(self) -> None:
         self._drop_connection()

@@ -18,7 +18,7 @@ from typing import Any
 
 import uvicorn
 
-from .. import __version__
+from .. import __version__, verbs
 from ..errors import MldbgError
 from . import live_runs
 from .app import create_app
@@ -52,6 +52,7 @@ def serve(port: int = 0) -> None:
         "pid": os.getpid(),
         "token": token,
         "version": __version__,
+        "verbs": verbs.fingerprint(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     lock = acquire_daemon_lock(info)

@@ -236,12 +236,27 @@ def test_exception_filters_match_by_type_name_and_stop_once() -> None:
     assert breaks.first_time(error) and not breaks.first_time(error)
 
 
+_AGENTS: list[_Agent] = []
+
+
+@pytest.fixture(autouse=True)
+def _uninstall_agents() -> Any:
+    """A Debugger installs its tracer backend in this (pytest's) process: take it out after
+    each test, so no trace or import hook outlives the test (or runs at interpreter exit)."""
+    yield
+    while _AGENTS:
+        _AGENTS.pop().debugger.backend.uninstall()
+    sys.settrace(None)
+    threading.settrace(None)  # type: ignore[arg-type]
+
+
 class _Agent:
     """A Debugger on one end of a real socket pair; the test reads its events at the other."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
         self.debugger = Debugger(Wire(theirs), os.getcwd())
+        _AGENTS.append(self)
         self.debugger.mark_busy()  # the test's own thread is never held by a stop
         self.reader = ours.makefile("rb")
 

@@ -5,9 +5,10 @@ paused debuggee: none may answer 5xx or drop the connection, every answer is bou
 and afterwards the session is still paused and answering.  Kept short (a few examples
 per route, derandomized) so it runs in every ``make test``.
 
-Routes that end things (shutdown, terminate, forget), start processes, resume the script
-or touch the run store's files (clean, tensors, compare) are left out: their faults have
-their own tests, and here they would only end the session the others need.
+Routes that end things (shutdown, terminate, forget), start processes (start, restart),
+resume the script (continue, step, until) or touch the run store's files (clean, tensors,
+compare) are left out: their faults have their own tests, and here they would only end the
+session the others need.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ EXCLUDED = {
     ("POST", "/v1/sessions/{name}/continue"),
     ("POST", "/v1/sessions/{name}/step"),
     ("POST", "/v1/sessions/{name}/pause"),
+    ("POST", "/v1/sessions/{name}/until"),
+    ("POST", "/v1/sessions/{name}/restart"),
     ("POST", "/v1/sessions/{name}/terminate"),
     ("DELETE", "/v1/sessions/{name}"),
     ("POST", "/v1/clean"),

@@ -217,11 +217,14 @@ def _patch_run_path(debugger: Any) -> None:
         return
 
     def get_code(*args: Any, **kwargs: Any) -> Any:
-        code, fname = original(*args, **kwargs)
+        found = original(*args, **kwargs)
+        # 3.10/3.11 return (code, fname); 3.12+ the code alone
+        code = found[0] if isinstance(found, tuple) else found
         try:
-            return prepare(code), fname
+            prepared = prepare(code)
         except Exception:  # never worse than undebugged
-            return code, fname
+            return found
+        return (prepared, *found[1:]) if isinstance(found, tuple) else prepared
 
     runpy._get_code_from_file = get_code  # type: ignore[attr-defined]
 

@@ -19,12 +19,22 @@ class _LazyConsole:
         self._options = options
         self._console: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def _made(self) -> Console:
         if self._console is None:
             from rich.console import Console
 
             self._console = Console(**self._options)
-        return getattr(self._console, name)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._made(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # ``out.width = 240`` must reach the console, not stick to this wrapper
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._made(), name, value)
 
 
 def escape(text: str) -> str:

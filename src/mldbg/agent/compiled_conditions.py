@@ -27,14 +27,13 @@ from __future__ import annotations
 import builtins
 import sys
 import weakref
-from dataclasses import dataclass, field
-from types import CodeType, FrameType, FunctionType
+from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
-from .cpython import Unavailable, replace_const
+from .cpython import replace_const
 from .inline_conditions import ConditionHooks, compile_conditions, dynamo_ready, statement_starts
-from .instrument import HOOK, PASSED, RAISED, Instrumented, InstrumentError, instrument_file
-from .live_code import GENERATOR_CODE, Live, scan
+from .instrument import HOOK, PASSED, RAISED, InstrumentError, instrument_file
+from .live_code import GENERATOR_CODE, Applied, Live, scan
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
@@ -43,22 +42,13 @@ if TYPE_CHECKING:
 _Key = frozenset[tuple[int, str]]  # (line, condition) pairs of one file
 
 
-@dataclass
-class _Applied:
-    instr: Instrumented
-    swapped: list[tuple[weakref.ref[FunctionType], CodeType, CodeType]] = field(
-        default_factory=list
-    )
-    consts: list[tuple[CodeType, int, object, object]] = field(default_factory=list)
-
-
 class CompiledConditions:
     """The compiled-in conditional breakpoints of one debugger (3.12+)."""
 
     def __init__(self, debugger: Debugger) -> None:
         self.debugger = debugger
         self.hooks = ConditionHooks(debugger)
-        self._applied: dict[str, _Applied] = {}
+        self._applied: dict[str, Applied] = {}
         # id(instrumented code) -> {line: offset where its condition's statement begins};
         # every instrumented code object is kept alive, so ids stay unique.
         self._starts: dict[int, dict[int, int]] = {}
@@ -200,7 +190,7 @@ class CompiledConditions:
             instr = instrument_file(file, frozenset(conditions), conditions, inline_only=True)
         except InstrumentError:
             return  # LINE events serve them, as before
-        applied = _Applied(instr)
+        applied = Applied(instr)
         self._applied[file] = applied
         if not instr.inline:
             return
@@ -232,42 +222,13 @@ class CompiledConditions:
                 code = getattr(gen, code_attr)
                 holders[id(code)] = code
         for holder in holders.values():
-            self._patch_consts(applied, holder)
-
-    def _patch_consts(self, applied: _Applied, holder: CodeType) -> None:
-        for index, const in enumerate(holder.co_consts):
-            if not isinstance(const, CodeType):
-                continue
-            new = applied.instr.changed.get(self._plain_of(const))
-            if new is None or new is const:
-                continue
-            try:
-                old = replace_const(holder, index, new)
-            except (Unavailable, IndexError):
-                continue
-            applied.consts.append((holder, index, old, new))
+            applied.patch_consts(holder, self._plain_of, replace_const)
 
     def _undo(self, file: str, live: Live) -> None:
         applied = self._applied.pop(file, None)
         if applied is None:
             return
-        for holder, index, old, new in reversed(applied.consts):
-            if index < len(holder.co_consts) and holder.co_consts[index] is new:
-                replace_const(holder, index, old)
-        restored: dict[int, CodeType] = {}
-        for ref, old_code, new_code in applied.swapped:
-            restored[id(new_code)] = old_code
-            func = ref()
-            if func is not None and func.__code__ is new_code:
-                func.__code__ = old_code
-        origin = applied.instr.origin
-        for func in live.functions.get(file, []):
-            entry = origin.get(id(func.__code__))
-            if entry is not None and entry[0] is func.__code__:
-                try:
-                    func.__code__ = restored.get(id(entry[0]), entry[1])
-                except ValueError:
-                    continue
+        applied.undo(live.functions.get(file, []), replace_const)
         for key_id in applied.instr.inline:
             self._starts.pop(key_id, None)
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 import gc
 import sys
 import types
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import CodeType, FunctionType
 from typing import Any
 
+from .cpython import Unavailable
+from .instrument import Instrumented
 from .paths import canonical_code_file
 
 GENERATOR_CODE = {
@@ -33,6 +36,65 @@ GENERATOR_CODE = {
     types.AsyncGeneratorType: ("ag_code", "ag_frame", "ag_running"),
 }
 _SUSPENDING = 0x20 | 0x80 | 0x200  # CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR
+
+
+@dataclass
+class Applied:
+    """What one file's instrumented code changed in the live process, to undo it exactly:
+    the function objects given new code, and the constants (nested code objects) replaced
+    in code that frames are still running.  Shared by both backends that compile into
+    code (3.10/3.11 breakpoints, 3.12+ conditions)."""
+
+    instr: Instrumented
+    swapped: list[tuple[weakref.ref[FunctionType], CodeType, CodeType]] = field(
+        default_factory=list
+    )
+    consts: list[tuple[CodeType, int, object, object]] = field(default_factory=list)
+
+    def patch_consts(
+        self,
+        holder: CodeType,
+        plain_of: Callable[[CodeType], CodeType],
+        replace_const: Callable[[CodeType, int, object], object],
+    ) -> None:
+        """Frames already running ``holder`` create their nested functions from its
+        constants: give those the instrumented code too."""
+        for index, const in enumerate(holder.co_consts):
+            if not isinstance(const, CodeType):
+                continue
+            new = self.instr.changed.get(plain_of(const))
+            if new is None or new is const:
+                continue
+            try:
+                old = replace_const(holder, index, new)
+            except (Unavailable, IndexError):
+                continue
+            self.consts.append((holder, index, old, new))
+
+    def undo(
+        self,
+        functions: Iterable[FunctionType],
+        replace_const: Callable[[CodeType, int, object], object],
+    ) -> None:
+        """Put back every constant and function code this changed, and the code of
+        ``functions`` made from instrumented code since (closures, later imports)."""
+        for holder, index, old, new in reversed(self.consts):
+            if index < len(holder.co_consts) and holder.co_consts[index] is new:
+                replace_const(holder, index, old)
+        restored: dict[int, CodeType] = {}
+        for ref, old_code, new_code in self.swapped:
+            restored[id(new_code)] = old_code
+            func = ref()
+            if func is not None and func.__code__ is new_code:
+                func.__code__ = old_code
+        origin = self.instr.origin
+        for func in functions:
+            entry = origin.get(id(func.__code__))
+            if entry is not None and entry[0] is func.__code__:
+                try:
+                    func.__code__ = restored.get(id(entry[0]), entry[1])
+                except ValueError:
+                    continue
 
 
 @dataclass

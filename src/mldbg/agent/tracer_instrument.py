@@ -36,17 +36,16 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from types import CodeType, FrameType, FunctionType
+from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
 from .cpython import CPython, Unavailable
 from .inline_conditions import ConditionHooks, compile_conditions, statement_starts
 from .inline_conditions import dynamo_ready as _dynamo_ready
-from .instrument import ARM, HOOK, PASSED, Instrumented, InstrumentError, instrument_file
+from .instrument import ARM, HOOK, PASSED, InstrumentError, instrument_file
 from .live_code import GENERATOR_CODE as _GENERATOR_CODE
+from .live_code import Applied, scan
 from .live_code import Live as _Live
-from .live_code import scan
 from .paths import canonical_code_file
 from .tracer_settrace import SettraceBackend
 
@@ -56,17 +55,6 @@ if TYPE_CHECKING:
 __all__ = ["InstrumentBackend", "Unavailable"]
 
 _AGENT_THREAD = "mldbg-agent"  # the reader thread the runner starts: never traced
-
-
-@dataclass
-class _Applied:
-    """What one file's instrumentation changed in the live process, to undo it exactly."""
-
-    instr: Instrumented
-    swapped: list[tuple[weakref.ref[FunctionType], CodeType, CodeType]] = field(
-        default_factory=list
-    )
-    consts: list[tuple[CodeType, int, object, object]] = field(default_factory=list)
 
 
 def _hook_offsets(code: CodeType) -> frozenset[int]:
@@ -105,7 +93,7 @@ class InstrumentBackend(SettraceBackend):
         self._lock = threading.RLock()
         self._installed = False
         self._version = -1  # breakpoint table version last applied
-        self._applied: dict[str, _Applied] = {}
+        self._applied: dict[str, Applied] = {}
         self._traced_files: dict[str, _Key] = {}  # served by tracing, not hooks
         self._old_generators: weakref.WeakSet[Any] = weakref.WeakSet()
         # Every instrumented code object ever made (kept alive, so ids stay unique):
@@ -354,7 +342,7 @@ class InstrumentBackend(SettraceBackend):
             self._hooked[key_id] = _hook_offsets(code)
         for key_id, inline in instr.inline.items():
             self._inline_lines[key_id] = statement_starts(instr.origin[key_id][0], inline)
-        applied = _Applied(instr)
+        applied = Applied(instr)
         self._applied[file] = applied
         table = self.debugger.breakpoints
         mismatch = False
@@ -392,47 +380,16 @@ class InstrumentBackend(SettraceBackend):
             if id(holder) in seen:
                 continue
             seen.add(id(holder))
-            self._patch_consts(applied, holder)
+            applied.patch_consts(holder, self._plain_of, self._native.replace_const)
         if mismatch:
             self._undo(file, live)
             self._traced_files[file] = key
 
-    def _patch_consts(self, applied: _Applied, holder: CodeType) -> None:
-        for index, const in enumerate(holder.co_consts):
-            if not isinstance(const, CodeType):
-                continue
-            new = applied.instr.changed.get(self._plain_of(const))
-            if new is None or new is const:
-                continue
-            try:
-                old = self._native.replace_const(holder, index, new)
-            except (Unavailable, IndexError):
-                continue
-            applied.consts.append((holder, index, old, new))
-
     def _undo(self, file: str, live: _Live) -> None:
         self._traced_files.pop(file, None)
         applied = self._applied.pop(file, None)
-        if applied is None:
-            return
-        for holder, index, old, new in reversed(applied.consts):
-            if index < len(holder.co_consts) and holder.co_consts[index] is new:
-                self._native.replace_const(holder, index, old)
-        restored: dict[int, CodeType] = {}
-        for ref, old_code, new_code in applied.swapped:
-            restored[id(new_code)] = old_code
-            func = ref()
-            if func is not None and func.__code__ is new_code:
-                func.__code__ = old_code
-        # Functions made from instrumented code since (closures, modules imported later).
-        origin = applied.instr.origin
-        for func in live.functions.get(file, []):
-            entry = origin.get(id(func.__code__))
-            if entry is not None and entry[0] is func.__code__:
-                try:
-                    func.__code__ = restored.get(id(entry[0]), entry[1])
-                except ValueError:
-                    continue
+        if applied is not None:
+            applied.undo(live.functions.get(file, []), self._native.replace_const)
 
     def _serves(self, code: CodeType, file: str) -> bool:
         """Is ``code`` instrumented for the breakpoints set now (its hooks report them)?"""

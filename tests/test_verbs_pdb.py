@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import Session, backend_params, line_of
+from test_engine import LOOP
 
 BACKENDS = [p for p in backend_params() if p.id in ("settrace", "monitoring")]
 pytestmark = pytest.mark.parametrize("python", BACKENDS)
@@ -243,17 +244,6 @@ def test_function_breakpoint_errors(session: Session, write, python: str) -> Non
 
 
 # -- until, ids, up, watch, restart -----------------------------------------------------------
-
-LOOP = """
-def double(x):
-    y = x * 2  # in double
-    return y
-
-total = 0
-for i in range(5):
-    total += double(i)  # call site
-print("total", total)  # after loop
-"""
 
 
 def test_until_line_id_and_file(session: Session, write, python: str) -> None:

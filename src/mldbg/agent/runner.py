@@ -242,12 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         bool(config.get("follow", True)),
     )
     try:
-        if module:
-            target = load_module(module)
-        elif command is not None:
-            target = load_command(command)
-        else:
-            target = load_script(script, script)
+        target = load_target(module, command, script)
     except SyntaxError:
         traceback.print_exc(limit=0)
         wire.send({"event": "finished", "exit_code": 1})
@@ -279,14 +274,18 @@ def main(argv: list[str] | None = None) -> int:
     return _run(debugger, target)
 
 
+def load_target(module: str | None, command: str | None, script: str) -> Target:
+    """What ``python -m MODULE``, ``python -c COMMAND`` or ``python SCRIPT`` would run."""
+    if module:
+        return load_module(module)
+    if command is not None:
+        return load_command(command)
+    return load_script(script, script)
+
+
 def _run_undebugged(module: str | None, command: str | None, script: str, args: list[str]) -> int:
     """A child whose session ended: run its target as python would, without the agent."""
-    if module:
-        target = load_module(module)
-    elif command is not None:
-        target = load_command(command)
-    else:
-        target = load_script(script, script)
+    target = load_target(module, command, script)
     _install_main(target, args)
     try:
         exec(target.code, target.main_globals)

@@ -7,132 +7,40 @@ status read never races with a stop.  Commands that resume the script mark the s
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import threading
 import time
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from .. import __version__, budget
-from ..errors import MldbgError, NotPaused, SessionBusy, SessionEnded, SessionNotFound, StartFailed
+from .. import budget
+from ..errors import MldbgError, NotPaused, SessionBusy, SessionEnded, SessionNotFound
 from ..names import check_session_name
-from ..runs import (
-    EVENTS,
-    OUTPUT_LOG,
-    JsonlWriter,
-    RunDir,
-    finalize_run_dir,
-    mldbg_home,
-    open_private,
-    reserve_run_dir,
-)
+from ..runs import OUTPUT_LOG, JsonlWriter, RunDir
 from ..verbs import fix
 from . import live_runs
 from .agent_link import AgentLink, AgentListener
-from .launcher import LaunchSpec, check_target, resolve_python, spawn
-from .start_checks import check_cwd, check_python, check_request
+from .session_process import SessionProcess, StartRequest
+from .tails import read_page, read_tail, read_tail_bounded
 
-CONNECT_TIMEOUT = 60.0
-TERMINATE_GRACE = 3.0
+__all__ = ["ENDED", "Session", "SessionManager", "StartRequest", "read_page", "read_tail"]
+
 ENDED = ("exited", "crashed")
 # What some stops carry besides the fixed fields: watch values, a note (a pause that had to
 # stop in library code, an exception raised in a library), the calls that help from there.
 STOP_EXTRAS = ("watches", "note", "fix", "raised", "raised_in")
 
 
-@dataclass
-class StartRequest:
-    script: str | None = None
-    module: str | None = None
-    args: list[str] = field(default_factory=list)
-    python: str | None = None
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    env_overrides: dict[str, str] = field(default_factory=dict)
-    breakpoints: list[dict[str, Any]] = field(default_factory=list)
-    stop_on_entry: bool = True
-    replace: bool = False
-    follow: bool = True  # debug the script's child processes too (start --no-follow: False)
-    watches: list[str] = field(default_factory=list)
-
-
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def read_tail_bounded(path: Path, lines: int, limit: int) -> tuple[str, bool]:
-    """The last ``lines`` lines of a file, at most ``limit`` bytes of them (a cut is marked)."""
-    return budget.cap(read_tail(path, lines, limit * 2), limit, "tail")
+class Session(SessionProcess):
+    """One named session: its state from the debuggee's events, and the commands sent to
+    it; launching and ending its process is :class:`SessionProcess`'s half."""
 
-
-def read_page(path: Path, offset: int, limit: int) -> tuple[str, int, int]:
-    """``limit`` bytes from ``offset``: (text, size of the file, offset after the page)."""
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            fh.seek(min(offset, size))
-            data = fh.read(limit)
-    except OSError:
-        return "", 0, offset
-    return data.decode("utf-8", errors="replace"), size, min(offset, size) + len(data)
-
-
-def read_tail(path: Path, lines: int, max_bytes: int | None = None) -> str:
-    """The last ``lines`` lines of a file, reading only its end."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            block = min(size, max(4096, lines * 256))
-            while True:
-                fh.seek(size - block)
-                data = fh.read(block)
-                if data.count(b"\n") > lines or block == size:
-                    break
-                if max_bytes is not None and block >= max_bytes:
-                    break  # one huge line: the caller only wants its end anyway
-                block = min(size, block * 4)
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    return "".join(text.splitlines(keepends=True)[-lines:]) if lines else ""
-
-
-def _make_run_dir(home: Path) -> tuple[RunDir, IO[bytes]]:
-    """A reserved run directory and its output.log (0600), or ``store_unwritable``."""
-    try:
-        run = reserve_run_dir(home)
-    except OSError as exc:
-        raise StartFailed(
-            f"cannot create the run directory under {home}: {exc}",
-            code="store_unwritable",
-            path=str(home),
-        ) from None
-    try:
-        fd = open_private(run.file(OUTPUT_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    except OSError as exc:
-        _discard_reserved(run)
-        raise StartFailed(
-            f"cannot create {run.file(OUTPUT_LOG)}: {exc}", code="store_unwritable", path=str(home)
-        ) from None
-    return run, os.fdopen(fd, "ab")
-
-
-def _discard_reserved(run: RunDir) -> None:
-    """Nothing ran: the reserved directory holds nothing worth keeping."""
-    with contextlib.suppress(OSError):
-        run.file(OUTPUT_LOG).unlink()
-    with contextlib.suppress(OSError):
-        run.path.rmdir()
-
-
-class Session:
     def __init__(self, name: str, request: StartRequest) -> None:
         self.name = name
         self.request = request
@@ -159,154 +67,6 @@ class Session:
         self.family: Any = None  # children.Family: the script's child processes
         self._main: Future[AgentLink] = Future()
         self.last_breaks: dict[str, Any] | None = None  # for restart after the end
-
-    # -- start ------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        req = self.request
-        # Everything the request can get wrong is refused before anything is created.
-        check_request(
-            req.script, req.module, req.args, req.cwd, req.python, req.env, req.env_overrides
-        )
-        env = dict(req.env) if req.env is not None else dict(os.environ)
-        env.update(req.env_overrides)
-        cwd = os.path.abspath(os.path.expanduser(req.cwd or os.getcwd()))
-        check_cwd(cwd)
-        script = check_target(req.script, req.module, cwd)
-        python = resolve_python(req.python, env, cwd)
-        check_python(python)
-        home = mldbg_home(cwd, env)
-        self.home = home
-        run, output = _make_run_dir(home)
-        from .children import Family
-
-        self.family = Family(self)
-        listener = AgentListener(self._on_connection, self.name)
-        spec = LaunchSpec(python, cwd, env, script, req.module, list(req.args))
-        try:
-            with self.cond:  # a terminate now either comes first (no process) or sees it
-                if self.terminated:
-                    raise StartFailed(f"session {self.name!r} was terminated while starting")
-                process = spawn(spec, listener.address, listener.token, output)
-                self.process, self.pid, self.listener = process, process.pid, listener
-            # Known to a next daemon from the first moment (the run dir renamed below is
-            # found again by the pid in its name).
-            live_runs.register(self.name, process.pid, run.path)
-        except (StartFailed, ValueError, OSError) as exc:
-            listener.close()
-            _discard_reserved(run)
-            if isinstance(exc, StartFailed):
-                raise
-            raise StartFailed(f"cannot run {python}: {exc}", argument="python") from None
-        finally:
-            output.close()  # the child holds its own copy of the descriptor
-        stem = Path(script).stem if script else (req.module or "module").rsplit(".", 1)[-1]
-        self.run = run
-        try:
-            self.run = run = finalize_run_dir(run, stem, process.pid)
-            live_runs.register(self.name, process.pid, run.path)
-            self.events = JsonlWriter(run.file(EVENTS))
-            run.update_meta(
-                run_id=run.run_id,
-                session=self.name,
-                script=os.path.join(cwd, script) if script else None,
-                module=req.module,
-                argv=spec.argv[3:],
-                cwd=cwd,
-                python=python,
-                pid=process.pid,
-                state="starting",
-                started_at=self.started_at,
-                mldbg_version=__version__,
-            )
-        except OSError as exc:  # a full disk, or the store taken away: stop, and say so
-            self._abort_start()
-            raise StartFailed(
-                f"cannot write the run store under {home}: {exc}; the script was stopped",
-                code="store_unwritable",
-                run_dir=str(run.path),
-            ) from None
-        try:
-            self.link = link = self._await_main(process, CONNECT_TIMEOUT)
-            self.hello = link.hello
-            link.start(self._on_event, self._on_link_closed)
-            run.update_meta(
-                python_version=self.hello.get("python"),
-                backend=self.hello.get("backend"),
-                libraries=self.hello.get("libraries", {}),
-            )
-            configure: dict[str, Any] = {"breakpoints": req.breakpoints}
-            if req.watches:
-                configure["watches"] = req.watches
-            link.request("configure", configure)
-            with self.cond:
-                self.state = "running"
-            link.request(
-                "run",
-                {
-                    "stop_on_entry": req.stop_on_entry,
-                    "run_dir": str(run.path),
-                    "follow": req.follow,
-                },
-            )
-        except (MldbgError, OSError) as exc:
-            self._abort_start()
-            tail = read_tail_bounded(run.file(OUTPUT_LOG), 20, budget.OUTPUT_TAIL)[0]
-            if isinstance(exc, MldbgError):
-                raise StartFailed(
-                    exc.message, **exc.extra, output_tail=tail, run_dir=str(run.path)
-                ) from None
-            raise StartFailed(
-                f"cannot write the run store under {home}: {exc}; the script was stopped",
-                code="store_unwritable",
-                output_tail=tail,
-                run_dir=str(run.path),
-            ) from None
-        self.log_event("started", pid=process.pid, python=python, backend=self.hello.get("backend"))
-        with contextlib.suppress(OSError):  # `mldbg runs` shows it live, not "starting"
-            run.update_meta(state="running")
-        threading.Thread(target=self._watch, name=f"mldbg-watch-{self.name}", daemon=True).start()
-
-    def _abort_start(self) -> None:
-        """A start that failed after its process began: end it, and record how it ended."""
-        self._kill()
-        if self.process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(10)
-            self._record_end(self.process.returncode if self.process.returncode is not None else -9)
-
-    def _on_connection(self, link: AgentLink) -> None:
-        """An authenticated connection: the script itself (first), or one of its children."""
-        if not link.hello.get("child") and not self._main.done():
-            self._main.set_result(link)
-        elif self.family is not None and self._main.done() and link.pid == self.pid:
-            # the script replaced itself (os.exec* of python): same process, same session
-            old, self.link = self.link, link
-            if old is not None:
-                old.close()
-            link.start(self._on_event, self._on_link_closed)
-            self.family.configure_later(self, link, ask_root=False)
-        elif self.family is not None:
-            self.family.adopt(link)
-        else:
-            link.close()
-
-    def _await_main(self, process: subprocess.Popen[bytes], timeout: float) -> AgentLink:
-        """The script's own connection; fail fast if its interpreter dies first."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return self._main.result(0.1)
-            except FutureTimeout:
-                pass
-            if process.poll() is not None:
-                raise StartFailed(
-                    f"the script's interpreter exited (code {process.returncode}) before the "
-                    "debugger connected",
-                    exit_code=process.returncode,
-                )
-            if time.monotonic() > deadline:
-                raise StartFailed(f"the debuggee did not connect within {timeout:.0f} s")
 
     # -- events from the debuggee -----------------------------------------------------------
 
@@ -605,62 +365,6 @@ class Session:
         if shown < size:
             result["next"] = {"verb": "output", "args": {"offset": 0, "limit": limit}}
         return result
-
-    def terminate(self) -> dict[str, Any]:
-        """End the session whatever its state: paused, running, or a start in progress
-        (with or without a process yet), so nothing is ever stuck."""
-        if not self.ended:
-            with self.cond:
-                self.terminated = True
-                process = self.process
-            if process is None:  # a start still checking its request: it will not spawn now
-                with self.cond:
-                    if not self.ended:
-                        self.state = "exited"
-                        self.cond.notify_all()
-                return self.snapshot()
-            self._kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(TERMINATE_GRACE * 2)
-            self.wait(TERMINATE_GRACE)
-            if not self.ended and process.returncode is not None:
-                self._record_end(process.returncode)  # no watcher yet: a start in progress
-        elif self.family is not None:
-            self.family.closed = True
-            if self.listener is not None:
-                self.listener.close()
-            self.family.end_all()  # the script ended, children it left behind may not have
-        return self.snapshot()
-
-    def _kill(self) -> None:
-        process = self.process
-        if self.family is not None and process is not None:
-            # Children that left the process group (torchrun's ranks call setsid), and
-            # children of children: found now, while they are still linked to the script.
-            from .children import descendants, kill_tree
-
-            family = [c.pid for c in self.family.live_children() if c.pid is not None]
-            tree = descendants(process.pid) if process.poll() is None else []
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGTERM)
-            kill_tree([p for p in dict.fromkeys(tree + family) if p != process.pid])
-            self.family.end_all()
-        if process is None or process.poll() is not None:
-            return
-        for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE), (signal.SIGKILL, TERMINATE_GRACE)):
-            try:
-                os.killpg(process.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                try:
-                    process.send_signal(sig)
-                except ProcessLookupError:
-                    return
-            try:
-                process.wait(grace)
-                return
-            except subprocess.TimeoutExpired:
-                continue
 
 
 def _brief_stop(stop: dict[str, Any]) -> dict[str, Any]:

@@ -196,14 +196,17 @@ def compare_arrays(
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape} (b after the permutation)")
     totals = _Totals(rtol=float(rtol), atol=float(atol))
+    if not exact:
+        totals.scratch = _Scratch(min(chunk_elements, max(1, int(a.size))))
     # Overflow (|a - b| or a square beyond float64) is reported as "inf"/"nan", not warned.
     with np.errstate(over="ignore", invalid="ignore"):
         for offset, view_a, view_b in _blocks(a, b, chunk_elements):
             if exact:
                 totals.add_exact(offset, view_a, view_b)
             else:
-                # The float64 copies live only inside add(): one chunk's worth at a time.
-                totals.add(offset, _to_float64(view_a), _to_float64(view_b))
+                scratch = totals.scratch
+                assert scratch is not None
+                totals.add(offset, scratch.widen("a", view_a), scratch.widen("b", view_b))
     return {
         "numel": int(a.size),
         **totals.summary(),
@@ -258,6 +261,33 @@ def _index_blocks(shape: tuple[int, ...], chunk: int) -> Iterator[tuple[Any, ...
     for outer in np.ndindex(*shape[:axis]):
         for start in range(0, shape[axis], step):
             yield (*outer, slice(start, min(start + step, shape[axis])))
+
+
+class _Scratch:
+    """The float64 buffers one block needs, allocated once per comparison.
+
+    Temporaries of a megabyte are above the C allocator's mmap threshold: allocated anew
+    for every block, each comes back as fresh pages the kernel must fault in (measured:
+    most of the time of a comparison of large tensors, 4x slower than with these).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._buffers: dict[str, Any] = {}
+
+    def get(self, name: str, size: int) -> Any:
+        if size > self.size:
+            return np.empty(size)
+        buffer = self._buffers.get(name)
+        if buffer is None:
+            buffer = self._buffers[name] = np.empty(self.size)
+        return buffer[:size]
+
+    def widen(self, name: str, block: Any) -> Any:
+        """``block`` as a flat float64 array, in this scratch (bf16/fp8 exactly)."""
+        out = self.get(name, int(np.size(block)))
+        np.copyto(out.reshape(np.shape(block)), block, casting="unsafe")
+        return out
 
 
 def _to_float64(block: Any) -> Any:
@@ -336,6 +366,13 @@ class _Totals:
     sum_sq_diff: float = 0.0
     range_a: tuple[float, float] | None = None
     range_b: tuple[float, float] | None = None
+    # Scratch float64 buffers of one block, made once (see ``_Scratch``); None: allocate.
+    scratch: _Scratch | None = None
+
+    def _buffer(self, name: str, size: int) -> Any:
+        if self.scratch is None:
+            return np.empty(size)
+        return self.scratch.get(name, size)
 
     def add(self, offset: int, block_a: Any, block_b: Any) -> None:
         if block_a.size:
@@ -420,7 +457,7 @@ class _Totals:
         to the block's element numbers when some were dropped)."""
         # Written with out= so that about four float64 buffers per chunk element are alive,
         # and each intermediate is computed once: the passes over the block are the cost.
-        diff = np.subtract(xa, xb)
+        diff = np.subtract(xa, xb, out=self._buffer("diff", xa.size))
         np.abs(diff, out=diff)
         at = int(np.argmax(diff))  # the first of equal maxima: stable across chunkings
         if float(diff[at]) > self.max_abs:
@@ -431,7 +468,7 @@ class _Totals:
         # |b - a| - rtol |a|), not merely the largest difference: a big value off by a few
         # ulps is not worse than a small one off by half of itself.  The same maximum is
         # the smallest atol that passes (``min_atol``).
-        excess = np.subtract(diff, scaled)
+        excess = np.subtract(diff, scaled, out=self._buffer("excess", xa.size))
         at = int(np.argmax(excess))
         self.max_excess = max(self.max_excess, float(excess[at]))
         if float(excess[at]) > self.max_excess_seen:
@@ -442,8 +479,8 @@ class _Totals:
 
     def _magnitudes(self, xa: Any, xb: Any) -> tuple[Any, Any]:
         """``max(|a|, |b|)`` (the scale relative errors are taken against) and ``rtol |a|``."""
-        scaled = np.abs(xa)
-        larger = np.abs(xb)
+        scaled = np.abs(xa, out=self._buffer("scaled", xa.size))
+        larger = np.abs(xb, out=self._buffer("larger", xa.size))
         np.maximum(larger, scaled, out=larger)
         np.multiply(scaled, self.rtol, out=scaled)
         return larger, scaled
@@ -463,7 +500,10 @@ class _Totals:
             self.max_rel = max(self.max_rel, rel)
         # atol + rtol * |a|: the expression torch.isclose evaluates, so boundaries round alike.
         allowed = np.add(scaled, self.atol, out=scaled)
-        self.mismatched += int(np.count_nonzero(diff > allowed))
+        failed = np.greater(
+            diff, allowed, out=self._buffer("failed", diff.size).view(bool)[: diff.size]
+        )
+        self.mismatched += int(np.count_nonzero(failed))
         self.dot += _dot(xa, xb)
         self.norm2_a += _dot(xa, xa)
         self.norm2_b += _dot(xb, xb)

@@ -678,11 +678,29 @@ def fix(verb: str, **args: Any) -> dict[str, Any]:
 
 
 def fingerprint() -> str:
-    """A short digest of the table as the wire sees it (verbs, routes, argument names and
-    types).  The daemon publishes it in server.json; a client whose table differs (the
-    daemon was started by an mldbg since upgraded or edited) can then say so, instead of
-    leaving an agent to puzzle over ``no_such_route`` or an unknown argument."""
+    """A short digest of what the client, the daemon and the agent must agree on: the verb
+    table as the wire sees it (verbs, routes, argument names and types) and the agent
+    protocol's messages.  The daemon publishes it in server.json.  A daemon started by an
+    mldbg since upgraded (or edited) still runs the old code while the agent it launches
+    comes from the new files: a client that sees another digest retires that daemon when
+    it holds no live session, and otherwise says so, instead of leaving an agent to puzzle
+    over ``no_such_route`` or a debuggee that never connects."""
     import hashlib
 
+    from .agent import protocol
+
     shape = [(v.name, v.method, v.path, [(a.name, str(a.type)) for a in v.args]) for v in VERBS]
-    return hashlib.sha256(repr(shape).encode()).hexdigest()[:16]
+    messages = sorted((k, _canonical(v)) for k, v in vars(protocol).items() if k.isupper())
+    return hashlib.sha256(repr((shape, messages)).encode()).hexdigest()[:16]
+
+
+def _canonical(value: Any) -> str:
+    """``repr`` that is the same in every process (sets are ordered by string hashing,
+    which is salted per process)."""
+    if isinstance(value, set | frozenset):
+        return "{" + ", ".join(sorted(_canonical(v) for v in value)) + "}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(f"{k!r}: {_canonical(v)}" for k, v in value.items())) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_canonical(v) for v in value) + "]"
+    return repr(value)

@@ -33,6 +33,7 @@ from daemons import (
 )
 
 from conftest import line_of
+from mldbg import verbs
 
 SCRIPT = """
 import sys, time
@@ -301,3 +302,57 @@ def test_forty_waits_do_not_starve_the_daemon(api, write, tmp_path: Path) -> Non
         for thread in threads:
             thread.join(60)
     assert len(returned) == 50 and min(returned) >= answered
+
+
+def _pretend_older(daemon: Daemon) -> None:
+    """Make the running daemon look started by another mldbg (an upgrade since)."""
+    path = daemon.config / "server.json"
+    info = json.loads(path.read_text())
+    info.pop("verbs", None)  # what a daemon from before the fingerprint publishes
+    path.write_text(json.dumps(info))
+
+
+def _cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mldbg", *args],
+        env=daemon.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_daemon_from_another_mldbg_is_replaced_when_idle_refused_when_busy(
+    write, tmp_path: Path
+) -> None:
+    """After an upgrade the old daemon still runs the old code while it launches the new
+    agent from disk: every start would fail obscurely.  The CLI sees the verb table's and
+    protocol's fingerprint differ: an idle daemon is replaced; one running sessions is not
+    (they would be stranded), and the error names them and the way out."""
+    busy = Daemon(tmp_path / "busy")
+    try:
+        _start(busy, write, tmp_path, "victim", "")
+        _pretend_older(busy)
+        refused = _cli(busy, "status", "--session", "victim", "--json")
+        assert refused.returncode != 0
+        answer = json.loads(refused.stdout or refused.stderr)
+        assert answer["code"] == "daemon_skew" and answer["sessions"] == ["victim"], answer
+        assert "mldbg serve --stop" in answer["error"]
+        assert busy.process.poll() is None  # its session was not stranded
+        stopped = _cli(busy, "serve", "--stop")  # reaches whichever daemon runs
+        assert stopped.returncode == 0, stopped.stderr
+        busy.process.wait(60)
+    finally:
+        busy.stop()
+    idle = Daemon(tmp_path / "idle")
+    try:
+        _pretend_older(idle)
+        listed = _cli(idle, "sessions", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert "was replaced" in listed.stderr
+        idle.process.wait(60)  # the old one is gone
+        fresh = json.loads((idle.config / "server.json").read_text())
+        assert fresh["pid"] != idle.pid and fresh["verbs"] == verbs.fingerprint()
+        kill_quietly(fresh["pid"])
+    finally:
+        idle.stop()

@@ -13,6 +13,7 @@ really gone is reported (``daemon_unreachable``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -287,13 +288,18 @@ def _wait_for_daemon(patience: float) -> dict[str, Any] | None:
     )
 
 
-def connect(autostart: bool = True) -> Client:
+def connect(autostart: bool = True, any_mldbg: bool = False) -> Client:
     """The running daemon, starting one (once, under a lock) if there is none.
 
     A daemon that lives (it holds its lock) is never replaced: a busy one is waited for,
-    so its sessions are never stranded behind a second daemon.
+    so its sessions are never stranded behind a second daemon.  One started by another
+    mldbg (``verbs.fingerprint``) is replaced when idle, refused when it runs sessions,
+    unless ``any_mldbg`` (``serve --stop`` must reach whichever daemon runs).
     """
     info = _find_daemon() or (_wait_for_daemon(START_TIMEOUT) if daemon_lock_held() else None)
+    if info is not None and not any_mldbg and info.get("verbs") != verbs.fingerprint():
+        _retire(info)  # started by another mldbg: replaced if idle, else an error says so
+        info = None
     if info is not None:
         return Client(info)
     if not autostart:
@@ -307,6 +313,40 @@ def connect(autostart: bool = True) -> Client:
         if info is not None:
             return Client(info)
         return Client(_start_daemon(directory))
+
+
+def _retire(info: dict[str, Any]) -> None:
+    """Stop a daemon started by another mldbg (see ``verbs.fingerprint``) if none of its
+    sessions is live; with live sessions, refuse rather than strand them."""
+    stale = Client(info)
+    try:
+        listed = stale.request("GET", "/v1/sessions")
+    except MldbgError:
+        listed = {}
+    sessions = listed.get("sessions", []) if isinstance(listed, dict) else []
+    live = [
+        str(s.get("session") or s.get("name"))
+        for s in sessions
+        if isinstance(s, dict) and s.get("state") not in ("exited", "crashed")
+    ]
+    where = (
+        f"the mldbg daemon (pid {info.get('pid', '?')}, mldbg {info.get('version', '?')}, "
+        f"started {info.get('started_at', '?')}) was started by a different mldbg than this one"
+    )
+    if live:
+        raise MldbgError(
+            f"{where} and still runs sessions {', '.join(live[:10])}: finish them with the "
+            "mldbg that started them, or end them all with `mldbg serve --stop`",
+            code="daemon_skew",
+            sessions=live[:10],
+        )
+    with contextlib.suppress(MldbgError):
+        stale.request("POST", "/v1/shutdown")
+    stale.close()
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline and (_pid_alive(info) or daemon_lock_held()):
+        time.sleep(0.05)
+    print(f"mldbg: {where}; it had no live session and was replaced", file=sys.stderr)
 
 
 def _start_daemon(directory: Path) -> dict[str, Any]:

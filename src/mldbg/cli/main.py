@@ -397,7 +397,7 @@ def run_command(args: argparse.Namespace, as_json: bool) -> int:
         if args.stop:
             from .client import connect
 
-            data = connect(autostart=False).request("POST", "/v1/shutdown", body={})
+            data = connect(autostart=False, any_mldbg=True).request("POST", "/v1/shutdown", body={})
             if as_json:
                 print(json.dumps(data))
             else:

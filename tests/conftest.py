@@ -16,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,22 @@ def backend_params() -> list[Any]:
             marks.append(pytest.mark.slow)
         params.append(pytest.param(python, id=name, marks=marks))
     return params
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail saying what.
+
+    The one way tests wait for a process to get somewhere: no fixed sleeps, and a timeout
+    that only ends a test stuck for good (machines vary; nothing here measures time).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
 
 
 class Api:
@@ -161,13 +177,12 @@ class Session:
 
     def wait_for_output(self, text: str, timeout: float = 60.0) -> str:
         """Poll the script's output until ``text`` appears (no fixed sleeps: machines vary)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            output = self.api.get(f"{self.base}/output")["output"]
-            if text in output or time.monotonic() > deadline:
-                assert text in output, f"{text!r} never appeared in the output: {output[-500:]!r}"
-                return output
-            time.sleep(0.05)
+
+        def shown() -> str | None:
+            output: str = self.api.get(f"{self.base}/output")["output"]
+            return output if text in output else None
+
+        return wait_until(shown, timeout, f"{text!r} in the output")  # type: ignore[no-any-return]
 
     def terminate(self) -> Any:
         return self.api.post(f"{self.base}/terminate")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Api, Session, backend_params, line_of
+from conftest import Api, Session, backend_params, line_of, wait_until
 from mldbg.server.children import alive, descendants
 
 pytestmark = pytest.mark.timeout(180)
@@ -26,14 +26,12 @@ def listed(api: Api) -> list[dict[str, Any]]:
 
 def paused_child(api: Api, prefix: str, timeout: float = 90.0) -> dict[str, Any]:
     """The first listed session named ``prefix...`` that is paused (polls: machines vary)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def paused() -> dict[str, Any] | None:
         found = [s for s in listed(api) if s["session"].startswith(prefix)]
-        paused = [s for s in found if s["state"] == "paused"]
-        if paused:
-            return paused[0]
-        assert time.monotonic() < deadline, f"no paused session {prefix}*: {found}"
-        time.sleep(0.1)
+        return next((s for s in found if s["state"] == "paused"), None)
+
+    return wait_until(paused, timeout, f"a paused session {prefix}*")  # type: ignore[no-any-return]
 
 
 def run_tree(session: Session) -> list[int]:
@@ -51,12 +49,17 @@ def assert_gone(pids: list[int], timeout: float = 30.0) -> None:
 
 
 def finish(session: Session, timeout: float = 120.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    state = session.wait(20)
-    while state["state"] not in ("exited", "crashed"):
-        assert time.monotonic() < deadline, state
-        state = session.cont(20) if state["state"] == "paused" else session.wait(20)
-    return state  # type: ignore[no-any-return]
+    """Continue past every stop until the script ends; its last state."""
+    last = [session.wait(20)]
+
+    def ended() -> dict[str, Any] | None:
+        state = last[0]
+        if state["state"] in ("exited", "crashed"):
+            return state
+        last[0] = session.cont(20) if state["state"] == "paused" else session.wait(20)
+        return None
+
+    return wait_until(ended, timeout, "the script to end")  # type: ignore[no-any-return]
 
 
 def child_api(session: Session, name: str) -> Session:
@@ -118,10 +121,9 @@ def test_dataloader_worker_pauses_as_its_own_session(
     assert "SEEN [0, 1, 4, 9, 16, 25, 36, 49]" in session.output()
     assert_gone(tree)
     # the worker's session ended with its process
-    deadline = time.monotonic() + 30
-    while worker.state()["state"] not in ("exited", "crashed"):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(
+        lambda: worker.state()["state"] in ("exited", "crashed"), 30, "the worker session to end"
+    )
 
 
 SPAWN_POOL = """
@@ -580,14 +582,15 @@ def test_child_sessions_through_the_cli(cli: Any, write: Any) -> None:
         "start", "-s", "clikids", "--run", "--break", f"loader.py:{line}:index == 3", "loader.py"
     )
     assert "running" in started.stdout
-    deadline = time.monotonic() + 90
-    while True:
-        listing = cli("sessions", json_out=True)["sessions"]
-        kids = [s for s in listing if s.get("parent") == "clikids" and s["state"] == "paused"]
-        if kids:
-            break
-        assert time.monotonic() < deadline, listing
-        time.sleep(0.2)
+    kids = wait_until(
+        lambda: [
+            s
+            for s in cli("sessions", json_out=True)["sessions"]
+            if s.get("parent") == "clikids" and s["state"] == "paused"
+        ],
+        90,
+        "a paused child of clikids",
+    )
     name = kids[0]["session"]
     assert name.startswith("clikids.w")
     table = cli("sessions").stdout
@@ -595,10 +598,11 @@ def test_child_sessions_through_the_cli(cli: Any, write: Any) -> None:
     assert "paused child processes" in cli("status", "-s", "clikids").stdout
     assert cli("eval", "-s", name, "index").stdout.strip() == "3"
     cli("continue", "-s", name)
-    deadline = time.monotonic() + 90
-    while cli("status", "-s", "clikids", json_out=True)["state"] == "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_until(
+        lambda: cli("status", "-s", "clikids", json_out=True)["state"] != "running",
+        90,
+        "clikids to end",
+    )
     assert "SEEN [0, 1, 4, 9, 16, 25, 36, 49]" in cli("output", "-s", "clikids").stdout
     cli("terminate", "-s", "clikids")
 

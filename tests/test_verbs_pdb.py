@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Session, backend_params, line_of
+from conftest import Session, backend_params, line_of, wait_until
 from test_engine import LOOP
 
 BACKENDS = [p for p in backend_params() if p.id in ("settrace", "monitoring")]
@@ -547,12 +547,11 @@ print("joined")
 
 
 def _wait_threads_paused(session: Session, count: int) -> Any:
-    deadline = time.monotonic() + 30
-    while True:
-        listed = session.api.get(f"{session.base}/threads")
-        if sum(t["paused"] for t in listed["threads"]) >= count or time.monotonic() > deadline:
-            return listed
-        time.sleep(0.05)
+    def listed() -> Any:
+        threads = session.api.get(f"{session.base}/threads")
+        return threads if sum(t["paused"] for t in threads["threads"]) >= count else None
+
+    return wait_until(listed, 30, f"{count} paused threads")
 
 
 def test_all_threads_stop_and_thread_selects_one(session: Session, write, python: str) -> None:

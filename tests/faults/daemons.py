@@ -13,22 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import Api
+from conftest import Api, wait_until
 
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned), or fail saying what."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+__all__ = ["wait_until"]  # re-exported for the fault tests
 
 
 def alive(pid: int) -> bool:

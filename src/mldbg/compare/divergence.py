@@ -270,9 +270,12 @@ def _boundaries(
         absorbed: list[str] = []
         for result in bad:
             shape = tuple(result["shape_a"])
-            readers = (
-                _reads_output(same, result["name"], roles["in"]) if shape in own_inputs else None
-            )
+            readers = None  # a new shape: its first reader is the consumer
+            if shape in own_inputs:
+                readers = _reads_output(same, result["name"], roles["in"])
+                if readers is None:  # an identity in the reference: undecidable
+                    compensated = False
+                    break
             nxt = _next_consumer(calls, by_call, starts, call, shape, readers)
             if nxt is None:
                 compensated = False
@@ -387,8 +390,7 @@ def _next_consumer(
     ``x + update``, or only ``update`` in a port that adds the residual outside), shapes
     cannot tell a consumer from a sibling reading the same input (``k_proj`` after
     ``q_proj``), so the reference's values decide: ``reads_output`` says whether an input
-    entry holds exactly the tensor ``call`` returned.  ``None`` there means that cannot be
-    decided (``call`` returned one of its inputs unchanged), and nothing is compensated.
+    entry holds exactly the tensor ``call`` returned (``None``: the output has a new shape).
     """
     assert call.end_order is not None
     checked = 0
@@ -399,7 +401,7 @@ def _next_consumer(
         if not inputs:
             continue
         if reads_output is None:
-            return None if _shape_is_ambiguous(call, by_call, shape) else (key, inputs)
+            return key, inputs
         reading = [r for r in inputs if reads_output(r)]
         if reading:
             return key, reading
@@ -412,13 +414,6 @@ def _next_consumer(
 # How many later calls taking a tensor of the output's shape are read to find the one
 # that takes the output itself: each check reads two tensors of the reference.
 _READERS_CHECKED = 8
-
-
-def _shape_is_ambiguous(
-    call: Call, by_call: dict[CallKey, dict[str, list[dict[str, Any]]]], shape: tuple[int, ...]
-) -> bool:
-    roles = by_call.get((call.module, call.call), {"in": []})
-    return any(tuple(r["shape_a"]) == shape for r in roles["in"])
 
 
 def _reads_output(

@@ -6,10 +6,10 @@ STAMP := $(VENV)/.setup-stamp
 
 .PHONY: setup demo test test-fast lint bench clean
 
-$(STAMP): pyproject.toml requirements-dev.txt
+$(STAMP): pyproject.toml requirements-dev.txt requirements-lock.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q -r requirements-dev.txt -c requirements-lock.txt
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -100,9 +100,12 @@ def test_breakpoint_inside_transformers_llama(session: Session, write) -> None:
     pytest.importorskip("transformers")
     from transformers.models.llama import modeling_llama
 
-    source, start = inspect.getsourcelines(modeling_llama.LlamaAttention.forward)
+    # The function's own code, past any decorator's wrapper (transformers 5 wraps forward
+    # in another module): file and line both come from the function the line is in.
+    forward = inspect.unwrap(modeling_llama.LlamaAttention.forward)
+    source, start = inspect.getsourcelines(forward)
     offset = next(i for i, text in enumerate(source) if "attn_output = attn_output.reshape" in text)
-    library_file = inspect.getsourcefile(modeling_llama.LlamaAttention.forward)
+    library_file = inspect.getsourcefile(forward)
     library_line = start + offset
     script = write(
         "llama.py",

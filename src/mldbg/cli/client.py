@@ -141,8 +141,12 @@ class Client:
 
     # -- verbs ----------------------------------------------------------------------------------
 
-    def call(self, verb_name: str, session: str | None = None, **args: Any) -> Any:
-        """Call a verb of the table; ``session`` for session verbs (default ``default``)."""
+    def call(self, verb_name: str, session: str | None = None, /, **args: Any) -> Any:
+        """Call a verb of the table; ``session`` for session verbs (default ``default``).
+
+        Positional-only, so a run-store verb's own ``session`` argument (whose store to
+        read) travels in ``args`` and never collides with it.
+        """
         verb = verbs.get(verb_name)
         known = {a.name for a in verb.args}
         unknown = sorted(set(args) - known)
@@ -183,6 +187,7 @@ class Client:
         session: str | None,
         max_wait: float,
         still_running: Callable[[float], None] | None = None,
+        /,
         **args: Any,
     ) -> Any:
         """A waiting verb (continue, step, wait) for up to ``max_wait`` s, as short calls.

@@ -81,10 +81,15 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 COMMON_HELP = {"session": "session name (default: default)", "json": "print JSON"}
 
 
+def _literal(text: str) -> str:
+    """Help text as argparse prints it: its own %-formatting must not see a literal ``%N``."""
+    return text.replace("%", "%%")
+
+
 def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
     if not arg.cli or arg.name == "session":
         return
-    kwargs: dict[str, Any] = {"help": arg.help}
+    kwargs: dict[str, Any] = {"help": _literal(arg.help)}
     if arg.positional:
         kwargs["nargs"] = None if arg.required else "?"
         kwargs["default"] = None if arg.required else arg.default
@@ -141,7 +146,11 @@ def build_parser(full: bool = True, only: str | None = None) -> Parser:
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(
-            name, help=help, parents=[common], description=help, allow_abbrev=False
+            name,
+            help=_literal(help),
+            parents=[common],
+            description=_literal(help),
+            allow_abbrev=False,
         )
 
     for verb in VERBS:

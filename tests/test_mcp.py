@@ -235,6 +235,10 @@ def test_parity_through_mcp(mcp, write, tmp_path: Path) -> None:
         few = await tool("compare", a="ref", b="port", passing=True, limit=3)
         assert len(few["entries"]) == 3 and few["truncated"] and few["next"]["args"]["offset"] == 3
         assert few["entries"][0].get("culprit") and few["total"] > 3
+        # the text form too, on every call (not only the process's first compare)
+        for arguments in ({"passing": True}, {}):
+            shown = await client.call_tool("compare", {"a": "ref", "b": "port", **arguments})
+            assert "blocks.1.act" in shown.content[0].text, shown.content  # type: ignore[union-attr]
 
         clean = await tool("compare", a="ref", b="ref")
         assert clean["ok"] is True and clean["first_divergence"] is None

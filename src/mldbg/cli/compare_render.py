@@ -14,7 +14,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .render import _size, err, out
+# render.out, not a copy of it: MCP's text form swaps render's consoles for a buffer per
+# call, and a name bound at import kept the first call's buffer (every later text empty)
+from . import render
+from .render import _size
 
 FOLD = 6  # agreeing rows in a row beyond which the middle ones are folded
 UNPAIRED_SHOWN = 20  # unpaired names printed per side (all of them are in --json / --html)
@@ -95,10 +98,10 @@ def _rows(entries: list[dict[str, Any]], show_all: bool) -> list[dict[str, Any] 
 
 def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = False) -> None:
     a, b = result["a"], result["b"]
-    out.print(f"[bold]A[/] {escape(a['label'])}  [dim]{escape(a['path'])}[/]")
-    out.print(f"[bold]B[/] {escape(b['label'])}  [dim]{escape(b['path'])}[/]")
+    render.out.print(f"[bold]A[/] {escape(a['label'])}  [dim]{escape(a['path'])}[/]")
+    render.out.print(f"[bold]B[/] {escape(b['label'])}  [dim]{escape(b['path'])}[/]")
     for warning in result.get("warnings", []):
-        out.print(f"[yellow]warning:[/] {escape(warning)}")
+        render.out.print(f"[yellow]warning:[/] {escape(warning)}")
     entries = [e for e in result["entries"] if show_inputs or e.get("role") != "in"]
     table = Table(box=None, pad_edge=False, header_style="bold")
     with_local = any(e.get("local") for e in result["entries"])
@@ -169,7 +172,7 @@ def _verdict(result: dict[str, Any]) -> None:
         if result.get("rtol") is None and result.get("atol") is None
         else f"element-wise: rtol {result.get('rtol')}, atol {result.get('atol')}"
     )
-    out.print(f"{summary} [dim](test: {tolerance})[/]")
+    render.out.print(f"{summary} [dim](test: {tolerance})[/]")
     for side in ("a", "b"):
         names = result[f"unpaired_{side}"]
         if names:
@@ -177,31 +180,31 @@ def _verdict(result: dict[str, Any]) -> None:
             more = len(names) - UNPAIRED_SHOWN
             tail = f" … and {more} more (--json or --html lists all)" if more > 0 else ""
             after = " (after the map)" if side == "b" else ""
-            out.print(f"[dim]only in {side.upper()}{after}, {len(names)}: {shown}{tail}[/]")
+            render.out.print(f"[dim]only in {side.upper()}{after}, {len(names)}: {shown}{tail}[/]")
     proposal = result.get("proposed_map")
     if proposal:
         import json
 
-        out.print(
+        render.out.print(
             "[yellow]few entries pair: a map proposed from the two module trees "
             "(--propose-map FILE writes it; pass it back with --map FILE):[/]"
         )
         text = json.dumps(proposal, indent=2)
         lines = text.splitlines()
         for line in lines[:PROPOSAL_LINES]:
-            out.print(escape(line), highlight=False)
+            render.out.print(escape(line), highlight=False)
         if len(lines) > PROPOSAL_LINES:
-            out.print(f"[dim]… {len(lines) - PROPOSAL_LINES} more lines in --json[/]")
+            render.out.print(f"[dim]… {len(lines) - PROPOSAL_LINES} more lines in --json[/]")
     for boundary in result.get("boundary_differences") or []:
-        out.print(
+        render.out.print(
             f"[yellow]boundary difference:[/] {escape(boundary['name'])} — "
             f"{escape(boundary['note'])} ({escape(boundary['compensated_by'])}); not the culprit"
         )
     culprit = result.get("first_divergence")
     if result["ok"]:
-        out.print("[bold green]match[/]: every compared tensor agrees")
+        render.out.print("[bold green]match[/]: every compared tensor agrees")
     elif culprit:
-        out.print(
+        render.out.print(
             f"[bold red]first divergence: {escape(culprit['name'])}[/] — {escape(culprit['reason'])}"
             f" (relative error {number(culprit.get('rel_rms'))}, max abs {number(culprit.get('max_abs'))}"
             + (
@@ -211,7 +214,7 @@ def _verdict(result: dict[str, Any]) -> None:
             )
         )
     else:
-        out.print("[bold red]diverges[/]")
+        render.out.print("[bold red]diverges[/]")
 
 
 @contextlib.contextmanager
@@ -226,7 +229,7 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int, str], None] | No
         TextColumn("{task.completed}/{task.total}"),
         TimeRemainingColumn(),
         TextColumn("[dim]{task.description}"),
-        console=err,
+        console=render.err,
         transient=True,
     )
     task = None
@@ -244,21 +247,21 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int, str], None] | No
 def _print_whole(table: Table) -> None:
     """Piped output (an agent, a log file) has no width to respect: keep rows whole, so
     names and run ids can be copied."""
-    if out.is_terminal:
-        out.print(table)
+    if render.out.is_terminal:
+        render.out.print(table)
         return
-    width = out.width
-    out.width = 240
+    width = render.out.width
+    render.out.width = 240
     try:
-        out.print(table)
+        render.out.print(table)
     finally:
-        out.width = width
+        render.out.width = width
 
 
 def captures(data: dict[str, Any]) -> None:
     items = data.get("captures", [])
     if not items:
-        out.print(f"no captures under {escape(data.get('home', ''))}")
+        render.out.print(f"no captures under {escape(data.get('home', ''))}")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("name", "run", "framework", "state", "calls", "tensors", "size", "model"):

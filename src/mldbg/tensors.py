@@ -293,15 +293,38 @@ def debug_show_all(*, print_table: bool = True) -> list[dict[str, Any]]:
     return items
 
 
-def debug_clear(name: str | None = None, *, confirm: bool = False) -> list[str]:
-    """Delete one stored tensor, or all of them with ``confirm=True``; returns the names."""
-    if name is None and not confirm:
+def debug_clear(name: str | None = None, *, confirm: bool | None = None) -> list[str]:
+    """Delete one stored tensor, or all of them; returns the names removed.
+
+    ``debug_clear(NAME)`` deletes one.  For all of them, both spellings in use work:
+    ``confirm=True`` (mldbg's first meaning: "I confirm") and ``confirm=False`` (the
+    tool mldbg replaces: "do not ask me") delete at once; ``debug_clear()`` with neither
+    asks on a terminal and, with no terminal to ask (an agent, a pipe), refuses rather
+    than delete everything or hang.
+    """
+    if name is None and confirm is None:
         count = len(list_tensors())
-        raise ValueError(
-            f"debug_clear() deletes all {count} tensor(s) in {store_dir()}: "
-            "call debug_clear(confirm=True), or debug_clear(NAME) for one"
-        )
+        where = store_dir()
+        if count and _interactive():
+            print(f"debug_clear(): delete all {count} tensor(s) in {where}? [y/N] ", end="")
+            sys.stdout.flush()
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                print("nothing deleted")
+                return []
+        elif count:
+            raise ValueError(
+                f"debug_clear() deletes all {count} tensor(s) in {where} and there is no "
+                "terminal to ask: call debug_clear(confirm=False) (or confirm=True), or "
+                "debug_clear(NAME) for one"
+            )
     return clear_tensors(name)
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):  # a closed or odd stdin cannot ask
+        return False
 
 
 def read_header(path: Path) -> dict[str, Any]:

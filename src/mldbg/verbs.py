@@ -48,6 +48,7 @@ class Arg:
     positional: bool = False
     flag: str | None = None  # a bool's flag flips its default: --run sets stop_on_entry False
     short: str | None = None
+    aliases: tuple[str, ...] = ()  # more CLI spellings, e.g. pdb/debugpy users' --condition
     cli: bool = True  # False: filled in by the client, never typed by a person
     mcp: bool = True
     nargs: str | None = None
@@ -199,6 +200,7 @@ VERBS: tuple[Verb, ...] = (
         errors=(
             "start_failed",
             "store_unwritable",
+            "store_full",
             "session_busy",
             "file_not_found",
             "not_editable",
@@ -220,7 +222,13 @@ VERBS: tuple[Verb, ...] = (
                 kind="source",
             ),
             Arg("line", int, "line number", minimum=1),
-            Arg("condition", str, "stop only when this expression is true", flag="--if"),
+            Arg(
+                "condition",
+                str,
+                "stop only when this expression is true",
+                flag="--if",
+                aliases=("--condition",),
+            ),
             Arg("hits", str, "N: stop on the Nth hit; >=N: from the Nth on; %N: every Nth"),
             Arg(
                 "log",

@@ -99,7 +99,7 @@ def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
             kwargs["type"] = arg.type
         parser.add_argument(arg.name, **kwargs)
         return
-    names = [arg.cli_flag] + ([arg.short] if arg.short else [])
+    names = [arg.cli_flag, *arg.aliases] + ([arg.short] if arg.short else [])
     if arg.nargs:  # `--raised` alone, or `--raised ValueError KeyError`
         kwargs.update(nargs=arg.nargs, default=None, metavar="TYPE")
     elif arg.type is bool:
@@ -406,7 +406,18 @@ def run_command(args: argparse.Namespace, as_json: bool) -> int:
         if args.stop:
             from .client import connect
 
-            data = connect(autostart=False, any_mldbg=True).request("POST", "/v1/shutdown", body={})
+            try:
+                client = connect(autostart=False, any_mldbg=True)
+            except MldbgError as exc:
+                if exc.code != "no_daemon":
+                    raise
+                # what was asked already holds: nothing to stop is not an error
+                if as_json:
+                    print(json.dumps({"stopped": False, "running": False}))
+                else:
+                    render.out.print("no mldbg daemon is running; nothing to stop")
+                return 0
+            data = client.request("POST", "/v1/shutdown", body={})
             if as_json:
                 print(json.dumps(data))
             else:

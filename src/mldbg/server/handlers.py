@@ -78,7 +78,8 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     from ..store_size import warning
 
     with contextlib.suppress(OSError):
-        full = warning(session.home)
+        env = {**(a.get("base_env") or os.environ), **(a.get("env") or {})}
+        full = warning(session.home, env)  # the client's limits, not the daemon's
         if full:
             state["warnings"] = [full]
     return state

@@ -283,3 +283,52 @@ def test_start_is_refused_past_the_limit(cli, write, home: Path) -> None:
     assert [p.name for p in (home / "runs").iterdir()] == ["old-1"]  # nothing was made
     state = cli("start", "-s", "full", "--run", "prog.py", json_out=True)  # the default 10 GB
     assert state["state"] in ("exited", "running", "paused"), state
+
+
+def test_two_repositories_share_one_store(tmp_path: Path) -> None:
+    """Without MLDBG_HOME, debug_save in the reference's checkout and debug_load in the
+    port's (a subdirectory of it, even) meet in the user's store; MLDBG_HOME still wins."""
+    user = tmp_path / "user"
+    reference, port = tmp_path / "reference", tmp_path / "port" / "src" / "deep"
+    for directory in (user, reference, port):
+        directory.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "MLDBG_HOME"} | {"HOME": str(user)}
+
+    def run(cwd: Path, code: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=cwd,
+            env=env | extra,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    saved = run(
+        reference,
+        "import torch; from mldbg import debug_save; "
+        "debug_save(torch.arange(6, dtype=torch.bfloat16), 'ref.h')",
+    )
+    assert saved.returncode == 0, saved.stderr
+    assert (user / ".mldbg" / "tensors" / "ref.h.safetensors").is_file()
+    assert not (reference / ".mldbg").exists()
+    loaded = run(
+        port,
+        "import mlx.core as mx; from mldbg import debug_load; "
+        "h = debug_load('ref.h'); print(h.dtype, h.astype(mx.float32).tolist())",
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == [
+        "mlx.core.bfloat16",
+        "[0.0,",
+        "1.0,",
+        "2.0,",
+        "3.0,",
+        "4.0,",
+        "5.0]",
+    ]
+
+    missing = run(port, "from mldbg import debug_load; debug_load('ref.g')")
+    assert "closest stored names: ref.h" in missing.stderr and "MLDBG_HOME" in missing.stderr
+    own = run(port, "from mldbg import debug_load; debug_load('ref.h')", MLDBG_HOME="proj")
+    assert "no tensor named 'ref.h'" in own.stderr and "MLDBG_HOME=proj" in own.stderr

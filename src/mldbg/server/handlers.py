@@ -370,7 +370,7 @@ def compare(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
 def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     from .. import tensors as store
 
-    home = store_home(manager, a)
+    home = tensor_home(manager, a)
     action = a.get("action") or "list"
     try:
         if action == "list":
@@ -398,6 +398,22 @@ def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
         return {"removed": store.clear_tensors(a.get("name"), home)}
     except (FileNotFoundError, ValueError) as exc:
         raise MldbgError(str(exc)[:2000], code="no_such_tensor") from None
+
+
+def tensor_home(manager: SessionManager, a: dict[str, Any]) -> Path:
+    """Whose tensor store a call means: ``home`` if given; else, as ``debug_save`` in that
+    process would find it, the session's or the client's ``MLDBG_HOME``, else the user's
+    store shared by every repository (``tensors.tensor_home``)."""
+    from .. import tensors as store
+
+    if a.get("home"):
+        return store_home(manager, a)
+    if a.get("session"):
+        s = manager.get(a["session"])
+        env = {**(s.request.env or os.environ), **s.request.env_overrides}
+        return store.tensor_home(s.request.cwd, env)
+    env = {"MLDBG_HOME": a["client_home"]} if a.get("client_home") else {}
+    return store.tensor_home(a.get("client_cwd"), env)
 
 
 @handles("clean")

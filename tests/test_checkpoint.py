@@ -115,9 +115,14 @@ import mlx.core as mx
 a = mx.arange(10, dtype=mx.float32)
 lazy = mx.exp(a / 10).astype(mx.bfloat16)
 debug_checkpoint("mlx", lazy=lazy)
+pending = mx.ones((64, 64)) * 3
+debug_checkpoint("locals")  # the caller's locals: a lazy one is not run early
 """,
     )
     assert result.returncode == 0, result.stderr
+    taken = records(tmp_path)[1]["variables"]["pending"]
+    assert taken["shape"] == [64, 64] and taken["dtype"] == "float32"
+    assert taken["evaluated"] is False and taken["stats"] is None and "lazy" in taken["note"]
     summary = records(tmp_path)[0]["variables"]["lazy"]
     expected = np.array(
         mx.exp(mx.arange(10, dtype=mx.float32) / 10).astype(mx.bfloat16).astype(mx.float32).tolist()

@@ -151,6 +151,9 @@ class State(TypedDict, total=False):
     restarted_from: NotRequired[str]  # restart: the run id this one replaces
     selected: NotRequired[int]  # thread: the selected thread's id
     interrupted: NotRequired[bool]  # pause while paused: an evaluation was interrupted
+    # at a stop: {"process": {rss_bytes, peak_rss_bytes}, "mlx": {active_bytes, peak_bytes,
+    # cache_bytes, device}, "torch": {"cuda": {...}, "mps": {...}}} where each applies (memory.py)
+    memory: NotRequired[dict[str, Any]]
 
 
 class Frame(TypedDict, total=False):

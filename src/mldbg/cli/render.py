@@ -110,6 +110,11 @@ def state(data: dict[str, Any]) -> None:
             out.print(
                 f"[cyan]watch[/] {escape(str(item.get('expression')))} = {escape(str(value))}"
             )
+        memory = data.get("memory") or {}
+        if memory.get("mlx") or memory.get("torch"):  # a framework's allocator to show
+            from ..memory import one_line
+
+            out.print(f"[dim]memory: {escape(one_line(memory))}[/]")
         if data.get("fix"):  # worded for any surface: "step out", "continue"
             calls = [
                 " ".join([str(f.get("verb")), *map(str, (f.get("args") or {}).values())])

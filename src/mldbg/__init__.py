@@ -29,6 +29,7 @@ _PUBLIC = {
     "debug_save": "tensors",
     "debug_clear": "tensors",
     "debug_show_all": "tensors",
+    "tripped": "agent.tripwire",
 }
 
 __all__ = [
@@ -45,9 +46,11 @@ __all__ = [
     "debug_save",
     "debug_show_all",
     "replay",
+    "tripped",
 ]
 
 if TYPE_CHECKING:
+    from .agent.tripwire import tripped
     from .capture import Capture, capture
     from .checkpoint import debug_checkpoint
     from .compare import CompareInputError, Comparison, ReplayResult, compare, replay

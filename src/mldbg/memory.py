@@ -39,9 +39,8 @@ def snapshot() -> dict[str, Any]:
         if mlx:
             out["mlx"] = mlx
     with contextlib.suppress(Exception):
-        torch = _torch()
-        if torch:
-            out["torch"] = torch
+        if "torch" in sys.modules:  # empty on a CPU-only run: the process numbers cover it
+            out["torch"] = _torch()
     return out
 
 
@@ -117,6 +116,8 @@ def one_line(memory: dict[str, Any]) -> str:
         parts.append(
             f"mps allocated {_size(m['allocated_bytes'])} driver {_size(m['driver_bytes'])}"
         )
+    if "torch" in memory and not torch:
+        parts.append("torch (cpu: no allocator of its own)")
     process = memory.get("process")
     if process and "rss_bytes" in process:
         peak = process.get("peak_rss_bytes")

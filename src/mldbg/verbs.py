@@ -261,6 +261,26 @@ VERBS: tuple[Verb, ...] = (
                 "stop only the thread that hits it (default: every thread stops)",
                 False,
             ),
+            Arg(
+                "nonfinite",
+                bool,
+                "tripwire: stop in the first module call (torch or MLX) whose output holds "
+                "NaN/Inf while its inputs did not, in the frame that called it",
+                False,
+            ),
+            Arg(
+                "max_abs",
+                float,
+                "tripwire: also stop where an output's finite |x| exceeds this",
+                minimum=0,
+            ),
+            Arg(
+                "subnormal",
+                bool,
+                "tripwire: also stop on subnormal outputs (0 < |x| < the dtype's smallest "
+                "normal: uninitialised-memory garbage such as 1.58e-43)",
+                False,
+            ),
         ),
         route="break",
         legacy_routes=(("POST", "breakpoints"),),
@@ -268,7 +288,9 @@ VERBS: tuple[Verb, ...] = (
         description="Also inside installed libraries (transformers, torch): a relative path "
         "not found under the cwd is looked up among the files the script can import "
         "(`ambiguous_file` lists candidates). A line that cannot hold one is refused with "
-        "`nearest_lines`. The answer's `id` works wherever FILE:LINE does (remove, until).",
+        "`nearest_lines`. The answer's `id` works wherever FILE:LINE does (remove, until). "
+        "`nonfinite` (with `max_abs`, `subnormal`) sets the tripwire instead: the stop's reason "
+        "is `tripwire`, its `tripwire` names the module path and what was found.",
     ),
     Verb(
         "breaks",

@@ -283,9 +283,13 @@ def verb_arguments(verb: Verb, a: argparse.Namespace) -> dict[str, Any]:
             or values.get("id")
             or values.get("raised") is not None
             or values.get("uncaught") is not None
+            or values.get("nonfinite")
+            or values.get("max_abs") is not None
+            or values.get("subnormal")
         ):
             raise UsageError(
                 "give FILE:LINE (or FILE LINE), --function NAME, --raised [TYPE...], "
+                "--nonfinite, "
                 "--uncaught or --checkpoint NAME"
             )
     if verb.name == "until" and values.get("target") and _LOCATION.match(values["target"]):

@@ -111,7 +111,7 @@ def state(data: dict[str, Any]) -> None:
                 f"[cyan]watch[/] {escape(str(item.get('expression')))} = {escape(str(value))}"
             )
         memory = data.get("memory") or {}
-        if memory.get("mlx") or memory.get("torch"):  # a framework's allocator to show
+        if "mlx" in memory or "torch" in memory:  # a framework is loaded
             from ..memory import one_line
 
             out.print(f"[dim]memory: {escape(one_line(memory))}[/]")
@@ -213,6 +213,13 @@ def breakpoint_line(bp: dict[str, Any]) -> str:
     elif bp.get("exception"):
         types = ", ".join(bp.get("types") or []) or "every exception"
         parts = [f"#{bp['id']} exception {escape(bp['exception'])}: {escape(types)}"]
+    elif "nonfinite" in bp:  # the tripwire
+        rule = ["NaN/Inf"] if bp.get("nonfinite") else []
+        if bp.get("max_abs") is not None:
+            rule.append(f"|x| > {bp['max_abs']:g}")
+        if bp.get("subnormal"):
+            rule.append("subnormal")
+        parts = [f"#{bp['id']} tripwire: module outputs with {' or '.join(rule)}"]
     elif bp.get("pending"):
         parts = [
             f"#{bp['id']} function {escape(str(bp.get('function')))} [yellow](pending: "

@@ -187,6 +187,9 @@ def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
             spec[key] = list(a[key])
     if a.get("this_thread"):
         spec["this_thread"] = True
+    for key in ("nonfinite", "max_abs", "subnormal"):  # the tripwire (agent/tripwire.py)
+        if a.get(key):
+            spec[key] = a[key]
     result: dict[str, Any] = s.command("break", spec)
     s.log_event("breakpoint_set", **result)
     _remember(s)

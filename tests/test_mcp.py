@@ -192,6 +192,18 @@ def test_a_debug_session_through_mcp(mcp, write) -> None:
         assert "missing.py" in missing["error"]
         nothing = await tool.error("start", session="mcp2")
         assert nothing["code"] == "bad_argument"
+        # no stop at entry: `wait` waits for the first breakpoint, not merely the start
+        first = await tool(
+            "start",
+            script="prog.py",
+            breakpoints=[{"file": "prog.py", "line": inside}],
+            stop_on_entry=False,
+            wait=30,
+            session="mcp3",
+        )
+        assert first["state"] == "paused" and first["reason"] == "breakpoint", first
+        assert first["location"]["line"] == inside
+        await tool("terminate", session="mcp3")
         hostile = await tool.error("pause", session="x/../../shutdown#")
         assert hostile["code"] == "bad_session_name"
         assert (await tool("status", session="mcp1"))["state"] == "paused"  # daemon still up

@@ -195,7 +195,15 @@ VERBS: tuple[Verb, ...] = (
                 "refuse to start unless these packages are editable installs for the script's "
                 "python (the copy you edit is the copy that runs)",
             ),
-            Arg("wait", float, "seconds to wait for the first stop", 30.0, minimum=0, cli=False),
+            Arg(
+                "wait",
+                float,
+                "seconds to wait for the first stop: the entry stop, or with stop_on_entry "
+                "false the first breakpoint (or the end); default 30 at entry, 0 without it; "
+                "at most 30 s, then `wait`",
+                minimum=0,
+                cli=False,
+            ),
         ),
         errors=(
             "start_failed",
@@ -207,7 +215,9 @@ VERBS: tuple[Verb, ...] = (
             *BREAK_ERRORS,
         ),
         description="Returns the session's state: `paused` with `location` (file, line, code "
-        "around it), or `exited` with `exit_code` and the last output if it ran to the end.",
+        "around it), or `exited` with `exit_code` and the last output if it ran to the end. "
+        "With stop_on_entry false, `wait` s waits for the first stop or the end; `running` "
+        "means none came in that time (then call wait).",
     ),
     Verb(
         "break",

@@ -74,7 +74,17 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         follow=not a.get("no_follow"),
     )
     session = manager.start(name, request)
-    state = session.wait(_bounded(a.get("wait", 30.0)) if request.stop_on_entry else 0.0)
+    # `wait` waits for the first stop, whichever it is: the entry stop, or with
+    # stop_on_entry false the first breakpoint (or the end); asked for nothing, only the
+    # entry stop is waited for, so `start --run` returns at once
+    asked = a.get("wait")
+    wait = _bounded(30.0 if asked is None and request.stop_on_entry else asked)
+    state = session.wait(wait)
+    if state.get("state") == "running" and wait > 0:
+        state["note"] = (
+            f"no stop in the {wait:g} s start waited (start waits at most {MAX_WAIT:g} s): "
+            "call wait to wait for the first breakpoint or the end"
+        )
     from ..store_size import warning
 
     with contextlib.suppress(OSError):

@@ -48,6 +48,7 @@ class Arg:
     positional: bool = False
     flag: str | None = None  # a bool's flag flips its default: --run sets stop_on_entry False
     short: str | None = None
+    aliases: tuple[str, ...] = ()  # more CLI spellings, e.g. pdb/debugpy users' --condition
     cli: bool = True  # False: filled in by the client, never typed by a person
     mcp: bool = True
     nargs: str | None = None
@@ -194,18 +195,29 @@ VERBS: tuple[Verb, ...] = (
                 "refuse to start unless these packages are editable installs for the script's "
                 "python (the copy you edit is the copy that runs)",
             ),
-            Arg("wait", float, "seconds to wait for the first stop", 30.0, minimum=0, cli=False),
+            Arg(
+                "wait",
+                float,
+                "seconds to wait for the first stop: the entry stop, or with stop_on_entry "
+                "false the first breakpoint (or the end); default 30 at entry, 0 without it; "
+                "at most 30 s, then `wait`",
+                minimum=0,
+                cli=False,
+            ),
         ),
         errors=(
             "start_failed",
             "store_unwritable",
+            "store_full",
             "session_busy",
             "file_not_found",
             "not_editable",
             *BREAK_ERRORS,
         ),
         description="Returns the session's state: `paused` with `location` (file, line, code "
-        "around it), or `exited` with `exit_code` and the last output if it ran to the end.",
+        "around it), or `exited` with `exit_code` and the last output if it ran to the end. "
+        "With stop_on_entry false, `wait` s waits for the first stop or the end; `running` "
+        "means none came in that time (then call wait).",
     ),
     Verb(
         "break",
@@ -220,7 +232,13 @@ VERBS: tuple[Verb, ...] = (
                 kind="source",
             ),
             Arg("line", int, "line number", minimum=1),
-            Arg("condition", str, "stop only when this expression is true", flag="--if"),
+            Arg(
+                "condition",
+                str,
+                "stop only when this expression is true",
+                flag="--if",
+                aliases=("--condition",),
+            ),
             Arg("hits", str, "N: stop on the Nth hit; >=N: from the Nth on; %N: every Nth"),
             Arg(
                 "log",
@@ -253,6 +271,26 @@ VERBS: tuple[Verb, ...] = (
                 "stop only the thread that hits it (default: every thread stops)",
                 False,
             ),
+            Arg(
+                "nonfinite",
+                bool,
+                "tripwire: stop in the first module call (torch or MLX) whose output holds "
+                "NaN/Inf while its inputs did not, in the frame that called it",
+                False,
+            ),
+            Arg(
+                "max_abs",
+                float,
+                "tripwire: also stop where an output's finite |x| exceeds this",
+                minimum=0,
+            ),
+            Arg(
+                "subnormal",
+                bool,
+                "tripwire: also stop on subnormal outputs (0 < |x| < the dtype's smallest "
+                "normal: uninitialised-memory garbage such as 1.58e-43)",
+                False,
+            ),
         ),
         route="break",
         legacy_routes=(("POST", "breakpoints"),),
@@ -260,7 +298,9 @@ VERBS: tuple[Verb, ...] = (
         description="Also inside installed libraries (transformers, torch): a relative path "
         "not found under the cwd is looked up among the files the script can import "
         "(`ambiguous_file` lists candidates). A line that cannot hold one is refused with "
-        "`nearest_lines`. The answer's `id` works wherever FILE:LINE does (remove, until).",
+        "`nearest_lines`. The answer's `id` works wherever FILE:LINE does (remove, until). "
+        "`nonfinite` (with `max_abs`, `subnormal`) sets the tripwire instead: the stop's reason "
+        "is `tripwire`, its `tripwire` names the module path and what was found.",
     ),
     Verb(
         "breaks",

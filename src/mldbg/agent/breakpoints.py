@@ -342,6 +342,7 @@ class BreakpointTable:
         self.checkpoints: dict[str, CheckpointFilter] = {}
         self.exceptions = ExceptionBreaks()
         self.pending: dict[int, Any] = {}  # function breakpoints whose module is not there yet
+        self.tripwires: dict[int, Any] = {}  # break --nonfinite (tripwire.Tripwire), one at most
         self.version = 0
         self.lock = threading.RLock()
         self._code_cache: dict[CodeType, frozenset[int]] = {}
@@ -386,7 +387,8 @@ class BreakpointTable:
     def clear(self) -> int:
         with self.lock:
             count = sum(len(lines) for lines in self.by_file.values()) + len(self.checkpoints)
-            count += len(self.exceptions.items) + len(self.pending)
+            count += len(self.exceptions.items) + len(self.pending) + len(self.tripwires)
+            self.tripwires.clear()
             self.by_file.clear()
             self.checkpoints.clear()
             self.exceptions.items.clear()
@@ -412,6 +414,7 @@ class BreakpointTable:
                 *self.checkpoints.values(),
                 *self.exceptions.items.values(),
                 *self.pending.values(),
+                *self.tripwires.values(),
             ]
 
     def find(self, bp_id: int) -> Any:
@@ -433,6 +436,8 @@ class BreakpointTable:
                 return self.checkpoints.pop(item.name)
             if bp_id in self.exceptions.items:
                 item = self.exceptions.items.pop(bp_id)
+            elif bp_id in self.tripwires:
+                item = self.tripwires.pop(bp_id)
             else:
                 item = self.pending.pop(bp_id)
             self._changed()

@@ -62,6 +62,8 @@ class Debugger(ThreadHolding):
         self._stop_lock = threading.Lock()
         self._busy: set[int] = set()  # threads inside the debugger: they never stop again
         self._import_watcher: Any = None
+        self._tripwire: Any = None  # tripwire.Wire, made on the first break --nonfinite
+        self._tripwire_watcher: Any = None
         self.backend: TracerBackend = tracer(self)
 
     @property
@@ -313,6 +315,30 @@ class Debugger(ThreadHolding):
                 self.wire.send({"event": P.RESUMED})
         finally:
             self._busy.discard(me)
+
+    # -- the non-finite tripwire (break --nonfinite) ------------------------------------------
+
+    def arm_tripwire(self) -> None:
+        """Install or remove the module hooks after the tripwire setting changed; a framework
+        imported later is hooked as soon as its import finishes."""
+        rules = list(self.breakpoints.tripwires.values())
+        if not rules and self._tripwire is None:
+            return
+        from .functions import ImportWatcher
+        from .tripwire import Wire
+
+        if self._tripwire is None:
+            self._tripwire = Wire(self)
+        wire = self._tripwire
+        wire.arm(rules[0] if rules else None)
+        if wire.frameworks_missing():
+            if self._tripwire_watcher is None:
+                self._tripwire_watcher = ImportWatcher(
+                    wire.install_available, wire.frameworks_missing
+                )
+            self._tripwire_watcher.install()
+        elif self._tripwire_watcher is not None:
+            self._tripwire_watcher.uninstall()
 
     # -- function breakpoints whose module comes later -----------------------------------------
 

@@ -6,7 +6,11 @@ without importing each other.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -15,13 +19,21 @@ if TYPE_CHECKING:
 
 class _LazyConsole:
     """A rich ``Console`` made on first use: importing rich costs more than the rest of a
-    CLI command (~60 ms), and a command that prints a plain value never needs it."""
+    CLI command (~60 ms), and a command that prints a plain value never needs it.
+
+    Every renderer prints through the two module-level instances, so :func:`captured` can
+    send all of their output to a buffer (MCP's text form) by redirecting these two
+    objects, whatever module the renderer lives in.
+    """
 
     def __init__(self, **options: Any) -> None:
         self._options = options
         self._console: Console | None = None
+        self._redirect: Console | None = None
 
     def _made(self) -> Console:
+        if self._redirect is not None:
+            return self._redirect
         if self._console is None:
             from rich.console import Console
 
@@ -55,7 +67,7 @@ def plain_line(text: str) -> None:
     """Print ``text`` as it is (no markup, no emoji codes): without rich while ``out`` is
     the process's own console and rich is not loaded yet."""
     target: Any = out
-    if isinstance(target, _LazyConsole) and target._console is None:
+    if isinstance(target, _LazyConsole) and target._console is None and target._redirect is None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     else:
@@ -74,3 +86,22 @@ def human_size(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
+
+
+_CAPTURE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def captured(width: int = 120) -> Iterator[io.StringIO]:
+    """Everything printed to ``out`` and ``err`` inside the block, as plain text in the
+    yielded buffer (one capture at a time: the consoles are the process's)."""
+    from rich.console import Console
+
+    with _CAPTURE_LOCK:
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=width, no_color=True, highlight=False, soft_wrap=True)
+        out._redirect = err._redirect = console
+        try:
+            yield buffer
+        finally:
+            out._redirect = err._redirect = None

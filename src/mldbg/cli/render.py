@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from typing import Any
 
-from .console import Table, err, escape, out, plain_line
+from .console import Table, captured, err, escape, out, plain_line
 from .console import human_size as _size
 
 __all__ = ["Table", "err", "escape", "out", "plain_line"]  # used through render by other modules
@@ -59,6 +58,11 @@ def state(data: dict[str, Any]) -> None:
             out.print(
                 f"[cyan]watch[/] {escape(str(item.get('expression')))} = {escape(str(value))}"
             )
+        memory = data.get("memory") or {}
+        if "mlx" in memory or "torch" in memory:  # a framework is loaded
+            from ..memory import one_line
+
+            out.print(f"[dim]memory: {escape(one_line(memory))}[/]")
         if data.get("fix"):  # worded for any surface: "step out", "continue"
             calls = [
                 " ".join([str(f.get("verb")), *map(str, (f.get("args") or {}).values())])
@@ -157,6 +161,13 @@ def breakpoint_line(bp: dict[str, Any]) -> str:
     elif bp.get("exception"):
         types = ", ".join(bp.get("types") or []) or "every exception"
         parts = [f"#{bp['id']} exception {escape(bp['exception'])}: {escape(types)}"]
+    elif "nonfinite" in bp:  # the tripwire
+        rule = ["NaN/Inf"] if bp.get("nonfinite") else []
+        if bp.get("max_abs") is not None:
+            rule.append(f"|x| > {bp['max_abs']:g}")
+        if bp.get("subnormal"):
+            rule.append("subnormal")
+        parts = [f"#{bp['id']} tripwire: module outputs with {' or '.join(rule)}"]
     elif bp.get("pending"):
         parts = [
             f"#{bp['id']} function {escape(str(bp.get('function')))} [yellow](pending: "
@@ -477,22 +488,6 @@ RENDERERS = {
 
 def to_text(verb: str, data: Any, width: int = 120) -> str:
     """What ``mldbg VERB`` would print, as plain text (for MCP's text content)."""
-    import io
-
-    global out, err
-    with _TEXT_LOCK:
-        saved = out, err
-        buffer = io.StringIO()
-        from rich.console import Console
-
-        out = err = Console(
-            file=buffer, width=width, no_color=True, highlight=False, soft_wrap=True
-        )
-        try:
-            RENDERERS[verb](data)
-        finally:
-            out, err = saved
+    with captured(width) as buffer:
+        RENDERERS[verb](data)
     return buffer.getvalue().rstrip("\n")
-
-
-_TEXT_LOCK = threading.Lock()

@@ -74,11 +74,22 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         follow=not a.get("no_follow"),
     )
     session = manager.start(name, request)
-    state = session.wait(_bounded(a.get("wait", 30.0)) if request.stop_on_entry else 0.0)
+    # `wait` waits for the first stop, whichever it is: the entry stop, or with
+    # stop_on_entry false the first breakpoint (or the end); asked for nothing, only the
+    # entry stop is waited for, so `start --run` returns at once
+    asked = a.get("wait")
+    wait = _bounded(30.0 if asked is None and request.stop_on_entry else asked)
+    state = session.wait(wait)
+    if state.get("state") == "running" and wait > 0:
+        state["note"] = (
+            f"no stop in the {wait:g} s start waited (start waits at most {MAX_WAIT:g} s): "
+            "call wait to wait for the first breakpoint or the end"
+        )
     from ..store_size import warning
 
     with contextlib.suppress(OSError):
-        full = warning(session.home)
+        env = {**(a.get("base_env") or os.environ), **(a.get("env") or {})}
+        full = warning(session.home, env)  # the client's limits, not the daemon's
         if full:
             state["warnings"] = [full]
     return state
@@ -186,6 +197,9 @@ def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
             spec[key] = list(a[key])
     if a.get("this_thread"):
         spec["this_thread"] = True
+    for key in ("nonfinite", "max_abs", "subnormal"):  # the tripwire (agent/tripwire.py)
+        if a.get(key):
+            spec[key] = a[key]
     result: dict[str, Any] = s.command("break", spec)
     s.log_event("breakpoint_set", **result)
     _remember(s)
@@ -369,7 +383,7 @@ def compare(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
 def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     from .. import tensors as store
 
-    home = store_home(manager, a)
+    home = tensor_home(manager, a)
     action = a.get("action") or "list"
     try:
         if action == "list":
@@ -397,6 +411,22 @@ def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
         return {"removed": store.clear_tensors(a.get("name"), home)}
     except (FileNotFoundError, ValueError) as exc:
         raise MldbgError(str(exc)[:2000], code="no_such_tensor") from None
+
+
+def tensor_home(manager: SessionManager, a: dict[str, Any]) -> Path:
+    """Whose tensor store a call means: ``home`` if given; else, as ``debug_save`` in that
+    process would find it, the session's or the client's ``MLDBG_HOME``, else the user's
+    store shared by every repository (``tensors.tensor_home``)."""
+    from .. import tensors as store
+
+    if a.get("home"):
+        return store_home(manager, a)
+    if a.get("session"):
+        s = manager.get(a["session"])
+        env = {**(s.request.env or os.environ), **s.request.env_overrides}
+        return store.tensor_home(s.request.cwd, env)
+    env = {"MLDBG_HOME": a["client_home"]} if a.get("client_home") else {}
+    return store.tensor_home(a.get("client_cwd"), env)
 
 
 @handles("clean")

@@ -8,6 +8,7 @@ says how much was left out, and callers set ``truncated`` beside it.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 MESSAGE = 2_000  # an error message or an exception's str()
@@ -36,6 +37,38 @@ def cap(text: str, limit: int, keep: str = "head") -> tuple[str, bool]:
 
 def capped(text: str, limit: int, keep: str = "head") -> str:
     return cap(text, limit, keep)[0]
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    point = ord(match.group())
+    if 0xDC80 <= point <= 0xDCFF:  # a byte ``surrogateescape`` could not decode
+        return f"\\x{point - 0xDC00:02x}"
+    return f"\\u{point:04x}"
+
+
+def encodable(value: Any) -> Any:
+    """``value`` with every string (keys too) encodable as UTF-8.
+
+    Python text can hold lone surrogates: ``os.fsdecode(b"caf\\xe9.txt")`` is how a
+    file name that is not UTF-8 reads on Linux.  No UTF-8 writer takes them (the MCP SDK's
+    stdout writer died on one), so they become visible escapes, ``caf\\xe9.txt``: the
+    undecodable byte as ``\\xNN``, any other lone surrogate as ``\\udXXX``.  Values
+    without one are returned as they are (the same objects).
+    """
+    if isinstance(value, str):
+        return (
+            _LONE_SURROGATE.sub(_escape_surrogate, value)
+            if _LONE_SURROGATE.search(value)
+            else value
+        )
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [encodable(item) for item in value]
+    return value
 
 
 def shrink(record: dict[str, Any], limit: int) -> dict[str, Any]:

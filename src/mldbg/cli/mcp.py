@@ -112,7 +112,9 @@ def _as_tool_error() -> Iterator[None]:
         raise ToolError(budget.capped(json.dumps(payload, default=str), 8_000)) from None
     except OSError as exc:
         message = f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
-        raise ToolError(json.dumps({"error": message, "code": "os_error"})) from None
+        raise ToolError(
+            json.dumps({"error": budget.encodable(message), "code": "os_error"})
+        ) from None
     except Exception as exc:  # anything else still reaches the agent with a code
         text = f"internal error in mldbg mcp: {type(exc).__name__}: {exc} (please report it)"
         raise ToolError(
@@ -171,6 +173,9 @@ class Tools:
                     data = await anyio.to_thread.run_sync(
                         functools.partial(self.call, verb, session, args)
                     )
+            # the daemon's answers are already encodable; what this process adds (a path
+            # from an OSError, say) may not be, and one lone surrogate kills the stdio writer
+            data = budget.encodable(data)
             return CallToolResult(
                 content=[TextContent(type="text", text=result_text(verb, data))],
                 structured_content=data,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -77,14 +76,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 class SafeJSONResponse(JSONResponse):
-    """JSON that can always be sent: text holding lone surrogates (undecodable bytes in a
-    file name, ``os.fsdecode(b"\\xff")``) is escaped instead of failing the response."""
+    """JSON that can always be sent, and read back as UTF-8 by any client: text holding
+    lone surrogates (undecodable bytes in a file name, ``os.fsdecode(b"\\xff")``) shows
+    them as visible escapes (``\\xff``, ``budget.encodable``), so no surface downstream (the
+    CLI's terminal, the MCP server's stdout) meets a string it cannot write."""
 
     def render(self, content: Any) -> bytes:
         try:
             return super().render(content)
         except UnicodeEncodeError:
-            return json.dumps(content, ensure_ascii=True, allow_nan=False).encode("ascii")
+            return super().render(budget.encodable(content))
 
 
 def verb_args(verb: Verb) -> tuple[Arg, ...]:

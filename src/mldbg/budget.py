@@ -17,6 +17,7 @@ VALUE = 4_000  # a repr or an eval result
 OUTPUT_TAIL = 4_000  # the output tail carried in every state
 OUTPUT = 16_384  # an output page
 EVAL_OUTPUT = 8_000  # what an evaluation printed
+ERROR = 12_000  # a whole error answer: a message, a traceback, and what else it carries
 
 
 def cap(text: str, limit: int, keep: str = "head") -> tuple[str, bool]:
@@ -71,24 +72,69 @@ def encodable(value: Any) -> Any:
     return value
 
 
+def _size(value: Any) -> int:
+    return len(json.dumps(value, default=str))
+
+
+MIN_ITEM = 512  # a list item is never cut below this: below it, fewer items are kept
+
+
+def _fit(value: Any, limit: int, path: str, cuts: dict[str, dict[str, int]]) -> Any:
+    """``value`` cut to about ``limit`` bytes of JSON, keeping its type: a string keeps a
+    marked head, a list its items (each cut to its share, and only as many as fit), a dict
+    its keys (the largest values cut first).  Each list that lost items is noted in
+    ``cuts`` under its path, with how many of how many it kept."""
+    size = _size(value)
+    if size <= limit:
+        return value
+    if isinstance(value, str):
+        return capped(value, max(limit - 64, 16))
+    if isinstance(value, list):
+        if not value:
+            return value
+        share = max(limit // len(value), MIN_ITEM)
+        kept: list[Any] = []
+        used = 2
+        for index, item in enumerate(value):
+            room = min(share, limit - used)
+            if room < min(MIN_ITEM, share):
+                break
+            item = _fit(item, room, f"{path}[{index}]", cuts)
+            item_size = _size(item) + 2  # and its ", "
+            if used + item_size > limit and kept:
+                break
+            kept.append(item)
+            used += item_size
+        if len(kept) < len(value):
+            cuts[path or "."] = {"shown": len(kept), "total": len(value)}
+        return kept
+    if isinstance(value, dict):
+        cut = dict(value)
+        sizes = {key: _size(item) for key, item in cut.items()}
+        for key in sorted(sizes, key=sizes.__getitem__, reverse=True):
+            rest = _size(cut) - _size(cut[key])
+            cut[key] = _fit(cut[key], max(limit - rest, MIN_ITEM // 4), f"{path}.{key}", cuts)
+            if _size(cut) <= limit:
+                break
+        return cut
+    return value  # a number, a bool, None: nothing to cut
+
+
 def shrink(record: dict[str, Any], limit: int) -> dict[str, Any]:
-    """``record`` as it is, or, if its JSON is over ``limit`` bytes, with its largest values
-    (largest first) cut: strings to a marked head, anything else to a note of its size."""
-    if len(json.dumps(record, default=str)) <= limit:
+    """``record`` as it is, or, if its JSON is over ``limit`` bytes, cut to fit without
+    changing its shape: every value keeps its type (a list of sessions stays a list of
+    session states, each cut to its share, and only as many as fit), so whatever reads
+    the answer (the CLI's renderers, an MCP output schema) still can.  The cut record says
+    so: ``truncated`` is true, and ``cut`` maps the path of each shortened list
+    (``.sessions``) to ``{"shown", "total"}``."""
+    if _size(record) <= limit:
         return record
-    cut = dict(record)
-    sizes = {key: len(json.dumps(value, default=str)) for key, value in cut.items()}
-    for key in sorted(sizes, key=sizes.__getitem__, reverse=True):
-        value = cut[key]
-        cut[key] = (
-            capped(value, limit // 4)
-            if isinstance(value, str)
-            else {"truncated": True, "bytes": sizes[key]}
-        )
-        if len(json.dumps(cut, default=str)) <= limit:
-            break
+    cuts: dict[str, dict[str, int]] = {}
+    cut = _fit(record, limit - 256, "", cuts)
     cut["truncated"] = True
-    return cut
+    if cuts:
+        cut["cut"] = dict(list(cuts.items())[:8])
+    return cut  # type: ignore[no-any-return]
 
 
 def page_info(

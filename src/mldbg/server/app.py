@@ -250,7 +250,11 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
     async def _mldbg_error(request: Request, exc: MldbgError) -> SafeJSONResponse:
         payload = exc.to_json()
         payload["error"] = budget.capped(str(payload.get("error")), budget.MESSAGE)
-        return SafeJSONResponse(status_code=exc.status, content=bound_answer(payload))
+        # the message has its budget; what an error carries beside it (the path it was
+        # given, candidates, a traceback) is bounded too, as a whole
+        return SafeJSONResponse(
+            status_code=exc.status, content=budget.shrink(payload, budget.ERROR)
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> SafeJSONResponse:

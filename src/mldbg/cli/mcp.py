@@ -50,6 +50,8 @@ TEXT_BUDGET = 6_000  # the text form of a result; the JSON is in structured cont
 def _annotation(arg: Arg) -> Any:
     base = Literal[arg.choices] if arg.choices else arg.type  # type: ignore[valid-type]
     constraints: dict[str, Any] = {"description": arg.help}
+    if arg.type is str:  # documented here, refused by the daemon with its code (too_long)
+        constraints["json_schema_extra"] = {"maxLength": arg.max_length}
     if arg.minimum is not None:
         constraints["ge"] = arg.minimum
     if arg.maximum is not None:

@@ -145,6 +145,8 @@ class State(TypedDict, total=False):
     warnings: NotRequired[list[str]]
     parent: NotRequired[str | None]  # a child process's session: the one that started it
     paused_children: NotRequired[list[str]]  # the run's child sessions paused now (at most 20)
+    # children that could not reach the daemon and run undebugged: {"total", "last": [...]}
+    detached_children: NotRequired[dict[str, Any]]
     watches: NotRequired[list[Watch]]  # every watch expression, evaluated at this stop
     note: NotRequired[str]  # e.g. a pause that had to stop in library code
     fix: NotRequired[list[dict[str, Any]]]  # calls that help from here (step out)

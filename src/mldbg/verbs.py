@@ -23,6 +23,17 @@ from . import results as R
 
 REQUIRED: Any = ...  # marks an argument without a default
 
+# Input limits: every text an agent can send is bounded at the door (the daemon refuses a
+# longer one with ``too_long`` before anything sees it), so nothing unbounded is echoed
+# into states, events or listings.  Lengths count characters, anywhere in the value (the
+# strings of a list, the keys and values of a mapping); items count a list's or mapping's
+# entries.  An argument may declare its own (shorter: echoed in every stop; longer: code).
+TEXT_LIMIT = 4_096  # a path (PATH_MAX), a name, a glob, a target
+ECHOED_LIMIT = 2_000  # text repeated at every stop: a watch, a condition, a log template
+CODE_LIMIT = 100_000  # code to run: an evaluation
+ENV_LIMIT = 131_072  # an environment variable or a script argument (Linux's MAX_ARG_STRLEN)
+ITEMS_LIMIT = 1_000  # entries of a list or mapping argument
+
 
 @dataclass(frozen=True)
 class Arg:
@@ -52,6 +63,8 @@ class Arg:
     cli: bool = True  # False: filled in by the client, never typed by a person
     mcp: bool = True
     nargs: str | None = None
+    max_length: int = TEXT_LIMIT  # the longest text anywhere in the value (see TEXT_LIMIT)
+    max_items: int = ITEMS_LIMIT  # the most entries of a list or mapping value
 
     @property
     def required(self) -> bool:
@@ -104,7 +117,7 @@ class Verb:
 
     @property
     def all_errors(self) -> tuple[str, ...]:
-        common = ("bad_argument", "bad_session_name", "daemon_unreachable")
+        common = ("bad_argument", "too_long", "bad_session_name", "daemon_unreachable")
         session = ("unknown_session",) if self.scope == "session" else ()
         return tuple(dict.fromkeys(common + session + self.errors))
 
@@ -164,16 +177,23 @@ VERBS: tuple[Verb, ...] = (
                 positional=True,
             ),
             Arg("module", str, "run a module, as python -m does", flag="-m"),
-            Arg("args", list[str], "the script's arguments", cli=False),
+            Arg("args", list[str], "the script's arguments", cli=False, max_length=ENV_LIMIT),
             Arg("python", str, "interpreter (default: the active virtualenv's python)"),
             Arg("cwd", str, "working directory for the script (default: here)", kind="path"),
-            Arg("env", dict[str, str], "variables added to the environment (K=V)"),
+            Arg(
+                "env",
+                dict[str, str],
+                "variables added to the environment (K=V)",
+                max_length=ENV_LIMIT,
+            ),
             Arg(
                 "base_env",
                 dict[str, str],
                 "the whole environment the variables are added to (default: the client's)",
                 cli=False,
                 mcp=False,
+                max_length=ENV_LIMIT,
+                max_items=10 * ITEMS_LIMIT,
             ),
             Arg(
                 "breakpoints",
@@ -238,12 +258,19 @@ VERBS: tuple[Verb, ...] = (
                 "stop only when this expression is true",
                 flag="--if",
                 aliases=("--condition",),
+                max_length=ECHOED_LIMIT,
             ),
-            Arg("hits", str, "N: stop on the Nth hit; >=N: from the Nth on; %N: every Nth"),
+            Arg(
+                "hits",
+                str,
+                "N: stop on the Nth hit; >=N: from the Nth on; %N: every Nth",
+                max_length=32,
+            ),
             Arg(
                 "log",
                 str,
                 'print this instead of stopping; an f-string body: "mean={loss.mean():.3f} {x!r}"',
+                max_length=ECHOED_LIMIT,
             ),
             Arg("checkpoint", str, "pause only at debug_checkpoint calls so named (a glob)"),
             Arg(
@@ -439,6 +466,7 @@ VERBS: tuple[Verb, ...] = (
                 REQUIRED,
                 kind="text",
                 positional=True,
+                max_length=CODE_LIMIT,
             ),
             Arg(
                 "timeout",
@@ -499,6 +527,7 @@ VERBS: tuple[Verb, ...] = (
                 REQUIRED,
                 kind="text",
                 positional=True,
+                max_length=ECHOED_LIMIT,
             ),
         ),
         errors=("bad_expression", "too_many_watches", "session_ended"),

@@ -93,6 +93,14 @@ def state(data: dict[str, Any]) -> None:
     if paused:
         shown = ", ".join(paused[:5]) + (f" (+{len(paused) - 5} more)" if len(paused) > 5 else "")
         out.print(f"[yellow]paused child processes:[/] {escape(shown)} [dim](-s NAME)[/]")
+    detached = data.get("detached_children") or {}
+    if detached:
+        last = (detached.get("last") or [{}])[-1]
+        out.print(
+            f"[red]{detached.get('total')} child process(es) run undebugged[/] "
+            f"(could not reach the debugger; last: pid {last.get('pid')}: "
+            f"{escape(str(last.get('reason')))})"
+        )
 
 
 def evaluation(data: dict[str, Any]) -> None:
@@ -213,6 +221,8 @@ def sessions(data: dict[str, Any]) -> None:
             )
             if s.get("recovered"):
                 place = "daemon lost"
+        if s.get("detached_children"):
+            place += f" ({s['detached_children'].get('total')} children undebugged)"
         table.add_row(
             s["session"],
             s.get("parent") or "",

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from ..current_run import current_run
+from .budget import Policy, parse_size
 from .recorder import Recorder
 from .store import CaptureDir, check_capture_name, module_label
 
@@ -61,6 +62,10 @@ class Capture:
         inputs: bool = True,
         include: str | Iterable[str] | None = None,
         exclude: str | Iterable[str] | None = None,
+        mode: str = "full",
+        depth: int | None = None,
+        budget: int | str | None = None,
+        within: str | None = None,
     ) -> None:
         self.model = model
         self.name = check_capture_name(name)
@@ -70,6 +75,10 @@ class Capture:
         self.inputs = inputs
         self.include = _patterns(include, "include")
         self.exclude = _patterns(exclude, "exclude")
+        self.policy = Policy(mode=mode, depth=depth, budget=parse_size(budget))  # checked
+        self.within = within
+        if within is not None:
+            self.include = _within(self._backend(), self._target, within)
         self.path: Path | None = None
         self._entered = False
         self._directory: CaptureDir | None = None
@@ -119,6 +128,10 @@ class Capture:
                     "inputs": self.inputs,
                     "include": self.include,
                     "exclude": self.exclude,
+                    "mode": self.policy.mode,
+                    "depth": self.policy.depth,
+                    "budget_limit": self.policy.budget,
+                    "within": self.within,
                     # Every kept module, called or not: compare tells a module the port
                     # has but never calls (a skipped norm) from one it lacks altogether.
                     "modules": self._module_paths(backend, target),
@@ -131,7 +144,9 @@ class Capture:
             return self
         self.path = self._directory.path
         self.name = self._directory.name
-        self._recorder = Recorder(self._directory, backend.save, self.inputs)
+        self._recorder = Recorder(
+            self._directory, backend.save, self.inputs, self.policy, backend.summarize
+        )
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
@@ -163,6 +178,7 @@ class Capture:
             "tensors": recorder.tensors,
             "bytes": recorder.bytes,
             "seconds": round(time.perf_counter() - self._started, 3),
+            "budget": self.policy.report(),
         }
         if recorder.error_count:
             fields["write_errors"] = recorder.errors[:100]
@@ -202,6 +218,20 @@ class Capture:
         )
 
 
+def _within(backend: Any, target: Any, within: str) -> list[str]:
+    """Include patterns for "module ``within`` and everything inside it", checked."""
+    label = module_label(within)
+    paths = [module_label(path) for path, _ in backend.named_modules(target)]
+    if label not in paths:
+        close = [p for p in paths if label.rsplit(".", 1)[-1] in p][:10] or paths[:10]
+        raise ValueError(
+            f"within={within!r}: the model has no module of that path (some it has: "
+            + ", ".join(close)
+            + ")"
+        )
+    return [label, f"{label}.*"] if label != module_label("") else ["*"]
+
+
 def capture(
     model: Any,
     name: str,
@@ -209,11 +239,31 @@ def capture(
     inputs: bool = True,
     include: str | Iterable[str] | None = None,
     exclude: str | Iterable[str] | None = None,
+    mode: str = "full",
+    depth: int | None = None,
+    budget: int | str | None = None,
+    within: str | None = None,
 ) -> Capture:
     """Record every submodule call of ``model`` while the ``with`` block runs.
 
     Inputs (unless ``inputs=False``) and outputs of each call go to the current run's
     ``captures/<name>/``; ``include`` / ``exclude`` are glob patterns on module paths
     (``<root>`` is the model itself).  Compare two captures with ``mldbg compare``.
+
+    Coarse to fine (README, "Parity at scale"): ``mode="summary"`` keeps statistics and a
+    seeded sketch per tensor instead of the tensor; ``depth`` records only calls nested at
+    most that deep (0: the model's own call); ``budget`` (bytes, or ``"1GB"``) caps what
+    tensor files may take, skipping (and reporting) what does not fit; ``within`` records
+    only module ``within`` and what it contains, in full.
     """
-    return Capture(model, name, inputs=inputs, include=include, exclude=exclude)
+    return Capture(
+        model,
+        name,
+        inputs=inputs,
+        include=include,
+        exclude=exclude,
+        mode=mode,
+        depth=depth,
+        budget=budget,
+        within=within,
+    )

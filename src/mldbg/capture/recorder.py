@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runs import PRIVATE_FILE
+from .budget import Policy
 from .flatten import Flat, flatten, flatten_call
 from .store import INDEX, CaptureDir, entry_name, module_label
 
@@ -24,16 +25,29 @@ SaveFn = Callable[[dict[str, Any], Path], tuple[dict[str, dict[str, Any]], dict[
 
 
 MAX_ERRORS = 1000  # messages kept in ``errors``; ``error_count`` counts them all
+SKIPPED = -1  # the "sequence number" of a call below the depth limit: nothing recorded
+
+# value -> (sketch, stats, shape, safetensors dtype name): a summary capture's reduction
+SummarizeFn = Callable[[Any], tuple[Any, dict[str, Any], list[int], str]]
 
 
 class Recorder:
     """Never raises into the model: a failed write (a full disk, an odd value) is an error
     message in ``errors`` and, where the index line can still be written, on that line."""
 
-    def __init__(self, directory: CaptureDir, save: SaveFn, inputs: bool) -> None:
+    def __init__(
+        self,
+        directory: CaptureDir,
+        save: SaveFn,
+        inputs: bool,
+        policy: Policy | None = None,
+        summarize: SummarizeFn | None = None,
+    ) -> None:
         self.directory = directory
         self.save = save
         self.inputs = inputs
+        self.policy = policy or Policy()
+        self.summarize = summarize
         self._lock = threading.Lock()
         self._local = threading.local()
         self._seq = 0
@@ -67,13 +81,17 @@ class Recorder:
     ) -> int:
         """Record the start of a call (and its inputs); returns its sequence number.
 
-        ``extra`` adds fields to the call's index line (``quant`` for a quantized module)."""
+        ``extra`` adds fields to the call's index line (``quant`` for a quantized module).
+        A call below the policy's depth limit is only tracked: it returns ``SKIPPED``."""
+        stack = self._stack()
+        if not self.policy.records(len(stack)):
+            stack.append((SKIPPED, 0, path))
+            return SKIPPED
         with self._lock:
             seq = self._seq
             self._seq += 1
             call = self._calls.get(path, 0)
             self._calls[path] = call + 1
-        stack = self._stack()
         record: dict[str, Any] = {
             "event": "call",
             "seq": seq,
@@ -106,6 +124,8 @@ class Recorder:
                 call = stack[i][1]
                 del stack[i:]
                 break
+        if seq == SKIPPED:
+            return
         with self._lock:
             end = self._ends
             self._ends += 1
@@ -134,19 +154,36 @@ class Recorder:
             skipped = dict(flat.skipped)
             if flat.renamed:
                 result["renamed"] = {entry_name(path, call, k): w for k, w in flat.renamed.items()}
-            if flat.pairs:
+            pairs = dict(flat.pairs)
+            reserved = 0
+            if pairs:
+                full_size = sum(_nbytes(v) for v in pairs.values())
+                self.policy.seen(full_size)
+                reserved = 8 * 1024 * len(pairs) if self.policy.summary else full_size
+                where = f"{module_label(path)}#{call}.{role}"
+                if not self.policy.admit(reserved, where, len(pairs)):
+                    why = f"over the byte budget ({self.policy.budget} bytes)"
+                    skipped.update(dict.fromkeys(pairs, why))
+                    pairs, reserved = {}, 0
+            if pairs:
                 final, tmp = self.directory.tensor_path(seq, role)
-                written, not_saved = self.save(dict(flat.pairs), tmp)
+                if self.policy.summary and self.summarize is not None:
+                    written, not_saved = self._save_summaries(pairs, tmp)
+                else:
+                    written, not_saved = self.save(pairs, tmp)
                 skipped.update(not_saved)
                 if written:
                     os.chmod(tmp, PRIVATE_FILE)  # private whatever the umask, like the run
                     os.replace(tmp, final)
                     size = final.stat().st_size
+                    self.policy.settle(reserved, size)
                     with self._lock:
                         self.tensors += len(written)
                         self.bytes += size
                     result["file"] = final.name
-            if written or flat.pairs:
+                else:
+                    self.policy.settle(reserved, 0)
+            if written or pairs:
                 result["tensors"] = {
                     entry_name(path, call, key): {"key": key, **info}
                     for key, info in written.items()
@@ -163,9 +200,44 @@ class Recorder:
                     tmp.unlink(missing_ok=True)
         return result
 
+    def _save_summaries(
+        self, pairs: dict[str, Any], tmp: Path
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """Each tensor's sketch to ``tmp``; its statistics, shape and dtype to the index."""
+        from .safetensors_writer import write_arrays
+
+        assert self.summarize is not None
+        sketches: dict[str, Any] = {}
+        infos: dict[str, dict[str, Any]] = {}
+        skipped: dict[str, str] = {}
+        for key, value in pairs.items():
+            try:
+                sketch, stats, shape, dtype = self.summarize(value)
+            except Exception as exc:  # an odd dtype: skipped alone, the rest written
+                skipped[key] = _describe(exc)
+                continue
+            sketches[key] = sketch
+            infos[key] = {
+                "shape": shape,
+                "dtype": dtype,
+                "sketch": int(sketch.size),
+                "stats": stats,
+            }
+        if sketches:
+            write_arrays(tmp, sketches)
+        return infos, skipped
+
     @property
     def records(self) -> int:
         return self._seq
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes a tensor takes in full (torch, MLX and numpy all answer ``nbytes``)."""
+    try:
+        return int(value.nbytes)
+    except Exception:
+        return 0
 
 
 def _describe(exc: BaseException) -> str:

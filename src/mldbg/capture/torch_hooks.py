@@ -238,3 +238,22 @@ def _unsupported_dtype(torch: Any, dtype: Any) -> str | None:
                 f"{dtype} cannot be stored in safetensors ({type(exc).__name__}: {exc})"
             )
     return _DTYPES[dtype]
+
+
+def summarize(value: Any) -> tuple[Any, dict[str, Any], list[int], str]:
+    """A summary capture's record of one tensor: sketch and statistics, on its device."""
+    import torch
+
+    from .sketch import dtype_name, summarize_torch
+
+    if not isinstance(value, torch.Tensor):
+        import numpy as np
+
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    tensor = value.detach()
+    if tensor.layout != torch.strided:
+        raise TypeError(f"{tensor.layout} tensors are not captured")
+    if tensor.is_quantized:
+        tensor = tensor.dequantize()
+    sketch, stats = summarize_torch(tensor)
+    return sketch, stats, list(tensor.shape), dtype_name(value.dtype)

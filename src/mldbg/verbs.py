@@ -148,6 +148,47 @@ BREAK_ERRORS = (
 PAUSED_ERRORS = ("not_paused", "session_ended", "agent_timeout")
 RESUME_ERRORS = ("not_paused", "session_ended")
 
+# Zero-edit capture: `start --capture NAME` records the script's models, unmodified.
+CAPTURE_ARGS = (
+    Arg(
+        "capture",
+        str,
+        "capture the script's models under this name without editing the script "
+        "(the outermost torch/MLX modules it calls; NAME, NAME.2, ... per model)",
+    ),
+    Arg(
+        "capture_models",
+        list[str],
+        "capture these models instead: a class name or glob (LlamaModel, *UNet*); repeatable",
+        flag="--capture-model",
+    ),
+    Arg(
+        "capture_mode",
+        str,
+        "full: every tensor; summary: statistics + an 8 KB sketch per tensor (coarse pass)",
+        "full",
+        choices=("full", "summary"),
+    ),
+    Arg(
+        "capture_depth",
+        int,
+        "record only calls nested at most this deep in the model (0: the model's own call)",
+        minimum=0,
+    ),
+    Arg(
+        "capture_budget",
+        str,
+        "most bytes the capture's tensor files may take (500MB, 1GB): the rest is skipped "
+        "and reported",
+    ),
+    Arg(
+        "capture_within",
+        str,
+        "record only this module and what it contains (the culprit a coarse pass named)",
+    ),
+    Arg("capture_calls", int, "record only the first N calls of each model", minimum=1),
+)
+
 # -- the table --------------------------------------------------------------------------------
 
 VERBS: tuple[Verb, ...] = (
@@ -195,6 +236,7 @@ VERBS: tuple[Verb, ...] = (
                 "python (the copy you edit is the copy that runs)",
             ),
             Arg("wait", float, "seconds to wait for the first stop", 30.0, minimum=0, cli=False),
+            *CAPTURE_ARGS,
         ),
         errors=(
             "start_failed",

@@ -60,6 +60,10 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         from ..doctor import require_editable
 
         require_editable(a.get("python"), package, cwd=cwd)
+    env_overrides = dict(a.get("env") or {})
+    capture = _capture_settings(a)
+    if capture is not None:
+        env_overrides[capture[0]] = capture[1]
     request = StartRequest(
         script=a.get("script"),
         module=a.get("module"),
@@ -67,7 +71,7 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         python=a.get("python"),
         cwd=a.get("cwd"),
         env=a.get("base_env"),
-        env_overrides=dict(a.get("env") or {}),
+        env_overrides=env_overrides,
         breakpoints=[dict(bp) for bp in a.get("breakpoints") or []],
         stop_on_entry=a.get("stop_on_entry", True),
         replace=bool(a.get("replace")),
@@ -82,6 +86,36 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         if full:
             state["warnings"] = [full]
     return state
+
+
+def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
+    """``start --capture``: the environment variable that tells the agent what to capture."""
+    options = {
+        "models": a.get("capture_models") or None,
+        "mode": a.get("capture_mode"),
+        "depth": a.get("capture_depth"),
+        "budget": a.get("capture_budget"),
+        "within": a.get("capture_within"),
+        "calls": a.get("capture_calls"),
+    }
+    given = [k for k, v in options.items() if v is not None and not (k == "mode" and v == "full")]
+    if not a.get("capture"):
+        if given:
+            raise MldbgError(
+                f"capture_{given[0]} needs a capture name (capture=NAME)",
+                code="bad_argument",
+                argument="capture",
+            )
+        return None
+    from ..capture.zero_edit import ENV, Spec
+
+    try:
+        spec = Spec.parse(
+            {"name": a["capture"], **{k: v for k, v in options.items() if v is not None}}
+        )
+    except ValueError as exc:
+        raise MldbgError(str(exc), code="bad_argument", argument="capture") from None
+    return ENV, spec.to_env()
 
 
 @handles("status")

@@ -36,7 +36,8 @@ from typing import Any
 SKETCH_SIZE = 1021
 ROW_SEED = 0x6D6C64626731  # "mldbg1"
 COLUMN_SEED = 0x6D6C64626732
-CHUNK_ROWS = 256  # rows widened to float64 at a time: ~2 MB of scratch
+CHUNK_ROWS = 256  # rows widened to float64 at a time by numpy: ~2 MB of scratch
+WHOLE_ELEMENTS = 1 << 23  # elements torch widens at once: 64 MB of float64
 ACCURACY = 1.0 / math.sqrt(SKETCH_SIZE)  # typical relative error of ||S d|| vs ||d||
 
 
@@ -129,7 +130,11 @@ def _fold_numpy(np: Any, block: Any, stats: _Stats) -> None:
 
 
 def summarize_torch(tensor: Any) -> tuple[Any, dict[str, Any]]:
-    """``(sketch as numpy, stats)`` of a torch tensor, reduced on its own device."""
+    """``(sketch as numpy, stats)`` of a torch tensor, reduced on its own device.
+
+    Up to ``WHOLE_ELEMENTS`` elements are widened at once (fewer, larger passes: about
+    five memory passes per tensor); larger tensors go by chunks of that size.  A tensor
+    whose minimum and maximum are finite holds no NaN/Inf and skips the finite mask."""
     import torch
 
     flat = tensor.detach().reshape(-1)
@@ -141,27 +146,43 @@ def summarize_torch(tensor: Any) -> tuple[Any, dict[str, Any]]:
     row_signs = torch.from_numpy(signs(rows, ROW_SEED).copy()).to(flat.device)
     sketch = torch.zeros(k, dtype=torch.float64, device=flat.device)
     stats = _Stats()
-    step = CHUNK_ROWS * k
-    for first in range(0, rows, CHUNK_ROWS):
-        block = flat[first * k : first * k + step].to(torch.float64)
-        finite = torch.isfinite(block)
-        count = int(finite.sum())
-        if count != block.numel():
-            nan = torch.isnan(block)
+    step = max(1, WHOLE_ELEMENTS // k) * k
+    for start in range(0, n, step):
+        block = flat[start : start + step]
+        if block.dtype == torch.bool:
+            block = block.to(torch.uint8)
+        low, high = torch.aminmax(block)
+        low_value, high_value = float(low), float(high)
+        wide = block.to(torch.float64)
+        count = int(block.numel())
+        if not (math.isfinite(low_value) and math.isfinite(high_value)):
+            finite = torch.isfinite(wide)
+            count = int(finite.sum())
+            nan = torch.isnan(wide)
             stats.nan += int(nan.sum())
-            stats.inf += int((~finite & ~nan).sum())
-            block = torch.where(finite, block, torch.zeros((), dtype=block.dtype))
+            stats.inf += int(block.numel()) - count - int(nan.sum())
+            wide = torch.where(finite, wide, torch.zeros((), dtype=wide.dtype))
+            if count:
+                values = wide[finite]
+                low_value, high_value = float(values.min()), float(values.max())
         if count:
-            values = block[finite] if count != block.numel() else block
-            stats.low = min(stats.low, float(values.min()))
-            stats.high = max(stats.high, float(values.max()))
+            stats.low = min(stats.low, low_value)
+            stats.high = max(stats.high, high_value)
         stats.finite += count
-        stats.total += float(block.sum())
-        stats.squares += float(block @ block)
-        rows_here = -(-block.numel() // k)
-        if block.numel() != rows_here * k:
-            block = torch.cat([block, block.new_zeros(rows_here * k - block.numel())])
-        sketch += row_signs[first : first + rows_here] @ block.reshape(rows_here, k)
+        stats.squares += float(wide @ wide)
+        full_rows = wide.numel() // k
+        first = start // k
+        both = torch.stack(
+            [row_signs[first : first + full_rows], torch.ones_like(row_signs[:full_rows])]
+        )
+        folded = both @ wide[: full_rows * k].reshape(full_rows, k)
+        sketch += folded[0]
+        total = float(folded[1].sum())
+        tail = wide[full_rows * k :]
+        if tail.numel():
+            sketch[: tail.numel()] += row_signs[first + full_rows] * tail
+            total += float(tail.sum())
+        stats.total += total
     out = sketch.cpu().numpy() * signs(k, COLUMN_SEED)
     return out, stats.done(n)
 

@@ -121,6 +121,11 @@ def compare_sources(
     }
     if local is not None:
         document["replay_culprit"] = local["culprit"]
+    from .narrow import narrow_hint
+
+    narrow = narrow_hint(a, b, culprit, results)
+    if narrow is not None:  # a coarse pass: where the fine one should look
+        document["narrow"] = narrow
     return document
 
 

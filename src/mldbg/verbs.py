@@ -665,6 +665,51 @@ VERBS: tuple[Verb, ...] = (
         "entries only with passing=true.",
     ),
     Verb(
+        "weights",
+        "audit the port's loaded parameters against the reference's (missing, never loaded, "
+        "layout, dtype, values)",
+        R.WeightAudit,
+        (
+            Arg(
+                "reference",
+                str,
+                "the reference's parameters: a .safetensors/.npz/.pt file or a directory",
+                REQUIRED,
+                kind="path",
+                positional=True,
+            ),
+            Arg(
+                "port",
+                str,
+                "the port's loaded parameters: the same kinds",
+                REQUIRED,
+                kind="path",
+                positional=True,
+            ),
+            Arg(
+                "map",
+                str,
+                "a map file of the port's names: {rename, regex, ignore}, as compare takes",
+                kind="path",
+            ),
+            Arg(
+                "fresh",
+                str,
+                "the port's parameters as initialized (nothing loaded): never-loaded ones match",
+                kind="path",
+            ),
+            Arg("limit", int, "at most this many problems listed (failures first)", 50, minimum=0),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        store=True,
+        errors=("bad_compare_input", "bad_weights_input", "bad_map", "unknown_source"),
+        description="Each reference parameter paired by name (after the map) and classified: "
+        "ok, dtype, never_loaded, layout (equal only through a wrong transpose), shape, values, "
+        "missing, extra, renamed (with proposed_map). `ok` false when any fails.",
+    ),
+    Verb(
         "tensors",
         "the debug_save tensor store: list | info NAME | clear [--name NAME] [--yes]",
         R.TensorStore,

@@ -399,6 +399,23 @@ def compare(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
     return compare_answer(home, a, a.get("client_cwd"))
 
 
+@handles("weights")
+def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from ..compare.weights import audit_weights
+
+    home = store_home(manager, a)
+    result = audit_weights(
+        a["reference"], a["port"], map=a.get("map"), fresh=a.get("fresh"), home=home
+    )
+    result.pop("parameters", None)  # every parameter: the Python API's; the answer is bounded
+    limit = a.get("limit", 50)
+    problems = result["problems"]
+    result["problems"] = problems[:limit]
+    result["total"] = len(problems)
+    result["truncated"] = len(problems) > limit
+    return result
+
+
 @handles("tensors")
 def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     from .. import tensors as store

@@ -66,6 +66,7 @@ class Capture:
         depth: int | None = None,
         budget: int | str | None = None,
         within: str | None = None,
+        background: bool | None = None,
     ) -> None:
         self.model = model
         self.name = check_capture_name(name)
@@ -77,6 +78,13 @@ class Capture:
         self.exclude = _patterns(exclude, "exclude")
         self.policy = Policy(mode=mode, depth=depth, budget=parse_size(budget))  # checked
         self.within = within
+        # Off the critical path by default where it pays: full torch captures (MLX arrays
+        # are evaluated as they are recorded; summaries are small).
+        self.background = (
+            background
+            if background is not None
+            else self.framework == "torch" and self.policy.mode == "full"
+        )
         if within is not None:
             self.include = _within(self._backend(), self._target, within)
         self.path: Path | None = None
@@ -85,6 +93,7 @@ class Capture:
         self._recorder: Recorder | None = None
         self._detach: Callable[[], None] | None = None
         self._started = 0.0
+        self._writer: Any = None
         self._errors: list[str] = []  # failures outside the recorder (the directory, capture.json)
 
     def _backend(self) -> Any:
@@ -144,13 +153,27 @@ class Capture:
             return self
         self.path = self._directory.path
         self.name = self._directory.name
+        writer = None
+        if self.background and getattr(backend, "snapshot", None) is not None:
+            from .writer import BackgroundWriter
+
+            writer = BackgroundWriter()
+        self._writer = writer
         self._recorder = Recorder(
-            self._directory, backend.save, self.inputs, self.policy, backend.summarize
+            self._directory,
+            backend.save,
+            self.inputs,
+            self.policy,
+            backend.summarize,
+            writer,
+            getattr(backend, "snapshot", None),
         )
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
         except BaseException as exc:
+            if self._writer is not None:
+                self._writer.close()
             self._errors.extend(
                 self._directory.finish("failed", error=f"{type(exc).__name__}: {exc}")
             )
@@ -172,6 +195,12 @@ class Capture:
             self._errors.append(f"restoring the model: {type(error).__name__}: {error}")
         if self._directory is None or self._recorder is None:
             return
+        writer = self._writer
+        if writer is not None:  # everything queued is on disk before capture.json says so
+            try:
+                writer.close()
+            except Exception as error:
+                self._errors.append(f"background writer: {type(error).__name__}: {error}")
         recorder = self._recorder
         fields: dict[str, Any] = {
             "records": recorder.records,
@@ -179,6 +208,7 @@ class Capture:
             "bytes": recorder.bytes,
             "seconds": round(time.perf_counter() - self._started, 3),
             "budget": self.policy.report(),
+            "background": None if writer is None else {"waits": writer.waits},
         }
         if recorder.error_count:
             fields["write_errors"] = recorder.errors[:100]
@@ -243,6 +273,7 @@ def capture(
     depth: int | None = None,
     budget: int | str | None = None,
     within: str | None = None,
+    background: bool | None = None,
 ) -> Capture:
     """Record every submodule call of ``model`` while the ``with`` block runs.
 
@@ -254,7 +285,8 @@ def capture(
     seeded sketch per tensor instead of the tensor; ``depth`` records only calls nested at
     most that deep (0: the model's own call); ``budget`` (bytes, or ``"1GB"``) caps what
     tensor files may take, skipping (and reporting) what does not fit; ``within`` records
-    only module ``within`` and what it contains, in full.
+    only module ``within`` and what it contains, in full.  ``background`` (default: on
+    for full torch captures) writes files from a writer thread with bounded memory.
     """
     return Capture(
         model,
@@ -266,4 +298,5 @@ def capture(
         depth=depth,
         budget=budget,
         within=within,
+        background=background,
     )

@@ -42,12 +42,18 @@ class Recorder:
         inputs: bool,
         policy: Policy | None = None,
         summarize: SummarizeFn | None = None,
+        writer: Any = None,
+        snapshot: Callable[[Any], Any] | None = None,
     ) -> None:
         self.directory = directory
         self.save = save
         self.inputs = inputs
         self.policy = policy or Policy()
         self.summarize = summarize
+        # A BackgroundWriter (capture/writer.py): files and index lines written off the
+        # model's thread, from ``snapshot`` copies of its tensors taken on it.
+        self.writer = writer
+        self.snapshot = snapshot
         self._lock = threading.Lock()
         self._local = threading.local()
         self._seq = 0
@@ -103,9 +109,8 @@ class Recorder:
             **(extra or {}),
         }
         stack.append((seq, call, path))
-        if self.inputs:
-            record.update(self._write(seq, "in", path, call, lambda: flatten_call(args, kwargs)))
-        self._append(record, path, call, "in")
+        collect = (lambda: flatten_call(args, kwargs)) if self.inputs else None
+        self._emit(record, seq, "in", path, call, collect)
         return seq
 
     def open_seq(self, path: str) -> int | None:
@@ -132,9 +137,56 @@ class Recorder:
         record: dict[str, Any] = {"event": "return", "seq": seq, "end": end}
         if error is not None:
             record["error"] = _describe(error)
+            self._emit(record, seq, "out", path, call, None)
         else:
-            record.update(self._write(seq, "out", path, call, lambda: flatten(output, "out")))
-        self._append(record, path, call, "out")
+            self._emit(record, seq, "out", path, call, lambda: flatten(output, "out"))
+
+    def _emit(
+        self,
+        record: dict[str, Any],
+        seq: int,
+        role: str,
+        path: str,
+        call: int,
+        collect: Callable[[], Flat] | None,
+    ) -> None:
+        """Write the call's tensors and append its index line: now, or through the writer
+        (tensors named and copied now, as they are at this point of the forward)."""
+        if self.writer is None:
+            if collect is not None:
+                record.update(self._write(seq, role, path, call, collect))
+            self._append(record, path, call, role)
+            return
+        size = 0
+        flat: Flat | None = None
+        if collect is not None:
+            try:
+                flat = collect()
+                flat.pairs = [(key, self._copy(value)) for key, value in flat.pairs]
+                size = sum(_nbytes(value) for _key, value in flat.pairs)
+            except Exception as exc:  # an odd value: the same message the direct path gives
+                message = _describe(exc)
+                self.error(f"{module_label(path)}#{call}.{role}: {message}")
+                record["write_error"] = message
+                flat = None
+        taken = flat
+
+        def job() -> None:
+            if taken is not None:
+                record.update(self._write(seq, role, path, call, lambda: taken))
+            self._append(record, path, call, role)
+
+        self.writer.submit(job, size)
+
+    def _copy(self, value: Any) -> Any:
+        """A private copy for the writer; the value itself where no copy can be made (the
+        write then skips it with the reason, as without the writer)."""
+        if self.snapshot is None:
+            return value
+        try:
+            return self.snapshot(value)
+        except Exception:
+            return value
 
     def _append(self, record: dict[str, Any], path: str, call: int, role: str) -> None:
         try:

@@ -240,5 +240,5 @@ def summarize(value: Any) -> tuple[Any, dict[str, Any], list[int], str]:
         if mx.issubdtype(value.dtype, mx.floating) and value.dtype != mx.float64
         else value
     )
-    sketch, stats = summarize_numpy(np.array(widened, copy=False))
+    sketch, stats = summarize_numpy(np.asarray(widened))
     return sketch, stats, list(value.shape), dtype_name(value.dtype)

@@ -36,8 +36,7 @@ from typing import Any
 SKETCH_SIZE = 1021
 ROW_SEED = 0x6D6C64626731  # "mldbg1"
 COLUMN_SEED = 0x6D6C64626732
-CHUNK_ROWS = 256  # rows widened to float64 at a time by numpy: ~2 MB of scratch
-WHOLE_ELEMENTS = 1 << 23  # elements torch widens at once: 64 MB of float64
+WHOLE_ELEMENTS = 1 << 23  # elements widened to float64 at once: 64 MB
 ACCURACY = 1.0 / math.sqrt(SKETCH_SIZE)  # typical relative error of ||S d|| vs ||d||
 
 
@@ -90,43 +89,51 @@ class _Stats:
 
 
 def summarize_numpy(array: Any) -> tuple[Any, dict[str, Any]]:
-    """``(sketch, stats)`` of a numpy array (any real or integer dtype, bf16 included)."""
+    """``(sketch, stats)`` of a numpy array (any real or integer dtype, bf16 included),
+    in the same few passes as :func:`summarize_torch`."""
     import numpy as np
 
     flat = np.asarray(array).reshape(-1)
+    if flat.dtype == np.bool_:
+        flat = flat.view(np.uint8)
     n = int(flat.size)
     k = sketch_size(n)
     rows = -(-n // k) if n else 0
     row_signs = signs(rows, ROW_SEED)
     sketch = np.zeros(k, dtype=np.float64)
     stats = _Stats()
-    step = CHUNK_ROWS * k
-    for first in range(0, rows, CHUNK_ROWS):
-        block = np.array(flat[first * k : first * k + step], dtype=np.float64)
-        _fold_numpy(np, block, stats)
-        count = -(-block.size // k)
-        if block.size != count * k:
-            block = np.concatenate([block, np.zeros(count * k - block.size)])
-        sketch += row_signs[first : first + count] @ block.reshape(count, k)
+    step = max(1, WHOLE_ELEMENTS // k) * k
+    for start in range(0, n, step):
+        wide = np.array(flat[start : start + step], dtype=np.float64)  # a copy: ours to edit
+        low, high = float(wide.min()), float(wide.max())
+        count = int(wide.size)
+        if not (math.isfinite(low) and math.isfinite(high)):
+            finite = np.isfinite(wide)
+            count = int(finite.sum())
+            nan = int(np.isnan(wide).sum())
+            stats.nan += nan
+            stats.inf += int(wide.size) - count - nan
+            wide[~finite] = 0.0
+            if count:
+                low, high = float(wide[finite].min()), float(wide[finite].max())
+        if count:
+            stats.low = min(stats.low, low)
+            stats.high = max(stats.high, high)
+        stats.finite += count
+        stats.squares += float(wide @ wide)
+        full_rows = wide.size // k
+        first = start // k
+        both = np.stack([row_signs[first : first + full_rows], np.ones(full_rows)])
+        folded = both @ wide[: full_rows * k].reshape(full_rows, k)
+        sketch += folded[0]
+        total = float(folded[1].sum())
+        tail = wide[full_rows * k :]
+        if tail.size:
+            sketch[: tail.size] += row_signs[first + full_rows] * tail
+            total += float(tail.sum())
+        stats.total += total
     sketch *= signs(k, COLUMN_SEED)
     return sketch, stats.done(n)
-
-
-def _fold_numpy(np: Any, block: Any, stats: _Stats) -> None:
-    finite = np.isfinite(block)
-    if not finite.all():
-        nan = np.isnan(block)
-        stats.nan += int(nan.sum())
-        stats.inf += int((~finite & ~nan).sum())
-        block[~finite] = 0.0
-    count = int(finite.sum())
-    if count:
-        values = block[finite] if count != block.size else block
-        stats.low = min(stats.low, float(values.min()))
-        stats.high = max(stats.high, float(values.max()))
-    stats.finite += count
-    stats.total += float(block.sum())
-    stats.squares += float(block @ block)
 
 
 def summarize_torch(tensor: Any) -> tuple[Any, dict[str, Any]]:

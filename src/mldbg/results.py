@@ -270,6 +270,16 @@ class CompareSummary(Truncation, total=False):
     html: str | None
 
 
+class WeightAudit(Truncation, total=False):
+    ok: bool
+    reference: dict[str, Any]  # label, framework, count
+    port: dict[str, Any]
+    fresh: dict[str, Any] | None
+    counts: dict[str, int]  # parameters per status
+    problems: list[dict[str, Any]]  # failing first: name, name_port, status, note, shapes...
+    proposed_map: dict[str, Any] | None
+
+
 class TensorStore(Truncation, total=False):
     path: str
     tensors: list[dict[str, Any]]

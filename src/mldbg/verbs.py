@@ -162,6 +162,47 @@ BREAK_ERRORS = (
 PAUSED_ERRORS = ("not_paused", "session_ended", "agent_timeout")
 RESUME_ERRORS = ("not_paused", "session_ended")
 
+# Zero-edit capture: `start --capture NAME` records the script's models, unmodified.
+CAPTURE_ARGS = (
+    Arg(
+        "capture",
+        str,
+        "capture the script's models under this name without editing the script "
+        "(the outermost torch/MLX modules it calls; NAME, NAME.2, ... per model)",
+    ),
+    Arg(
+        "capture_models",
+        list[str],
+        "capture these models instead: a class name or glob (LlamaModel, *UNet*); repeatable",
+        flag="--capture-model",
+    ),
+    Arg(
+        "capture_mode",
+        str,
+        "full: every tensor; summary: statistics + an 8 KB sketch per tensor (coarse pass)",
+        "full",
+        choices=("full", "summary"),
+    ),
+    Arg(
+        "capture_depth",
+        int,
+        "record only calls nested at most this deep in the model (0: the model's own call)",
+        minimum=0,
+    ),
+    Arg(
+        "capture_budget",
+        str,
+        "most bytes the capture's tensor files may take (500MB, 1GB): the rest is skipped "
+        "and reported",
+    ),
+    Arg(
+        "capture_within",
+        str,
+        "record only this module and what it contains (the culprit a coarse pass named)",
+    ),
+    Arg("capture_calls", int, "record only the first N calls of each model", minimum=1),
+)
+
 # -- the table --------------------------------------------------------------------------------
 
 VERBS: tuple[Verb, ...] = (
@@ -224,6 +265,7 @@ VERBS: tuple[Verb, ...] = (
                 minimum=0,
                 cli=False,
             ),
+            *CAPTURE_ARGS,
         ),
         errors=(
             "start_failed",
@@ -690,6 +732,51 @@ VERBS: tuple[Verb, ...] = (
         description="Names the first divergence: the module whose inputs agree and whose "
         "outputs differ. `ok` true means everything agrees. Failing entries first, passing "
         "entries only with passing=true.",
+    ),
+    Verb(
+        "weights",
+        "audit the port's loaded parameters against the reference's (missing, never loaded, "
+        "layout, dtype, values)",
+        R.WeightAudit,
+        (
+            Arg(
+                "reference",
+                str,
+                "the reference's parameters: a .safetensors/.npz/.pt file or a directory",
+                REQUIRED,
+                kind="path",
+                positional=True,
+            ),
+            Arg(
+                "port",
+                str,
+                "the port's loaded parameters: the same kinds",
+                REQUIRED,
+                kind="path",
+                positional=True,
+            ),
+            Arg(
+                "map",
+                str,
+                "a map file of the port's names: {rename, regex, ignore}, as compare takes",
+                kind="path",
+            ),
+            Arg(
+                "fresh",
+                str,
+                "the port's parameters as initialized (nothing loaded): never-loaded ones match",
+                kind="path",
+            ),
+            Arg("limit", int, "at most this many problems listed (failures first)", 50, minimum=0),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        store=True,
+        errors=("bad_compare_input", "bad_weights_input", "bad_map", "unknown_source"),
+        description="Each reference parameter paired by name (after the map) and classified: "
+        "ok, dtype, never_loaded, layout (equal only through a wrong transpose), shape, values, "
+        "missing, extra, renamed (with proposed_map). `ok` false when any fails.",
     ),
     Verb(
         "tensors",

@@ -457,6 +457,14 @@ def pause_state(data: dict[str, Any]) -> None:
         )
 
 
+def weight_audit(data: dict[str, Any]) -> None:
+    from ..compare.weights import render_audit
+
+    out.print(escape(render_audit(data, limit=len(data.get("problems") or []))))
+    if data.get("truncated"):
+        out.print(f"({data.get('total')} problems in all: --limit N to see more)")
+
+
 # verb name -> how its answer looks to a person; a test checks every verb has one
 RENDERERS = {
     "start": state,
@@ -493,6 +501,7 @@ RENDERERS = {
     "compare": compare_summary,
     "tensors": tensor_store,
     "clean": cleaned,
+    "weights": weight_audit,
 }
 
 

@@ -314,15 +314,20 @@ def test_a_strangers_flood_does_not_starve_the_scripts_processes(
     # the stranger's silent connections must all still hold their slots when the session's
     # process arrives, however slowly a loaded machine opens them
     monkeypatch.setattr(agent_link, "HANDSHAKE_TIMEOUT", 300.0)
+    nobody = 65534
     stranger: list[socket.socket] = []
     try:
         for count in range(1, agent_link.MAX_HANDSHAKES + 1):  # every slot, one at a time
-            os.seteuid(65534)  # nobody: a socket opened now is that user's
+            os.seteuid(nobody)  # a socket opened now is that user's
             try:
                 stranger.append(connect(listening.address))
             finally:
                 os.seteuid(0)
-            wait_until(lambda n=count: listening.proving >= n, 30, "a stranger's slot taken")
+            # counted per user: a stray process reaching this port (a port number reused
+            # from an earlier test's session) takes none of the stranger's slots
+            wait_until(
+                lambda n=count: listening.proving_for(nobody) >= n, 60, "a stranger's slot taken"
+            )
         sock = connect(listening.address)
         sock.sendall(preamble(listening.token))
         sock.sendall(json.dumps({"event": "hello", "pid": 4242, "welcome": True}).encode() + b"\n")

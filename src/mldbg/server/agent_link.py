@@ -141,6 +141,12 @@ class AgentListener:
             self.proving -= 1
             slots.release()
 
+    def proving_for(self, uid: int | None) -> int:
+        """How many of one local user's connections are in their handshake now."""
+        with self._slots_lock:
+            slots = self._slots.get(uid)
+        return 0 if slots is None else MAX_HANDSHAKES - slots._value  # type: ignore[attr-defined]
+
     def close(self) -> None:
         self.closed = True
         with contextlib.suppress(OSError):
@@ -152,24 +158,32 @@ class AgentListener:
 
 def peer_uid(sock: socket.socket) -> int | None:
     """The local user owning the other end of a loopback connection, from
-    ``/proc/net/tcp`` (the peer's socket is the row whose local address is our remote
-    one); None where that cannot be read (not Linux)."""
+    ``/proc/net/tcp``: the row whose local address is our remote one *and* whose remote
+    address is our local one (a port number alone is not enough: the port may still be on
+    a TIME_WAIT row of an earlier connection, which the kernel shows as root's); None where
+    that cannot be read (not Linux)."""
     try:
-        host, port = sock.getpeername()[:2]
+        peer = sock.getpeername()[:2]
+        ours = sock.getsockname()[:2]
     except OSError:
         return None
     try:
-        packed = socket.htonl(int.from_bytes(socket.inet_aton(host), "big"))
-        wanted = f"{packed:08X}:{port:04X}".encode()
+        wanted_local, wanted_remote = _proc_address(*peer), _proc_address(*ours)
         with open("/proc/net/tcp", "rb") as fh:
             next(fh, None)
             for row in fh:
                 fields = row.split()
-                if len(fields) > 7 and fields[1] == wanted:
+                if len(fields) > 7 and fields[1] == wanted_local and fields[2] == wanted_remote:
                     return int(fields[7])
     except (OSError, ValueError):
         return None
     return None
+
+
+def _proc_address(host: str, port: int) -> bytes:
+    """An IPv4 address as ``/proc/net/tcp`` writes it: ``0100007F:1F90``."""
+    packed = socket.htonl(int.from_bytes(socket.inet_aton(host), "big"))
+    return f"{packed:08X}:{port:04X}".encode()
 
 
 def _drop(sock: socket.socket) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..runs import PRIVATE_FILE
 from .flatten import Flat, flatten, flatten_call
+from .sites import call_site
 from .store import INDEX, CaptureDir, entry_name, module_label
 
 # (tensors by key, final path, temp path) -> {key: {"shape", "dtype"}} of what was written,
@@ -39,6 +40,7 @@ class Recorder:
         self._seq = 0
         self._ends = 0
         self._calls: dict[str, int] = {}
+        self._with_children: set[int] = set()  # calls during which another call started
         self.tensors = 0
         self.bytes = 0
         self.errors: list[str] = []
@@ -74,6 +76,9 @@ class Recorder:
             call = self._calls.get(path, 0)
             self._calls[path] = call + 1
         stack = self._stack()
+        if stack:
+            self._with_children.add(stack[-1][0])
+        site = None if stack else call_site()  # a top-level call: the script line
         record: dict[str, Any] = {
             "event": "call",
             "seq": seq,
@@ -82,6 +87,7 @@ class Recorder:
             "class": class_name,
             "parent": stack[-1][0] if stack else None,
             "depth": len(stack),
+            **({"site": site} if site else {}),
             **(extra or {}),
         }
         stack.append((seq, call, path))
@@ -97,8 +103,22 @@ class Recorder:
                 return seq
         return None
 
-    def exit(self, seq: int, path: str, output: Any, error: BaseException | None) -> None:
-        """Record the end of call ``seq``: its outputs, or the exception it raised."""
+    def is_leaf(self, seq: int) -> bool:
+        """Call ``seq`` (still open) has started no other recorded call."""
+        return seq not in self._with_children
+
+    def exit(
+        self,
+        seq: int,
+        path: str,
+        output: Any,
+        error: BaseException | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record the end of call ``seq``: its outputs, or the exception it raised.
+
+        ``extra`` adds fields to the return line (``sensitivity`` of a leaf call)."""
+        self._with_children.discard(seq)
         stack = self._stack()
         call = 0
         for i in range(len(stack) - 1, -1, -1):
@@ -109,7 +129,7 @@ class Recorder:
         with self._lock:
             end = self._ends
             self._ends += 1
-        record: dict[str, Any] = {"event": "return", "seq": seq, "end": end}
+        record: dict[str, Any] = {"event": "return", "seq": seq, "end": end, **(extra or {})}
         if error is not None:
             record["error"] = _describe(error)
         else:

@@ -18,6 +18,7 @@ from mldbg.compare.rules import (
     first_divergence,
     glue,
     growth,
+    pairing,
 )
 from mldbg.compare.sources import Call, Source
 
@@ -94,11 +95,13 @@ def chain(errors: list[tuple[float, float]], model_out: float) -> Trace:
 
 def test_the_rules_apply_in_the_documented_order() -> None:
     assert [name for name, _ in RULES] == [
+        "pairing",
         "agreement",
         "unstructured",
         "boundary",
         "glue",
         "growth",
+        "quantized",
         "replay",
         "fallback",
     ]
@@ -181,3 +184,39 @@ def test_glue_stays_silent_when_a_call_before_already_differs() -> None:
     first_out.update(ok=False, scale_ok=False, rel_rms=0.3)
     assert glue(Evidence(t.source, t.results), Verdict()) is None
     assert first_divergence(t.source, t.results).culprit["module"] == "m"  # type: ignore[index]
+
+
+def test_too_few_pairs_name_no_culprit_and_point_to_the_map() -> None:
+    """1 of 77 entries paired (other module names): blaming the one that did (the root)
+    would be a guess; the verdict says why there is none."""
+    t = chain([(0.0, 0.1)], 0.1)
+    evidence = Evidence(t.source, t.results, paired=(1, 77))
+    verdict = pairing(evidence, Verdict())
+    assert verdict is not None and verdict.culprit is None
+    assert verdict.undecided is not None and "1 of 77" in verdict.undecided
+    assert "--map" in verdict.undecided and "proposed_map" in verdict.undecided
+    decided = first_divergence(t.source, t.results, paired=(1, 77))
+    assert decided.culprit is None and decided.rule == "pairing"
+    assert pairing(Evidence(t.source, t.results), Verdict()) is None  # enough pairs
+
+
+def test_a_reference_child_the_port_computes_inline_is_named_on_the_culprit() -> None:
+    """The reference's MLP calls ``act_fn``; the port has no such module (it applies the
+    activation inline): the culprit (the MLP) says where to look."""
+    t = Trace()
+    root = t.call("<root>")
+    t.entry(root, "in", 0.0)
+    mlp = t.call("mlp", parent=root)
+    t.entry(mlp, "in", 0.0)
+    for name in ("mlp.up", "mlp.act_fn", "mlp.down"):
+        child = t.call(name, parent=mlp)
+        t.end(child)
+    t.end(mlp)
+    t.entry(mlp, "out", 0.2)
+    t.end(root)
+    t.entry(root, "out", 0.2)
+    b_modules = {"<root>", "mlp", "mlp.up", "mlp.down"}
+    verdict = first_divergence(t.source, t.results, b_calls=b_modules, b_modules=b_modules)
+    assert verdict.culprit is not None and verdict.culprit["module"] == "mlp"
+    assert verdict.culprit["unpaired_children"] == ["mlp.act_fn"]
+    assert "computes inline" in verdict.culprit["hint"]

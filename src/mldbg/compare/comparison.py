@@ -49,7 +49,8 @@ def compare_sources(
     names = names or NameMap()
     alignment = align(a, b, names)
     proposal = None
-    if _few_paired(a, alignment):
+    few_paired = _few_paired(a, alignment)
+    if few_paired:
         proposal = propose_map(a, b, names)
     if not alignment.pairs:
         extra: dict[str, Any] = {"proposed_map": proposal} if proposal else {}
@@ -93,6 +94,7 @@ def compare_sources(
         b_modules=_b_modules(b, names),
         local=local,
         b_sites=_b_sites(b, names),
+        paired=_paired_counts(a, alignment) if few_paired else None,
     )
     culprit, boundaries = verdict.culprit, verdict.boundaries
     culprit_entries = set(culprit["entries"]) if culprit else set()
@@ -111,7 +113,7 @@ def compare_sources(
     document: dict[str, Any] = {
         # Notes alone (differences beyond their bound that no output shows) never fail
         # a comparison: only a culprit, or an entry no rule set aside, does.
-        "ok": failed == 0 or (culprit is None and bool(verdict.notes)),
+        "ok": failed == 0 or (culprit is None and bool(verdict.notes) and not verdict.undecided),
         "a": a.describe(),
         "b": b.describe(),
         "rtol": rtol,
@@ -122,6 +124,7 @@ def compare_sources(
         "boundary_differences": boundaries,
         "notes": verdict.notes,
         "decided_by": verdict.rule,
+        "undecided": verdict.undecided,
         "entries": results,
         "unpaired_a": alignment.unpaired_a,
         "unpaired_b": alignment.unpaired_b,
@@ -251,6 +254,10 @@ def _class_of(a: Source, result: dict[str, Any]) -> str | None:
     return call.class_name if call is not None else None
 
 
+def _paired_counts(a: Source, alignment: Alignment) -> tuple[int, int]:
+    return len(alignment.pairs), len(alignment.pairs) + len(alignment.unpaired_a)
+
+
 def _few_paired(a: Source, alignment: Alignment) -> bool:
     """Fewer than half of A's entries paired: the names probably differ (propose a map)."""
     total = len(alignment.pairs) + len(alignment.unpaired_a)
@@ -339,6 +346,8 @@ def judge(
         else:
             depth, quant = position, 0.0
         result["depth"] = depth
+        if quant:
+            result["quant_noise"] = quant  # quantized port modules upstream (or itself)
         expected = expected_error(u, depth, quant, floor)
         result["expected"] = expected
         if u is not None and floor.source is not None and floor.bound > rounding_bound(u, depth):

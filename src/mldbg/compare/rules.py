@@ -7,6 +7,8 @@ the *first divergence*.  Every rule reads the same :class:`Evidence` and either 
 boundary differences for the rules after it).  :data:`RULES` is the order; the README's
 "How a verdict is reached" documents the same order.
 
+0. ``pairing``: fewer than half of the reference's entries paired -> no culprit (a map
+   is needed; one is proposed).
 1. ``agreement``: nothing fails -> no culprit.
 2. ``unstructured``: plain tensor directories have no calls -> the first differing entry.
 3. ``boundary``: differences the next module no longer sees (a scale moved across a
@@ -16,6 +18,8 @@ boundary differences for the rules after it).  :data:`RULES` is the order; the R
    between the calls (a scheduler, a loop, preprocessing), named with both call sites.
 5. ``growth``: among calls whose output error grows beyond what their inputs explain,
    the one whose jump explains what reaches the outputs (see :func:`growth`).
+5b. ``quantized``: no suspect, and all that fails is downstream of quantized port
+   modules -> compounded quantization noise: notes, no culprit (replay can tell more).
 6. ``replay``: with local errors from ``mldbg.replay``, the deepest call out of bounds
    on the reference's own inputs overrides the growth verdict (kept as ``by_growth``).
 7. ``fallback``: what is left fails only because its inputs do -> the first of it.
@@ -61,6 +65,7 @@ class Evidence:
     b_modules: set[str] | None = None
     local: dict[str, Any] | None = None
     b_sites: dict[CallKey, str] = field(default_factory=dict)
+    paired: tuple[int, int] | None = None  # (entries of A paired, entries of A) when few pair
     by_call: dict[CallKey, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
     failing: list[dict[str, Any]] = field(default_factory=list)
 
@@ -85,6 +90,7 @@ class Verdict:
     boundaries: list[dict[str, Any]] = field(default_factory=list)
     notes: list[dict[str, Any]] = field(default_factory=list)
     rule: str | None = None
+    undecided: str | None = None  # why no culprit can be named (too few entries pair)
 
 
 Rule = Callable[[Evidence, Verdict], Verdict | None]
@@ -115,6 +121,22 @@ def unstructured(evidence: Evidence, verdict: Verdict) -> Verdict | None:
         "inputs_compared": False,
     }
     verdict.rule = "unstructured"
+    return verdict
+
+
+def pairing(evidence: Evidence, verdict: Verdict) -> Verdict | None:
+    """Fewer than half of the reference's entries found a partner: the names probably
+    differ, and a culprit among the few that paired would be a guess (the one module
+    that pairs by accident, ``<root>``, would be blamed for everything)."""
+    if evidence.paired is None:
+        return None
+    paired, total = evidence.paired
+    verdict.undecided = (
+        f"only {paired} of {total} entries of the reference paired: too few to name a "
+        "culprit; the module names probably differ: pass a map (--map FILE; one proposed "
+        "from the module trees is in proposed_map, written by --propose-map FILE)"
+    )
+    verdict.rule = "pairing"
     return verdict
 
 
@@ -229,8 +251,58 @@ def growth(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     culprit = _describe(chosen.call, chosen.bad_out, chosen.reason, chosen.inputs_compared)
     culprit["input_rel_rms"] = chosen.in_err
     culprit["rel_rms"] = chosen.out_err
-    verdict.culprit = _never_called(evidence, chosen.call, culprit)
+    if all(r["ok"] for r in chosen.bad_out):
+        # Under --rtol/--atol its outputs pass: never name a passing entry, say why the
+        # call is named all the same.
+        culprit["entries"] = []
+        culprit["passes_elementwise"] = True
+        culprit["reason"] += (
+            f"; its outputs pass the element-wise test at these tolerances, but its "
+            f"relative error ({chosen.out_err:.3g}) is where the error first grows beyond "
+            f"what its inputs explain: {evidence.failing[0]['name']} fails because of it"
+        )
+    culprit = _never_called(evidence, chosen.call, culprit)
+    inline = _unpaired_children(evidence, culprit)
+    if inline:
+        culprit["unpaired_children"] = inline
+        culprit["hint"] = (
+            f"the reference's {', '.join(inline[:3])} ha{'s' if len(inline) == 1 else 've'} "
+            "no counterpart in the port: look at what the port computes inline there"
+        )
+    verdict.culprit = culprit
     verdict.rule = "growth"
+    return verdict
+
+
+def quantized(evidence: Evidence, verdict: Verdict) -> Verdict | None:
+    """No call's own jump is out of bounds, and everything that still fails sits
+    downstream of quantized port modules: the quantization noise compounded past the
+    allowance (it does, over a deep 4-bit model) while every call stayed within twice
+    its inputs' error plus its own quantization.  That is noise, not a culprit: each
+    failure is a note, and the note says that only replay (each port module on the
+    reference's own inputs) can tell a bug hidden under it."""
+    if verdict.culprit is not None or verdict.rule is not None:
+        return None
+    rest = _unexplained(evidence, verdict)
+    if not rest or not all(r.get("quant_noise") for r in rest):
+        return None
+    verdict.notes.append(
+        {
+            "name": rest[0]["name"],
+            "module": rest[0].get("module"),
+            "call": rest[0].get("call"),
+            "entries": [r["name"] for r in rest],
+            "rel_rms": _worst_rel(rest),
+            "expected": max((r.get("expected") or 0.0) for r in rest),
+            "note": (
+                "quantization noise compounding over depth: every call's output stays "
+                "within twice its inputs' error plus its own quantization, so no module "
+                "is to blame; only replay (mldbg.replay, local errors) can tell a bug "
+                "hidden under this noise"
+            ),
+        }
+    )
+    verdict.rule = "quantized"
     return verdict
 
 
@@ -266,7 +338,7 @@ def replay(evidence: Evidence, verdict: Verdict) -> Verdict | None:
 def fallback(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     """What fails is explained by its inputs: the first of it (none when only boundary
     differences and notes are left)."""
-    if verdict.culprit is not None or verdict.rule == "growth":
+    if verdict.culprit is not None or verdict.rule in ("growth", "quantized"):
         return verdict
     rest = _unexplained(evidence, verdict)
     verdict.culprit = _fallback(rest) if rest else None
@@ -275,17 +347,19 @@ def fallback(evidence: Evidence, verdict: Verdict) -> Verdict | None:
 
 
 RULES: tuple[tuple[str, Rule], ...] = (
+    ("pairing", pairing),
     ("agreement", agreement),
     ("unstructured", unstructured),
     ("boundary", boundary),
     ("glue", glue),
     ("growth", growth),
+    ("quantized", quantized),
     ("replay", replay),
     ("fallback", fallback),
 )
 # growth and glue decide the culprit but replay may still override it: a verdict of a
 # rule in _OVERRIDABLE is handed on to the rules in _OVERRIDES only.
-_OVERRIDABLE = {"growth", "glue"}
+_OVERRIDABLE = {"growth", "glue", "quantized"}
 _OVERRIDES = {"replay", "fallback"}
 
 
@@ -313,10 +387,13 @@ def first_divergence(
     b_modules: set[str] | None = None,
     local: dict[str, Any] | None = None,
     b_sites: dict[CallKey, str] | None = None,
+    paired: tuple[int, int] | None = None,
 ) -> Verdict:
     """The verdict for ``results`` (compared entries in A's order, each with
     name/module/call/role/ok and the scale numbers)."""
-    evidence = Evidence(source, results, b_calls, b_modules, local, b_sites=b_sites or {})
+    evidence = Evidence(
+        source, results, b_calls, b_modules, local, b_sites=b_sites or {}, paired=paired
+    )
     return decide(evidence)
 
 
@@ -409,6 +486,25 @@ def _never_called(evidence: Evidence, call: Call, culprit: dict[str, Any]) -> di
         ),
         "never_called_in_b": True,
     }
+
+
+MAX_UNPAIRED_CHILDREN = 10  # listed on a culprit; the module tree says the rest
+
+
+def _unpaired_children(evidence: Evidence, culprit: dict[str, Any]) -> list[str]:
+    """The culprit's children in the reference that the port has no module for at all
+    (it computes them inline: mlx-lm's SiLU where transformers has ``act_fn``)."""
+    if not evidence.b_modules or culprit.get("never_called_in_b"):
+        return []
+    call = evidence.calls.get((culprit["module"], culprit["call"]))
+    if call is None:
+        return []
+    known = evidence.b_modules | (evidence.b_calls or set())
+    found = []
+    for child in sorted(evidence.calls.values(), key=lambda c: c.start_order):
+        if child.parent == call.seq and child.module not in known and child.module not in found:
+            found.append(child.module)
+    return found[:MAX_UNPAIRED_CHILDREN]
 
 
 def _unexplained(evidence: Evidence, verdict: Verdict) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Glue code named (issue 20, item 3): a bug between two calls of a captured model.
+"""Whole pipelines (issue 20, items 3 and 4): glue code named, several models in one capture.
 
 A flow-matching loop, written twice: diffusers' ``FlowMatchEulerDiscreteScheduler`` (time
 shift 3) driving diffusers' tiny Flux transformer, and a hand-written MLX loop driving the
@@ -8,11 +8,20 @@ forgets the time shift gives the denoiser the same first call (sigma 1 is 1 shif
 not) and different latents and timestep from the second call on: compare must say that
 the difference enters between the calls, show the first differing input side by side,
 and give the line of each script that made each call.
+
+Then a two-model pipeline in one capture (``mldbg.capture({"text_encoder": te,
+"transformer": t}, ...)``): a small text encoder (hand-written in both frameworks, same
+weights) makes the prompt embeddings, the pipeline normalizes the pooled vector, the
+transformer denoises for three steps.  Compare names the model, the step and the module
+of a bug in either model, and glue between the text encoder and the transformer.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +31,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 mx = pytest.importorskip("mlx.core")
+mnn = pytest.importorskip("mlx.nn")
 pytest.importorskip("diffusers")
 pytestmark = pytest.mark.slow  # a real diffusers transformer and scheduler
 
@@ -123,3 +133,128 @@ def test_a_schedule_bug_is_named_as_glue_code_with_both_call_sites() -> None:
     # The timestep the second call received differs too (857.1 vs 666.7 after x1000).
     timestep = next(e for e in result["entries"] if e["name"] == "<root>#1.in.3")
     assert not timestep["ok"]
+    # The human output says the same: both calls, both lines, the input side by side.
+    proc = subprocess.run(
+        [sys.executable, "-m", "mldbg", "compare", "ref", "port"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "400"},
+    )
+    assert proc.returncode == 1, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert f"after <root>#0: A at {ref_site}, B at {port_site}" in text, proc.stdout
+    assert "first differing input <root>#1.in." in text
+
+
+# -- two models in one capture ---------------------------------------------------------------
+
+TOKENS, WIDTH = 4, 8
+
+
+class TorchTextEncoder(torch.nn.Module):
+    """Token features (1, tokens, 8) -> prompt embeddings (1, tokens, 32) and a pooled (1, 16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj_in = torch.nn.Linear(WIDTH, flux.SIZES.joint_dim)
+        self.act = torch.nn.GELU()
+        self.proj_out = torch.nn.Linear(flux.SIZES.joint_dim, flux.SIZES.joint_dim)
+        self.pool = torch.nn.Linear(flux.SIZES.joint_dim, flux.SIZES.pooled_dim)
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.proj_out(self.act(self.proj_in(tokens)))
+        return hidden, self.pool(hidden.mean(dim=1))
+
+
+class MLXTextEncoder(mnn.Module):
+    def __init__(self, act: Any = None) -> None:
+        super().__init__()
+        self.proj_in = mnn.Linear(WIDTH, flux.SIZES.joint_dim)
+        self.act = act if act is not None else mnn.GELU()
+        self.proj_out = mnn.Linear(flux.SIZES.joint_dim, flux.SIZES.joint_dim)
+        self.pool = mnn.Linear(flux.SIZES.joint_dim, flux.SIZES.pooled_dim)
+
+    def __call__(self, tokens: mx.array) -> tuple[mx.array, mx.array]:
+        hidden = self.proj_out(self.act(self.proj_in(tokens)))
+        return hidden, self.pool(hidden.mean(axis=1))
+
+
+def reference_pipeline(te: Any, transformer: Any, tokens: Any, inputs: tuple[Any, ...]) -> None:
+    with torch.no_grad():
+        text, pooled = te(tokens)  # REF-TE
+    pooled = torch.nn.functional.normalize(pooled, dim=-1) * 4  # the pipeline's own step
+    latents, _text, _pooled, sigma, img_ids, txt_ids = inputs
+    reference_loop(transformer, (latents, text, pooled, sigma, img_ids, txt_ids))
+
+
+def port_pipeline(
+    te: Any, transformer: Any, tokens: Any, inputs: tuple[Any, ...], *, normalize: bool
+) -> None:
+    text, pooled = te(tokens)  # PORT-TE
+    if normalize:
+        pooled = pooled / mx.linalg.norm(pooled, axis=-1, keepdims=True) * 4
+    latents, _text, _pooled, sigma, img_ids, txt_ids = inputs
+    port_loop(transformer, (latents, text, pooled, sigma, img_ids, txt_ids), shift=True)
+
+
+def capture_pipelines(
+    *, te_bug: bool = False, bug: str | None = None, normalize: bool = True
+) -> None:
+    torch.manual_seed(0)
+    te = TorchTextEncoder().eval()
+    te_port = MLXTextEncoder(mnn.SiLU() if te_bug else None)
+    te_port.load_weights([(k, to_mlx(v)) for k, v in te.state_dict().items()])
+    ref, inputs = flux.reference("float32")
+    port = flux.port_of(ref, "float32", bug)
+    tokens = torch.randn(1, TOKENS, WIDTH)
+    with mldbg.capture({"text_encoder": te, "transformer": ref}, "ref") as cap:
+        reference_pipeline(te, ref, tokens, inputs)
+    assert not cap.errors, cap.errors
+    current_run.reset()
+    port_inputs = tuple(to_mlx(t) for t in inputs)
+    with mldbg.capture({"text_encoder": te_port, "transformer": port}, "port") as cap:
+        port_pipeline(te_port, port, to_mlx(tokens), port_inputs, normalize=normalize)
+    assert not cap.errors, cap.errors
+    current_run.reset()
+
+
+def test_a_clean_pipeline_agrees_model_by_model_and_step_by_step() -> None:
+    capture_pipelines()
+    result = mldbg.compare("ref", "port").result
+    assert result["ok"], json.dumps(result["first_divergence"])[:600]
+    tops = {(e["module"], e["call"]) for e in result["entries"] if "." not in e["module"]}
+    assert tops == {("text_encoder", 0)} | {("transformer", i) for i in range(STEPS)}
+
+
+def test_a_bug_in_the_first_model_is_named_with_its_model_and_step() -> None:
+    capture_pipelines(te_bug=True)
+    culprit = mldbg.compare("ref", "port").result["first_divergence"]
+    assert culprit["module"] == "text_encoder.act", culprit
+    assert (culprit["model"], culprit["step"]) == ("text_encoder", 0)
+
+
+def test_a_bug_in_the_denoiser_is_named_with_its_model_and_step() -> None:
+    capture_pipelines(bug="modulation")
+    culprit = mldbg.compare("ref", "port").result["first_divergence"]
+    assert culprit["module"] == "transformer.transformer_blocks.0.norm1", culprit
+    assert (culprit["model"], culprit["step"]) == ("transformer", 0)
+
+
+def test_glue_between_two_models_is_named_with_both_call_sites() -> None:
+    """The port forgets the pipeline's normalization of the pooled vector: the text
+    encoder agrees, the transformer's first call receives another ``pooled``."""
+    capture_pipelines(normalize=False)
+    result = mldbg.compare("ref", "port").result
+    culprit = result["first_divergence"]
+    assert result["decided_by"] == "glue", json.dumps(culprit)[:800]
+    assert culprit["name"] == "transformer#0"
+    assert "between text_encoder#0 and transformer#0" in culprit["reason"]
+    assert culprit["glue"]["after"] == {
+        "call": "text_encoder#0",
+        "site_a": line_of("REF-TE"),
+        "site_b": line_of("PORT-TE"),
+    }
+    assert culprit["glue"]["before"]["site_a"] == line_of("REF-CALL")
+    assert culprit["glue"]["input"]["name"] == "transformer#0.in.2"  # pooled_projections
+    assert (culprit["model"], culprit["step"]) == ("transformer", 0)

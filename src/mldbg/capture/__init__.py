@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,6 +33,17 @@ def _framework(model: object) -> str:
     raise TypeError(
         f"mldbg.capture takes a torch.nn.Module or an mlx.nn.Module, not {type(model).__qualname__}"
     )
+
+
+def _is_pipeline(model: object) -> bool:
+    """A dict of models (an MLX module is a dict too: a module is never a pipeline)."""
+    if not isinstance(model, Mapping):
+        return False
+    try:
+        _framework(model)
+    except TypeError:
+        return True
+    return False
 
 
 def _patterns(value: str | Iterable[str] | None, option: str) -> list[str] | None:
@@ -62,6 +73,12 @@ class Capture:
         include: str | Iterable[str] | None = None,
         exclude: str | Iterable[str] | None = None,
     ) -> None:
+        # Several models (a pipeline's): one container holds them under their names.
+        self.models = list(model) if _is_pipeline(model) else None
+        if self.models is not None:
+            from .pipeline import container
+
+            model = container(model, _framework)
         self.model = model
         self.name = check_capture_name(name)
         self.requested_name = self.name
@@ -122,6 +139,7 @@ class Capture:
                     # Every kept module, called or not: compare tells a module the port
                     # has but never calls (a skipped norm) from one it lacks altogether.
                     "modules": self._module_paths(backend, target),
+                    **({"models": self.models} if self.models else {}),
                 },
             )
         except OSError as exc:  # no room for even the directory: the model runs uncaptured
@@ -211,6 +229,9 @@ def capture(
     exclude: str | Iterable[str] | None = None,
 ) -> Capture:
     """Record every submodule call of ``model`` while the ``with`` block runs.
+
+    ``model`` may be a dict of models of one framework (a pipeline's text encoder,
+    denoiser, VAE): each module path then starts with the model's name.
 
     Inputs (unless ``inputs=False``) and outputs of each call go to the current run's
     ``captures/<name>/``; ``include`` / ``exclude`` are glob patterns on module paths

@@ -394,7 +394,10 @@ def first_divergence(
     evidence = Evidence(
         source, results, b_calls, b_modules, local, b_sites=b_sites or {}, paired=paired
     )
-    return decide(evidence)
+    verdict = decide(evidence)
+    if verdict.culprit is not None:
+        verdict.culprit.update(_located(evidence, verdict.culprit))
+    return verdict
 
 
 # -- what the rules share ------------------------------------------------------------------
@@ -505,6 +508,19 @@ def _unpaired_children(evidence: Evidence, culprit: dict[str, Any]) -> list[str]
         if child.parent == call.seq and child.module not in known and child.module not in found:
             found.append(child.module)
     return found[:MAX_UNPAIRED_CHILDREN]
+
+
+def _located(evidence: Evidence, culprit: dict[str, Any]) -> dict[str, Any]:
+    """Which model and which step: the culprit's top-level call (``transformer#2``: the
+    denoiser's third call in a loop; ``<root>#0`` for a single model called once)."""
+    call = evidence.calls.get((culprit.get("module"), culprit.get("call")))  # type: ignore[arg-type]
+    if call is None:
+        return {}
+    by_seq = {c.seq: c for c in evidence.calls.values()}
+    top = call
+    while top.parent is not None and top.parent in by_seq:
+        top = by_seq[top.parent]
+    return {"model": top.module, "step": top.call}
 
 
 def _unexplained(evidence: Evidence, verdict: Verdict) -> list[dict[str, Any]]:

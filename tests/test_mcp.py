@@ -192,6 +192,18 @@ def test_a_debug_session_through_mcp(mcp, write) -> None:
         assert "missing.py" in missing["error"]
         nothing = await tool.error("start", session="mcp2")
         assert nothing["code"] == "bad_argument"
+        # no stop at entry: `wait` waits for the first breakpoint, not merely the start
+        first = await tool(
+            "start",
+            script="prog.py",
+            breakpoints=[{"file": "prog.py", "line": inside}],
+            stop_on_entry=False,
+            wait=30,
+            session="mcp3",
+        )
+        assert first["state"] == "paused" and first["reason"] == "breakpoint", first
+        assert first["location"]["line"] == inside
+        await tool("terminate", session="mcp3")
         hostile = await tool.error("pause", session="x/../../shutdown#")
         assert hostile["code"] == "bad_session_name"
         assert (await tool("status", session="mcp1"))["state"] == "paused"  # daemon still up
@@ -235,6 +247,10 @@ def test_parity_through_mcp(mcp, write, tmp_path: Path) -> None:
         few = await tool("compare", a="ref", b="port", passing=True, limit=3)
         assert len(few["entries"]) == 3 and few["truncated"] and few["next"]["args"]["offset"] == 3
         assert few["entries"][0].get("culprit") and few["total"] > 3
+        # the text form too, on every call (not only the process's first compare)
+        for arguments in ({"passing": True}, {}):
+            shown = await client.call_tool("compare", {"a": "ref", "b": "port", **arguments})
+            assert "blocks.1.act" in shown.content[0].text, shown.content  # type: ignore[union-attr]
 
         clean = await tool("compare", a="ref", b="ref")
         assert clean["ok"] is True and clean["first_divergence"] is None
@@ -281,5 +297,69 @@ def test_long_waits_report_progress_and_can_be_paused(mcp, write) -> None:
         assert paused["state"] == "paused" and paused["location"]["file"].endswith("slow.py")
         ended = await tool("terminate", session="mcp-slow")
         assert ended["state"] == "exited"
+
+    mcp(scenario)
+
+
+UNDECODABLE = """
+import os
+name = os.fsdecode(b"caf\\xe9.txt")  # any non-UTF-8 file name on Linux
+marker = 0  # stop here
+"""
+
+
+def test_undecodable_text_never_kills_the_server(mcp, write) -> None:
+    """A lone surrogate (``os.fsdecode`` of bytes that are not UTF-8) reached the SDK's
+    stdout writer raw and the server process died; every later call got "Connection
+    closed".  It comes back with the undecodable byte escaped, and the server lives on."""
+    script = write("undecodable.py", UNDECODABLE)
+    stop = line_of(script, "stop here")
+
+    async def scenario(tool: Tools, client: Client) -> None:
+        await tool(
+            "start",
+            script="undecodable.py",
+            stop_on_entry=False,
+            breakpoints=[{"file": "undecodable.py", "line": stop}],
+            session="mcp-bytes",
+        )
+        state = await tool("wait", session="mcp-bytes")
+        assert state["state"] == "paused", state
+        value = await tool("eval", expression="name", session="mcp-bytes")
+        assert value["summary"]["value"] == "caf\\xe9.txt", value  # the byte, escaped
+        assert value["result"] == "'caf\\udce9.txt'"  # Python's own repr escapes it too
+        listed = {v["name"]: v for v in (await tool("vars", session="mcp-bytes"))["variables"]}
+        assert "caf\\udce9.txt" in listed["name"]["summary"]
+        # an error carrying the bytes, and a surrogate sent as an argument
+        failed = await tool.error("eval", expression="open(name)", session="mcp-bytes")
+        assert "FileNotFoundError" in failed["error"] and "caf" in failed["error"]
+        raw = await tool("eval", expression="print(name) or name[3]", session="mcp-bytes")
+        assert raw["summary"]["value"] == "\\xe9" and "caf\\xe9.txt" in raw["output"], raw
+        assert (await tool("status", session="mcp-bytes"))["state"] == "paused"
+        await tool("terminate", session="mcp-bytes")
+
+    mcp(scenario)
+
+
+def test_run_store_tools_take_a_session(mcp, write) -> None:
+    """``runs``, ``checkpoints``, ``captures``, ``tensors``, ``clean`` and ``compare`` read
+    the run store of the session named by ``session`` (they answered ``internal``)."""
+    write("parity.py", PARITY)
+
+    async def scenario(tool: Tools, client: Client) -> None:
+        state = await tool("start", script="parity.py", stop_on_entry=False, session="mcp-store")
+        if state["state"] != "exited":
+            state = await tool("wait", wait=120, session="mcp-store")
+        assert state["state"] == "exited", state
+        runs = await tool("runs", session="mcp-store")
+        assert runs["runs"] and runs["runs"][0]["script"].endswith("parity.py")
+        assert "checkpoints" in await tool("checkpoints", session="mcp-store")
+        captures = {c["name"] for c in (await tool("captures", session="mcp-store"))["captures"]}
+        assert {"ref", "port"} <= captures
+        assert "tensors" in await tool("tensors", session="mcp-store")
+        assert (await tool("compare", a="ref", b="port", session="mcp-store"))["ok"] is False
+        assert "removed" in await tool("clean", dry_run=True, session="mcp-store")
+        missing = await tool.error("runs", session="no-such-session")
+        assert missing["code"] in ("unknown_session", "no_such_session"), missing
 
     mcp(scenario)

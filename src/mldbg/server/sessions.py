@@ -30,7 +30,7 @@ __all__ = ["ENDED", "Session", "SessionManager", "StartRequest", "read_page", "r
 ENDED = ("exited", "crashed")
 # What some stops carry besides the fixed fields: watch values, a note (a pause that had to
 # stop in library code, an exception raised in a library), the calls that help from there.
-STOP_EXTRAS = ("watches", "note", "fix", "raised", "raised_in")
+STOP_EXTRAS = ("watches", "note", "fix", "raised", "raised_in", "memory", "tripwire")
 
 
 def _now() -> str:
@@ -197,6 +197,9 @@ class Session(SessionProcess):
             children = [c.name for c in self.family.live_children() if c.state == "paused"]
             if children:
                 state["paused_children"] = children[:20]
+            detached = self.family.detached()
+            if detached:  # children that could not reach the daemon: never silently
+                state["detached_children"] = detached
         link = self.link
         if link is not None and link.error:  # the daemon cut the link: say why
             state["warnings"] = [link.error]

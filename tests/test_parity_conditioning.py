@@ -186,3 +186,19 @@ def test_bf16_input_into_a_float32_op_is_perturbed_in_float32() -> None:
     found = returns(cap.path)["time_proj"]["sensitivity"]
     assert 100 * U32 < found < 1e-3, found
     assert np.isfinite(found)
+
+
+def test_without_the_measurement_the_clean_port_fails_at_the_embedding() -> None:
+    """``sensitivity=False`` (no re-runs: a faster capture) is what compare saw before
+    this bound: the clean port is blamed at the sine of large arguments."""
+    ref, port = pair()
+    with torch.no_grad(), mldbg.capture(ref, "ref", sensitivity=False) as cap:
+        ref(torch.tensor([937.0]))
+    current_run.reset()
+    assert all("sensitivity" not in line for line in returns(cap.path).values())
+    with mldbg.capture(port, "port"):
+        mx.eval(port(mx.array([937.0])))
+    current_run.reset()
+    result = mldbg.compare("ref", "port").result
+    assert not result["ok"]
+    assert result["first_divergence"]["module"] == "time_proj"

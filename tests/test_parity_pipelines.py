@@ -14,6 +14,10 @@ Then a two-model pipeline in one capture (``mldbg.capture({"text_encoder": te,
 weights) makes the prompt embeddings, the pipeline normalizes the pooled vector, the
 transformer denoises for three steps.  Compare names the model, the step and the module
 of a bug in either model, and glue between the text encoder and the transformer.
+
+Last, diffusers' own ``FluxPipeline`` (tiny VAE, no text encoders: the prompt embeddings
+are given) against the hand-written MLX loop: the call site of A is then the line of
+diffusers' pipeline that calls the transformer.
 """
 
 from __future__ import annotations
@@ -258,3 +262,72 @@ def test_glue_between_two_models_is_named_with_both_call_sites() -> None:
     assert culprit["glue"]["before"]["site_a"] == line_of("REF-CALL")
     assert culprit["glue"]["input"]["name"] == "transformer#0.in.2"  # pooled_projections
     assert (culprit["model"], culprit["step"]) == ("transformer", 0)
+
+
+# -- a real diffusers pipeline against a hand-written MLX one ------------------------------
+
+
+def diffusers_flux_pipeline(transformer: Any) -> Any:
+    """diffusers' ``FluxPipeline`` from tiny parts: no text encoders (the prompt
+    embeddings are given), a two-level VAE whose 16x16 image is the 4x4 token grid of the
+    zoo's transformer, the flow-matching scheduler with time shift 3."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=16,
+    ).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=SHIFT)
+    return FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=None,
+        tokenizer_2=None,
+        transformer=transformer,
+    )
+
+
+@pytest.mark.parametrize("shift", [True, False], ids=["clean", "schedule-without-shift"])
+def test_a_real_diffusers_pipeline_against_a_hand_written_mlx_loop(shift: bool) -> None:
+    ref, inputs = flux.reference("float32")
+    port = flux.port_of(ref, "float32")
+    latents, text, pooled, _sigma, _img_ids, _txt_ids = inputs
+    pipe = diffusers_flux_pipeline(ref)
+    with mldbg.capture({"transformer": pipe.transformer}, "ref"):
+        pipe(
+            prompt_embeds=text,
+            pooled_prompt_embeds=pooled,
+            latents=latents,
+            height=16,
+            width=16,
+            num_inference_steps=STEPS,
+            guidance_scale=1.0,
+            output_type="latent",
+        )
+    current_run.reset()
+    with mldbg.capture({"transformer": port}, "port"):
+        port_loop(port, tuple(to_mlx(t) for t in inputs), shift=shift)
+    current_run.reset()
+    result = mldbg.compare("ref", "port").result
+    if shift:
+        assert result["ok"], json.dumps(result["first_divergence"])[:600]
+        steps = {e["call"] for e in result["entries"] if e["module"] == "transformer"}
+        assert steps == set(range(STEPS))
+        return
+    culprit = result["first_divergence"]
+    assert result["decided_by"] == "glue", json.dumps(culprit)[:800]
+    assert culprit["name"] == "transformer#1"
+    assert (culprit["model"], culprit["step"]) == ("transformer", 1)
+    # A: the line of diffusers' pipeline that calls the transformer; B: the port's loop.
+    site_a = culprit["glue"]["before"]["site_a"]
+    assert "pipeline_flux.py:" in site_a, site_a
+    assert culprit["glue"]["before"]["site_b"] == line_of("PORT-CALL")

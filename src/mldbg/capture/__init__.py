@@ -78,6 +78,7 @@ class Capture:
         budget: int | str | None = None,
         within: str | None = None,
         background: bool | None = None,
+        sensitivity: bool = True,
     ) -> None:
         # Several models (a pipeline's): one container holds them under their names.
         self.models = list(model) if _is_pipeline(model) else None
@@ -97,6 +98,7 @@ class Capture:
         self.within = within
         # Off the critical path by default where it pays: full torch captures (MLX arrays
         # are evaluated as they are recorded; summaries are small).
+        self.sensitivity = sensitivity
         self.background = (
             background
             if background is not None
@@ -186,6 +188,7 @@ class Capture:
             writer,
             getattr(backend, "snapshot", None),
         )
+        self._recorder.sensitivity = self.sensitivity
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
@@ -292,6 +295,7 @@ def capture(
     budget: int | str | None = None,
     within: str | None = None,
     background: bool | None = None,
+    sensitivity: bool = True,
 ) -> Capture:
     """Record every submodule call of ``model`` while the ``with`` block runs.
 
@@ -308,6 +312,9 @@ def capture(
     tensor files may take, skipping (and reporting) what does not fit; ``within`` records
     only module ``within`` and what it contains, in full.  ``background`` (default: on
     for full torch captures) writes files from a writer thread with bounded memory.
+    ``sensitivity`` (default on) re-runs each leaf call once on inputs perturbed by one
+    rounding step, so compare can bound ill-conditioned ops (README, "How a verdict is
+    reached"); ``sensitivity=False`` saves that time and leaves such ops unexcused.
     """
     return Capture(
         model,
@@ -320,4 +327,5 @@ def capture(
         budget=budget,
         within=within,
         background=background,
+        sensitivity=sensitivity,
     )

@@ -156,7 +156,7 @@ def _recording_class(
             recorder.exit(seq, path, None, exc)
             raise
         extra = None
-        if recorder.is_leaf(seq):
+        if recorder.wants_sensitivity(seq):
             found = measure_mlx(self, call, args, kwargs, output)
             extra = None if found is None else {"sensitivity": found}
         recorder.exit(seq, path, output, None, extra)

@@ -127,9 +127,13 @@ class Recorder:
                 return seq
         return None
 
-    def is_leaf(self, seq: int) -> bool:
-        """Call ``seq`` (still open, and recorded) has started no other call."""
-        return seq != SKIPPED and seq not in self._with_children
+    # Whether leaf calls are re-run for their sensitivity (``capture(sensitivity=...)``).
+    sensitivity = True
+
+    def wants_sensitivity(self, seq: int) -> bool:
+        """Call ``seq`` (still open, and recorded) is a leaf, to be measured: it started
+        no other call, and the capture measures sensitivities."""
+        return self.sensitivity and seq != SKIPPED and seq not in self._with_children
 
     def exit(
         self,

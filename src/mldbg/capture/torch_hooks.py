@@ -174,7 +174,7 @@ def _hook(
         current = sys.exc_info()[1]
         error = current if output is None and current is not handled else None
         extra = None
-        if error is None and recorder.is_leaf(seq):
+        if error is None and recorder.wants_sensitivity(seq):
             found = measure_torch(module, _args, _kwargs, output)
             extra = None if found is None else {"sensitivity": found}
         recorder.exit(seq, path, output, error, extra)

@@ -14,19 +14,16 @@ boundary differences for the rules after it).  :data:`RULES` is the order; the R
 3. ``boundary``: differences the next module no longer sees (a scale moved across a
    module boundary) are listed and set aside.
 4. ``glue``: the first difference is an *input* of a top-level call (a later step of a
-   loop, or the runs' very first inputs) while everything before agrees -> the code
-   between the calls (a scheduler, a loop, preprocessing), named with both call sites.
+   loop, the next model of a pipeline, or the runs' very first inputs) while everything
+   before agrees -> the code between the calls, named with both call sites.
 5. ``growth``: among calls whose output error grows beyond what their inputs explain,
-   the one whose jump explains what reaches the outputs (see :func:`growth`).
-5b. ``quantized``: no suspect, and all that fails is downstream of quantized port
-   modules -> compounded quantization noise: notes, no culprit (replay can tell more).
-6. ``replay``: with local errors from ``mldbg.replay``, the deepest call out of bounds
-   on the reference's own inputs overrides the growth verdict (kept as ``by_growth``).
-7. ``fallback``: what is left fails only because its inputs do -> the first of it.
-
-Between ``growth`` and ``replay`` the never-called refinement runs: when the culprit's
-reference call has a child (or a sibling just before it) that the port has as a module
-but never called, that module is named instead.
+   the one whose jump explains what reaches the outputs (see :func:`growth`); a child or
+   sibling the port has as a module but never calls is named instead.
+6. ``quantized``: no suspect, and all that fails is downstream of quantized port
+   modules -> compounded quantization noise: a note, no culprit (replay can tell more).
+7. ``replay``: with local errors from ``mldbg.replay``, the deepest call out of bounds
+   on the reference's own inputs overrides growth, glue and quantized.
+8. ``fallback``: what is left fails only because its inputs do -> the first of it.
 """
 
 from __future__ import annotations

@@ -27,6 +27,14 @@ judged instead against its own scale and dtype:
   ``rel_max`` there: a product of two quantized values (gate x up) can move one element
   by more than the largest value, which rounding never does.
 
+* **Ill-conditioned ops** (a sine of arguments ~1000, as in every diffusion model's
+  timestep embedding) turn one rounding step of their inputs into far more than ``u``
+  at their outputs.  The capture measures each leaf call's sensitivity (its output's
+  relative change when its inputs move by one rounding step; ``capture.sensitivity``):
+  ``COND_C`` times it bounds the call's own outputs and, riding on what is computed from
+  them, every later entry (see ``_Floors``).  The larger of that floor and the rounding
+  bound is the bound; entries say when the floor set it.
+
 The strict element-wise test (``|b - a| <= atol + rtol |a|``) decides only when the
 user gives ``--rtol``/``--atol``; integer and bool pairs always compare exactly.
 """

@@ -22,6 +22,7 @@ diffusers' pipeline that calls the transformer.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -115,9 +116,10 @@ def test_a_clean_loop_agrees_call_by_call() -> None:
     assert calls == set(range(STEPS))
 
 
-def test_a_schedule_bug_is_named_as_glue_code_with_both_call_sites() -> None:
+def test_a_schedule_bug_is_named_as_glue_code_with_both_call_sites(home: Path) -> None:
     capture_loops(shift=False)
-    result = mldbg.compare("ref", "port").result
+    comparison = mldbg.compare("ref", "port")
+    result = comparison.result
     assert not result["ok"]
     culprit = result["first_divergence"]
     assert result["decided_by"] == "glue", json.dumps(culprit)[:800]
@@ -149,6 +151,9 @@ def test_a_schedule_bug_is_named_as_glue_code_with_both_call_sites() -> None:
     text = " ".join(proc.stdout.split())
     assert f"after <root>#0: A at {ref_site}, B at {port_site}" in text, proc.stdout
     assert "first differing input <root>#1.in." in text
+    # And the HTML report.
+    page = comparison.write_html(home.parent / "report.html").read_text()
+    assert html.escape(ref_site) in page and html.escape(port_site) in page
 
 
 # -- two models in one capture ---------------------------------------------------------------

@@ -51,7 +51,7 @@ def compared(z: ZooPort) -> dict:
 @pytest.mark.parametrize(
     ("arch", "bits"), [("qwen3", 4), ("llama", 8)], ids=["qwen3-4bit", "llama-8bit"]
 )
-def test_a_clean_quantized_port_is_noise_not_a_culprit(arch: str, bits: int) -> None:
+def test_a_clean_quantized_port_is_noise_not_a_culprit(arch: str, bits: int, home: Path) -> None:
     """Before the quantized rule, these failed (rel 0.40-0.46 against a fixed 0.39 from
     layer 1's down_proj on) and compare named an entry whose inputs already differed."""
     z = llama_family.build(arch, "float32", quantize=(bits, 64), layers=LAYERS)
@@ -63,6 +63,8 @@ def test_a_clean_quantized_port_is_noise_not_a_culprit(arch: str, bits: int) -> 
     assert result["decided_by"] == "quantized"
     assert "only replay" in result["notes"][0]["note"]
     assert result["counts"]["noted"] == result["counts"]["failed"]
+    page = mldbg.compare("ref", "port").write_html(home.parent / "report.html").read_text()
+    assert "The outputs agree" in page and "only replay" in page
     replayed = mldbg.replay(z.port, "ref")
     assert replayed.culprit is None
 

@@ -220,3 +220,26 @@ def test_a_reference_child_the_port_computes_inline_is_named_on_the_culprit() ->
     assert verdict.culprit is not None and verdict.culprit["module"] == "mlp"
     assert verdict.culprit["unpaired_children"] == ["mlp.act_fn"]
     assert "computes inline" in verdict.culprit["hint"]
+
+
+def test_different_first_inputs_are_said_plainly_with_the_call_site() -> None:
+    """The very first call's inputs differ (another prompt, another seed): no module is
+    to blame; the verdict says so and where each script made the call."""
+    t = Trace()
+    root = t.call("<root>", 0, site="ref.py:7")
+    t.entry(root, "in", 0.5)
+    leaf = t.call("m", 0, parent=root)
+    t.entry(leaf, "in", 0.5)
+    t.end(leaf)
+    t.entry(leaf, "out", 0.5)
+    t.end(root)
+    t.entry(root, "out", 0.5)
+    verdict = first_divergence(t.source, t.results, b_sites={("<root>", 0): "port.py:9"})
+    assert verdict.rule == "glue" and verdict.culprit is not None
+    assert "given different inputs" in verdict.culprit["reason"]
+    assert verdict.culprit["glue"]["after"] is None
+    assert verdict.culprit["glue"]["before"] == {
+        "call": "<root>#0",
+        "site_a": "ref.py:7",
+        "site_b": "port.py:9",
+    }

@@ -336,3 +336,24 @@ def test_a_real_diffusers_pipeline_against_a_hand_written_mlx_loop(shift: bool) 
     site_a = culprit["glue"]["before"]["site_a"]
     assert "pipeline_flux.py:" in site_a, site_a
     assert culprit["glue"]["before"]["site_b"] == line_of("PORT-CALL")
+
+
+def test_the_culprit_explains_the_output_even_without_the_conditioning_bound() -> None:
+    """Issue 20's report: with the timestep embedding's rounding out of its bound (here:
+    the reference captured with ``sensitivity=False``, so no conditioning floor) and a real
+    RoPE bug in the first joint attention, the first out-of-bound module used to win.
+    Now the embedding's 1e-5 is a note (the attention's own jump, ~0.3, dwarfs it) and
+    the attention is named."""
+    ref, inputs = flux.reference("float32")
+    port = flux.port_of(ref, "float32", "rope")
+    with torch.no_grad(), mldbg.capture(ref, "ref", sensitivity=False):
+        ref(*inputs)
+    current_run.reset()
+    with mldbg.capture(port, "port"):
+        mx.eval(port(*(to_mlx(t) for t in inputs)))
+    current_run.reset()
+    result = mldbg.compare("ref", "port").result
+    assert result["first_divergence"]["module"] == flux.CULPRITS["rope"]
+    noted = {n["module"] for n in result["notes"]}
+    assert "time_text_embed.time_proj" in noted, result["notes"]
+    assert all("dwarfs" in n["note"] for n in result["notes"])

@@ -211,6 +211,9 @@ MIXED = [
     (Case("torch_llama", "float32", "swapped_mlp"), "bfloat16"),
     (Case("vae", "float32"), "float16"),
     (Case("vae", "float32", "groupnorm_groups"), "bfloat16"),
+    (Case("flux", "float32"), "bfloat16"),
+    (Case("flux", "float32", "rope"), "bfloat16"),
+    (Case("sd3", "float32", "timestep"), "bfloat16"),
 ]
 
 

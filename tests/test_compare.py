@@ -369,3 +369,20 @@ def test_the_compare_answer_bounds_every_list_an_agent_receives() -> None:
         limit=20,
     )
     assert len(small["boundary_differences"]) == 3 and "boundary_differences_count" not in small
+
+
+def test_the_compare_answer_bounds_notes_and_the_entries_each_lists() -> None:
+    """Compounded 4-bit noise over a deep model is one note covering every failing entry
+    (thousands on a 7B port): the answer carries the first ones and the count."""
+    from mldbg.compare.answer import LISTS_SHOWN, NOTE_ENTRIES_SHOWN, bounded
+
+    names = [f"model.layers.{i}.mlp#0.out" for i in range(5000)]
+    notes = [{"name": names[0], "entries": names, "note": "quantization noise"}] + [
+        {"name": f"m{i}#0", "entries": [f"m{i}#0.out"], "note": "dwarfed"} for i in range(100)
+    ]
+    result = {"ok": True, "entries": [], "notes": notes, "unpaired_a": [], "unpaired_b": []}
+    answer = bounded(result, passing=False, inputs=False, offset=0, limit=20)
+    assert len(answer["notes"]) == LISTS_SHOWN["notes"] and answer["notes_count"] == 101
+    assert len(answer["notes"][0]["entries"]) == NOTE_ENTRIES_SHOWN
+    assert answer["notes"][0]["entries_count"] == 5000 and answer["truncated"]
+    assert len(json.dumps(answer)) < 20_000

@@ -44,7 +44,8 @@ from mldbg import current_run  # noqa: E402
 from parity_zoo import BUGS, Case, ZooPort, all_cases, build  # noqa: E402
 from parity_zoo.core import as_numpy  # noqa: E402
 
-# Only the VAE needs diffusers: without it those cases skip, the others still run.
+# The VAE and the DiTs need diffusers: without it those cases skip, the others still run.
+DIFFUSERS_ARCHS = ("vae", "flux", "sd3")
 NO_DIFFUSERS = pytest.mark.skipif(
     importlib.util.find_spec("diffusers") is None, reason="diffusers is not installed"
 )
@@ -52,7 +53,8 @@ NO_DIFFUSERS = pytest.mark.skipif(
 
 def params(cases: list[Case]) -> list[Any]:
     return [
-        pytest.param(c, id=str(c), marks=[NO_DIFFUSERS] if c.arch == "vae" else []) for c in cases
+        pytest.param(c, id=str(c), marks=[NO_DIFFUSERS] if c.arch in DIFFUSERS_ARCHS else [])
+        for c in cases
     ]
 
 
@@ -133,7 +135,8 @@ def _final_rel_error(z: ZooPort) -> float:
 
 
 @pytest.mark.parametrize(
-    "arch", [pytest.param(a, marks=[NO_DIFFUSERS] if a == "vae" else []) for a in sorted(BUGS)]
+    "arch",
+    [pytest.param(a, marks=[NO_DIFFUSERS] if a in DIFFUSERS_ARCHS else []) for a in sorted(BUGS)],
 )
 def test_zoo_clean_ports_match_and_bugs_show(arch: str) -> None:
     """float32: a clean port's output is the reference's up to rounding, a bug's is not.
@@ -208,13 +211,18 @@ MIXED = [
     (Case("torch_llama", "float32", "swapped_mlp"), "bfloat16"),
     (Case("vae", "float32"), "float16"),
     (Case("vae", "float32", "groupnorm_groups"), "bfloat16"),
+    (Case("flux", "float32"), "bfloat16"),
+    (Case("flux", "float32", "rope"), "bfloat16"),
+    (Case("sd3", "float32", "timestep"), "bfloat16"),
 ]
 
 
 @pytest.mark.parametrize(
     ("case", "port_dtype"),
     [
-        pytest.param(c, d, id=f"{c}-port-{d}", marks=[NO_DIFFUSERS] if c.arch == "vae" else [])
+        pytest.param(
+            c, d, id=f"{c}-port-{d}", marks=[NO_DIFFUSERS] if c.arch in DIFFUSERS_ARCHS else []
+        )
         for c, d in MIXED
     ],
 )

@@ -178,6 +178,12 @@ def test_small_error_on_small_values_is_named_where_it_grows(dtype: torch.dtype)
         strict = mldbg.compare("ref", "port", rtol=0.0, atol=mixer_out["max_abs"] * 1.01).result
         assert next(e for e in strict["entries"] if e["name"] == "layers.1.mixer#0.out")["ok"]
         assert strict["first_divergence"]["module"] == "layers.1.mixer"
+        # ... without naming an entry that passes: the culprit says why it is named.
+        named = strict["first_divergence"]["entries"]
+        assert all(not e["ok"] for e in strict["entries"] if e["name"] in named)
+        assert not any(e["culprit"] and e["ok"] for e in strict["entries"])
+        assert strict["first_divergence"]["passes_elementwise"] is True
+        assert "pass the element-wise test" in strict["first_divergence"]["reason"]
 
 
 def test_keyword_and_positional_inputs_pair_by_shape_and_order() -> None:
@@ -369,6 +375,9 @@ def test_few_pairs_propose_a_map_that_pairs_everything(home: Path, tmp_path: Pat
     result = mldbg.compare("ref", "port").result
     proposal = result["proposed_map"]
     assert proposal, "few entries paired: a map should be proposed"
+    # No culprit among the few that paired by accident; the verdict says why.
+    assert result["first_divergence"] is None and result["decided_by"] == "pairing"
+    assert "proposed_map" in result["undecided"]
     assert len(result["unpaired_b"]) == result["counts"]["unpaired_b"] > 6  # all listed
     # The proposal, used as the map, pairs every module of the port.
     mapped = mldbg.compare("ref", "port", map=proposal).result

@@ -18,6 +18,10 @@ renamed        transformers Llama -> hand-written MLX,      attn_scale, swapped_
                other names (through a map)
 vae            diffusers VAE encoder -> hand-written MLX    groupnorm_groups, attn_scale,
                (NHWC, ambiguous 32x32x32 layout)            downsample_padding, skipped_norm
+flux           diffusers FluxTransformer2DModel -> hand-    rope, modulation, timestep
+               written MLX (same names)
+sd3            diffusers SD3Transformer2DModel -> hand-     modulation, timestep
+               written MLX (patch conv in NHWC)
 qwen2-q4/-q8   transformers Qwen2 -> mlx-lm qwen2,          see QUANTIZED_BUGS
                nn.quantize 4 / 8 bits, group 32
 =============  ===========================================  ===============================
@@ -31,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import gemma, gpt2, llama_family, renamed, torch_llama, vae
+from . import flux, gemma, gpt2, llama_family, renamed, sd3, torch_llama, vae
 from .core import DTYPES, UnknownCase, ZooPort
 
 QUANT_GROUP = 32
@@ -60,6 +64,8 @@ BUILDERS: dict[str, Callable[..., ZooPort]] = {
     "gpt2": gpt2.build,
     "renamed": renamed.build,
     "vae": vae.build,
+    "flux": flux.build,
+    "sd3": sd3.build,
     "qwen2-q4": _quantized(4),
     "qwen2-q8": _quantized(8),
 }
@@ -73,6 +79,8 @@ BUGS: dict[str, tuple[str, ...]] = {
     "gpt2": gpt2.BUGS,
     "renamed": renamed.BUGS,
     "vae": vae.BUGS,
+    "flux": flux.BUGS,
+    "sd3": sd3.BUGS,
     "qwen2-q4": QUANTIZED_BUGS[4],
     "qwen2-q8": QUANTIZED_BUGS[8],
 }

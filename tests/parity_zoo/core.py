@@ -78,17 +78,25 @@ class ZooPort:
         """One inference forward of the reference; its main output (logits, latents)."""
         with torch.no_grad():
             out = self.ref(*self.ref_inputs)
-        return out.logits if hasattr(out, "logits") else out
+        return _main_output(out)
 
     def run_port(self) -> Any:
         """One inference forward of the port; its main output, evaluated."""
         if self.port_framework == "torch":
             with torch.no_grad():
                 out = self.port(*self.port_inputs)
-            return out.logits if hasattr(out, "logits") else out
+            return _main_output(out)
         out = self.port(*self.port_inputs)
         mx.eval(out)
         return out
+
+
+def _main_output(out: Any) -> Any:
+    """Logits of a language model, the sample of a diffusers model, else ``out``."""
+    for field_name in ("logits", "sample"):
+        if hasattr(out, field_name):
+            return getattr(out, field_name)
+    return out
 
 
 def generator(seed: int) -> torch.Generator:

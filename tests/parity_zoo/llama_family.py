@@ -42,7 +42,7 @@ Qwen3 normalizes queries and keys per head inside attention (``self_attn.q_norm`
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -94,10 +94,9 @@ class Sizes:
 SIZES = Sizes()
 
 
-def _hf_config(arch: str) -> Any:
+def _hf_config(arch: str, s: Sizes = SIZES) -> Any:
     import transformers
 
-    s = SIZES
     common: dict[str, Any] = dict(
         vocab_size=s.vocab_size,
         hidden_size=s.hidden_size,
@@ -125,12 +124,14 @@ def _hf_config(arch: str) -> Any:
 
 
 @functools.cache
-def reference(arch: str, dtype: str, seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor]:
+def reference(
+    arch: str, dtype: str, seed: int = 0, s: Sizes = SIZES
+) -> tuple[torch.nn.Module, torch.Tensor]:
     """The transformers model in ``dtype`` and its token ids (built once per process).
 
     Shared by every port of this (arch, dtype, seed): ports never touch it.
     """
-    config, cls = _hf_config(arch)
+    config, cls = _hf_config(arch, s)
     gen = generator(seed)
     model = cls(config)
     init_o1(model, gen)
@@ -139,11 +140,10 @@ def reference(arch: str, dtype: str, seed: int = 0) -> tuple[torch.nn.Module, to
     return model, ids
 
 
-def mlx_model(arch: str, rope_theta: float) -> mnn.Module:
+def mlx_model(arch: str, rope_theta: float, s: Sizes = SIZES) -> mnn.Module:
     """mlx-lm's model for ``arch`` with the zoo's sizes (random weights until loaded)."""
     from mlx_lm.models import llama, qwen2, qwen3
 
-    s = SIZES
     if arch == "qwen3":
         return qwen3.Model(
             qwen3.ModelArgs(
@@ -273,19 +273,22 @@ def build(
     *,
     quantize: tuple[int, int] | None = None,
     seed: int = 0,
+    layers: int | None = None,
 ) -> ZooPort:
     """transformers ``arch`` vs mlx-lm, both in ``dtype``, with ``bug`` planted in the port.
 
     ``quantize=(bits, group_size)`` quantizes the port (every Linear and the embedding)
     with ``mlx.nn.quantize`` after loading the reference's weights: the common MLX case
-    of a 4- or 8-bit port checked against a full-precision reference.
+    of a 4- or 8-bit port checked against a full-precision reference.  ``layers``
+    overrides the zoo's depth (a deeper model lets quantization noise compound).
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
     check_case(arch, dtype, bug, QWEN3_BUGS if arch == "qwen3" else BUGS)
-    ref, ids = reference(arch, dtype, seed)
-    theta = SIZES.rope_theta * (100 if bug == "rope_base" else 1)
-    port = mlx_model(arch, theta)
+    sizes = SIZES if layers is None else replace(SIZES, num_hidden_layers=layers)
+    ref, ids = reference(arch, dtype, seed, sizes)
+    theta = sizes.rope_theta * (100 if bug == "rope_base" else 1)
+    port = mlx_model(arch, theta, sizes)
     load_from(port, ref)
     if bug not in (None, "rope_base"):
         plant(port, bug)

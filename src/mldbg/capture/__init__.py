@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,6 +34,17 @@ def _framework(model: object) -> str:
     raise TypeError(
         f"mldbg.capture takes a torch.nn.Module or an mlx.nn.Module, not {type(model).__qualname__}"
     )
+
+
+def _is_pipeline(model: object) -> bool:
+    """A dict of models (an MLX module is a dict too: a module is never a pipeline)."""
+    if not isinstance(model, Mapping):
+        return False
+    try:
+        _framework(model)
+    except TypeError:
+        return True
+    return False
 
 
 def _patterns(value: str | Iterable[str] | None, option: str) -> list[str] | None:
@@ -67,7 +78,14 @@ class Capture:
         budget: int | str | None = None,
         within: str | None = None,
         background: bool | None = None,
+        sensitivity: bool = True,
     ) -> None:
+        # Several models (a pipeline's): one container holds them under their names.
+        self.models = list(model) if _is_pipeline(model) else None
+        if self.models is not None:
+            from .pipeline import container
+
+            model = container(model, _framework)
         self.model = model
         self.name = check_capture_name(name)
         self.requested_name = self.name
@@ -80,6 +98,7 @@ class Capture:
         self.within = within
         # Off the critical path by default where it pays: full torch captures (MLX arrays
         # are evaluated as they are recorded; summaries are small).
+        self.sensitivity = sensitivity
         self.background = (
             background
             if background is not None
@@ -144,6 +163,7 @@ class Capture:
                     # Every kept module, called or not: compare tells a module the port
                     # has but never calls (a skipped norm) from one it lacks altogether.
                     "modules": self._module_paths(backend, target),
+                    **({"models": self.models} if self.models else {}),
                 },
             )
         except OSError as exc:  # no room for even the directory: the model runs uncaptured
@@ -168,6 +188,7 @@ class Capture:
             writer,
             getattr(backend, "snapshot", None),
         )
+        self._recorder.sensitivity = self.sensitivity
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
@@ -274,8 +295,12 @@ def capture(
     budget: int | str | None = None,
     within: str | None = None,
     background: bool | None = None,
+    sensitivity: bool = True,
 ) -> Capture:
     """Record every submodule call of ``model`` while the ``with`` block runs.
+
+    ``model`` may be a dict of models of one framework (a pipeline's text encoder,
+    denoiser, VAE): each module path then starts with the model's name.
 
     Inputs (unless ``inputs=False``) and outputs of each call go to the current run's
     ``captures/<name>/``; ``include`` / ``exclude`` are glob patterns on module paths
@@ -287,6 +312,9 @@ def capture(
     tensor files may take, skipping (and reporting) what does not fit; ``within`` records
     only module ``within`` and what it contains, in full.  ``background`` (default: on
     for full torch captures) writes files from a writer thread with bounded memory.
+    ``sensitivity`` (default on) re-runs each leaf call once on inputs perturbed by one
+    rounding step, so compare can bound ill-conditioned ops (README, "How a verdict is
+    reached"); ``sensitivity=False`` saves that time and leaves such ops unexcused.
     """
     return Capture(
         model,
@@ -299,4 +327,5 @@ def capture(
         budget=budget,
         within=within,
         background=background,
+        sensitivity=sensitivity,
     )

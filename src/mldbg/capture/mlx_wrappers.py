@@ -24,6 +24,7 @@ from typing import Any
 
 from .recorder import Recorder
 from .safetensors_header import header_entries
+from .sensitivity import measure_mlx, measuring
 
 _LAYER = "_mldbg_capture_layer"
 
@@ -143,7 +144,7 @@ def _recording_class(
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         path = paths.get(id(self))
-        if path is None:
+        if path is None or measuring():
             return call(self, *args, **kwargs)
         quant = quantization(self)
         seq = recorder.enter(
@@ -154,7 +155,11 @@ def _recording_class(
         except BaseException as exc:
             recorder.exit(seq, path, None, exc)
             raise
-        recorder.exit(seq, path, output, None)
+        extra = None
+        if recorder.wants_sensitivity(seq):
+            found = measure_mlx(self, call, args, kwargs, output)
+            extra = None if found is None else {"sensitivity": found}
+        recorder.exit(seq, path, output, None, extra)
         return output
 
     recording = type(

@@ -17,6 +17,7 @@ from typing import Any
 from ..runs import PRIVATE_FILE
 from .budget import Policy
 from .flatten import Flat, flatten, flatten_call
+from .sites import call_site
 from .store import INDEX, CaptureDir, entry_name, module_label
 
 # (tensors by key, final path, temp path) -> {key: {"shape", "dtype"}} of what was written,
@@ -59,6 +60,7 @@ class Recorder:
         self._seq = 0
         self._ends = 0
         self._calls: dict[str, int] = {}
+        self._with_children: set[int] = set()  # calls during which another call started
         self.tensors = 0
         self.bytes = 0
         self.errors: list[str] = []
@@ -90,6 +92,9 @@ class Recorder:
         ``extra`` adds fields to the call's index line (``quant`` for a quantized module).
         A call below the policy's depth limit is only tracked: it returns ``SKIPPED``."""
         stack = self._stack()
+        if stack:
+            # Its parent is no leaf (even when this call is below the depth limit).
+            self._with_children.add(stack[-1][0])
         if not self.policy.records(len(stack)):
             stack.append((SKIPPED, 0, path))
             return SKIPPED
@@ -98,6 +103,7 @@ class Recorder:
             self._seq += 1
             call = self._calls.get(path, 0)
             self._calls[path] = call + 1
+        site = None if stack else call_site()  # a top-level call: the script line
         record: dict[str, Any] = {
             "event": "call",
             "seq": seq,
@@ -106,6 +112,7 @@ class Recorder:
             "class": class_name,
             "parent": stack[-1][0] if stack else None,
             "depth": len(stack),
+            **({"site": site} if site else {}),
             **(extra or {}),
         }
         stack.append((seq, call, path))
@@ -120,8 +127,26 @@ class Recorder:
                 return seq
         return None
 
-    def exit(self, seq: int, path: str, output: Any, error: BaseException | None) -> None:
-        """Record the end of call ``seq``: its outputs, or the exception it raised."""
+    # Whether leaf calls are re-run for their sensitivity (``capture(sensitivity=...)``).
+    sensitivity = True
+
+    def wants_sensitivity(self, seq: int) -> bool:
+        """Call ``seq`` (still open, and recorded) is a leaf, to be measured: it started
+        no other call, and the capture measures sensitivities."""
+        return self.sensitivity and seq != SKIPPED and seq not in self._with_children
+
+    def exit(
+        self,
+        seq: int,
+        path: str,
+        output: Any,
+        error: BaseException | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record the end of call ``seq``: its outputs, or the exception it raised.
+
+        ``extra`` adds fields to the return line (``sensitivity`` of a leaf call)."""
+        self._with_children.discard(seq)
         stack = self._stack()
         call = 0
         for i in range(len(stack) - 1, -1, -1):
@@ -134,7 +159,7 @@ class Recorder:
         with self._lock:
             end = self._ends
             self._ends += 1
-        record: dict[str, Any] = {"event": "return", "seq": seq, "end": end}
+        record: dict[str, Any] = {"event": "return", "seq": seq, "end": end, **(extra or {})}
         if error is not None:
             record["error"] = _describe(error)
             self._emit(record, seq, "out", path, call, None)

@@ -14,6 +14,7 @@ from typing import Any
 
 from .recorder import Recorder
 from .safetensors_header import header_entries
+from .sensitivity import measure_torch, measuring
 
 
 def prepare(model: Any) -> Any:
@@ -157,14 +158,14 @@ def _hook(
     class_name = type(module).__name__
 
     def before(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not live[0]:
+        if not live[0] or measuring():
             return
         seq = recorder.enter(path, class_name, args, kwargs)
         # The exception being handled around this call (a call inside an `except` block).
         handled_at_entry[seq] = sys.exc_info()[1]
 
     def after(_module: Any, _args: Any, _kwargs: Any, output: Any) -> None:
-        seq = recorder.open_seq(path) if live[0] else None
+        seq = recorder.open_seq(path) if live[0] and not measuring() else None
         if seq is None:
             return
         handled = handled_at_entry.pop(seq, None)
@@ -172,7 +173,11 @@ def _hook(
         # an exception other than the one handled at entry is the forward's own.
         current = sys.exc_info()[1]
         error = current if output is None and current is not handled else None
-        recorder.exit(seq, path, output, error)
+        extra = None
+        if error is None and recorder.wants_sensitivity(seq):
+            found = measure_torch(module, _args, _kwargs, output)
+            extra = None if found is None else {"sensitivity": found}
+        recorder.exit(seq, path, output, error, extra)
 
     # Under torch.compile the hooks run eagerly (a graph break), not traced: they write files.
     before, after = _eager(torch, before), _eager(torch, after)

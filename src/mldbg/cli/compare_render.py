@@ -198,6 +198,15 @@ def _verdict(result: dict[str, Any]) -> None:
             f"[yellow]boundary difference:[/] {escape(boundary['name'])} — "
             f"{escape(boundary['note'])} ({escape(boundary['compensated_by'])}); not the culprit"
         )
+    for note in (result.get("notes") or [])[:NOTES_SHOWN]:
+        out.print(
+            f"[yellow]note:[/] {escape(note['name'])} — {escape(note['note'])} "
+            f"(relative error {number(note.get('rel_rms'))}); not the culprit"
+        )
+    if len(result.get("notes") or []) > NOTES_SHOWN:
+        out.print(f"[dim]… {len(result['notes']) - NOTES_SHOWN} more notes in --json[/]")
+    if result.get("undecided"):
+        out.print(f"[yellow]no verdict:[/] {escape(result['undecided'])}")
     culprit = result.get("first_divergence")
     if result["ok"]:
         out.print("[bold green]match[/]: every compared tensor agrees")
@@ -211,8 +220,34 @@ def _verdict(result: dict[str, Any]) -> None:
                 else ")"
             )
         )
+        _print_whereabouts(culprit)
     else:
         out.print("[bold red]diverges[/]")
+
+
+NOTES_SHOWN = 5
+
+
+def _print_whereabouts(culprit: dict[str, Any]) -> None:
+    """Glue code: the two calls' lines in each script and the first differing input;
+    a culprit's inline children."""
+    glue = culprit.get("glue")
+    if glue:
+        for label, call in (("after", glue.get("after")), ("before", glue.get("before"))):
+            if call:
+                out.print(
+                    f"  {label} {escape(call['call'])}: A at {escape(str(call.get('site_a')))}, "
+                    f"B at {escape(str(call.get('site_b')))}"
+                )
+        first = glue.get("input") or {}
+        if first:
+            out.print(
+                f"  first differing input {escape(first['name'])}: "
+                f"A {escape(str(first.get('head_a')))[:120]} | "
+                f"B {escape(str(first.get('head_b')))[:120]}"
+            )
+    if culprit.get("hint"):
+        out.print(f"  [yellow]{escape(culprit['hint'])}[/]")
 
 
 @contextlib.contextmanager

@@ -17,7 +17,8 @@ UNPAIRED_SHOWN = 50
 # Lists a real port can make long (one boundary per layer when the port adds residuals
 # outside its blocks; a warning per odd file): the first ones, the count, and the CLI's
 # ``--json`` / ``html`` for the whole list.
-LISTS_SHOWN = {"boundary_differences": 20, "warnings": 20}
+LISTS_SHOWN = {"boundary_differences": 20, "warnings": 20, "notes": 20}
+NOTE_ENTRIES_SHOWN = 20  # a note on compounded quantization noise lists every entry it covers
 
 
 def compare_answer(home: Path, args: dict[str, Any], client_cwd: str | None) -> dict[str, Any]:
@@ -96,8 +97,19 @@ def bounded(
         items = result.get(key) or []
         if key == "warnings":
             items = [budget.capped(str(w), budget.MESSAGE) for w in items]
+        if key == "notes":
+            items = [_short_note(note) for note in items]
+            if any("entries_count" in note for note in items):
+                answer["truncated"] = True
         answer[key] = items[:most]
         if len(items) > most:
             answer[f"{key}_count"] = len(items)
             answer["truncated"] = True
     return answer
+
+
+def _short_note(note: dict[str, Any]) -> dict[str, Any]:
+    entries = note.get("entries") or []
+    if len(entries) <= NOTE_ENTRIES_SHOWN:
+        return note
+    return {**note, "entries": entries[:NOTE_ENTRIES_SHOWN], "entries_count": len(entries)}

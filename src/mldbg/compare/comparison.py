@@ -15,16 +15,19 @@ from ..capture.store import ROOT
 from . import metrics
 from .align import Alignment, Pair, align
 from .arrays import UnsupportedDtype
-from .divergence import _missing_child, first_divergence
+from .divergence import _missing_child
 from .layout import Layouts
 from .mapping import NameMap, split_name
 from .propose import propose_map
+from .rules import first_divergence
 from .sources import CompareInputError, Source
 from .verdict import (
+    NO_FLOOR,
     depths,
     exact_scale,
     expected_error,
     quantization_error,
+    rounding_bound,
     scale_test,
     unit_roundoff,
 )
@@ -46,7 +49,8 @@ def compare_sources(
     names = names or NameMap()
     alignment = align(a, b, names)
     proposal = None
-    if _few_paired(a, alignment):
+    few_paired = _few_paired(a, alignment)
+    if few_paired:
         proposal = propose_map(a, b, names)
     if not alignment.pairs:
         extra: dict[str, Any] = {"proposed_map": proposal} if proposal else {}
@@ -83,9 +87,16 @@ def compare_sources(
             + (f" (and {len(results) - 1} more)" if len(results) > 1 else ""),
             code="nothing_comparable",
         )
-    culprit, boundaries = first_divergence(
-        a, results, b_calls=_b_calls(b, names), b_modules=_b_modules(b, names), local=local
+    verdict = first_divergence(
+        a,
+        results,
+        b_calls=_b_calls(b, names),
+        b_modules=_b_modules(b, names),
+        local=local,
+        b_sites=_b_sites(b, names),
+        paired=_paired_counts(a, alignment) if few_paired else None,
     )
+    culprit, boundaries = verdict.culprit, verdict.boundaries
     culprit_entries = set(culprit["entries"]) if culprit else set()
     compensated = {name: b for b in boundaries for name in b["entries"]}
     for result in results:
@@ -94,9 +105,15 @@ def compare_sources(
             # A difference the next module undoes is reported, not counted as a failure.
             result["ok"] = True
             result["compensated_by"] = compensated[result["name"]]["compensated_by"]
+    noted = {name: n["note"] for n in verdict.notes for name in n["entries"]}
+    for result in results:
+        if result["name"] in noted and not result["ok"]:
+            result["note"] = noted[result["name"]]
     failed = sum(1 for r in results if not r["ok"])
     document: dict[str, Any] = {
-        "ok": failed == 0,
+        # Notes alone (differences beyond their bound that no output shows) never fail
+        # a comparison: only a culprit, or an entry no rule set aside, does.
+        "ok": failed == 0 or (culprit is None and bool(verdict.notes) and not verdict.undecided),
         "a": a.describe(),
         "b": b.describe(),
         "rtol": rtol,
@@ -105,6 +122,9 @@ def compare_sources(
         "layout": layouts.describe(),
         "first_divergence": culprit,
         "boundary_differences": boundaries,
+        "notes": verdict.notes,
+        "decided_by": verdict.rule,
+        "undecided": verdict.undecided,
         "entries": results,
         "unpaired_a": alignment.unpaired_a,
         "unpaired_b": alignment.unpaired_b,
@@ -114,6 +134,7 @@ def compare_sources(
             "compared": len(results),
             "passed": len(results) - failed,
             "failed": failed,
+            "noted": sum(1 for r in results if r.get("note")),
             "unpaired_a": len(alignment.unpaired_a),
             "unpaired_b": len(alignment.unpaired_b),
         },
@@ -238,6 +259,10 @@ def _class_of(a: Source, result: dict[str, Any]) -> str | None:
     return call.class_name if call is not None else None
 
 
+def _paired_counts(a: Source, alignment: Alignment) -> tuple[int, int]:
+    return len(alignment.pairs), len(alignment.pairs) + len(alignment.unpaired_a)
+
+
 def _few_paired(a: Source, alignment: Alignment) -> bool:
     """Fewer than half of A's entries paired: the names probably differ (propose a map)."""
     total = len(alignment.pairs) + len(alignment.unpaired_a)
@@ -250,6 +275,17 @@ def _b_calls(b: Source, names: NameMap) -> set[str]:
     for module, call in b.calls:
         mapped = split_name(names.to_a(f"{module}#{call}.out"))
         found.add(mapped[0] if mapped else module)
+    return found
+
+
+def _b_sites(b: Source, names: NameMap) -> dict[tuple[str, int], str]:
+    """Call sites of B's top-level calls, keyed by A's (module, call)."""
+    found = {}
+    for (module, call), info in b.calls.items():
+        if info.site is None:
+            continue
+        mapped = split_name(names.to_a(f"{module}#{call}.out"))
+        found[(mapped[0], mapped[1]) if mapped else (module, call)] = info.site
     return found
 
 
@@ -300,24 +336,40 @@ def judge(
         u = unit_roundoff(result.get("dtype_a") or "", result.get("dtype_b") or "")
         key = (result["module"], result["call"]) if result.get("module") is not None else None
         own = None
+        floor = NO_FLOOR
         if key is not None and key in a.calls:
             own = (depth_of.leaves[key], depth_of.quant_inside[key])
             if local:
                 depth, quant = own
+                floor = depth_of.cond_inside[key]
             elif result["role"] == "in":
                 depth, quant = depth_of.before[key], depth_of.quant_before[key]
+                floor = depth_of.cond_before[key]
             else:
                 depth, quant = depth_of.through[key], depth_of.quant_through[key]
+                floor = depth_of.cond_through[key]
         else:
             depth, quant = position, 0.0
         result["depth"] = depth
-        expected = expected_error(u, depth, quant)
+        if quant:
+            result["quant_noise"] = quant  # quantized port modules upstream (or itself)
+        expected = expected_error(u, depth, quant, floor)
         result["expected"] = expected
+        if u is not None and floor.source is not None and floor.bound > rounding_bound(u, depth):
+            # The bound is set by an ill-conditioned op (a sine of a large argument), not
+            # by rounding: say which one and what was measured there.
+            result["conditioning"] = {
+                "bound": floor.bound,
+                "from": f"{floor.source[0]}#{floor.source[1]}",
+                "sensitivity": floor.sensitivity,
+            }
         if own is not None and result["role"] == "out":
             # Its own rounding and, for a quantized module, its own quantization; the
             # noise of quantized submodules shows in their outputs, not here.
             assert key is not None
-            result["expected_local"] = expected_error(u, own[0], quantized.get(key, 0.0))
+            result["expected_local"] = expected_error(
+                u, own[0], quantized.get(key, 0.0), depth_of.cond_inside[key]
+            )
         if result.get("error") or expected is None:
             result["test"] = "elementwise" if expected is None else "error"
             continue

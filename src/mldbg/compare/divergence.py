@@ -1,4 +1,4 @@
-"""Name the first divergence: where the port starts computing something else.
+"""The mechanics the verdict's rules (``rules.py``) use to name the first divergence.
 
 Every module whose output differs is the culprit, a victim of an earlier difference, or
 a boundary difference that the next module undoes.
@@ -25,6 +25,7 @@ a boundary difference that the next module undoes.
   bounds; the growth verdict is kept beside it as ``by_growth``.
 
 Plain tensor directories have no structure: there the first diverging entry is named.
+The order in which these apply is ``rules.RULES``.
 """
 
 from __future__ import annotations
@@ -41,140 +42,6 @@ from .sources import Call, Source
 from .verdict import GROWTH, exact_scale, rel
 
 CallKey = tuple[str, int]
-
-
-def first_divergence(
-    source: Source,
-    results: list[dict[str, Any]],
-    *,
-    b_calls: set[str] | None = None,
-    b_modules: set[str] | None = None,
-    local: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """``(culprit, boundary differences)`` for ``results`` (compared entries in A's
-    order, each with name/module/call/role/ok and the scale numbers)."""
-    failing = [r for r in results if not r["ok"]]
-    if not failing:
-        return None, []
-    if not source.calls or all(r.get("module") is None for r in results):
-        first = failing[0]
-        return {
-            "name": first["name"],
-            "module": None,
-            "call": None,
-            "reason": "first entry that differs",
-            "entries": [first["name"]],
-            "max_abs": first.get("max_abs"),
-            "rel_rms": first.get("rel_rms"),
-            "nonfinite_mismatched": first.get("nonfinite_mismatched") or 0,
-            "inputs_compared": False,
-        }, []
-    by_call: dict[CallKey, dict[str, list[dict[str, Any]]]] = {}
-    for result in results:
-        if result.get("module") is None:
-            continue
-        roles = by_call.setdefault((result["module"], result["call"]), {"in": [], "out": []})
-        roles[result["role"]].append(result)
-    calls = source.calls
-    boundaries = _boundaries(source, by_call)
-    boundary_keys = {(b["module"], b["call"]) for b in boundaries}
-
-    finished = sorted(
-        (
-            (calls[k].end_order or 0, _worst_rel(roles["out"]))
-            for k, roles in by_call.items()
-            if k in calls and k not in boundary_keys and calls[k].end_order is not None
-        ),
-    )
-
-    def upstream(call: Call, roles: dict[str, list[dict[str, Any]]]) -> tuple[float, bool]:
-        if roles["in"]:
-            return _worst_rel(roles["in"]), True
-        start = call.start_order or 0
-        before = [err for end, err in finished if end < start]
-        return (max(before) if before else 0.0), False
-
-    candidates = []
-    for key, roles in by_call.items():
-        call = calls.get(key)
-        if call is None or key in boundary_keys:
-            continue
-        bad_out = [r for r in roles["out"] if _bad(r)]
-        if not bad_out:
-            continue
-        out_err = _worst_rel(bad_out)
-        in_err, inputs_compared = upstream(call, roles)
-        bound = max((r.get("expected_local") or 0.0) for r in bad_out)
-        if out_err <= GROWTH * in_err + bound:
-            continue  # a victim: its inputs' error explains its own
-        if inputs_compared and all(r["ok"] for r in roles["in"]):
-            reason = "inputs agree, outputs differ"
-        elif inputs_compared:
-            reason = (
-                f"output error grows beyond what its inputs explain "
-                f"(relative error {in_err:.3g} in, {out_err:.3g} out)"
-            )
-        else:
-            reason = "first output whose error grows (inputs not compared)"
-        end = call.end_order if call.end_order is not None else 1 << 62
-        candidates.append((end, call, bad_out, reason, inputs_compared, in_err, out_err))
-    growth = None
-    if candidates:
-        _, call, bad_out, reason, inputs_compared, in_err, out_err = min(
-            candidates, key=lambda c: (c[0], c[1].seq)
-        )
-        growth = _describe(call, bad_out, reason, inputs_compared)
-        growth["input_rel_rms"] = in_err
-        growth["rel_rms"] = out_err
-        missing = _missing_child(source, call, by_call, b_calls, b_modules)
-        if (
-            missing is None
-            and inputs_compared
-            and not all(r["ok"] for r in by_call[(call.module, call.call)]["in"])
-        ):
-            missing = _missing_sibling(source, call, b_calls, b_modules)
-        if missing is not None:
-            growth = {
-                **growth,
-                "name": f"{missing.module}#{missing.call}",
-                "module": missing.module,
-                "call": missing.call,
-                "class": missing.class_name,
-                "reason": (
-                    f"called in A, never called in B: the port skips it "
-                    f"({call.module}#{call.call} is the first call whose output differs)"
-                ),
-                "never_called_in_b": True,
-            }
-    culprit = growth
-    if local is not None and local.get("culprit"):
-        found = local["culprit"]
-        key = (found["module"], found["call"])
-        roles = by_call.get(key, {"in": [], "out": []})
-        entries = found["entries"]
-        culprit = {
-            "name": found["name"],
-            "module": found["module"],
-            "call": found["call"],
-            "class": found.get("class", ""),
-            "reason": "its own error on the reference's inputs (replay) is out of bounds",
-            "entries": [e for e in entries if any(r["name"] == e for r in roles["out"])] or entries,
-            "max_abs": _max_abs(roles["out"]),
-            "rel_rms": _worst_rel(roles["out"]) if roles["out"] else None,
-            "nonfinite_mismatched": sum(r.get("nonfinite_mismatched") or 0 for r in roles["out"]),
-            "inputs_compared": bool(roles["in"]),
-            "local": True,
-            "by_growth": None if growth is None else {k: growth[k] for k in ("name", "reason")},
-        }
-    if culprit is None:
-        moved = {name for b in boundaries for name in b["entries"]}
-        rest = [
-            r
-            for r in failing
-            if (r.get("module"), r.get("call")) not in boundary_keys and r["name"] not in moved
-        ]
-        culprit = _fallback(rest) if rest else None  # only boundary differences: no culprit
-    return culprit, boundaries
 
 
 def _bad(result: dict[str, Any]) -> bool:

@@ -263,8 +263,11 @@ class _Player:
             params = []
         by_name = {p.name: p for p in params}
         dtype = self._model_dtype(model)
-        args: list[Any] = []
+        positional: list[tuple[int, Any]] = []
+        by_order: list[Any] = []
         kwargs: dict[str, Any] = {}
+        # A capture file lists its tensors by dtype, then name (safetensors' order): the
+        # positions come from the names (a bf16 model's float32 position ids are ``in.4``).
         for entry in entries:
             key = entry.name.split("#0.", 1)[1]  # in.0, in.input_ids
             parts = key.split(".")
@@ -274,13 +277,14 @@ class _Player:
             if self._root_channels_last(entry):
                 value = self._to_channels_last(value)
             if parts[1].isdigit():
-                args.append(value)
+                positional.append((int(parts[1]), value))
             elif (
                 parts[1] in by_name and by_name[parts[1]].kind != by_name[parts[1]].POSITIONAL_ONLY
             ):
                 kwargs[parts[1]] = value
             else:
-                args.append(value)  # a keyword the port calls otherwise: by order
+                by_order.append(value)  # a keyword the port calls otherwise: by order
+        args = [value for _, value in sorted(positional, key=lambda p: p[0])] + by_order
         return args, kwargs
 
     def _root_channels_last(self, entry: Entry) -> bool:

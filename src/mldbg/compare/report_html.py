@@ -265,7 +265,13 @@ def _counts(result: Mapping[str, Any], entries: list[Entry]) -> str:
 def _divergence(result: Mapping[str, Any], entries: list[Entry]) -> str:
     found = result.get("first_divergence")
     if isinstance(found, Mapping):
-        return _culprit_box(found, entries)
+        return _culprit_box(found, entries) + _notes(result)
+    if result.get("ok") and result.get("notes"):
+        return (
+            '<section class="verdict-box good"><h2>The outputs agree</h2>'
+            "<p>Some entries differ beyond their bound, but no module is to blame "
+            "(each is a note below).</p></section>\n" + _notes(result)
+        )
     if result.get("ok"):
         return (
             '<section class="verdict-box good"><h2>Everything agrees</h2>'
@@ -305,8 +311,50 @@ def _culprit_box(found: Mapping[str, Any], entries: list[Entry]) -> str:
         f'<div class="culprit-name"><code>{_esc(title)}</code>{call_text}{class_text}</div>'
         f'<div class="culprit-facts"><span class="reason">{_esc(found.get("reason") or "")}</span>'
         f"{_culprit_max(found.get('max_abs'))}</div>"
-        f'<p class="why">{_esc(why)}</p>{details}</section>\n'
+        f'<p class="why">{_esc(why)}</p>{_glue(found)}{details}</section>\n'
     )
+
+
+def _glue(found: Mapping[str, Any]) -> str:
+    """Glue code: where each script made the two calls, and the first differing input."""
+    glue = found.get("glue")
+    if not isinstance(glue, Mapping):
+        return ""
+    rows = []
+    for label in ("after", "before"):
+        call = glue.get(label)
+        if isinstance(call, Mapping):
+            rows.append(
+                f"<li>{label} <code>{_esc(call.get('call'))}</code>: A at "
+                f"<code>{_esc(call.get('site_a'))}</code>, B at "
+                f"<code>{_esc(call.get('site_b'))}</code></li>"
+            )
+    first = glue.get("input")
+    if isinstance(first, Mapping):
+        rows.append(
+            f"<li>first differing input <code>{_esc(first.get('name'))}</code>: A "
+            f"<code>{_esc(str(first.get('head_a'))[:200])}</code>, B "
+            f"<code>{_esc(str(first.get('head_b'))[:200])}</code></li>"
+        )
+    return f'<ul class="glue">{"".join(rows)}</ul>'
+
+
+NOTES_SHOWN = 20
+
+
+def _notes(result: Mapping[str, Any]) -> str:
+    notes = list(result.get("notes") or [])
+    if not notes:
+        return ""
+    items = "".join(
+        f"<li><code>{_esc(n.get('name'))}</code>: {_esc(n.get('note'))} (relative error "
+        f"{_esc(_fmt(n.get('rel_rms')))})</li>"
+        for n in notes[:NOTES_SHOWN]
+    )
+    more = (
+        f"<li>… {len(notes) - NOTES_SHOWN} more in --json</li>" if len(notes) > NOTES_SHOWN else ""
+    )
+    return f'<section class="notes"><h3>Notes (never the culprit)</h3><ul>{items}{more}</ul></section>\n'
 
 
 def _culprit_max(value: Any) -> str:

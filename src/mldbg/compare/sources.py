@@ -10,6 +10,7 @@ recorded, without reading any tensor data.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,10 @@ class Call:
     start_order: int = 0  # position of its start / end in the capture's event order
     end_order: int | None = None
     quant: dict[str, Any] | None = None  # {"bits", "group_size", "mode"} of a quantized module
+    # Relative output change of a leaf call under a one-rounding-step input perturbation
+    # (measured at capture time, ``capture.sensitivity``); None when not measured.
+    sensitivity: float | None = None
+    site: str | None = None  # "file:line" of the script line that made a top-level call
 
 
 @dataclass
@@ -268,6 +273,9 @@ def open_capture(spec: str, directory: Path) -> Source:
     return source
 
 
+_SITE_CHARS = 1000  # a call site is a path and a line number; a longer one is cut
+
+
 def _add_record(
     source: Source, directory: Path, record: dict[str, Any], by_seq: dict[int, Call], position: int
 ) -> None:
@@ -282,6 +290,7 @@ def _add_record(
             depth=int(record.get("depth", 0)),
             start_order=position,
             quant=record.get("quant") if isinstance(record.get("quant"), dict) else None,
+            site=str(record["site"])[:_SITE_CHARS] if record.get("site") else None,
         )
         by_seq[seq] = call
         source.calls[(call.module, call.call)] = call
@@ -293,6 +302,9 @@ def _add_record(
         known.end = int(record.get("end", 0))
         known.error = record.get("error")
         known.end_order = position
+        sensitivity = record.get("sensitivity")
+        if isinstance(sensitivity, int | float) and math.isfinite(sensitivity):
+            known.sensitivity = float(sensitivity)
         call = known
         role = "out"
     file = record.get("file")

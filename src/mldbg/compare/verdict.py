@@ -27,6 +27,14 @@ judged instead against its own scale and dtype:
   ``rel_max`` there: a product of two quantized values (gate x up) can move one element
   by more than the largest value, which rounding never does.
 
+* **Ill-conditioned ops** (a sine of arguments ~1000, as in every diffusion model's
+  timestep embedding) turn one rounding step of their inputs into far more than ``u``
+  at their outputs.  The capture measures each leaf call's sensitivity (its output's
+  relative change when its inputs move by one rounding step; ``capture.sensitivity``):
+  ``COND_C`` times it bounds the call's own outputs and, riding on what is computed from
+  them, every later entry (see ``_Floors``).  The larger of that floor and the rounding
+  bound is the bound; entries say when the floor set it.
+
 The strict element-wise test (``|b - a| <= atol + rtol |a|``) decides only when the
 user gives ``--rtol``/``--atol``; integer and bool pairs always compare exactly.
 """
@@ -100,6 +108,19 @@ def rounding_bound(u: float, depth: int) -> float:
     return ROUNDING_C * u * math.sqrt(1 + max(0, depth))
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The error an ill-conditioned call leaves on everything after it: ``bound`` (a
+    relative RMS error), set by call ``source`` whose measured ``sensitivity`` it is."""
+
+    bound: float = 0.0
+    source: tuple[str, int] | None = None
+    sensitivity: float = 0.0
+
+
+NO_FLOOR = Floor()
+
+
 @dataclass
 class Depths:
     """Per reference call: how many leaf calls ended before it started / by its end,
@@ -111,6 +132,10 @@ class Depths:
     quant_before: dict[tuple[str, int], float] = field(default_factory=dict)
     quant_through: dict[tuple[str, int], float] = field(default_factory=dict)
     quant_inside: dict[tuple[str, int], float] = field(default_factory=dict)
+    # Conditioning floors (see ``conditioning``): (bound, call that sets it) per call.
+    cond_before: dict[tuple[str, int], Floor] = field(default_factory=dict)
+    cond_through: dict[tuple[str, int], Floor] = field(default_factory=dict)
+    cond_inside: dict[tuple[str, int], Floor] = field(default_factory=dict)
 
 
 def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
@@ -131,6 +156,7 @@ def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
         if k in calls
     )
     result = Depths()
+    floors = _Floors(calls)
     for key, call in calls.items():
         end = call.end_order if call.end_order is not None else 1 << 62
         result.before[key] = bisect.bisect_left(ends, call.start_order)
@@ -138,6 +164,8 @@ def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
         start = call.start_order or 0
         result.quant_before[key] = _quant_noise(q for e, q in quant_ends if e < start)
         result.quant_through[key] = _quant_noise(q for e, q in quant_ends if e <= end)
+        result.cond_before[key] = floors.ended_before(call.start_order)
+        result.cond_through[key] = floors.ended_by(end)
     # Leaves and quantized calls inside each subtree (a call counts itself when a leaf).
     for key, call in sorted(calls.items(), key=lambda kv: -kv[1].depth):
         kids = [by_seq[s] for s in children.get(call.seq, [])]
@@ -147,7 +175,56 @@ def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
         if own:
             inside.append(own)
         result.quant_inside[key] = _quant_noise(inside) if inside else 0.0
+        result.cond_inside[key] = max(
+            [floors.own(key), *(result.cond_inside[k] for k in kids)], key=lambda f: f.bound
+        )
     return result
+
+
+COND_C = 2.0  # bound on the difference two clean implementations show, in sensitivities
+
+
+class _Floors:
+    """Conditioning floors of a capture's calls, looked up by event order.
+
+    A leaf call with a measured sensitivity ``s`` (``capture.sensitivity``: its output's
+    relative change when its inputs move by one rounding step) may differ between two
+    clean implementations by about ``s`` each way: ``COND_C * s`` bounds it (measured:
+    the sinusoidal timestep embedding of a tiny Flux differs by 0.55 s between PyTorch
+    and MLX in float32).  That difference then rides on everything computed from it, as
+    quantization noise does, and it does not grow where the ops after it are well
+    conditioned (measured on the same Flux: every later module within 1.2x of it), so
+    the floor of a call is the largest one that ended before it."""
+
+    def __init__(self, calls: dict[tuple[str, int], Call]) -> None:
+        never = 1 << 62
+        self._own = {
+            key: Floor(COND_C * c.sensitivity, key, c.sensitivity)
+            for key, c in calls.items()
+            if c.sensitivity
+        }
+        ordered = sorted(
+            (never if calls[k].end_order is None else int(calls[k].end_order or 0), k)
+            for k in self._own
+        )
+        self._ends = [end for end, _ in ordered]
+        self._running: list[Floor] = []
+        best = NO_FLOOR
+        for _, key in ordered:
+            if self._own[key].bound > best.bound:
+                best = self._own[key]
+            self._running.append(best)
+
+    def own(self, key: tuple[str, int]) -> Floor:
+        return self._own.get(key, NO_FLOOR)
+
+    def ended_before(self, order: int) -> Floor:
+        found = bisect.bisect_left(self._ends, order)
+        return self._running[found - 1] if found else NO_FLOOR
+
+    def ended_by(self, order: int) -> Floor:
+        found = bisect.bisect_right(self._ends, order)
+        return self._running[found - 1] if found else NO_FLOOR
 
 
 def _quant_noise(errors: Iterable[float]) -> float:
@@ -158,12 +235,17 @@ def _quant_noise(errors: Iterable[float]) -> float:
     return max(errors, default=0.0)
 
 
-def expected_error(u: float | None, depth: int, quant: float) -> float | None:
-    """The relative RMS error a clean port may show after ``depth`` leaf ops."""
+def expected_error(
+    u: float | None, depth: int, quant: float, floor: Floor = NO_FLOOR
+) -> float | None:
+    """The relative RMS error a clean port may show after ``depth`` leaf ops, with
+    ``quant`` quantization noise and an ill-conditioned op's ``floor`` upstream."""
     if u is None:
         return None
     # Rounding and quantization noise add (an 8-bit port in bf16 has both, comparable).
-    return rounding_bound(u, depth) + QUANT_C * quant
+    # Conditioning is the same rounding seen through an op that amplifies it: whichever
+    # of the two explains more is the bound, never both.
+    return max(rounding_bound(u, depth), floor.bound) + QUANT_C * quant
 
 
 def scale_test(result: dict[str, Any], bound: float, *, check_max: bool = True) -> bool:
@@ -212,6 +294,8 @@ def rel(value: Any) -> float:
 __all__ = [
     "Call",
     "Depths",
+    "Floor",
+    "NO_FLOOR",
     "depths",
     "exact_scale",
     "expected_error",

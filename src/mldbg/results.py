@@ -203,6 +203,13 @@ class Evaluation(TypedDict, total=False):
     output: str
     output_truncated: bool
     result_truncated: bool
+    # eval --against SESSION: that session's {session, result, type, summary, output}, and
+    # the difference (side_by_side.py): tensors {shape_a, shape_b, equal, mismatched,
+    # max_abs, mean_abs, rel_rms, cosine, nonfinite_a, nonfinite_b, first_mismatch, worst},
+    # plain numbers {equal, b_minus_a, rel}
+    session: str  # with against: the session asked first
+    against: dict[str, Any]
+    difference: dict[str, Any]
 
 
 class Output(Truncation, total=False):

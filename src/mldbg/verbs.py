@@ -448,12 +448,21 @@ VERBS: tuple[Verb, ...] = (
                 minimum=0.1,
                 maximum=3600,
             ),
+            Arg(
+                "against",
+                str,
+                "also evaluate it in this paused session (the reference beside the port): "
+                "both values and their difference",
+            ),
         ),
         errors=(*PAUSED_ERRORS, "eval_error", "eval_timeout", "eval_interrupted"),
         description="Tensors in the result are summarized (shape, dtype, device, stats); "
         "assignments change the script's variables; what the code prints is returned in `output`. "
         "An evaluation past `timeout` (or hit by `pause`) is interrupted inside the script: "
-        "`eval_timeout` / `eval_interrupted`, and the session stays paused where it was.",
+        "`eval_timeout` / `eval_interrupted`, and the session stays paused where it was. "
+        "With `against`: the same code in that session too; the answer adds `against` (its "
+        "result) and `difference` (tensors: max_abs, mean_abs, rel_rms, cosine, mismatched, "
+        "first_mismatch, worst; numbers: b_minus_a, rel).",
     ),
     Verb(
         "until",

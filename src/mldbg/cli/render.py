@@ -150,7 +150,31 @@ def state(data: dict[str, Any]) -> None:
 def evaluation(data: dict[str, Any]) -> None:
     if data.get("output"):
         out.print(escape(data["output"].rstrip("\n")), style="dim")
-    plain_line(str(data.get("result")))
+    against = data.get("against")
+    if not against:
+        plain_line(str(data.get("result")))
+        return
+    plain_line(f"{data.get('session') or 'this'}: {data.get('result')}")
+    plain_line(f"{against.get('session')}: {against.get('result')}")
+    diff = data.get("difference") or {}
+    if diff.get("error"):
+        out.print(f"[yellow]difference: {escape(str(diff['error']))}[/]")
+    elif "b_minus_a" in diff or "max_abs" not in diff:
+        shown = {k: diff[k] for k in ("equal", "b_minus_a", "rel") if k in diff}
+        out.print(f"difference: {escape(str(shown))}")
+    else:
+
+        def g(value: Any) -> str:
+            return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+        text = (
+            f"difference: max_abs={g(diff.get('max_abs'))} rel_rms={g(diff.get('rel_rms'))} "
+            f"cosine={g(diff.get('cosine'))} mismatched={diff.get('mismatched')}"
+        )
+        worst = diff.get("worst")
+        if worst:
+            text += f"; worst at {worst['index']}: {g(worst['a'])} vs {g(worst['b'])}"
+        out.print(escape(text))
 
 
 def stack(data: dict[str, Any]) -> None:

@@ -171,6 +171,17 @@ def vars_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 @handles("eval")
 def eval_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     timeout = float(a.get("timeout") or 30.0)
+    if a.get("against"):  # the same expression in a second paused session, side by side
+        from ..side_by_side import evaluate_both
+
+        if a["against"] == name:
+            raise MldbgError(
+                "against names the session itself: give the other paused session",
+                code="bad_argument",
+                argument="against",
+            )
+        other = manager.get(a["against"])
+        return evaluate_both(_session(manager, name), other, a["expression"], timeout)
     return _session(manager, name).evaluate(a["expression"], timeout)
 
 

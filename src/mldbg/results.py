@@ -255,6 +255,18 @@ class Checkpoints(Truncation, total=False):
     unreadable_lines: int
 
 
+class CheckpointPairs(Truncation, total=False):
+    a: dict[str, Any]  # {run_id, path}
+    b: dict[str, Any]
+    # [{checkpoint_name, hit_count, location_a, location_b, variables: {name: {kind, ...}},
+    #   only_a, only_b}] (checkpoint_diff.py)
+    pairs: list[dict[str, Any]]
+    unpaired_a: list[str]  # "name#hit" in one run only (50 shown)
+    unpaired_b: list[str]
+    unpaired_counts: dict[str, int]
+    records_cut: dict[str, Any]
+
+
 class Captures(Truncation, total=False):
     home: str
     captures: list[dict[str, Any]]

@@ -606,6 +606,37 @@ VERBS: tuple[Verb, ...] = (
         errors=("no_such_run",),
     ),
     Verb(
+        "compare-checkpoints",
+        "two runs' checkpoint records side by side, paired by name and hit",
+        R.CheckpointPairs,
+        (
+            Arg(
+                "b",
+                str,
+                "the other run: a run id (or prefix) or a run directory, e.g. the reference "
+                "repository's .mldbg/runs/<id> or .mldbg/latest",
+                REQUIRED,
+                positional=True,
+            ),
+            Arg("a", str, "this run (default: latest)", flag="--run"),
+            Arg("name", str, "only checkpoints with this name (a glob)"),
+            Arg("hit", int, "only the Nth hit of each name", minimum=1),
+            OFFSET,
+            Arg("limit", int, LIMIT_HELP, 20, minimum=1, maximum=1000),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        method="GET",
+        store=True,
+        errors=("no_such_run",),
+        description="For each checkpoint name and hit found in both runs, each variable: "
+        "shapes, dtypes, both sides' statistics and their differences (`stats_b_minus_a`, "
+        "`stats_max_rel`), the recorded first values side by side (`preview_max_abs`); plain "
+        "values with `equal`. Names or hits in one run only are listed under `unpaired_a` / "
+        "`unpaired_b`. Numbers, no verdict: `compare` judges captured tensors.",
+    ),
+    Verb(
         "captures",
         "list module captures (mldbg.capture) in the run store, newest first",
         R.Captures,

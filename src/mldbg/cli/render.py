@@ -354,6 +354,55 @@ def checkpoints(data: dict[str, Any]) -> None:
         )
 
 
+def checkpoint_pairs(data: dict[str, Any]) -> None:
+    """compare-checkpoints: per name and hit, each variable's two sides and their gap."""
+    a, b = data.get("a") or {}, data.get("b") or {}
+    out.print(
+        f"[bold]A[/] {escape(str(a.get('run_id')))}  [bold]B[/] {escape(str(b.get('run_id')))}"
+    )
+    if not data.get("pairs"):
+        out.print("no checkpoint name and hit is in both runs")
+    for pair in data.get("pairs", []):
+        out.print(f"[bold]{escape(str(pair.get('checkpoint_name')))}[/] #{pair.get('hit_count')}")
+        for var, item in (pair.get("variables") or {}).items():
+            out.print(f"    {escape(var)}: {escape(_pair_line(item))}")
+        for side in ("only_a", "only_b"):
+            if pair.get(side):
+                out.print(
+                    f"    [dim]{side.replace('_', ' in ').upper()}: {escape(', '.join(pair[side]))}[/]"
+                )
+    counts = data.get("unpaired_counts") or {}
+    for side in ("a", "b"):
+        if counts.get(side):
+            names = ", ".join(data.get(f"unpaired_{side}") or [])
+            out.print(f"[dim]only in {side.upper()} ({counts[side]}): {escape(names)}[/]")
+
+
+def _pair_line(item: dict[str, Any]) -> str:
+    def g(value: Any) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    if item.get("kind") == "value":
+        same = "equal" if item.get("equal") else "differ"
+        return f"{g(item.get('a'))} vs {g(item.get('b'))} ({same})"
+    if item.get("kind") != "tensor":
+        return str(item.get("note", ""))
+    shape_a = "×".join(map(str, item.get("shape_a") or []))
+    shape_b = "×".join(map(str, item.get("shape_b") or []))
+    text = f"{item.get('dtype_a')}[{shape_a}] vs {item.get('dtype_b')}[{shape_b}]"
+    if not item.get("shape_match"):
+        text += " SHAPES DIFFER"
+    if "stats_max_rel" in item:
+        mean_a = (item.get("stats_a") or {}).get("mean")
+        mean_b = (item.get("stats_b") or {}).get("mean")
+        text += f" mean {g(mean_a)} vs {g(mean_b)}, stats rel {g(item['stats_max_rel'])}"
+    if "preview_max_abs" in item:
+        text += f", first values max |Δ| {g(item['preview_max_abs'])}"
+    if item.get("note"):
+        text += f" ({item['note']})"
+    return text
+
+
 def _value_line(value: Any) -> str:
     if isinstance(value, dict) and "shape" in value:
         shape = ", ".join(map(str, value.get("shape", [])))
@@ -566,6 +615,7 @@ RENDERERS = {
     "checkpoints": checkpoints,
     "captures": captures,
     "compare": compare_summary,
+    "compare-checkpoints": checkpoint_pairs,
     "tensors": tensor_store,
     "clean": cleaned,
 }

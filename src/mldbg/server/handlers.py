@@ -377,6 +377,33 @@ def checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) ->
     )
 
 
+@handles("compare-checkpoints")
+def compare_checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from ..checkpoint_diff import compare_runs
+
+    home = store_home(manager, a)
+    base = a.get("client_cwd") or os.getcwd()
+
+    def where(spec: str | None) -> str | None:  # a relative run directory is the client's
+        if spec and spec.startswith((".", "~")) or spec and "/" in spec:
+            return str(Path(base, os.path.expanduser(spec)))
+        return spec
+
+    run = a.get("a")
+    if run is None and a.get("session"):
+        s = manager.get(a["session"])
+        run = str(s.run.path) if s.run is not None else None
+    return compare_runs(
+        home,
+        where(run),
+        where(a["b"]) or "",
+        a.get("name"),
+        a.get("hit"),
+        a.get("offset") or 0,
+        a.get("limit") or 20,
+    )
+
+
 @handles("captures")
 def captures(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     return store_queries.captures(store_home(manager, a), a.get("run"), a.get("limit") or 50)

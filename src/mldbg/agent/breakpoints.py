@@ -17,17 +17,9 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
+from ..errors import BreakpointError
+from .exception_breaks import ExceptionBreaks
 from .paths import canonical, canonical_code_file
-
-
-class BreakpointError(ValueError):
-    """A breakpoint that cannot be set: a stable ``code`` and machine-readable hints."""
-
-    def __init__(self, message: str, code: str = "bad_argument", **extra: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.extra = extra
-
 
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # larger "source files" are generated data, not code
 _SOURCE_SUFFIXES = (".py", ".pyw", ".pyi")
@@ -345,7 +337,6 @@ class BreakpointTable:
     """
 
     def __init__(self) -> None:
-        from .exceptions import ExceptionBreaks
 
         self.by_file: dict[str, dict[int, Breakpoint]] = {}
         self.checkpoints: dict[str, CheckpointFilter] = {}

@@ -20,7 +20,7 @@ from .breakpoints import (
     make_checkpoint_filter,
 )
 from .debugger import Debugger
-from .exceptions import ExceptionBreak, parse_types
+from .exception_breaks import ExceptionBreak, parse_types
 from .functions import PendingFunction, check_name, resolve
 from .paused import CommandError
 from .tripwire import Tripwire

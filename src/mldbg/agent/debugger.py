@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
@@ -29,6 +30,7 @@ from .paused import (
 )
 from .stepping import StepRequest
 from .threads import ThreadHolding
+from .tracer import TracerBackend, TracerClient
 from .watches import Watches
 from .wire import Wire, reply
 
@@ -38,7 +40,12 @@ PAUSE_LIBRARY_GRACE = 1.0
 
 
 class Debugger(ThreadHolding):
-    def __init__(self, wire: Wire, cwd: str) -> None:
+    """Every stop decision, for every thread; ``tracer`` makes the backend that feeds it
+    events (the runner passes :func:`~.backends.choose_backend`)."""
+
+    def __init__(
+        self, wire: Wire, cwd: str, tracer: Callable[[TracerClient], TracerBackend]
+    ) -> None:
         self.wire = wire
         self.cwd = cwd
         self.breakpoints = BreakpointTable()
@@ -57,7 +64,7 @@ class Debugger(ThreadHolding):
         self._import_watcher: Any = None
         self._tripwire: Any = None  # tripwire.Wire, made on the first break --nonfinite
         self._tripwire_watcher: Any = None
-        self.backend = _choose_backend(self)
+        self.backend: TracerBackend = tracer(self)
 
     @property
     def pause_requested(self) -> bool:
@@ -431,24 +438,6 @@ def _repeat_of_caller_line(frame: FrameType, line: int) -> bool:
         and caller.f_lineno == line
         and caller.f_code.co_filename == code.co_filename
     )
-
-
-def _choose_backend(debugger: Debugger) -> Any:
-    forced = os.environ.get("MLDBG_BACKEND", "")
-    if sys.version_info >= (3, 12) and forced != "settrace":
-        from .tracer_monitoring import MonitoringBackend
-
-        return MonitoringBackend(debugger)
-    if sys.version_info < (3, 12) and forced != "settrace":
-        try:
-            from .tracer_instrument import InstrumentBackend
-
-            return InstrumentBackend(debugger)
-        except Exception:  # ctypes or the internals it needs are missing: trace globally
-            pass
-    from .tracer_settrace import SettraceBackend
-
-    return SettraceBackend(debugger)
 
 
 def code_file(code: CodeType) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from . import follow, orphan
 from . import protocol as P
+from .backends import choose_backend
 from .commands import CommandServer
 from .debugger import Debugger
 from .paused import exception_info, strip_agent_frames
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         wire = None
     if wire is None:
         return _run_undebugged(module, command, script, args)
-    debugger = Debugger(wire, os.getcwd())
+    debugger = Debugger(wire, os.getcwd(), choose_backend)
     if module is None and script is not None:  # `break --function __main__.NAME`
         debugger.main_file = os.path.realpath(script)
     extra: dict[str, Any] = {"backend": debugger.backend.name}
@@ -264,9 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         debugger.main_file = os.path.realpath(str(target.main_globals["__file__"]))
         debugger.retry_pending()
     _line_buffer_output()
-    prepare_main = getattr(debugger.backend, "prepare_main", None)
-    if prepare_main is not None:  # the script's own breakpoints, compiled in (3.10/3.11)
-        target.code = prepare_main(target.code)
+    # the script's own conditional breakpoints, compiled in where the backend can
+    target.code = debugger.backend.prepare_main(target.code)
     if config.get("stop_on_entry", True):
         debugger.step = StepRequest("entry", threading.get_ident(), entry_code=target.code)
     _install_thread_hook(debugger)

@@ -14,10 +14,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-# render.out, not a copy of it: MCP's text form swaps render's consoles for a buffer per
-# call, and a name bound at import kept the first call's buffer (every later text empty)
-from . import render
-from .render import _size
+from .console import err, out
+from .console import human_size as _size
 
 FOLD = 6  # agreeing rows in a row beyond which the middle ones are folded
 UNPAIRED_SHOWN = 20  # unpaired names printed per side (all of them are in --json / --html)
@@ -98,10 +96,10 @@ def _rows(entries: list[dict[str, Any]], show_all: bool) -> list[dict[str, Any] 
 
 def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = False) -> None:
     a, b = result["a"], result["b"]
-    render.out.print(f"[bold]A[/] {escape(a['label'])}  [dim]{escape(a['path'])}[/]")
-    render.out.print(f"[bold]B[/] {escape(b['label'])}  [dim]{escape(b['path'])}[/]")
+    out.print(f"[bold]A[/] {escape(a['label'])}  [dim]{escape(a['path'])}[/]")
+    out.print(f"[bold]B[/] {escape(b['label'])}  [dim]{escape(b['path'])}[/]")
     for warning in result.get("warnings", []):
-        render.out.print(f"[yellow]warning:[/] {escape(warning)}")
+        out.print(f"[yellow]warning:[/] {escape(warning)}")
     entries = [e for e in result["entries"] if show_inputs or e.get("role") != "in"]
     table = Table(box=None, pad_edge=False, header_style="bold")
     with_local = any(e.get("local") for e in result["entries"])
@@ -172,7 +170,7 @@ def _verdict(result: dict[str, Any]) -> None:
         if result.get("rtol") is None and result.get("atol") is None
         else f"element-wise: rtol {result.get('rtol')}, atol {result.get('atol')}"
     )
-    render.out.print(f"{summary} [dim](test: {tolerance})[/]")
+    out.print(f"{summary} [dim](test: {tolerance})[/]")
     for side in ("a", "b"):
         names = result[f"unpaired_{side}"]
         if names:
@@ -180,31 +178,31 @@ def _verdict(result: dict[str, Any]) -> None:
             more = len(names) - UNPAIRED_SHOWN
             tail = f" … and {more} more (--json or --html lists all)" if more > 0 else ""
             after = " (after the map)" if side == "b" else ""
-            render.out.print(f"[dim]only in {side.upper()}{after}, {len(names)}: {shown}{tail}[/]")
+            out.print(f"[dim]only in {side.upper()}{after}, {len(names)}: {shown}{tail}[/]")
     proposal = result.get("proposed_map")
     if proposal:
         import json
 
-        render.out.print(
+        out.print(
             "[yellow]few entries pair: a map proposed from the two module trees "
             "(--propose-map FILE writes it; pass it back with --map FILE):[/]"
         )
         text = json.dumps(proposal, indent=2)
         lines = text.splitlines()
         for line in lines[:PROPOSAL_LINES]:
-            render.out.print(escape(line), highlight=False)
+            out.print(escape(line), highlight=False)
         if len(lines) > PROPOSAL_LINES:
-            render.out.print(f"[dim]… {len(lines) - PROPOSAL_LINES} more lines in --json[/]")
+            out.print(f"[dim]… {len(lines) - PROPOSAL_LINES} more lines in --json[/]")
     for boundary in result.get("boundary_differences") or []:
-        render.out.print(
+        out.print(
             f"[yellow]boundary difference:[/] {escape(boundary['name'])} — "
             f"{escape(boundary['note'])} ({escape(boundary['compensated_by'])}); not the culprit"
         )
     culprit = result.get("first_divergence")
     if result["ok"]:
-        render.out.print("[bold green]match[/]: every compared tensor agrees")
+        out.print("[bold green]match[/]: every compared tensor agrees")
     elif culprit:
-        render.out.print(
+        out.print(
             f"[bold red]first divergence: {escape(culprit['name'])}[/] — {escape(culprit['reason'])}"
             f" (relative error {number(culprit.get('rel_rms'))}, max abs {number(culprit.get('max_abs'))}"
             + (
@@ -214,7 +212,7 @@ def _verdict(result: dict[str, Any]) -> None:
             )
         )
     else:
-        render.out.print("[bold red]diverges[/]")
+        out.print("[bold red]diverges[/]")
 
 
 @contextlib.contextmanager
@@ -229,7 +227,7 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int, str], None] | No
         TextColumn("{task.completed}/{task.total}"),
         TimeRemainingColumn(),
         TextColumn("[dim]{task.description}"),
-        console=render.err,
+        console=err,
         transient=True,
     )
     task = None
@@ -247,21 +245,21 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int, str], None] | No
 def _print_whole(table: Table) -> None:
     """Piped output (an agent, a log file) has no width to respect: keep rows whole, so
     names and run ids can be copied."""
-    if render.out.is_terminal:
-        render.out.print(table)
+    if out.is_terminal:
+        out.print(table)
         return
-    width = render.out.width
-    render.out.width = 240
+    width = out.width
+    out.width = 240
     try:
-        render.out.print(table)
+        out.print(table)
     finally:
-        render.out.width = width
+        out.width = width
 
 
 def captures(data: dict[str, Any]) -> None:
     items = data.get("captures", [])
     if not items:
-        render.out.print(f"no captures under {escape(data.get('home', ''))}")
+        out.print(f"no captures under {escape(data.get('home', ''))}")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in ("name", "run", "framework", "state", "calls", "tensors", "size", "model"):

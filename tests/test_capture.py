@@ -668,3 +668,49 @@ def test_a_captured_tensor_by_its_entry_name(home: Path, tmp_path: Path) -> None
         mldbg.captured_tensor("ref", "block.proj#0.outt")
     with pytest.raises(mldbg.CompareInputError, match="no-such"):
         mldbg.captured_tensor("no-such", "block#0.out")
+
+
+class _Sqrt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(x)  # NaN for negative inputs
+
+
+class _Chain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.root = _Sqrt()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.root(self.lin(x)))
+
+
+def test_first_nonfinite_names_where_nan_appears(home: Path, cli) -> None:
+    torch.manual_seed(0)
+    model = _Chain()
+    x = torch.randn(3, 4)
+    with torch.no_grad(), mldbg.capture(model, "nan"):
+        model(x)
+    with torch.no_grad(), mldbg.capture(model, "nan-outputs", inputs=False):
+        model(x)
+    with torch.no_grad(), mldbg.capture(model.head, "clean"):
+        model.head(x)
+    expected_nan = int(torch.isnan(torch.sqrt(model.lin(x))).sum())
+    assert expected_nan > 0
+    found = mldbg.first_nonfinite("nan")
+    first = found["first"]
+    assert first["module"] == "root" and first["class"] == "_Sqrt" and first["inputs_checked"]
+    assert first["entries"] == [
+        {"name": "root#0.out", "shape": [3, 4], "dtype": "F32", "nan": expected_nan, "inf": 0}
+    ]
+    assert found["victims"] == 0  # the scan stops at the origin: head is never read
+    assert mldbg.first_nonfinite("nan-outputs")["first"]["module"] == "root"
+    assert mldbg.first_nonfinite("clean")["first"] is None
+    store = ["--home", str(home)]
+    shown = cli("nonfinite", "nan", *store, json_out=True)
+    assert shown["first"]["module"] == "root"
+    human = cli("nonfinite", "nan", *store).stdout
+    assert "root#0 (_Sqrt) returned non-finite values first" in human
+    error = cli("nonfinite", "no-such", *store, json_out=True, expect=1)
+    assert error["code"] == "unknown_source"

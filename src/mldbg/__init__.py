@@ -20,6 +20,7 @@ _PUBLIC = {
     "Capture": "capture",
     "capture": "capture",
     "captured_tensor": "capture.load",
+    "first_nonfinite": "capture.nonfinite",
     "CompareInputError": "compare",
     "Comparison": "compare",
     "ReplayResult": "compare",
@@ -47,6 +48,7 @@ __all__ = [
     "debug_load",
     "debug_save",
     "debug_show_all",
+    "first_nonfinite",
     "replay",
     "tripped",
 ]
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from .agent.tripwire import tripped
     from .capture import Capture, capture
     from .capture.load import captured_tensor
+    from .capture.nonfinite import first_nonfinite
     from .checkpoint import debug_checkpoint
     from .compare import CompareInputError, Comparison, ReplayResult, compare, replay
     from .tensors import debug_clear, debug_load, debug_save, debug_show_all

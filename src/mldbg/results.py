@@ -267,6 +267,14 @@ class CheckpointPairs(Truncation, total=False):
     records_cut: dict[str, Any]
 
 
+class FirstNonfinite(TypedDict, total=False):
+    source: dict[str, Any]  # {spec, kind, path, label}
+    # {module, call, class, entries: [{name, shape, dtype, nan, inf}], inputs_checked} or None
+    first: dict[str, Any] | None
+    calls_checked: int
+    victims: int
+
+
 class Captures(Truncation, total=False):
     home: str
     captures: list[dict[str, Any]]

@@ -637,6 +637,30 @@ VERBS: tuple[Verb, ...] = (
         "`unpaired_b`. Numbers, no verdict: `compare` judges captured tensors.",
     ),
     Verb(
+        "nonfinite",
+        "the first module call of a capture whose outputs hold NaN/Inf from finite inputs",
+        R.FirstNonfinite,
+        (
+            Arg(
+                "source",
+                str,
+                "a capture: name, RUN/NAME, run id, directory or file (what compare takes)",
+                REQUIRED,
+                positional=True,
+            ),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        method="GET",
+        store=True,
+        errors=("unknown_source", "corrupt_file", "unreadable", "corrupt_capture"),
+        description="Calls in the order they finished (a child before its parent): the first "
+        "whose outputs are non-finite while its recorded inputs are finite is where the values "
+        "went bad; calls whose inputs were already bad are counted as `victims`. `first` is "
+        "null when every value is finite.",
+    ),
+    Verb(
         "captures",
         "list module captures (mldbg.capture) in the run store, newest first",
         R.Captures,

@@ -342,6 +342,31 @@ def _pair_line(item: dict[str, Any]) -> str:
     return text
 
 
+def first_nonfinite(data: dict[str, Any]) -> None:
+    first = data.get("first")
+    label = (data.get("source") or {}).get("label", "")
+    if not first:
+        out.print(f"every captured value of {escape(str(label))} is finite")
+        return
+    where = (
+        f"{first.get('module')}#{first.get('call')} ({first.get('class')})"
+        if "module" in first
+        else "entry"
+    )
+    out.print(
+        f"[bold red]{escape(where)}[/] returned non-finite values first ({escape(str(label))})"
+    )
+    for entry in first.get("entries", []):
+        shape = "×".join(map(str, entry.get("shape") or []))
+        out.print(
+            f"    {escape(entry['name'])} {entry.get('dtype')}[{shape}] nan={entry.get('nan')} inf={entry.get('inf')}"
+        )
+    if first.get("inputs_checked") is False:
+        out.print("[dim]captured without inputs: the first non-finite output is named[/]")
+    if data.get("victims"):
+        out.print(f"[dim]{data['victims']} later call(s) received them and passed them on[/]")
+
+
 def _value_line(value: Any) -> str:
     if isinstance(value, dict) and "shape" in value:
         shape = ", ".join(map(str, value.get("shape", [])))
@@ -555,6 +580,7 @@ RENDERERS = {
     "captures": captures,
     "compare": compare_summary,
     "compare-checkpoints": checkpoint_pairs,
+    "nonfinite": first_nonfinite,
     "tensors": tensor_store,
     "clean": cleaned,
 }

@@ -404,6 +404,18 @@ def compare_checkpoints(manager: SessionManager, name: str | None, a: dict[str, 
     )
 
 
+@handles("nonfinite")
+def nonfinite(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from ..capture.nonfinite import first_nonfinite
+
+    source = a["source"]
+    base = a.get("client_cwd") or os.getcwd()
+    candidate = Path(base, os.path.expanduser(source))
+    if candidate.exists():  # a path is the client's, as compare reads it
+        source = str(candidate)
+    return first_nonfinite(source, home=store_home(manager, a))
+
+
 @handles("captures")
 def captures(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     return store_queries.captures(store_home(manager, a), a.get("run"), a.get("limit") or 50)

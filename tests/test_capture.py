@@ -714,3 +714,58 @@ def test_first_nonfinite_names_where_nan_appears(home: Path, cli) -> None:
     assert "root#0 (_Sqrt) returned non-finite values first" in human
     error = cli("nonfinite", "no-such", *store, json_out=True, expect=1)
     assert error["code"] == "unknown_source"
+
+
+class _Upcasting(nn.Module):
+    """A bf16 block whose norm works in float32 (the reference) or not (the port)."""
+
+    def __init__(self, upcast: bool) -> None:
+        super().__init__()
+        self.upcast = upcast
+        self.proj = nn.Linear(4, 4).to(torch.bfloat16)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        if self.upcast:
+            return self.norm(h.float()).to(torch.bfloat16)
+        return self.norm.to(torch.bfloat16)(h)
+
+
+def test_module_table_times_and_dtypes_side_by_side(home: Path, cli) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, dtype=torch.bfloat16)
+    with torch.no_grad(), mldbg.capture(_Upcasting(upcast=True), "ref") as ref:
+        ref.model(x)
+    with torch.no_grad(), mldbg.capture(_Upcasting(upcast=False), "port") as port:
+        port.model(x)
+    alone = mldbg.module_table("ref")
+    rows = {r["module"]: r for r in alone["rows"]}
+    assert list(rows) == ["<root>", "proj", "norm"]  # execution order
+    assert rows["norm"]["a"]["in_dtypes"] == ["F32"] and rows["norm"]["a"]["out_dtypes"] == ["F32"]
+    root = rows["<root>"]["a"]
+    assert root["seconds"] >= rows["proj"]["a"]["seconds"] + rows["norm"]["a"]["seconds"] >= 0
+    assert root["self_seconds"] == pytest.approx(
+        root["seconds"] - rows["proj"]["a"]["seconds"] - rows["norm"]["a"]["seconds"]
+    )
+    both = mldbg.module_table("ref", "port")
+    paired = {r["module"]: r for r in both["rows"]}
+    assert paired["norm"]["dtype_differs"] is True and paired["norm"]["b"]["in_dtypes"] == ["BF16"]
+    assert paired["proj"]["dtype_differs"] is False
+    assert both["summary"]["dtype_differences"] == 1
+    assert both["summary"]["first_dtype_difference"]["module"] == "norm"
+    by_time = mldbg.module_table("ref", "port", sort="time")["rows"]
+    assert by_time[0]["module"] == "<root>"  # its time includes its children's
+    store = ["--home", str(home)]
+    assert cli("module-table", "ref", "port", *store, json_out=True)["summary"]["paired"] == 3
+    human = cli("module-table", "ref", "port", *store).stdout
+    assert "F32→F32" in human and "BF16→BF16" in human and "first: norm#0" in human
+
+
+def test_module_table_of_an_mlx_capture_has_times(home: Path) -> None:
+    model = mnn.Sequential(mnn.Linear(8, 8), mnn.ReLU(), mnn.Linear(8, 2))
+    with mldbg.capture(model, "mlx-timed"):
+        mx.eval(model(mx.ones((4, 8))))
+    rows = mldbg.module_table("mlx-timed")["rows"]
+    assert len(rows) == 4 and all(r["a"]["seconds"] is not None for r in rows), rows
+    assert rows[0]["a"]["out_dtypes"] == ["F32"]

@@ -21,6 +21,7 @@ _PUBLIC = {
     "capture": "capture",
     "captured_tensor": "capture.load",
     "first_nonfinite": "capture.nonfinite",
+    "module_table": "capture.table",
     "CompareInputError": "compare",
     "Comparison": "compare",
     "ReplayResult": "compare",
@@ -49,6 +50,7 @@ __all__ = [
     "debug_save",
     "debug_show_all",
     "first_nonfinite",
+    "module_table",
     "replay",
     "tripped",
 ]
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from .capture import Capture, capture
     from .capture.load import captured_tensor
     from .capture.nonfinite import first_nonfinite
+    from .capture.table import module_table
     from .checkpoint import debug_checkpoint
     from .compare import CompareInputError, Comparison, ReplayResult, compare, replay
     from .tensors import debug_clear, debug_load, debug_save, debug_show_all

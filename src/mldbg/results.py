@@ -275,6 +275,15 @@ class FirstNonfinite(TypedDict, total=False):
     victims: int
 
 
+class ModuleTable(Truncation, total=False):
+    a: dict[str, Any]  # the sources, as compare describes them
+    b: dict[str, Any] | None
+    # [{module, call, class, depth, a: {seconds, self_seconds, in_dtypes, out_dtypes},
+    #   b: {...} | None, dtype_differs, time_ratio}] (capture/table.py)
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
 class Captures(Truncation, total=False):
     home: str
     captures: list[dict[str, Any]]

@@ -661,6 +661,37 @@ VERBS: tuple[Verb, ...] = (
         "null when every value is finite.",
     ),
     Verb(
+        "module-table",
+        "a capture's modules as a table: time and dtypes per call; with B, side by side",
+        R.ModuleTable,
+        (
+            Arg(
+                "a", str, "a capture: name, RUN/NAME, run id, directory", REQUIRED, positional=True
+            ),
+            Arg("b", str, "another capture, its same calls set beside A's", positional=True),
+            Arg(
+                "sort",
+                str,
+                "row order: execution, A's time (children included), A's own time, B/A time",
+                "order",
+                choices=("order", "time", "self", "ratio"),
+            ),
+            OFFSET,
+            Arg("limit", int, LIMIT_HELP, 50, minimum=1, maximum=1000),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        method="GET",
+        store=True,
+        errors=("unknown_source", "corrupt_file", "unreadable", "corrupt_capture"),
+        description="Each row: module, call, class, depth, and per side `seconds` (the call, "
+        "children included, capture writes excluded), `self_seconds`, `in_dtypes`, "
+        "`out_dtypes`; with B: `dtype_differs` (where one side upcasts and the other does "
+        "not) and `time_ratio` (B/A own time). `summary` has totals, the slowest calls and "
+        "the first dtype difference in execution order.",
+    ),
+    Verb(
         "captures",
         "list module captures (mldbg.capture) in the run store, newest first",
         R.Captures,

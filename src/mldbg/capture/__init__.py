@@ -131,7 +131,9 @@ class Capture:
             return self
         self.path = self._directory.path
         self.name = self._directory.name
-        self._recorder = Recorder(self._directory, backend.save, self.inputs)
+        self._recorder = Recorder(
+            self._directory, backend.save, self.inputs, getattr(backend, "settle", None)
+        )
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ from .store import INDEX, CaptureDir, entry_name, module_label
 # (tensors by key, final path, temp path) -> {key: {"shape", "dtype"}} of what was written,
 # {key: reason} of what could not be; the framework writes the file.
 SaveFn = Callable[[dict[str, Any], Path], tuple[dict[str, dict[str, Any]], dict[str, str]]]
+# Makes a call's outputs real before its end is timed: MLX evaluates them (its work is lazy),
+# torch waits for CUDA/MPS kernels (they run asynchronously).
+SettleFn = Callable[[Any], None]
 
 
 MAX_ERRORS = 1000  # messages kept in ``errors``; ``error_count`` counts them all
@@ -30,10 +34,13 @@ class Recorder:
     """Never raises into the model: a failed write (a full disk, an odd value) is an error
     message in ``errors`` and, where the index line can still be written, on that line."""
 
-    def __init__(self, directory: CaptureDir, save: SaveFn, inputs: bool) -> None:
+    def __init__(
+        self, directory: CaptureDir, save: SaveFn, inputs: bool, settle: SettleFn | None = None
+    ) -> None:
         self.directory = directory
         self.save = save
         self.inputs = inputs
+        self.settle = settle
         self._lock = threading.Lock()
         self._local = threading.local()
         self._seq = 0
@@ -85,10 +92,38 @@ class Recorder:
             **(extra or {}),
         }
         stack.append((seq, call, path))
+        spent = time.perf_counter()
         if self.inputs:
             record.update(self._write(seq, "in", path, call, lambda: flatten_call(args, kwargs)))
         self._append(record, path, call, "in")
+        self._charge(spent)
+        self._starts()[seq] = (time.perf_counter(), self._overhead())
         return seq
+
+    # -- timing: a call's own seconds, the capture's writes taken out ---------------------------
+
+    def _starts(self) -> dict[int, tuple[float, float]]:
+        starts = getattr(self._local, "starts", None)
+        if starts is None:
+            starts = self._local.starts = {}
+        return starts
+
+    def _overhead(self) -> float:
+        return float(getattr(self._local, "overhead", 0.0))
+
+    def _charge(self, since: float) -> None:
+        """Time spent recording (writing a child's tensors) is not the model's time."""
+        self._local.overhead = self._overhead() + (time.perf_counter() - since)
+
+    def _seconds(self, seq: int, output: Any) -> float | None:
+        start = self._starts().pop(seq, None)
+        if start is None:
+            return None
+        if self.settle is not None and output is not None:
+            with contextlib.suppress(Exception):  # timing must never break the model
+                self.settle(output)
+        began, overhead = start
+        return max(0.0, time.perf_counter() - began - (self._overhead() - overhead))
 
     def open_seq(self, path: str) -> int | None:
         """The innermost open call of module ``path`` on this thread (hooks get no token)."""
@@ -110,11 +145,16 @@ class Recorder:
             end = self._ends
             self._ends += 1
         record: dict[str, Any] = {"event": "return", "seq": seq, "end": end}
+        seconds = self._seconds(seq, None if error is not None else output)
+        if seconds is not None:
+            record["seconds"] = seconds  # inclusive of its children, exclusive of the capture
+        spent = time.perf_counter()
         if error is not None:
             record["error"] = _describe(error)
         else:
             record.update(self._write(seq, "out", path, call, lambda: flatten(output, "out")))
         self._append(record, path, call, "out")
+        self._charge(spent)
 
     def _append(self, record: dict[str, Any], path: str, call: int, role: str) -> None:
         try:

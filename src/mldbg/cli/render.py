@@ -367,6 +367,51 @@ def first_nonfinite(data: dict[str, Any]) -> None:
         out.print(f"[dim]{data['victims']} later call(s) received them and passed them on[/]")
 
 
+def module_rows(data: dict[str, Any]) -> None:
+    """module-table: one line per call, both sides' times and dtypes."""
+    two = data.get("b") is not None
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    columns = ["module", "class", "A ms", "A self", "A dtypes"]
+    if two:
+        columns += ["B ms", "B self", "B dtypes", "B/A"]
+    for column in columns:
+        table.add_column(column, overflow="fold" if column == "module" else "ellipsis")
+
+    def ms(value: Any) -> str:
+        return "-" if value is None else f"{value * 1e3:.3g}"
+
+    def dtypes(side: dict[str, Any]) -> str:
+        return f"{','.join(side['in_dtypes']) or '-'}→{','.join(side['out_dtypes']) or '-'}"
+
+    for row in data.get("rows", []):
+        side_a = row["a"]
+        name = "  " * int(row.get("depth") or 0) + f"{row['module']}#{row['call']}"
+        cells = [escape(name), escape(str(row.get("class"))), ms(side_a["seconds"])]
+        cells += [ms(side_a["self_seconds"]), dtypes(side_a)]
+        if two:
+            side_b = row.get("b")
+            if side_b is None:
+                cells += ["-", "-", "[dim]not in B[/]", "-"]
+            else:
+                mark = "[bold red]" if row.get("dtype_differs") else ""
+                shown = dtypes(side_b)
+                ratio = row.get("time_ratio")
+                cells += [ms(side_b["seconds"]), ms(side_b["self_seconds"])]
+                cells += [f"{mark}{shown}[/]" if mark else shown]
+                cells += ["-" if ratio is None else f"{ratio:.2g}×"]
+        table.add_row(*cells)
+    out.print(table)
+    summary = data.get("summary") or {}
+    first = summary.get("first_dtype_difference")
+    if first:
+        out.print(
+            f"[bold]{summary.get('dtype_differences')} call(s) work in other dtypes[/]; first: "
+            f"{escape(first['module'])}#{first['call']}"
+        )
+    if data.get("truncated"):
+        out.print(f"[dim]{data.get('shown')} of {data.get('total')} calls: --offset/--limit[/]")
+
+
 def _value_line(value: Any) -> str:
     if isinstance(value, dict) and "shape" in value:
         shape = ", ".join(map(str, value.get("shape", [])))
@@ -581,6 +626,7 @@ RENDERERS = {
     "compare": compare_summary,
     "compare-checkpoints": checkpoint_pairs,
     "nonfinite": first_nonfinite,
+    "module-table": module_rows,
     "tensors": tensor_store,
     "clean": cleaned,
 }

@@ -416,6 +416,27 @@ def nonfinite(manager: SessionManager, name: str | None, a: dict[str, Any]) -> A
     return first_nonfinite(source, home=store_home(manager, a))
 
 
+@handles("module-table")
+def module_table(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from ..capture.table import module_table as table
+
+    base = a.get("client_cwd") or os.getcwd()
+
+    def local(spec: str | None) -> str | None:  # a path is the client's, as compare reads it
+        if spec and Path(base, os.path.expanduser(spec)).exists():
+            return str(Path(base, os.path.expanduser(spec)))
+        return spec
+
+    return table(
+        local(a["a"]) or a["a"],
+        local(a.get("b")),
+        home=store_home(manager, a),
+        sort=a.get("sort") or "order",
+        offset=a.get("offset") or 0,
+        limit=a.get("limit") or 50,
+    )
+
+
 @handles("captures")
 def captures(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     return store_queries.captures(store_home(manager, a), a.get("run"), a.get("limit") or 50)

@@ -138,10 +138,11 @@ class Wire:
             self._install_mlx(base)
 
     def _install_torch(self, module_py: Any) -> None:
-        pre = module_py.register_module_forward_pre_hook(self._torch_pre)
+        torch = sys.modules.get("torch")
+        pre = module_py.register_module_forward_pre_hook(_eager(torch, self._torch_pre))
         try:
             post = module_py.register_module_forward_hook(
-                self._torch_post, with_kwargs=True, always_call=True
+                _eager(torch, self._torch_post), with_kwargs=True, always_call=True
             )
         except TypeError:  # an older torch: no with_kwargs / always_call
             post = module_py.register_module_forward_hook(
@@ -323,6 +324,18 @@ class Wire:
             if id(module) in paths:
                 return paths[id(module)]
         return f"<{type(module).__name__}>"
+
+
+def _eager(torch: Any, hook: Any) -> Any:
+    """The hook run eagerly under ``torch.compile`` (a graph break), never traced: it reads
+    values and may stop the script, which a traced graph cannot do."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    if disable is None:
+        return hook
+    try:
+        return disable(hook)
+    except Exception:  # a torch whose disable cannot wrap a bound method: plain hook
+        return hook
 
 
 def _subclasses(base: type) -> list[type]:

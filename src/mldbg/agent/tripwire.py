@@ -36,6 +36,7 @@ from .paths import canonical_code_file, is_mldbg_file
 MAX_TENSORS = 64  # tensors checked in one call's inputs or outputs
 MAX_DEPTH = 4  # nesting of tuples, lists and dicts walked into
 _TORCH_CALL_FILE = os.path.join("torch", "nn", "modules", "module.py")
+_DYNAMO_DIR = os.sep + os.path.join("torch", "_dynamo") + os.sep  # torch.compile's wrappers
 
 
 @dataclass
@@ -293,9 +294,13 @@ class Wire:
         self.debugger.stop(frame, "tripwire", tripwire=details, note=note)
 
     def _torch_pre(self, module: Any, args: Any) -> None:
+        if _compiling():
+            return
         self._torch_token(module).append(self._before(module, args, {}, "torch"))
 
     def _torch_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if _compiling():
+            return
         tokens = self._torch_token(module)
         token = tokens.pop() if tokens else None
         self._after(token, module, args, kwargs, output, "torch")
@@ -324,6 +329,13 @@ class Wire:
             if id(module) in paths:
                 return paths[id(module)]
         return f"<{type(module).__name__}>"
+
+
+def _compiling() -> bool:
+    """Inside a graph torch.compile is tracing: no values to check (passed over)."""
+    torch = sys.modules.get("torch")
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(check is not None and check())
 
 
 def _eager(torch: Any, hook: Any) -> Any:
@@ -356,7 +368,8 @@ def _caller_frame() -> FrameType | None:
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         file = canonical_code_file(frame.f_code.co_filename)
-        if not is_mldbg_file(file) and not file.endswith(_TORCH_CALL_FILE):
+        machinery = file.endswith(_TORCH_CALL_FILE) or _DYNAMO_DIR in file
+        if not is_mldbg_file(file) and not machinery:
             return frame
         frame = frame.f_back
     return None

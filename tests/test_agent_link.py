@@ -8,14 +8,16 @@ the test daemon's own agent ports for strangers hitting a live session.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import Session
+from conftest import Session, wait_until
 from mldbg.agent import protocol as P
 from mldbg.agent.wire import LineReader, LinkError, preamble
 from mldbg.server import agent_link
@@ -263,3 +265,150 @@ def test_strangers_on_a_live_sessions_port_change_nothing(
     assert rss_kb(daemon["pid"]) - before < 64 * 1024  # the flood was never buffered
     listed = [s["session"] for s in session.api.get("/v1/sessions")["sessions"]]
     assert not [n for n in listed if n.startswith(f"{session.name}.")]
+
+
+FORKS = """
+import os
+
+def work(i):
+    x = i * 2  # the child stops here
+    return x
+
+pid = os.fork()
+if pid == 0:
+    work(1)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent done", flush=True)
+"""
+
+
+def _children(session: Session) -> list[str]:
+    listed = session.api.get("/v1/sessions")["sessions"]
+    return [s["session"] for s in listed if s["session"].startswith(f"{session.name}.w")]
+
+
+def _forking(session: Session, write: Any, daemon: dict[str, Any]) -> list[int]:
+    """The session paused at the start of a script that forks a child onto a breakpoint;
+    the agent ports of the daemon."""
+    from conftest import line_of
+
+    script = write("forks.py", FORKS)
+    line = line_of(script, "child stops here")
+    state = session.start(script, breakpoints=[{"file": str(script), "line": line}])
+    assert state["state"] == "paused"
+    http_port = int(daemon["url"].rsplit(":", 1)[1].split("/")[0])
+    ports = agent_ports(daemon["pid"], http_port)
+    assert ports
+    return ports
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another local user")
+def test_a_strangers_flood_does_not_starve_the_scripts_processes(
+    listener: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another local user holding every handshake slot made forked workers fail to
+    connect: they ran undebugged.  Slots are per local user: while the stranger's 100
+    silent connections hold theirs, the session's own process is admitted at once."""
+    listening, collector = listener
+    # the stranger's silent connections must all still hold their slots when the session's
+    # process arrives, however slowly a loaded machine opens them
+    monkeypatch.setattr(agent_link, "HANDSHAKE_TIMEOUT", 300.0)
+    stranger: list[socket.socket] = []
+    try:
+        for count in range(1, agent_link.MAX_HANDSHAKES + 1):  # every slot, one at a time
+            os.seteuid(65534)  # nobody: a socket opened now is that user's
+            try:
+                stranger.append(connect(listening.address))
+            finally:
+                os.seteuid(0)
+            wait_until(lambda n=count: listening.proving >= n, 30, "a stranger's slot taken")
+        sock = connect(listening.address)
+        sock.sendall(preamble(listening.token))
+        sock.sendall(json.dumps({"event": "hello", "pid": 4242, "welcome": True}).encode() + b"\n")
+        reader = LineReader(sock, 1024)
+        welcome = reader.read_line(idle=10)
+        assert welcome is not None and json.loads(welcome)["event"] == P.WELCOME
+        assert collector.arrived.wait(10) and collector.links[0].pid == 4242
+        sock.close()
+    finally:
+        for held in stranger:
+            held.close()
+
+
+def test_a_child_turned_away_tries_again(
+    session: Session, write: Any, daemon: dict[str, Any]
+) -> None:
+    """Every handshake slot of this user held once (a burst): the child's first attempts
+    are dropped, and it gets in when the slots free up instead of detaching."""
+    ports = _forking(session, write, daemon)
+    burst = [socket.create_connection(("127.0.0.1", p)) for p in ports for _ in range(80)]
+    try:
+        session.cont(wait=0)
+        children = wait_until(lambda: _children(session), 60, "the forked child's session")
+        assert len(children) == 1
+    finally:
+        for sock in burst:
+            sock.close()
+    session.terminate()
+
+
+def test_a_child_that_never_gets_in_says_so(tmp_path: Any) -> None:
+    """A child whose connections are never admitted (accepted, then dropped) tries
+    ``CONNECT_ATTEMPTS`` times, then runs undebugged and writes why into the run
+    directory, where the daemon finds it (next test)."""
+    import subprocess
+    import sys
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def turn_away() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                sock, _ = server.accept()
+            except OSError:
+                continue
+            sock.close()
+
+    threading.Thread(target=turn_away, daemon=True).start()
+    child = (
+        "from mldbg.agent import follow\n"
+        f"credentials = follow.Credentials('127.0.0.1:{port}', 'f' * 64, '', {str(tmp_path)!r})\n"
+        "try:\n"
+        "    follow.connect_child(credentials.address, credentials.token, follow.hello())\n"
+        "except OSError as exc:\n"
+        "    follow.report_detached(credentials, str(exc))\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", child], capture_output=True, text=True, timeout=90
+        )
+    finally:
+        stop.set()
+        server.close()
+    assert "runs undebugged" in done.stderr, done.stderr
+    records = [json.loads(line) for line in (tmp_path / P.DETACHED_FILE).read_text().splitlines()]
+    assert len(records) == 1 and records[0]["pid"] > 0
+    assert "after 6 attempts" in records[0]["reason"]
+
+
+def test_the_parent_says_when_a_child_runs_undebugged(session: Session, write: Any) -> None:
+    """What a detached child wrote (previous test) is in its parent's state and in
+    ``sessions``, as a count and the last few, and in the CLI's rendering."""
+    from mldbg.cli import render
+
+    script = write("parent.py", "x = 1\n")
+    state = session.start(script)
+    record = {"pid": 4243, "ppid": state["pid"], "reason": "could not reach", "time": 1.0}
+    with open(Path(state["run_dir"]) / P.DETACHED_FILE, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+    detached = session.state()["detached_children"]
+    assert detached == {"total": 1, "last": [record]}
+    listed = {s["session"]: s for s in session.api.get("/v1/sessions")["sessions"]}
+    assert listed[session.name]["detached_children"]["total"] == 1
+    assert "1 child process(es) run undebugged" in render.to_text("status", session.state())
+    assert "children undebugged" in render.to_text("sessions", {"sessions": [listed[session.name]]})
+    session.terminate()

@@ -299,3 +299,67 @@ def test_long_waits_report_progress_and_can_be_paused(mcp, write) -> None:
         assert ended["state"] == "exited"
 
     mcp(scenario)
+
+
+UNDECODABLE = """
+import os
+name = os.fsdecode(b"caf\\xe9.txt")  # any non-UTF-8 file name on Linux
+marker = 0  # stop here
+"""
+
+
+def test_undecodable_text_never_kills_the_server(mcp, write) -> None:
+    """A lone surrogate (``os.fsdecode`` of bytes that are not UTF-8) reached the SDK's
+    stdout writer raw and the server process died; every later call got "Connection
+    closed".  It comes back with the undecodable byte escaped, and the server lives on."""
+    script = write("undecodable.py", UNDECODABLE)
+    stop = line_of(script, "stop here")
+
+    async def scenario(tool: Tools, client: Client) -> None:
+        await tool(
+            "start",
+            script="undecodable.py",
+            stop_on_entry=False,
+            breakpoints=[{"file": "undecodable.py", "line": stop}],
+            session="mcp-bytes",
+        )
+        state = await tool("wait", session="mcp-bytes")
+        assert state["state"] == "paused", state
+        value = await tool("eval", expression="name", session="mcp-bytes")
+        assert value["summary"]["value"] == "caf\\xe9.txt", value  # the byte, escaped
+        assert value["result"] == "'caf\\udce9.txt'"  # Python's own repr escapes it too
+        listed = {v["name"]: v for v in (await tool("vars", session="mcp-bytes"))["variables"]}
+        assert "caf\\udce9.txt" in listed["name"]["summary"]
+        # an error carrying the bytes, and a surrogate sent as an argument
+        failed = await tool.error("eval", expression="open(name)", session="mcp-bytes")
+        assert "FileNotFoundError" in failed["error"] and "caf" in failed["error"]
+        raw = await tool("eval", expression="print(name) or name[3]", session="mcp-bytes")
+        assert raw["summary"]["value"] == "\\xe9" and "caf\\xe9.txt" in raw["output"], raw
+        assert (await tool("status", session="mcp-bytes"))["state"] == "paused"
+        await tool("terminate", session="mcp-bytes")
+
+    mcp(scenario)
+
+
+def test_run_store_tools_take_a_session(mcp, write) -> None:
+    """``runs``, ``checkpoints``, ``captures``, ``tensors``, ``clean`` and ``compare`` read
+    the run store of the session named by ``session`` (they answered ``internal``)."""
+    write("parity.py", PARITY)
+
+    async def scenario(tool: Tools, client: Client) -> None:
+        state = await tool("start", script="parity.py", stop_on_entry=False, session="mcp-store")
+        if state["state"] != "exited":
+            state = await tool("wait", wait=120, session="mcp-store")
+        assert state["state"] == "exited", state
+        runs = await tool("runs", session="mcp-store")
+        assert runs["runs"] and runs["runs"][0]["script"].endswith("parity.py")
+        assert "checkpoints" in await tool("checkpoints", session="mcp-store")
+        captures = {c["name"] for c in (await tool("captures", session="mcp-store"))["captures"]}
+        assert {"ref", "port"} <= captures
+        assert "tensors" in await tool("tensors", session="mcp-store")
+        assert (await tool("compare", a="ref", b="port", session="mcp-store"))["ok"] is False
+        assert "removed" in await tool("clean", dry_run=True, session="mcp-store")
+        missing = await tool.error("runs", session="no-such-session")
+        assert missing["code"] in ("unknown_session", "no_such_session"), missing
+
+    mcp(scenario)

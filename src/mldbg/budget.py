@@ -8,6 +8,7 @@ says how much was left out, and callers set ``truncated`` beside it.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 MESSAGE = 2_000  # an error message or an exception's str()
@@ -16,6 +17,7 @@ VALUE = 4_000  # a repr or an eval result
 OUTPUT_TAIL = 4_000  # the output tail carried in every state
 OUTPUT = 16_384  # an output page
 EVAL_OUTPUT = 8_000  # what an evaluation printed
+ERROR = 12_000  # a whole error answer: a message, a traceback, and what else it carries
 
 
 def cap(text: str, limit: int, keep: str = "head") -> tuple[str, bool]:
@@ -38,24 +40,101 @@ def capped(text: str, limit: int, keep: str = "head") -> str:
     return cap(text, limit, keep)[0]
 
 
-def shrink(record: dict[str, Any], limit: int) -> dict[str, Any]:
-    """``record`` as it is, or, if its JSON is over ``limit`` bytes, with its largest values
-    (largest first) cut: strings to a marked head, anything else to a note of its size."""
-    if len(json.dumps(record, default=str)) <= limit:
-        return record
-    cut = dict(record)
-    sizes = {key: len(json.dumps(value, default=str)) for key, value in cut.items()}
-    for key in sorted(sizes, key=sizes.__getitem__, reverse=True):
-        value = cut[key]
-        cut[key] = (
-            capped(value, limit // 4)
-            if isinstance(value, str)
-            else {"truncated": True, "bytes": sizes[key]}
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    point = ord(match.group())
+    if 0xDC80 <= point <= 0xDCFF:  # a byte ``surrogateescape`` could not decode
+        return f"\\x{point - 0xDC00:02x}"
+    return f"\\u{point:04x}"
+
+
+def encodable(value: Any) -> Any:
+    """``value`` with every string (keys too) encodable as UTF-8.
+
+    Python text can hold lone surrogates: ``os.fsdecode(b"caf\\xe9.txt")`` is how a
+    file name that is not UTF-8 reads on Linux.  No UTF-8 writer takes them (the MCP SDK's
+    stdout writer died on one), so they become visible escapes, ``caf\\xe9.txt``: the
+    undecodable byte as ``\\xNN``, any other lone surrogate as ``\\udXXX``.  Values
+    without one are returned as they are (the same objects).
+    """
+    if isinstance(value, str):
+        return (
+            _LONE_SURROGATE.sub(_escape_surrogate, value)
+            if _LONE_SURROGATE.search(value)
+            else value
         )
-        if len(json.dumps(cut, default=str)) <= limit:
-            break
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [encodable(item) for item in value]
+    return value
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, default=str))
+
+
+MIN_ITEM = 512  # a list item is never cut below this: below it, fewer items are kept
+
+
+def _fit(value: Any, limit: int, path: str, cuts: dict[str, dict[str, int]]) -> Any:
+    """``value`` cut to about ``limit`` bytes of JSON, keeping its type: a string keeps a
+    marked head, a list its items (each cut to its share, and only as many as fit), a dict
+    its keys (the largest values cut first).  Each list that lost items is noted in
+    ``cuts`` under its path, with how many of how many it kept."""
+    size = _size(value)
+    if size <= limit:
+        return value
+    if isinstance(value, str):
+        return capped(value, max(limit - 64, 16))
+    if isinstance(value, list):
+        if not value:
+            return value
+        share = max(limit // len(value), MIN_ITEM)
+        kept: list[Any] = []
+        used = 2
+        for index, item in enumerate(value):
+            room = min(share, limit - used)
+            if room < min(MIN_ITEM, share):
+                break
+            item = _fit(item, room, f"{path}[{index}]", cuts)
+            item_size = _size(item) + 2  # and its ", "
+            if used + item_size > limit and kept:
+                break
+            kept.append(item)
+            used += item_size
+        if len(kept) < len(value):
+            cuts[path or "."] = {"shown": len(kept), "total": len(value)}
+        return kept
+    if isinstance(value, dict):
+        cut = dict(value)
+        sizes = {key: _size(item) for key, item in cut.items()}
+        for key in sorted(sizes, key=sizes.__getitem__, reverse=True):
+            rest = _size(cut) - _size(cut[key])
+            cut[key] = _fit(cut[key], max(limit - rest, MIN_ITEM // 4), f"{path}.{key}", cuts)
+            if _size(cut) <= limit:
+                break
+        return cut
+    return value  # a number, a bool, None: nothing to cut
+
+
+def shrink(record: dict[str, Any], limit: int) -> dict[str, Any]:
+    """``record`` as it is, or, if its JSON is over ``limit`` bytes, cut to fit without
+    changing its shape: every value keeps its type (a list of sessions stays a list of
+    session states, each cut to its share, and only as many as fit), so whatever reads
+    the answer (the CLI's renderers, an MCP output schema) still can.  The cut record says
+    so: ``truncated`` is true, and ``cut`` maps the path of each shortened list
+    (``.sessions``) to ``{"shown", "total"}``."""
+    if _size(record) <= limit:
+        return record
+    cuts: dict[str, dict[str, int]] = {}
+    cut = _fit(record, limit - 256, "", cuts)
     cut["truncated"] = True
-    return cut
+    if cuts:
+        cut["cut"] = dict(list(cuts.items())[:8])
+    return cut  # type: ignore[no-any-return]
 
 
 def page_info(

@@ -19,7 +19,8 @@ SESSION_NAME_RULE = "1-64 letters, digits, '_', '-' or '.', not starting with '.
 
 def check_session_name(name: object) -> str:
     """``name`` if it is a valid session name; a ``bad_session_name`` error otherwise."""
-    if isinstance(name, str) and _SESSION_NAME.match(name) and ".." not in name:
+    # fullmatch: ``$`` also matches before a final newline, and "name\n" got through
+    if isinstance(name, str) and _SESSION_NAME.fullmatch(name) and ".." not in name:
         return name
     shown = repr(name)
     if len(shown) > 80:
@@ -32,4 +33,4 @@ def check_session_name(name: object) -> str:
 
 
 def is_session_name(name: object) -> bool:
-    return isinstance(name, str) and bool(_SESSION_NAME.match(name)) and ".." not in name
+    return isinstance(name, str) and bool(_SESSION_NAME.fullmatch(name)) and ".." not in name

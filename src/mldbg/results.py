@@ -145,6 +145,8 @@ class State(TypedDict, total=False):
     warnings: NotRequired[list[str]]
     parent: NotRequired[str | None]  # a child process's session: the one that started it
     paused_children: NotRequired[list[str]]  # the run's child sessions paused now (at most 20)
+    # children that could not reach the daemon and run undebugged: {"total", "last": [...]}
+    detached_children: NotRequired[dict[str, Any]]
     watches: NotRequired[list[Watch]]  # every watch expression, evaluated at this stop
     note: NotRequired[str]  # e.g. a pause that had to stop in library code
     fix: NotRequired[list[dict[str, Any]]]  # calls that help from here (step out)
@@ -302,6 +304,16 @@ class CompareSummary(Truncation, total=False):
     unpaired_b: list[Any]
     warnings: list[Any]
     html: str | None
+
+
+class WeightAudit(Truncation, total=False):
+    ok: bool
+    reference: dict[str, Any]  # label, framework, count
+    port: dict[str, Any]
+    fresh: dict[str, Any] | None
+    counts: dict[str, int]  # parameters per status
+    problems: list[dict[str, Any]]  # failing first: name, name_port, status, note, shapes...
+    proposed_map: dict[str, Any] | None
 
 
 class TensorStore(Truncation, total=False):

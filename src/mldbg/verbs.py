@@ -23,6 +23,17 @@ from . import results as R
 
 REQUIRED: Any = ...  # marks an argument without a default
 
+# Input limits: every text an agent can send is bounded at the door (the daemon refuses a
+# longer one with ``too_long`` before anything sees it), so nothing unbounded is echoed
+# into states, events or listings.  Lengths count characters, anywhere in the value (the
+# strings of a list, the keys and values of a mapping); items count a list's or mapping's
+# entries.  An argument may declare its own (shorter: echoed in every stop; longer: code).
+TEXT_LIMIT = 4_096  # a path (PATH_MAX), a name, a glob, a target
+ECHOED_LIMIT = 2_000  # text repeated at every stop: a watch, a condition, a log template
+CODE_LIMIT = 100_000  # code to run: an evaluation
+ENV_LIMIT = 131_072  # an environment variable or a script argument (Linux's MAX_ARG_STRLEN)
+ITEMS_LIMIT = 1_000  # entries of a list or mapping argument
+
 
 @dataclass(frozen=True)
 class Arg:
@@ -52,6 +63,8 @@ class Arg:
     cli: bool = True  # False: filled in by the client, never typed by a person
     mcp: bool = True
     nargs: str | None = None
+    max_length: int = TEXT_LIMIT  # the longest text anywhere in the value (see TEXT_LIMIT)
+    max_items: int = ITEMS_LIMIT  # the most entries of a list or mapping value
 
     @property
     def required(self) -> bool:
@@ -104,7 +117,7 @@ class Verb:
 
     @property
     def all_errors(self) -> tuple[str, ...]:
-        common = ("bad_argument", "bad_session_name", "daemon_unreachable")
+        common = ("bad_argument", "too_long", "bad_session_name", "daemon_unreachable")
         session = ("unknown_session",) if self.scope == "session" else ()
         return tuple(dict.fromkeys(common + session + self.errors))
 
@@ -149,6 +162,47 @@ BREAK_ERRORS = (
 PAUSED_ERRORS = ("not_paused", "session_ended", "agent_timeout")
 RESUME_ERRORS = ("not_paused", "session_ended")
 
+# Zero-edit capture: `start --capture NAME` records the script's models, unmodified.
+CAPTURE_ARGS = (
+    Arg(
+        "capture",
+        str,
+        "capture the script's models under this name without editing the script "
+        "(the outermost torch/MLX modules it calls; NAME, NAME.2, ... per model)",
+    ),
+    Arg(
+        "capture_models",
+        list[str],
+        "capture these models instead: a class name or glob (LlamaModel, *UNet*); repeatable",
+        flag="--capture-model",
+    ),
+    Arg(
+        "capture_mode",
+        str,
+        "full: every tensor; summary: statistics + an 8 KB sketch per tensor (coarse pass)",
+        "full",
+        choices=("full", "summary"),
+    ),
+    Arg(
+        "capture_depth",
+        int,
+        "record only calls nested at most this deep in the model (0: the model's own call)",
+        minimum=0,
+    ),
+    Arg(
+        "capture_budget",
+        str,
+        "most bytes the capture's tensor files may take (500MB, 1GB): the rest is skipped "
+        "and reported",
+    ),
+    Arg(
+        "capture_within",
+        str,
+        "record only this module and what it contains (the culprit a coarse pass named)",
+    ),
+    Arg("capture_calls", int, "record only the first N calls of each model", minimum=1),
+)
+
 # -- the table --------------------------------------------------------------------------------
 
 VERBS: tuple[Verb, ...] = (
@@ -164,16 +218,23 @@ VERBS: tuple[Verb, ...] = (
                 positional=True,
             ),
             Arg("module", str, "run a module, as python -m does", flag="-m"),
-            Arg("args", list[str], "the script's arguments", cli=False),
+            Arg("args", list[str], "the script's arguments", cli=False, max_length=ENV_LIMIT),
             Arg("python", str, "interpreter (default: the active virtualenv's python)"),
             Arg("cwd", str, "working directory for the script (default: here)", kind="path"),
-            Arg("env", dict[str, str], "variables added to the environment (K=V)"),
+            Arg(
+                "env",
+                dict[str, str],
+                "variables added to the environment (K=V)",
+                max_length=ENV_LIMIT,
+            ),
             Arg(
                 "base_env",
                 dict[str, str],
                 "the whole environment the variables are added to (default: the client's)",
                 cli=False,
                 mcp=False,
+                max_length=ENV_LIMIT,
+                max_items=10 * ITEMS_LIMIT,
             ),
             Arg(
                 "breakpoints",
@@ -204,6 +265,7 @@ VERBS: tuple[Verb, ...] = (
                 minimum=0,
                 cli=False,
             ),
+            *CAPTURE_ARGS,
         ),
         errors=(
             "start_failed",
@@ -238,12 +300,19 @@ VERBS: tuple[Verb, ...] = (
                 "stop only when this expression is true",
                 flag="--if",
                 aliases=("--condition",),
+                max_length=ECHOED_LIMIT,
             ),
-            Arg("hits", str, "N: stop on the Nth hit; >=N: from the Nth on; %N: every Nth"),
+            Arg(
+                "hits",
+                str,
+                "N: stop on the Nth hit; >=N: from the Nth on; %N: every Nth",
+                max_length=32,
+            ),
             Arg(
                 "log",
                 str,
                 'print this instead of stopping; an f-string body: "mean={loss.mean():.3f} {x!r}"',
+                max_length=ECHOED_LIMIT,
             ),
             Arg("checkpoint", str, "pause only at debug_checkpoint calls so named (a glob)"),
             Arg(
@@ -439,6 +508,7 @@ VERBS: tuple[Verb, ...] = (
                 REQUIRED,
                 kind="text",
                 positional=True,
+                max_length=CODE_LIMIT,
             ),
             Arg(
                 "timeout",
@@ -508,6 +578,7 @@ VERBS: tuple[Verb, ...] = (
                 REQUIRED,
                 kind="text",
                 positional=True,
+                max_length=ECHOED_LIMIT,
             ),
         ),
         errors=("bad_expression", "too_many_watches", "session_ended"),
@@ -756,6 +827,51 @@ VERBS: tuple[Verb, ...] = (
         description="Names the first divergence: the module whose inputs agree and whose "
         "outputs differ. `ok` true means everything agrees. Failing entries first, passing "
         "entries only with passing=true.",
+    ),
+    Verb(
+        "weights",
+        "audit the port's loaded parameters against the reference's (missing, never loaded, "
+        "layout, dtype, values)",
+        R.WeightAudit,
+        (
+            Arg(
+                "reference",
+                str,
+                "the reference's parameters: a .safetensors/.npz/.pt file or a directory",
+                REQUIRED,
+                kind="path",
+                positional=True,
+            ),
+            Arg(
+                "port",
+                str,
+                "the port's loaded parameters: the same kinds",
+                REQUIRED,
+                kind="path",
+                positional=True,
+            ),
+            Arg(
+                "map",
+                str,
+                "a map file of the port's names: {rename, regex, ignore}, as compare takes",
+                kind="path",
+            ),
+            Arg(
+                "fresh",
+                str,
+                "the port's parameters as initialized (nothing loaded): never-loaded ones match",
+                kind="path",
+            ),
+            Arg("limit", int, "at most this many problems listed (failures first)", 50, minimum=0),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        store=True,
+        errors=("bad_compare_input", "bad_weights_input", "bad_map", "unknown_source"),
+        description="Each reference parameter paired by name (after the map) and classified: "
+        "ok, dtype, never_loaded, layout (equal only through a wrong transpose), shape, values, "
+        "missing, extra, renamed (with proposed_map). `ok` false when any fails.",
     ),
     Verb(
         "tensors",

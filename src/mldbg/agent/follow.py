@@ -30,15 +30,18 @@ Standard library only: the debuggee imports this.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import protocol as P
 from .wire import Wire
 
 UNSET = "__MLDBG_UNSET__"
@@ -58,6 +61,7 @@ class Credentials:
     address: str
     token: str
     shim: str  # the directory holding only ``mldbg`` (for a child's PYTHONPATH)
+    run_dir: str = ""  # where a child that cannot reach the daemon says so (P.DETACHED_FILE)
 
 
 _credentials: Credentials | None = None
@@ -152,13 +156,15 @@ class ChildWire(Wire):
         with self._connect_lock:
             if self._wire is not None or self._failed:
                 return self._wire
+            message = hello(child=True, forked=True, backend=self._debugger.backend.name)
             try:
-                wire = Wire.connect(self._credentials.address, self._credentials.token, 10.0)
-            except OSError:
+                wire = connect_child(self._credentials.address, self._credentials.token, message)
+            except OSError as exc:
                 self._failed = True
+                if not isinstance(exc, ConnectionRefusedError):  # refused: the run is over
+                    report_detached(self._credentials, str(exc))
                 self._debugger.detach()
                 return None
-            wire.send(hello(child=True, forked=True, backend=self._debugger.backend.name))
             self._wire = wire
         from .commands import CommandServer
 
@@ -186,6 +192,68 @@ class ChildWire(Wire):
     def abandon(self) -> None:
         if self._wire is not None:
             self._wire.abandon()
+
+
+CONNECT_ATTEMPTS = 6  # a child's tries to reach the daemon, backing off 0.2 s, 0.4 s, ... 3.2 s
+WELCOME_TIMEOUT = 10.0  # the daemon admits a connection well within its 5 s handshake limit
+
+
+def connect_child(address: str, token: str, message: dict[str, Any]) -> Wire:
+    """A child's connection to the daemon, admitted (the daemon's WELCOME), or OSError.
+
+    A child must not drop out of debugging because one attempt failed: the daemon drops
+    connections while its handshake queue is full (a burst of workers, or a stranger
+    flooding the port), and a refused or reset connection can be momentary.  Each attempt
+    says how many went before it (``attempts``), so the daemon can tell.
+    """
+    delay = 0.2
+    last: Exception | None = None
+    for attempt in range(CONNECT_ATTEMPTS):
+        if attempt:
+            time.sleep(delay)
+            delay *= 2
+        try:
+            wire = Wire.connect(address, token, 10.0)
+        except ConnectionRefusedError:
+            raise  # nobody listens: the session is over, not busy
+        except OSError as exc:
+            last = exc
+            continue
+        wire.send({**message, "welcome": True, "attempts": attempt})
+        if wire.await_welcome(WELCOME_TIMEOUT):
+            return wire
+        with contextlib.suppress(OSError):
+            wire.close()
+        last = OSError(f"the daemon did not admit the connection (attempt {attempt + 1})")
+    raise OSError(f"could not reach the debugger after {CONNECT_ATTEMPTS} attempts: {last}")
+
+
+def report_detached(credentials: Credentials | None, reason: str) -> None:
+    """This child could not reach the daemon and runs on undebugged: never silently.
+
+    It cannot tell the daemon over the link it could not open, so it appends a line to
+    the run directory's ``detached.jsonl`` (the daemon shows the count and the last few
+    in the parent's state and in ``sessions``), and says so on stderr, which is the
+    script's output.
+    """
+    note = f"mldbg: process {os.getpid()} runs undebugged: {reason}\n"
+    with contextlib.suppress(Exception):
+        if sys.__stderr__ is not None:
+            sys.__stderr__.write(note)
+            sys.__stderr__.flush()
+    if credentials is None or not credentials.run_dir:
+        return
+    record = {"pid": os.getpid(), "ppid": os.getppid(), "reason": reason[:500], "time": time.time()}
+    with contextlib.suppress(OSError):
+        fd = os.open(
+            os.path.join(credentials.run_dir, P.DETACHED_FILE),
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+            0o600,
+        )
+        try:
+            os.write(fd, (json.dumps(record) + "\n").encode("utf-8", "backslashreplace"))
+        finally:
+            os.close(fd)
 
 
 def hello(**extra: Any) -> dict[str, Any]:
@@ -334,6 +402,7 @@ def child_environment(env: Mapping[str, str]) -> dict[str, str]:
     child["MLDBG_AGENT_PATH"] = credentials.shim
     child["MLDBG_AGENT_ADDR"] = credentials.address
     child["MLDBG_AGENT_TOKEN"] = credentials.token
+    child["MLDBG_AGENT_RUN_DIR"] = credentials.run_dir
     child[CHILD_ENV] = "1"
     return child
 

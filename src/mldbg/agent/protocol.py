@@ -44,6 +44,12 @@ STOPPED = "stopped"
 RESUMED = "resumed"
 LOG = "log"
 FINISHED = "finished"
+# The daemon's first line to a child that asked for it (``Hello.welcome``): it was admitted.
+# A child that never gets it (its connection dropped by a full handshake queue) tries again.
+WELCOME = "welcome"
+# A child that could not reach the daemon at all appends a line to this file of the run
+# directory ({"pid", "ppid", "reason", "time"}); the parent's state shows them.
+DETACHED_FILE = "detached.jsonl"
 
 # The longest line either end accepts; longer ones end the connection.
 MAX_LINE = 32 * 1024 * 1024
@@ -66,6 +72,8 @@ class Hello(TypedDict, total=False):
     backend: str
     pid: int
     libraries: dict[str, str]
+    welcome: bool  # answer with a WELCOME line once admitted (children wait for it)
+    attempts: int  # how many connections this child tried before this one
 
 
 class Command(TypedDict):

@@ -34,6 +34,7 @@ PRIVATE_ENV = (
     "MLDBG_AGENT_TOKEN",
     "MLDBG_AGENT_PATH",
     "MLDBG_AGENT_PYTHONPATH",
+    "MLDBG_AGENT_RUN_DIR",
     follow.CHILD_ENV,
 )
 EXIT_USAGE = 2
@@ -198,26 +199,32 @@ def main(argv: list[str] | None = None) -> int:
     _restore_environment(private)
     token = str(private["MLDBG_AGENT_TOKEN"] or "")
     is_child = bool(private[follow.CHILD_ENV])
-    try:
-        wire = Wire.connect(str(private["MLDBG_AGENT_ADDR"]), token)
-    except OSError as exc:
-        if not is_child:
-            raise
-        # The session is gone: a child of a terminated run goes on as plain python would.
-        print(f"mldbg.agent: not debugging this child ({exc})", file=sys.stderr)
-        wire = None
-    if wire is None:
-        return _run_undebugged(module, command, script, args)
-    debugger = Debugger(wire, os.getcwd(), choose_backend)
-    if module is None and script is not None:  # `break --function __main__.NAME`
-        debugger.main_file = os.path.realpath(script)
-    extra: dict[str, Any] = {"backend": debugger.backend.name}
+    address = str(private["MLDBG_AGENT_ADDR"])
+    credentials = follow.Credentials(
+        address,
+        token,
+        str(private["MLDBG_AGENT_PATH"] or ""),
+        str(private["MLDBG_AGENT_RUN_DIR"] or ""),
+    )
+    # the link is set once it is open: a backend installs nothing until the script runs
+    debugger = Debugger(None, os.getcwd(), choose_backend)  # type: ignore[arg-type]
     if is_child:
         rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
-        extra.update(child=True, forked=False, rank=rank)
+        hello = follow.hello(child=True, forked=False, rank=rank, backend=debugger.backend.name)
+        try:
+            wire = follow.connect_child(address, token, hello)
+        except OSError as exc:
+            if not isinstance(exc, ConnectionRefusedError):  # refused: the run is over
+                follow.report_detached(credentials, str(exc))
+            # a child of a terminated run goes on as plain python would
+            print(f"mldbg.agent: not debugging this child ({exc})", file=sys.stderr)
+            return _run_undebugged(module, command, script, args)
     else:
-        extra["libraries"] = library_versions()
-    wire.send(follow.hello(**extra))
+        wire = Wire.connect(address, token)
+        wire.send(follow.hello(backend=debugger.backend.name, libraries=library_versions()))
+    debugger.wire = wire
+    if module is None and script is not None:  # `break --function __main__.NAME`
+        debugger.main_file = os.path.realpath(script)
     on_run = threading.Event()
     config: dict[str, Any] = {}
     orphan.install(debugger, config, child=is_child)  # daemon gone: end, never run on alone
@@ -235,13 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         print("mldbg.agent: the daemon went away before the script started", file=sys.stderr)
         return 70
 
-    follow.install(
-        debugger,
-        follow.Credentials(
-            str(private["MLDBG_AGENT_ADDR"]), token, str(private["MLDBG_AGENT_PATH"] or "")
-        ),
-        bool(config.get("follow", True)),
-    )
+    credentials.run_dir = str(config.get("run_dir") or credentials.run_dir)
+    follow.install(debugger, credentials, bool(config.get("follow", True)))
     try:
         target = load_target(module, command, script)
     except SyntaxError:
@@ -260,6 +262,16 @@ def main(argv: list[str] | None = None) -> int:
         from .. import checkpoint
 
         checkpoint.attach_debugger(str(config["run_dir"]), debugger.on_checkpoint)
+    captures = None
+    if os.environ.get("MLDBG_CAPTURE"):  # start --capture: loaded only when asked
+        from ..capture import zero_edit
+
+        try:
+            captures = zero_edit.install_from_environment()
+        except ValueError as exc:
+            print(f"mldbg: cannot capture: {exc}", file=sys.stderr)
+            wire.send({"event": "finished", "exit_code": EXIT_USAGE})
+            return EXIT_USAGE
     _install_main(target, args)
     if module is not None and target.main_globals.get("__file__"):
         debugger.main_file = os.path.realpath(str(target.main_globals["__file__"]))
@@ -271,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         debugger.step = StepRequest("entry", threading.get_ident(), entry_code=target.code)
     _install_thread_hook(debugger)
     debugger.backend.install()
-    return _run(debugger, target)
+    return _run(debugger, target, captures.finish if captures is not None else None)
 
 
 def load_target(module: str | None, command: str | None, script: str) -> Target:
@@ -294,7 +306,8 @@ def _run_undebugged(module: str | None, command: str | None, script: str, args: 
     return 0
 
 
-def _run(debugger: Debugger, target: Target) -> int:
+def _run(debugger: Debugger, target: Target, at_end: Any = None) -> int:
+    """Run the script; ``at_end`` (closing captures) runs before the end is reported."""
     exception: dict[str, Any] | None = None
     try:
         exec(target.code, target.main_globals)
@@ -307,6 +320,11 @@ def _run(debugger: Debugger, target: Target) -> int:
         sys.excepthook(type(exc), exc, strip_agent_frames(exc.__traceback__))
         exit_code = 1
     finally:
+        if at_end is not None:
+            try:
+                at_end()
+            except Exception as exc:  # a capture that cannot close must not hide the end
+                print(f"mldbg: closing the captures: {type(exc).__name__}: {exc}", file=sys.stderr)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(AttributeError, OSError, ValueError):
                 stream.flush()

@@ -122,6 +122,14 @@ class Wire:
             sock.sendall(preamble(token))
         return wire
 
+    def await_welcome(self, timeout: float) -> bool:
+        """Did the daemon admit this connection (its WELCOME line within ``timeout``)?"""
+        try:
+            line = self._reader.read_line(limit=1024, idle=timeout)
+            return line is not None and json.loads(line).get("event") == P.WELCOME
+        except (OSError, ValueError, LinkError, AttributeError):
+            return False
+
     def send(self, message: dict[str, Any]) -> None:
         data = (json.dumps(message, default=str) + "\n").encode("utf-8")
         with self._send_lock:

@@ -50,6 +50,8 @@ TEXT_BUDGET = 6_000  # the text form of a result; the JSON is in structured cont
 def _annotation(arg: Arg) -> Any:
     base = Literal[arg.choices] if arg.choices else arg.type  # type: ignore[valid-type]
     constraints: dict[str, Any] = {"description": arg.help}
+    if arg.type is str:  # documented here, refused by the daemon with its code (too_long)
+        constraints["json_schema_extra"] = {"maxLength": arg.max_length}
     if arg.minimum is not None:
         constraints["ge"] = arg.minimum
     if arg.maximum is not None:
@@ -112,7 +114,9 @@ def _as_tool_error() -> Iterator[None]:
         raise ToolError(budget.capped(json.dumps(payload, default=str), 8_000)) from None
     except OSError as exc:
         message = f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
-        raise ToolError(json.dumps({"error": message, "code": "os_error"})) from None
+        raise ToolError(
+            json.dumps({"error": budget.encodable(message), "code": "os_error"})
+        ) from None
     except Exception as exc:  # anything else still reaches the agent with a code
         text = f"internal error in mldbg mcp: {type(exc).__name__}: {exc} (please report it)"
         raise ToolError(
@@ -171,6 +175,9 @@ class Tools:
                     data = await anyio.to_thread.run_sync(
                         functools.partial(self.call, verb, session, args)
                     )
+            # the daemon's answers are already encodable; what this process adds (a path
+            # from an OSError, say) may not be, and one lone surrogate kills the stdio writer
+            data = budget.encodable(data)
             return CallToolResult(
                 content=[TextContent(type="text", text=result_text(verb, data))],
                 structured_content=data,

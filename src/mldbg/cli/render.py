@@ -93,6 +93,14 @@ def state(data: dict[str, Any]) -> None:
     if paused:
         shown = ", ".join(paused[:5]) + (f" (+{len(paused) - 5} more)" if len(paused) > 5 else "")
         out.print(f"[yellow]paused child processes:[/] {escape(shown)} [dim](-s NAME)[/]")
+    detached = data.get("detached_children") or {}
+    if detached:
+        last = (detached.get("last") or [{}])[-1]
+        out.print(
+            f"[red]{detached.get('total')} child process(es) run undebugged[/] "
+            f"(could not reach the debugger; last: pid {last.get('pid')}: "
+            f"{escape(str(last.get('reason')))})"
+        )
 
 
 def evaluation(data: dict[str, Any]) -> None:
@@ -237,6 +245,8 @@ def sessions(data: dict[str, Any]) -> None:
             )
             if s.get("recovered"):
                 place = "daemon lost"
+        if s.get("detached_children"):
+            place += f" ({s['detached_children'].get('total')} children undebugged)"
         table.add_row(
             s["session"],
             s.get("parent") or "",
@@ -590,6 +600,14 @@ def pause_state(data: dict[str, Any]) -> None:
         )
 
 
+def weight_audit(data: dict[str, Any]) -> None:
+    from ..compare.weights import render_audit
+
+    out.print(escape(render_audit(data, limit=len(data.get("problems") or []))))
+    if data.get("truncated"):
+        out.print(f"({data.get('total')} problems in all: --limit N to see more)")
+
+
 # verb name -> how its answer looks to a person; a test checks every verb has one
 RENDERERS = {
     "start": state,
@@ -629,6 +647,7 @@ RENDERERS = {
     "module-table": module_rows,
     "tensors": tensor_store,
     "clean": cleaned,
+    "weights": weight_audit,
 }
 
 

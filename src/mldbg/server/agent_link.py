@@ -8,7 +8,10 @@ carry the session's secret (``protocol.PREAMBLE``); until then nothing else is r
 Every read is bounded in size (the hello, each later message) and in time (the
 handshake, the rest of a message once it began); a stranger, a flood or a silent
 connection is dropped and logged, and handshakes run on their own short-lived threads
-(at most ``MAX_HANDSHAKES`` at once), so none of them delays the start.
+(at most ``MAX_HANDSHAKES`` at once *per local user*: a stranger flooding the port fills
+only its own slots, never those of the script's children), so none of them delays the
+start.  A child asks to be told it was admitted (``protocol.WELCOME``) and tries again
+when it was not.
 """
 
 from __future__ import annotations
@@ -58,9 +61,12 @@ class AgentListener:
         self._listener.listen(16)
         host, port = self._listener.getsockname()
         self.address = f"{host}:{port}"
-        self._slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        # handshake slots per local user: a stranger's flood fills only its own
+        self._slots: dict[int | None, threading.BoundedSemaphore] = {}
+        self._slots_lock = threading.Lock()
         self.closed = False
         self.rejected = 0  # connections dropped: strangers, floods, silence (tests read it)
+        self.proving = 0  # connections in their handshake now (tests read it)
         threading.Thread(
             target=self._accept_loop, name=f"mldbg-listen-{label}", daemon=True
         ).start()
@@ -73,16 +79,29 @@ class AgentListener:
                 if self.closed:
                     return
                 continue
-            if not self._slots.acquire(blocking=False):
+            slots = self._slots_of(peer_uid(sock))
+            if not slots.acquire(blocking=False):
                 self.rejected += 1
                 log.warning("%s: too many connections proving themselves; dropped %s", self, peer)
                 _drop(sock)
                 continue
+            self.proving += 1
             threading.Thread(
-                target=self._handshake, args=(sock, peer), name="mldbg-handshake", daemon=True
+                target=self._handshake,
+                args=(sock, peer, slots),
+                name="mldbg-handshake",
+                daemon=True,
             ).start()
 
-    def _handshake(self, sock: socket.socket, peer: Any) -> None:
+    def _slots_of(self, uid: int | None) -> threading.BoundedSemaphore:
+        """The handshake slots of one local user (``None``: the owner is unknown)."""
+        with self._slots_lock:
+            slots = self._slots.get(uid)
+            if slots is None:
+                slots = self._slots[uid] = threading.BoundedSemaphore(MAX_HANDSHAKES)
+            return slots
+
+    def _handshake(self, sock: socket.socket, peer: Any, slots: threading.BoundedSemaphore) -> None:
         try:
             reader = LineReader(sock, P.MAX_LINE, idle=None, partial=MESSAGE_DEADLINE)
             try:
@@ -103,6 +122,12 @@ class AgentListener:
                 _drop(sock)
                 return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if hello.get("welcome"):  # a child waits for this before it goes on (or tries again)
+                try:
+                    sock.sendall(json.dumps({"event": P.WELCOME}).encode() + b"\n")
+                except OSError:
+                    _drop(sock)
+                    return
             link = AgentLink(sock, reader, hello)
             if self.closed:
                 link.close()
@@ -113,7 +138,8 @@ class AgentListener:
                 traceback.print_exc()
                 link.close()
         finally:
-            self._slots.release()
+            self.proving -= 1
+            slots.release()
 
     def close(self) -> None:
         self.closed = True
@@ -122,6 +148,28 @@ class AgentListener:
 
     def __str__(self) -> str:
         return f"agent port {self.address} ({self.label})"
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The local user owning the other end of a loopback connection, from
+    ``/proc/net/tcp`` (the peer's socket is the row whose local address is our remote
+    one); None where that cannot be read (not Linux)."""
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return None
+    try:
+        packed = socket.htonl(int.from_bytes(socket.inet_aton(host), "big"))
+        wanted = f"{packed:08X}:{port:04X}".encode()
+        with open("/proc/net/tcp", "rb") as fh:
+            next(fh, None)
+            for row in fh:
+                fields = row.split()
+                if len(fields) > 7 and fields[1] == wanted:
+                    return int(fields[7])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _drop(sock: socket.socket) -> None:

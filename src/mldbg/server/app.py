@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,7 +28,7 @@ from typing_extensions import TypedDict
 
 from .. import __version__, budget
 from ..errors import MldbgError
-from ..names import SESSION_NAME_PATTERN, check_session_name
+from ..names import SESSION_NAME_PATTERN, SESSION_NAME_RULE, check_session_name
 from ..verbs import VERBS, Arg, Verb
 from .classic import classic_router
 from .handlers import HANDLERS
@@ -77,14 +76,16 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 class SafeJSONResponse(JSONResponse):
-    """JSON that can always be sent: text holding lone surrogates (undecodable bytes in a
-    file name, ``os.fsdecode(b"\\xff")``) is escaped instead of failing the response."""
+    """JSON that can always be sent, and read back as UTF-8 by any client: text holding
+    lone surrogates (undecodable bytes in a file name, ``os.fsdecode(b"\\xff")``) shows
+    them as visible escapes (``\\xff``, ``budget.encodable``), so no surface downstream (the
+    CLI's terminal, the MCP server's stdout) meets a string it cannot write."""
 
     def render(self, content: Any) -> bytes:
         try:
             return super().render(content)
         except UnicodeEncodeError:
-            return json.dumps(content, ensure_ascii=True, allow_nan=False).encode("ascii")
+            return super().render(budget.encodable(content))
 
 
 def verb_args(verb: Verb) -> tuple[Arg, ...]:
@@ -98,6 +99,8 @@ def _field(arg: Arg) -> tuple[Any, Any]:
         extra["ge"] = arg.minimum
     if arg.maximum is not None:
         extra["le"] = arg.maximum
+    if arg.type is str:
+        extra["max_length"] = arg.max_length
     annotation = arg.type
     if arg.choices:
         from typing import Literal
@@ -127,6 +130,7 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
         if verb.store and values.get("session"):
             check_session_name(values["session"])
         refuse_nul_bytes(values)
+        refuse_oversized(verb, values)
         try:
             return bound_answer(handler(manager, session, values))
         except OSError as exc:
@@ -147,7 +151,7 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
                 "name",
                 inspect.Parameter.POSITIONAL_OR_KEYWORD,
                 annotation=str,
-                default=Path(..., description=f"session name ({SESSION_NAME_PATTERN})"),
+                default=Path(..., description="session name", pattern=SESSION_NAME_PATTERN),
             )
         )
     if verb.method == "GET":
@@ -161,7 +165,13 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
                     annotation=annotation,
                     # the bounds too: without them a GET took any integer (a 500 deep in
                     # a seek or read, found by schemathesis)
-                    default=Query(default, description=arg.help, ge=arg.minimum, le=arg.maximum),
+                    default=Query(
+                        default,
+                        description=arg.help,
+                        ge=arg.minimum,
+                        le=arg.maximum,
+                        max_length=arg.max_length if arg.type is str else None,
+                    ),
                 )
             )
 
@@ -228,6 +238,40 @@ def refuse_nul_bytes(values: dict[str, Any]) -> None:
             )
 
 
+def _oversized(value: Any, arg: Arg, where: str) -> tuple[str, str, int] | None:
+    """The first place in ``value`` over ``arg``'s limits: (where, what, limit)."""
+    if isinstance(value, str):
+        return (where, "characters", arg.max_length) if len(value) > arg.max_length else None
+    if isinstance(value, dict | list | tuple):
+        if len(value) > arg.max_items:
+            return where, "entries", arg.max_items
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            inner = f"{where}[{key!r}]" if isinstance(value, dict) else f"{where}[{key}]"
+            found = _oversized(key, arg, inner) if isinstance(key, str) else None
+            found = found or _oversized(item, arg, inner)
+            if found:
+                return found
+    return None
+
+
+def refuse_oversized(verb: Verb, values: dict[str, Any]) -> None:
+    """Every text an agent sends is bounded at the door (``Arg.max_length`` and
+    ``max_items``, documented in the verb table), so nothing unbounded is stored, echoed
+    into every state and event, or listed.  The error names the place and the limit, and
+    never repeats the text."""
+    for arg in verb_args(verb):
+        found = _oversized(values.get(arg.name), arg, arg.name)
+        if found is not None:
+            where, unit, limit = found
+            raise MldbgError(
+                f"{budget.capped(where, 200)}: longer than its limit of {limit} {unit}",
+                code="too_long",
+                argument=arg.name,
+                limit=limit,
+            )
+
+
 def bound_answer(data: Any) -> Any:
     """Verbs keep their own budgets; this catches what one forgot, before it leaves."""
     return budget.shrink(data, MAX_ANSWER) if isinstance(data, dict) else data
@@ -251,7 +295,11 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
     async def _mldbg_error(request: Request, exc: MldbgError) -> SafeJSONResponse:
         payload = exc.to_json()
         payload["error"] = budget.capped(str(payload.get("error")), budget.MESSAGE)
-        return SafeJSONResponse(status_code=exc.status, content=bound_answer(payload))
+        # the message has its budget; what an error carries beside it (the path it was
+        # given, candidates, a traceback) is bounded too, as a whole
+        return SafeJSONResponse(
+            status_code=exc.status, content=budget.shrink(payload, budget.ERROR)
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
@@ -330,21 +378,30 @@ def validation_error(errors: Any) -> dict[str, Any]:
     """pydantic's complaint as mldbg's error: which argument, what was wrong, no URLs."""
     problems = []
     argument = None
+    code = "bad_argument"
     for error in list(errors)[:10]:
         loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path")]
         name = ".".join(loc) or "request body"
         argument = argument or name
         kind = error.get("type", "")
-        if kind == "extra_forbidden":
+        if tuple(error.get("loc", ()))[:2] == ("path", "name"):
+            # the route's own pattern refused it: said as every other edge says it
+            code = "bad_session_name"
+            shown = budget.capped(repr(error.get("input")), 80)
+            text = f"bad session name {shown}: use {SESSION_NAME_RULE}"
+        elif kind == "extra_forbidden":
             text = f"{name}: no such argument"
         elif kind == "missing":
             text = f"{name}: required"
+        elif kind in ("string_too_long", "too_long"):
+            code = "too_long" if argument == name else code
+            text = f"{name}: {error.get('msg', 'too long')}"
         else:
             text = f"{name}: {error.get('msg', 'invalid')}"
         problems.append(budget.capped(text, 300))
     return {
         "error": "bad argument: " + "; ".join(problems),
-        "code": "bad_argument",
+        "code": code,
         "argument": argument,
         "problems": problems,
     }

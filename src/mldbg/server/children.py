@@ -23,6 +23,7 @@ every process of the run (its process group, every descendant, every child sessi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -30,12 +31,14 @@ import threading
 import time
 from typing import Any
 
+from ..agent.protocol import DETACHED_FILE
 from ..errors import AgentError
 from ..names import is_session_name
 from .agent_link import AgentLink, AgentListener
 from .sessions import ENDED, Session, StartRequest
 
 CONFIGURE_TIMEOUT = 15.0
+DETACHED_KEYS = ("pid", "ppid", "reason", "time")
 KILL_GRACE = 3.0
 LISTEN_AFTER_END = 10.0
 BROADCAST_WAIT = 5.0
@@ -50,6 +53,31 @@ class Family:
         self.lock = threading.Lock()
         self.closed = False  # terminated: no process of the run may connect any more
         self.last_breakpoints: list[dict[str, Any]] = [dict(b) for b in root.request.breakpoints]
+        self._detached: tuple[int, dict[str, Any] | None] = (0, None)  # (file size, summary)
+
+    def detached(self) -> dict[str, Any] | None:
+        """Children that could not reach the daemon and run undebugged (they say so in
+        the run directory, ``protocol.DETACHED_FILE``): ``{"total", "last": [{"pid",
+        "ppid", "reason", "time"}]}`` (the last five), or None."""
+        run = self.root.run
+        if run is None:
+            return None
+        path = run.path / DETACHED_FILE
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return None
+        if size != self._detached[0]:
+            records = []
+            with contextlib.suppress(OSError), open(path, "rb") as fh:
+                for line in fh.read(1 << 20).splitlines():
+                    with contextlib.suppress(ValueError):
+                        record = json.loads(line)
+                        if isinstance(record, dict):
+                            records.append({k: record.get(k) for k in DETACHED_KEYS})
+            summary = {"total": len(records), "last": records[-5:]} if records else None
+            self._detached = (size, summary)
+        return self._detached[1]
 
     # -- a child connects --------------------------------------------------------------------
 

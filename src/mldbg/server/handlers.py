@@ -60,6 +60,10 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         from ..doctor import require_editable
 
         require_editable(a.get("python"), package, cwd=cwd)
+    env_overrides = dict(a.get("env") or {})
+    capture = _capture_settings(a)
+    if capture is not None:
+        env_overrides[capture[0]] = capture[1]
     request = StartRequest(
         script=a.get("script"),
         module=a.get("module"),
@@ -67,7 +71,7 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         python=a.get("python"),
         cwd=a.get("cwd"),
         env=a.get("base_env"),
-        env_overrides=dict(a.get("env") or {}),
+        env_overrides=env_overrides,
         breakpoints=[dict(bp) for bp in a.get("breakpoints") or []],
         stop_on_entry=a.get("stop_on_entry", True),
         replace=bool(a.get("replace")),
@@ -93,6 +97,36 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         if full:
             state["warnings"] = [full]
     return state
+
+
+def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
+    """``start --capture``: the environment variable that tells the agent what to capture."""
+    options = {
+        "models": a.get("capture_models") or None,
+        "mode": a.get("capture_mode"),
+        "depth": a.get("capture_depth"),
+        "budget": a.get("capture_budget"),
+        "within": a.get("capture_within"),
+        "calls": a.get("capture_calls"),
+    }
+    given = [k for k, v in options.items() if v is not None and not (k == "mode" and v == "full")]
+    if not a.get("capture"):
+        if given:
+            raise MldbgError(
+                f"capture_{given[0]} needs a capture name (capture=NAME)",
+                code="bad_argument",
+                argument="capture",
+            )
+        return None
+    from ..capture.zero_edit import ENV, Spec
+
+    try:
+        spec = Spec.parse(
+            {"name": a["capture"], **{k: v for k, v in options.items() if v is not None}}
+        )
+    except ValueError as exc:
+        raise MldbgError(str(exc), code="bad_argument", argument="capture") from None
+    return ENV, spec.to_env()
 
 
 @handles("status")
@@ -448,6 +482,23 @@ def compare(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
 
     home = store_home(manager, a)
     return compare_answer(home, a, a.get("client_cwd"))
+
+
+@handles("weights")
+def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from ..compare.weights import audit_weights
+
+    home = store_home(manager, a)
+    result = audit_weights(
+        a["reference"], a["port"], map=a.get("map"), fresh=a.get("fresh"), home=home
+    )
+    result.pop("parameters", None)  # every parameter: the Python API's; the answer is bounded
+    limit = a.get("limit", 50)
+    problems = result["problems"]
+    result["problems"] = problems[:limit]
+    result["total"] = len(problems)
+    result["truncated"] = len(problems) > limit
+    return result
 
 
 @handles("tensors")

@@ -197,6 +197,9 @@ class Session(SessionProcess):
             children = [c.name for c in self.family.live_children() if c.state == "paused"]
             if children:
                 state["paused_children"] = children[:20]
+            detached = self.family.detached()
+            if detached:  # children that could not reach the daemon: never silently
+                state["detached_children"] = detached
         link = self.link
         if link is not None and link.error:  # the daemon cut the link: say why
             state["warnings"] = [link.error]

@@ -1,0 +1,175 @@
+"""The last-resort answer cap keeps an answer's shape, and error bodies keep theirs small.
+
+The daemon cuts any answer over 1 MB (``server/app.py``'s ``bound_answer``).  It used to
+replace the largest value, a list such as ``sessions`` or ``breakpoints``, with a note of
+its size: the CLI crashed rendering it and the MCP tools failed their output schemas.
+These tests cut real answers and hand them to the real renderers and the real schemas.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from conftest import Api
+from mldbg import budget, verbs
+from mldbg.cli import render
+from mldbg.server.app import MAX_ANSWER, bound_answer
+
+
+def _crashed(index: int) -> dict[str, Any]:
+    """A session ended by an exception, its traceback and output tail at their budgets."""
+    return {
+        "session": f"worker-{index}",
+        "state": "crashed",
+        "reason": "exception",
+        "pid": 1000 + index,
+        "exit_code": 1,
+        "exception": {"type": "ValueError", "message": "m" * 2_000, "traceback": "t" * 8_000},
+        "output_tail": "o" * 4_000,
+        "location": {"file": "/x/train.py", "line": index + 1, "function": "main"},
+    }
+
+
+def _holds(verb_name: str, answer: dict[str, Any]) -> None:
+    """The answer still fits its verb's result type and the CLI still renders it."""
+    verb = verbs.get(verb_name)
+    TypeAdapter(verb.result).validate_python(answer, strict=False)
+    assert render.to_text(verb_name, answer)
+
+
+def test_a_cut_listing_keeps_every_item_as_an_item() -> None:
+    answer = {"sessions": [_crashed(i) for i in range(150)]}  # 2 MB, no hostile input
+    assert len(json.dumps(answer)) > MAX_ANSWER
+    cut = bound_answer(answer)
+    assert len(json.dumps(cut)) <= MAX_ANSWER
+    assert cut["truncated"] is True
+    assert isinstance(cut["sessions"], list) and len(cut["sessions"]) == 150
+    assert all(s["session"] == f"worker-{i}" for i, s in enumerate(cut["sessions"]))
+    assert isinstance(cut["sessions"][0]["exception"], dict)
+    _holds("sessions", cut)
+
+
+def test_a_listing_too_long_for_its_items_keeps_the_first_and_says_how_many() -> None:
+    answer = {"breakpoints": [{"id": i, "file": f"/x/{i}.py", "line": 1} for i in range(50_000)]}
+    cut = bound_answer(answer)
+    assert len(json.dumps(cut)) <= MAX_ANSWER
+    kept = cut["breakpoints"]
+    assert isinstance(kept, list) and 0 < len(kept) < 50_000
+    assert kept[0] == answer["breakpoints"][0]
+    assert cut["cut"][".breakpoints"] == {"shown": len(kept), "total": 50_000}
+    _holds("breaks", cut)
+
+
+def test_one_huge_string_is_cut_in_place() -> None:
+    answer = {"watches": [{"id": 1, "expression": "x" * 3_000_000}], "breakpoints": []}
+    cut = bound_answer(answer)
+    assert len(json.dumps(cut)) <= MAX_ANSWER
+    assert cut["watches"][0]["id"] == 1 and "bytes cut" in cut["watches"][0]["expression"]
+    _holds("breaks", cut)
+
+
+def test_error_bodies_stay_small_whatever_the_input(api: Api) -> None:
+    """A 100 KB path made a 102 KB error: every field of an error is bounded, not only
+    its message."""
+    path = "/nonexistent/" + "p" * 100_000
+    response = api.http.post("/v1/clean", json={"home": path, "dry_run": True})
+    assert 400 <= response.status_code < 500, response.text[:300]
+    assert len(response.content) <= budget.ERROR, len(response.content)
+    assert response.json()["code"]
+
+
+def _too_long(arg: verbs.Arg) -> Any:
+    """A value of ``arg``'s type with one text a character over its limit."""
+    text = "x" * (arg.max_length + 1)
+    shape = str(arg.type)
+    if shape.startswith("list[dict") or "BreakpointSpec" in shape:
+        return [{"file": text, "line": 1}]
+    if shape.startswith("list"):
+        return [text]
+    if shape.startswith("dict[str, str]"):
+        return {"K": text}
+    return text
+
+
+def _text_args() -> list[tuple[verbs.Verb, verbs.Arg]]:
+    from mldbg.server.app import verb_args
+
+    found = []
+    for verb in verbs.VERBS:
+        for arg in verb_args(verb):
+            if arg.choices or arg.type in (int, float, bool):
+                continue
+            found.append((verb, arg))
+    return found
+
+
+def test_every_text_argument_has_a_limit_refused_with_a_code(api: Api) -> None:
+    """Each text an agent can send (expressions, conditions, log templates, watches,
+    paths, names, env, argv) is refused over its documented limit with ``too_long``,
+    before any session or store is touched, and the error never echoes the text."""
+    checked = []
+    for verb, arg in _text_args():
+        path = verb.path.replace("{name}", "limits")
+        value = _too_long(arg)
+        if verb.method == "GET":
+            response = api.http.get(path, params={arg.name: value})
+        else:
+            body = {arg.name: value}
+            for other in verb.args:  # the required ones, valid
+                if other.required and other.name != arg.name:
+                    body[other.name] = 0 if other.type is int else "ok"
+            response = api.http.request(verb.method, path, json=body)
+        label = f"{verb.name}.{arg.name}"
+        assert response.status_code == 400, f"{label}: {response.status_code} {response.text[:300]}"
+        error = response.json()
+        assert error["code"] == "too_long", f"{label}: {error}"
+        assert len(response.content) < 2_000, label  # the text is not repeated
+        checked.append(label)
+    assert {"eval.expression", "watch.expression", "break.condition", "break.log"} <= set(checked)
+    assert {"start.env", "start.args", "start.cwd", "start.breakpoints"} <= set(checked)
+    assert verbs.get("watch").arg("expression").max_length <= verbs.ECHOED_LIMIT
+
+
+def test_what_is_echoed_at_every_stop_is_short(session, write) -> None:
+    """A 1 MB watch or condition was accepted and echoed into every state (events.jsonl
+    grew 2 MB per stop); now each is refused at its limit and the session is untouched."""
+    script = write("limits.py", "x = 1\ny = 2  # here\n")
+    session.start(script)
+    huge = "x + " * 250_000 + "x"
+    base = session.base
+    assert session.api.post(f"{base}/watch", {"expression": huge}, expect=400)["code"] == "too_long"
+    refused = session.api.post(
+        f"{base}/break", {"file": str(script), "line": 2, "condition": huge}, expect=400
+    )
+    assert refused["code"] == "too_long" and refused["argument"] == "condition"
+    hits = session.api.post(
+        f"{base}/break", {"file": str(script), "line": 2, "hits": "9" * 5000}, expect=400
+    )
+    assert hits["code"] == "too_long"
+    listing = session.api.get(f"{base}/breaks")
+    assert listing["breakpoints"] == [] and not listing.get("watches")
+    at_limit = "x" * (verbs.ECHOED_LIMIT - 10) + " or True"
+    assert session.api.post(f"{base}/watch", {"expression": at_limit[-verbs.ECHOED_LIMIT :]})
+
+
+def test_session_names_are_matched_whole(api: Api) -> None:
+    """``$`` also matches before a final newline: "name\\n" was a valid session name."""
+    from mldbg.errors import MldbgError
+    from mldbg.names import check_session_name, is_session_name
+
+    for bad in ("name\n", "name\r\n", "a\nb"):
+        assert not is_session_name(bad)
+        try:
+            check_session_name(bad)
+        except MldbgError as error:
+            assert error.code == "bad_session_name"
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
+    response = api.http.get("/v1/sessions/name%0A")
+    assert response.status_code == 400 and response.json()["code"] == "bad_session_name"
+    spec = api.get("/openapi.json")
+    parameters = spec["paths"]["/v1/sessions/{name}/eval"]["post"]["parameters"]
+    assert parameters[0]["schema"]["pattern"].startswith("^[A-Za-z0-9_]")

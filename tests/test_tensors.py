@@ -341,3 +341,11 @@ def test_two_repositories_share_one_store(tmp_path: Path) -> None:
     assert old.returncode == 0, old.stderr
     moved = run(reference, "from mldbg import debug_load; debug_load('old')")
     assert f"MLDBG_HOME={reference / '.mldbg'} reads that store" in moved.stderr, moved.stderr
+
+
+def test_doctor_says_where_the_tensor_store_is(cli, home: Path) -> None:
+    debug_save(torch.ones(4), "seen")
+    report = cli("doctor", json_out=True)["store"]
+    assert report["tensor_store"] == str(home / "tensors")
+    assert report["tensor_store_bytes"] > 0
+    assert "tensor store" in cli("doctor").stdout

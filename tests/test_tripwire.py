@@ -29,7 +29,7 @@ class Block(nn.Module):
     def forward(self, x):
         h = self.lin(x)
         h = self.bad(h)  # call bad
-        return self.norm(h)
+        return self.norm(input=h)  # by keyword: the global pre-hook never sees it
 
 class Net(nn.Module):
     def __init__(self):

@@ -228,7 +228,10 @@ class Wire:
         stack = self._stack()
         if not stack:
             self._remember_root(module)
-        bad = bool(_check((args, kwargs), self.rule, framework, "in"))
+        # inside a call that received bad values, everything is downstream of them
+        bad = bool(stack and stack[-1].bad_inputs) or bool(
+            _check((args, kwargs), self.rule, framework, "in")
+        )
         call = _Call(module, bad)
         stack.append(call)
         return call
@@ -249,6 +252,10 @@ class Wire:
         if not stack or stack[-1] is not token:
             return
         stack.pop()
+        if not token.bad_inputs and kwargs and framework == "torch":
+            # torch's global pre-hook sees positional arguments only: keywords are checked
+            # here (a module handed hidden_states=NaN is a victim, not an origin)
+            token.bad_inputs = bool(_check(kwargs, self.rule, framework, "in"))
         if token.bad_inputs or token.tripped_inside or self.rule is None:
             if token.tripped_inside and stack:
                 stack[-1].tripped_inside = True

@@ -301,7 +301,12 @@ class Debugger(ThreadHolding):
                     {"event": P.STOPPED, **paused.state(), "trace": paused.trace_record()}
                 )
                 respond = functools.partial(reply, self.wire)
-                resume = paused.serve(respond) if not self.wire.closed else Resume()
+                # Serve until resumed, unless the debugger is already detached.  Not "unless
+                # the link closed": the reader sees the daemon die and decides (the orphan
+                # policy ends the process; a detach releases this thread), and a stop that
+                # resumed on its own when the link closed under it ran past its breakpoint.
+                # detach() sets ``detached`` before it reads ``paused``, which is set above.
+                resume = paused.serve(respond) if not self.detached else Resume()
                 self._release_held()
                 self.paused = None
                 paused.drain(respond)

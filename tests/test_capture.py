@@ -668,3 +668,104 @@ def test_a_captured_tensor_by_its_entry_name(home: Path, tmp_path: Path) -> None
         mldbg.captured_tensor("ref", "block.proj#0.outt")
     with pytest.raises(mldbg.CompareInputError, match="no-such"):
         mldbg.captured_tensor("no-such", "block#0.out")
+
+
+class _Sqrt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(x)  # NaN for negative inputs
+
+
+class _Chain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.root = _Sqrt()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.root(self.lin(x)))
+
+
+def test_first_nonfinite_names_where_nan_appears(home: Path, cli) -> None:
+    torch.manual_seed(0)
+    model = _Chain()
+    x = torch.randn(3, 4)
+    with torch.no_grad(), mldbg.capture(model, "nan"):
+        model(x)
+    with torch.no_grad(), mldbg.capture(model, "nan-outputs", inputs=False):
+        model(x)
+    with torch.no_grad(), mldbg.capture(model.head, "clean"):
+        model.head(x)
+    expected_nan = int(torch.isnan(torch.sqrt(model.lin(x))).sum())
+    assert expected_nan > 0
+    found = mldbg.first_nonfinite("nan")
+    first = found["first"]
+    assert first["module"] == "root" and first["class"] == "_Sqrt" and first["inputs_checked"]
+    assert first["entries"] == [
+        {"name": "root#0.out", "shape": [3, 4], "dtype": "F32", "nan": expected_nan, "inf": 0}
+    ]
+    assert found["victims"] == 0  # the scan stops at the origin: head is never read
+    assert mldbg.first_nonfinite("nan-outputs")["first"]["module"] == "root"
+    assert mldbg.first_nonfinite("clean")["first"] is None
+    store = ["--home", str(home)]
+    shown = cli("nonfinite", "nan", *store, json_out=True)
+    assert shown["first"]["module"] == "root"
+    human = cli("nonfinite", "nan", *store).stdout
+    assert "root#0 (_Sqrt) returned non-finite values first" in human
+    error = cli("nonfinite", "no-such", *store, json_out=True, expect=1)
+    assert error["code"] == "unknown_source"
+
+
+class _Upcasting(nn.Module):
+    """A bf16 block whose norm works in float32 (the reference) or not (the port)."""
+
+    def __init__(self, upcast: bool) -> None:
+        super().__init__()
+        self.upcast = upcast
+        self.proj = nn.Linear(4, 4).to(torch.bfloat16)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        if self.upcast:
+            return self.norm(h.float()).to(torch.bfloat16)
+        return self.norm.to(torch.bfloat16)(h)
+
+
+def test_module_table_times_and_dtypes_side_by_side(home: Path, cli) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, dtype=torch.bfloat16)
+    with torch.no_grad(), mldbg.capture(_Upcasting(upcast=True), "ref") as ref:
+        ref.model(x)
+    with torch.no_grad(), mldbg.capture(_Upcasting(upcast=False), "port") as port:
+        port.model(x)
+    alone = mldbg.module_table("ref")
+    rows = {r["module"]: r for r in alone["rows"]}
+    assert list(rows) == ["<root>", "proj", "norm"]  # execution order
+    assert rows["norm"]["a"]["in_dtypes"] == ["F32"] and rows["norm"]["a"]["out_dtypes"] == ["F32"]
+    root = rows["<root>"]["a"]
+    assert root["seconds"] >= rows["proj"]["a"]["seconds"] + rows["norm"]["a"]["seconds"] >= 0
+    assert root["self_seconds"] == pytest.approx(
+        root["seconds"] - rows["proj"]["a"]["seconds"] - rows["norm"]["a"]["seconds"]
+    )
+    both = mldbg.module_table("ref", "port")
+    paired = {r["module"]: r for r in both["rows"]}
+    assert paired["norm"]["dtype_differs"] is True and paired["norm"]["b"]["in_dtypes"] == ["BF16"]
+    assert paired["proj"]["dtype_differs"] is False
+    assert both["summary"]["dtype_differences"] == 1
+    assert both["summary"]["first_dtype_difference"]["module"] == "norm"
+    by_time = mldbg.module_table("ref", "port", sort="time")["rows"]
+    assert by_time[0]["module"] == "<root>"  # its time includes its children's
+    store = ["--home", str(home)]
+    assert cli("module-table", "ref", "port", *store, json_out=True)["summary"]["paired"] == 3
+    human = cli("module-table", "ref", "port", *store).stdout
+    assert "F32→F32" in human and "BF16→BF16" in human and "first: norm#0" in human
+
+
+def test_module_table_of_an_mlx_capture_has_times(home: Path) -> None:
+    model = mnn.Sequential(mnn.Linear(8, 8), mnn.ReLU(), mnn.Linear(8, 2))
+    with mldbg.capture(model, "mlx-timed"):
+        mx.eval(model(mx.ones((4, 8))))
+    rows = mldbg.module_table("mlx-timed")["rows"]
+    assert len(rows) == 4 and all(r["a"]["seconds"] is not None for r in rows), rows
+    assert rows[0]["a"]["out_dtypes"] == ["F32"]

@@ -329,3 +329,58 @@ def test_run_store_is_ignored_by_git(tmp_path: Path) -> None:
         check=True,
     ).stdout
     assert ".mldbg" not in status and "prog.py" in status, status
+
+
+def test_two_runs_compared_by_name_and_hit(tmp_path: Path, cli) -> None:
+    """The reference's and the port's records, each from its own repository's store."""
+    reference, port = tmp_path / "reference", tmp_path / "port"
+    reference.mkdir()
+    port.mkdir()
+    assert run_plain(reference, SCRIPT).returncode == 0
+    ported = SCRIPT.replace(
+        "y = torch.tanh(x * (step + 1))",
+        "y = torch.tanh(x * (step + 1)) * (1.1 if step == 2 else 1.0)",
+    )
+    ported = ported.replace(
+        'debug_checkpoint("final", skip=True)', 'debug_checkpoint("tail", skip=True, h=h)'
+    )
+    assert ported != SCRIPT and run_plain(port, ported).returncode == 0
+
+    diff = cli(
+        "compare-checkpoints",
+        "port/.mldbg/latest",
+        "--run",
+        "reference/.mldbg/latest",
+        json_out=True,
+    )
+    assert [(p["checkpoint_name"], p["hit_count"]) for p in diff["pairs"]] == [
+        ("layer", 1),
+        ("layer", 2),
+        ("layer", 3),
+    ]
+    assert diff["unpaired_a"] == ["final#1"] and diff["unpaired_b"] == ["tail#1"]
+    first, last = diff["pairs"][0]["variables"], diff["pairs"][2]["variables"]
+    assert first["y"]["kind"] == "tensor" and first["y"]["shape_match"]
+    assert first["y"]["stats_max_rel"] == 0 and first["y"]["preview_max_abs"] == 0
+    y_ref = records(reference)[2]["variables"]["y"]["stats"]
+    assert last["y"]["stats_b_minus_a"]["max"] == pytest.approx(y_ref["max"] * 0.1, rel=1e-5)
+    assert last["y"]["stats_max_rel"] == pytest.approx(0.1 / 1.1, rel=1e-5)
+    assert last["step"] == {"kind": "value", "a": 2, "b": 2, "equal": True, "b_minus_a": 0.0}
+    only = cli(
+        "compare-checkpoints",
+        "port/.mldbg/latest",
+        "--run",
+        "reference/.mldbg/latest",
+        "--name",
+        "lay*",
+        "--hit",
+        "3",
+        json_out=True,
+    )
+    assert len(only["pairs"]) == 1 and only["unpaired_a"] == []
+    human = cli(
+        "compare-checkpoints", "port/.mldbg/latest", "--run", "reference/.mldbg/latest"
+    ).stdout
+    assert (
+        "layer #3" in human and "stats rel 0.09091" in human and "only in A (1): final#1" in human
+    )

@@ -356,6 +356,8 @@ def test_eval_multiline_imports_and_side_effects(session: Session, write, python
     assert session.value("sorted([1, 2, 3], key=lambda v: -v * a)") == "[3, 2, 1]"
     assert session.value("y = 5\ndef later():\n    return y + a\nlater()") == "6"
     assert session.value("total(1)") == "5.0"  # the helper lives on in this pause
+    session.eval("global SHARED\nSHARED = 7")  # `global` still means the module's globals
+    assert session.value("f.__globals__['SHARED']") == "7"
     session.eval("a = 10")
     assert session.eval("for i in range(2):\n    pass")["result"] == "None"
     error = session.eval("1/0", expect=400)

@@ -332,3 +332,20 @@ def test_two_repositories_share_one_store(tmp_path: Path) -> None:
     assert "closest stored names: ref.h" in missing.stderr and "MLDBG_HOME" in missing.stderr
     own = run(port, "from mldbg import debug_load; debug_load('ref.h')", MLDBG_HOME="proj")
     assert "no tensor named 'ref.h'" in own.stderr and "MLDBG_HOME=proj" in own.stderr
+    # a tensor left in ./.mldbg/tensors (the per-project store of earlier versions) is named
+    old = run(
+        reference,
+        "import torch; from mldbg import debug_save; debug_save(torch.ones(2), 'old')",
+        MLDBG_HOME=".mldbg",
+    )
+    assert old.returncode == 0, old.stderr
+    moved = run(reference, "from mldbg import debug_load; debug_load('old')")
+    assert f"MLDBG_HOME={reference / '.mldbg'} reads that store" in moved.stderr, moved.stderr
+
+
+def test_doctor_says_where_the_tensor_store_is(cli, home: Path) -> None:
+    debug_save(torch.ones(4), "seen")
+    report = cli("doctor", json_out=True)["store"]
+    assert report["tensor_store"] == str(home / "tensors")
+    assert report["tensor_store_bytes"] > 0
+    assert "tensor store" in cli("doctor").stdout

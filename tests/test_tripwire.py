@@ -29,7 +29,7 @@ class Block(nn.Module):
     def forward(self, x):
         h = self.lin(x)
         h = self.bad(h)  # call bad
-        return self.norm(h)
+        return self.norm(input=h)  # by keyword: the global pre-hook never sees it
 
 class Net(nn.Module):
     def __init__(self):
@@ -163,3 +163,32 @@ def test_mlx_subnormal_garbage_then_inf(session: Session, write) -> None:
     state = session.cont(wait=60)
     assert state["state"] == "exited" and state["exit_code"] == 0, state
     assert "done" in session.output()
+
+
+@pytest.mark.slow
+def test_a_compiled_model_is_checked_as_a_whole(session: Session, write) -> None:
+    """Inside a torch.compile graph nothing is checked (no values while tracing): the
+    compiled module's own output trips, in the script's frame, not in dynamo's."""
+    script = write(
+        "compiled.py",
+        """
+        import torch
+        from torch import nn
+
+        class Bad(nn.Module):
+            def forward(self, x):
+                return torch.log(x - 100)
+
+        net = torch.compile(nn.Sequential(nn.Linear(4, 4), Bad(), nn.Linear(4, 2)))
+        with torch.no_grad():
+            out = net(torch.randn(2, 4))  # call compiled
+        print("done", bool(out.isnan().any()))
+        """,
+    )
+    session.start(script)
+    session.brk(None, None, nonfinite=True)
+    state = session.cont(wait=120)
+    assert state["reason"] == "tripwire", state
+    assert state["tripwire"]["class"] == "OptimizedModule"
+    assert state["location"]["line"] == line_of(script, "call compiled")
+    assert session.run_to_end(120)["exit_code"] == 0

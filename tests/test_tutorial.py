@@ -30,7 +30,8 @@ def test_every_step_runs_and_checks_out(cli, tmp_path: Path, track: str) -> None
     workdir = tmp_path / "tut"
     result = cli("tutorial", track, "--non-interactive", "--dir", str(workdir), json_out=True)
     assert result["ok"] is True and result["failed"] is None, result
-    assert [s["name"] for s in result["steps"]] == STEPS
+    porting = ["tripwire", "side_by_side"] if track == "mlx" else []
+    assert [s["name"] for s in result["steps"]] == STEPS + porting
     assert all(s["ok"] and s["commands"] for s in result["steps"] if not s["skipped"])
     by_name = {s["name"]: s for s in result["steps"]}
     assert "step = 2" in by_name["condition"]["detail"]
@@ -39,6 +40,10 @@ def test_every_step_runs_and_checks_out(cli, tmp_path: Path, track: str) -> None
     if not by_name["parity"]["skipped"]:
         assert "layers.0.attn" in by_name["parity"]["detail"]
     assert (workdir / "tutorial.py").exists() and (workdir / ".mldbg" / "runs").is_dir()
+    if track == "mlx":
+        assert "layers.0.norm" in by_name["tripwire"]["detail"]
+        if not by_name["side_by_side"]["skipped"]:
+            assert "worst at [1, 2, 2]" in by_name["side_by_side"]["detail"]
 
 
 def test_interactive_mode_waits_and_lets_the_user_type(

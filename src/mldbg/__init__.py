@@ -20,6 +20,8 @@ _PUBLIC = {
     "Capture": "capture",
     "capture": "capture",
     "captured_tensor": "capture.load",
+    "first_nonfinite": "capture.nonfinite",
+    "module_table": "capture.table",
     "CompareInputError": "compare",
     "Comparison": "compare",
     "ReplayResult": "compare",
@@ -47,6 +49,8 @@ __all__ = [
     "debug_load",
     "debug_save",
     "debug_show_all",
+    "first_nonfinite",
+    "module_table",
     "replay",
     "tripped",
 ]
@@ -55,6 +59,8 @@ if TYPE_CHECKING:
     from .agent.tripwire import tripped
     from .capture import Capture, capture
     from .capture.load import captured_tensor
+    from .capture.nonfinite import first_nonfinite
+    from .capture.table import module_table
     from .checkpoint import debug_checkpoint
     from .compare import CompareInputError, Comparison, ReplayResult, compare, replay
     from .tensors import debug_clear, debug_load, debug_save, debug_show_all

@@ -117,6 +117,8 @@ class StoreReport(TypedDict):
     runs: int
     total_bytes: int
     tensors_bytes: int
+    tensor_store: str  # where debug_save / debug_load meet (per user unless MLDBG_HOME)
+    tensor_store_bytes: int
     warning: str | None
 
 
@@ -256,17 +258,20 @@ def _daemon() -> DaemonReport:
 
 
 def _store(cwd: str | None) -> StoreReport:
-    from . import store_size
+    from . import store_size, tensors
     from .runs import list_runs
 
     home = mldbg_home(cwd)
     usage = store_size.usage(home)
+    tensor_home = tensors.tensor_home(cwd)
     return {
         "home": str(home),
         "exists": home.is_dir(),
         "runs": len(list_runs(home)),
         "total_bytes": usage["total_bytes"],
         "tensors_bytes": usage["tensors_bytes"],
+        "tensor_store": str(tensors.store_dir(tensor_home)),
+        "tensor_store_bytes": tensors.store_size(tensor_home),
         "warning": store_size.warning(home),
     }
 
@@ -427,6 +432,10 @@ def render_doctor(result: DoctorResult, console: Any) -> None:
     s = result["store"]
     console.print(
         f"[bold]store[/] {escape(s['home'])}: {s['runs']} run(s), {s['total_bytes'] / 1e6:.1f} MB"
+    )
+    console.print(
+        f"[bold]tensor store[/] {escape(s['tensor_store'])}: "
+        f"{s['tensor_store_bytes'] / 1e6:.1f} MB (debug_save / debug_load)"
     )
     for warning in result["warnings"]:
         console.print(f"[yellow]! {escape(warning)}[/]")

@@ -205,6 +205,13 @@ class Evaluation(TypedDict, total=False):
     output: str
     output_truncated: bool
     result_truncated: bool
+    # eval --against SESSION: that session's {session, result, type, summary, output}, and
+    # the difference (side_by_side.py): tensors {shape_a, shape_b, equal, mismatched,
+    # max_abs, mean_abs, rel_rms, cosine, nonfinite_a, nonfinite_b, first_mismatch, worst},
+    # plain numbers {equal, b_minus_a, rel}
+    session: str  # with against: the session asked first
+    against: dict[str, Any]
+    difference: dict[str, Any]
 
 
 class Output(Truncation, total=False):
@@ -248,6 +255,35 @@ class Checkpoints(Truncation, total=False):
     path: str
     checkpoints: list[dict[str, Any]]
     unreadable_lines: int
+
+
+class CheckpointPairs(Truncation, total=False):
+    a: dict[str, Any]  # {run_id, path}
+    b: dict[str, Any]
+    # [{checkpoint_name, hit_count, location_a, location_b, variables: {name: {kind, ...}},
+    #   only_a, only_b}] (checkpoint_diff.py)
+    pairs: list[dict[str, Any]]
+    unpaired_a: list[str]  # "name#hit" in one run only (50 shown)
+    unpaired_b: list[str]
+    unpaired_counts: dict[str, int]
+    records_cut: dict[str, Any]
+
+
+class FirstNonfinite(TypedDict, total=False):
+    source: dict[str, Any]  # {spec, kind, path, label}
+    # {module, call, class, entries: [{name, shape, dtype, nan, inf}], inputs_checked} or None
+    first: dict[str, Any] | None
+    calls_checked: int
+    victims: int
+
+
+class ModuleTable(Truncation, total=False):
+    a: dict[str, Any]  # the sources, as compare describes them
+    b: dict[str, Any] | None
+    # [{module, call, class, depth, a: {seconds, self_seconds, in_dtypes, out_dtypes},
+    #   b: {...} | None, dtype_differs, time_ratio}] (capture/table.py)
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
 
 
 class Captures(Truncation, total=False):

@@ -75,7 +75,68 @@ COMMANDS: dict[str, list[str]] = {
     "compare": ["mldbg", "compare", "tutorial-ref", "tutorial-port"],
     "profile": ["mldbg", "profile", "--include", "{framework_package}", "{script}"],
     "terminate": ["mldbg", "terminate", "--session", "{session}"],
+    # the MLX track's porting steps: the non-finite tripwire, then reference and port side by side
+    "start_nan": [
+        "mldbg",
+        "start",
+        "--session",
+        "tutorial-nan",
+        "--python",
+        "{python}",
+        "--replace",
+        "nonfinite.py",
+    ],
+    "break_nonfinite": ["mldbg", "break", "--session", "tutorial-nan", "--nonfinite"],
+    "continue_nan": ["mldbg", "continue", "--session", "tutorial-nan"],
+    "eval_tripped": [
+        "mldbg",
+        "eval",
+        "--session",
+        "tutorial-nan",
+        "import mldbg; mldbg.tripped().path",
+    ],
+    "terminate_nan": ["mldbg", "terminate", "--session", "tutorial-nan"],
+    "start_reference": [
+        "mldbg",
+        "start",
+        "--session",
+        "tutorial-ref",
+        "--python",
+        "{python}",
+        "--replace",
+        "--run",
+        "--break",
+        "side_reference.py:{side_reference_line}",
+        "side_reference.py",
+    ],
+    "wait_reference": ["mldbg", "wait", "--session", "tutorial-ref"],
+    "start_port": [
+        "mldbg",
+        "start",
+        "--session",
+        "tutorial-port",
+        "--python",
+        "{python}",
+        "--replace",
+        "--run",
+        "--break",
+        "side_port.py:{side_port_line}",
+        "side_port.py",
+    ],
+    "wait_port": ["mldbg", "wait", "--session", "tutorial-port"],
+    "eval_against": [
+        "mldbg",
+        "eval",
+        "--session",
+        "tutorial-port",
+        "weights",
+        "--against",
+        "tutorial-ref",
+    ],
+    "terminate_reference": ["mldbg", "terminate", "--session", "tutorial-ref"],
+    "terminate_port": ["mldbg", "terminate", "--session", "tutorial-port"],
 }
+EXTRA_SESSIONS = ("terminate_nan", "terminate_reference", "terminate_port")
 
 TRACKS = ("torch", "mlx")
 
@@ -186,6 +247,10 @@ def prepare(framework: str, workdir: Path) -> Track:
     workdir.mkdir(parents=True, exist_ok=True)
     script = workdir / "tutorial.py"
     shutil.copyfile(examples.HERE / f"tutorial_{framework}.py", script)
+    if framework == "mlx":  # the MLX track's porting steps
+        shutil.copyfile(examples.HERE / "tutorial_nonfinite.py", workdir / "nonfinite.py")
+        shutil.copyfile(examples.HERE / "side_by_side_reference.py", workdir / "side_reference.py")
+        shutil.copyfile(examples.HERE / "side_by_side_port.py", workdir / "side_port.py")
     library_file, library_line, library_arg = _library_target(framework)
     other = "mlx" if framework == "torch" else "torch"
     if importlib.util.find_spec(other) is None:
@@ -208,6 +273,10 @@ def prepare(framework: str, workdir: Path) -> Track:
         "other_framework": other,
         "framework_package": "torch" if framework == "torch" else "mlx",
     }
+    if framework == "mlx":
+        for side in ("reference", "port"):
+            marker = _marker_line(workdir / f"side_{side}.py", "# tutorial:")
+            track.values[f"side_{side}_line"] = str(marker)
     return track
 
 
@@ -324,6 +393,36 @@ def _steps(track: Track) -> list[Step]:
         ok = first.get("module") == examples.PARITY_PLANTED_MISTAKE
         return ok, f"first divergence: {first.get('module')} ({first.get('reason')})"
 
+    def check_tripwire(r: list[Ran]) -> tuple[bool, str]:
+        trip = (r[2].data or {}).get("tripwire") or {}
+        path = (r[3].data or {}).get("result")
+        found = (trip.get("found") or [{}])[0]
+        ok = (
+            state_is(r[2], state="paused", reason="tripwire")
+            and trip.get("module") == examples.NONFINITE_ORIGIN
+            and path == repr(examples.NONFINITE_ORIGIN)
+        )
+        return ok, (
+            f"stopped where NaN first appears: {trip.get('module')} ({trip.get('class')}), "
+            f"{found.get('nan')} NaN in {found.get('name')}, at line {at_line(r[2])}"
+        )
+
+    def check_side_by_side(r: list[Ran]) -> tuple[bool, str]:
+        data = r[4].data or {}
+        diff = data.get("difference") or {}
+        ok = (
+            state_is(r[1], state="paused", reason="breakpoint")
+            and state_is(r[3], state="paused", reason="breakpoint")
+            and (data.get("against") or {}).get("session") == "tutorial-ref"
+            and diff.get("shape_a") == diff.get("shape_b") == [2, 3, 3]
+            and (diff.get("max_abs") or 0) > 0
+        )
+        worst = diff.get("worst") or {}
+        return ok, (
+            f"port vs reference: max |Δ| {diff.get('max_abs')}, rel_rms {diff.get('rel_rms')}, "
+            f"worst at {worst.get('index')}"
+        )
+
     def check_profile(r: list[Ran]) -> tuple[bool, str]:
         data = r[0].data or {}
         files = [f["path"] for f in data.get("files", [])]
@@ -334,6 +433,44 @@ def _steps(track: Track) -> list[Step]:
         ok = bool(linear) and bool(report) and os.path.exists(str(report))
         return ok, f"{len(files)} {v['framework_package']} files ran; report {report}"
 
+    porting = [
+        Step(
+            "tripwire",
+            "Where does the NaN come from?",
+            "nonfinite.py is a port whose RMSNorm lost its eps; a padding row of zeros makes it "
+            "divide 0 by 0. `break --nonfinite` checks every module call's outputs and stops "
+            "where NaN first appears, in the frame that made that call.",
+            [
+                ("start_nan", 0),
+                ("break_nonfinite", 0),
+                ("continue_nan", 0),
+                ("eval_tripped", 0),
+                ("terminate_nan", 0),
+            ],
+            check_tripwire,
+            "reason `tripwire`: the module path is named, and `mldbg.tripped()` holds its "
+            "inputs and output. Every module downstream received the NaN and did not stop.",
+        ),
+        Step(
+            "side_by_side",
+            "The reference and the port, paused together",
+            "A PyTorch reference and its MLX port stop at the same point; one `eval --against` "
+            "evaluates `weights` in both and says how the port's differ.",
+            [
+                ("start_reference", 0),
+                ("wait_reference", 0),
+                ("start_port", 0),
+                ("wait_port", 0),
+                ("eval_against", 0),
+                ("terminate_reference", 0),
+                ("terminate_port", 0),
+            ],
+            check_side_by_side,
+            "both values and their difference (max_abs, rel_rms, cosine, the worst element): "
+            "the port forgot the 1/sqrt(d) scale.",
+            needs=("torch", "mlx"),
+        ),
+    ]
     return [
         Step(
             "start",
@@ -446,6 +583,7 @@ def _steps(track: Track) -> list[Step]:
             check_profile,
             "the report says what to read first and where breakpoints will hit.",
         ),
+        *(porting if track.framework == "mlx" else []),
     ]
 
 
@@ -529,6 +667,9 @@ def tutorial(
         return result
     finally:
         run_command(prepared, "terminate")  # never leave the tutorial's script paused
+        if track == "mlx":
+            for key in EXTRA_SESSIONS:
+                run_command(prepared, key)
 
 
 def run_tutorial_cli(args: Any, as_json: bool) -> int:

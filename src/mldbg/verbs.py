@@ -518,12 +518,21 @@ VERBS: tuple[Verb, ...] = (
                 minimum=0.1,
                 maximum=3600,
             ),
+            Arg(
+                "against",
+                str,
+                "also evaluate it in this paused session (the reference beside the port): "
+                "both values and their difference",
+            ),
         ),
         errors=(*PAUSED_ERRORS, "eval_error", "eval_timeout", "eval_interrupted"),
         description="Tensors in the result are summarized (shape, dtype, device, stats); "
         "assignments change the script's variables; what the code prints is returned in `output`. "
         "An evaluation past `timeout` (or hit by `pause`) is interrupted inside the script: "
-        "`eval_timeout` / `eval_interrupted`, and the session stays paused where it was.",
+        "`eval_timeout` / `eval_interrupted`, and the session stays paused where it was. "
+        "With `against`: the same code in that session too; the answer adds `against` (its "
+        "result) and `difference` (tensors: max_abs, mean_abs, rel_rms, cosine, mismatched, "
+        "first_mismatch, worst; numbers: b_minus_a, rel).",
     ),
     Verb(
         "until",
@@ -666,6 +675,92 @@ VERBS: tuple[Verb, ...] = (
         method="GET",
         store=True,
         errors=("no_such_run",),
+    ),
+    Verb(
+        "compare-checkpoints",
+        "two runs' checkpoint records side by side, paired by name and hit",
+        R.CheckpointPairs,
+        (
+            Arg(
+                "b",
+                str,
+                "the other run: a run id (or prefix) or a run directory, e.g. the reference "
+                "repository's .mldbg/runs/<id> or .mldbg/latest",
+                REQUIRED,
+                positional=True,
+            ),
+            Arg("a", str, "this run (default: latest)", flag="--run"),
+            Arg("name", str, "only checkpoints with this name (a glob)"),
+            Arg("hit", int, "only the Nth hit of each name", minimum=1),
+            OFFSET,
+            Arg("limit", int, LIMIT_HELP, 20, minimum=1, maximum=1000),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        method="GET",
+        store=True,
+        errors=("no_such_run",),
+        description="For each checkpoint name and hit found in both runs, each variable: "
+        "shapes, dtypes, both sides' statistics and their differences (`stats_b_minus_a`, "
+        "`stats_max_rel`), the recorded first values side by side (`preview_max_abs`); plain "
+        "values with `equal`. Names or hits in one run only are listed under `unpaired_a` / "
+        "`unpaired_b`. Numbers, no verdict: `compare` judges captured tensors.",
+    ),
+    Verb(
+        "nonfinite",
+        "the first module call of a capture whose outputs hold NaN/Inf from finite inputs",
+        R.FirstNonfinite,
+        (
+            Arg(
+                "source",
+                str,
+                "a capture: name, RUN/NAME, run id, directory or file (what compare takes)",
+                REQUIRED,
+                positional=True,
+            ),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        method="GET",
+        store=True,
+        errors=("unknown_source", "corrupt_file", "unreadable", "corrupt_capture"),
+        description="Calls in the order they finished (a child before its parent): the first "
+        "whose outputs are non-finite while its recorded inputs are finite is where the values "
+        "went bad; calls whose inputs were already bad are counted as `victims`. `first` is "
+        "null when every value is finite.",
+    ),
+    Verb(
+        "module-table",
+        "a capture's modules as a table: time and dtypes per call; with B, side by side",
+        R.ModuleTable,
+        (
+            Arg(
+                "a", str, "a capture: name, RUN/NAME, run id, directory", REQUIRED, positional=True
+            ),
+            Arg("b", str, "another capture, its same calls set beside A's", positional=True),
+            Arg(
+                "sort",
+                str,
+                "row order: execution, A's time (children included), A's own time, B/A time",
+                "order",
+                choices=("order", "time", "self", "ratio"),
+            ),
+            OFFSET,
+            Arg("limit", int, LIMIT_HELP, 50, minimum=1, maximum=1000),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        method="GET",
+        store=True,
+        errors=("unknown_source", "corrupt_file", "unreadable", "corrupt_capture"),
+        description="Each row: module, call, class, depth, and per side `seconds` (the call, "
+        "children included, capture writes excluded), `self_seconds`, `in_dtypes`, "
+        "`out_dtypes`; with B: `dtype_differs` (where one side upcasts and the other does "
+        "not) and `time_ratio` (B/A own time). `summary` has totals, the slowest calls and "
+        "the first dtype difference in execution order.",
     ),
     Verb(
         "captures",

@@ -38,6 +38,15 @@ class EvalError(Exception):
         self.code = code  # eval_error; eval_timeout / eval_interrupted when it was cut short
 
 
+def declares_global(source: str) -> bool:
+    """Does the code say ``global NAME``?  Then it means the frame's real globals, and it
+    runs against them directly (no overlay of the locals, see ``FrameNamespace.run``)."""
+    try:
+        return any(isinstance(node, ast.Global) for node in ast.walk(ast.parse(source)))
+    except (SyntaxError, ValueError):
+        return False
+
+
 def compile_input(source: str) -> tuple[Any | None, Any | None]:
     """Split input into statements to run and a trailing expression to evaluate."""
     if not source.strip():
@@ -58,10 +67,13 @@ def compile_input(source: str) -> tuple[Any | None, Any | None]:
     try:  # some errors only compile() finds (`*a` alone, `return` outside a function)
         # one code object per statement: the namespace nested scopes read is refreshed
         # between them (see FrameNamespace.run)
+        # (together, when a `global` statement must reach the statements after it)
+        together = any(isinstance(node, ast.Global) for node in ast.walk(tree))
+        groups = [body] if together else [[node] for node in body]
         statements = (
             [
-                compile(ast.Module(body=[node], type_ignores=[]), "<mldbg-eval>", "exec")
-                for node in body
+                compile(ast.Module(body=group, type_ignores=[]), "<mldbg-eval>", "exec")
+                for group in groups
             ]
             if body
             else None
@@ -101,7 +113,8 @@ class FrameNamespace:
         # code are the frame's globals overlaid with its locals (what pydevd does), refreshed
         # before each statement; top-level statements still read and write the frame's
         # locals themselves.
-        module_level = self.locals is frame.f_globals  # one namespace: nothing to overlay
+        # one namespace (a module's frame), or code that writes globals on purpose: no overlay
+        module_level = self.locals is frame.f_globals or declares_global(source)
         scope = frame.f_globals if module_level else dict(frame.f_globals)
         try:
             for code in statements or ():

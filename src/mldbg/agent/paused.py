@@ -354,7 +354,11 @@ class PausedThread:
             result["next"] = {"verb": "vars", "args": {k: v for k, v in args.items() if v}}
         return result
 
-    def cmd_eval(self, expression: str, timeout: float | None = 30.0) -> dict[str, Any]:
+    def cmd_eval(
+        self, expression: str, timeout: float | None = 30.0, export: str | None = None
+    ) -> dict[str, Any]:
+        """``export``: also write the value (a tensor) to this .npy path, for ``eval
+        --against`` to take the difference of two sessions' values (``export.py``)."""
         from .. import summary
 
         printed = _Tee(sys.stdout)
@@ -385,6 +389,10 @@ class PausedThread:
             result["result_truncated"] = True
         if output_cut:
             result["output_truncated"] = True
+        if export:
+            from .export import export_value
+
+            result["export"] = export_value(value, export)
         return result
 
     def trace_record(self) -> dict[str, Any]:

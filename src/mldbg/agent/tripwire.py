@@ -36,6 +36,7 @@ from .paths import canonical_code_file, is_mldbg_file
 MAX_TENSORS = 64  # tensors checked in one call's inputs or outputs
 MAX_DEPTH = 4  # nesting of tuples, lists and dicts walked into
 _TORCH_CALL_FILE = os.path.join("torch", "nn", "modules", "module.py")
+_DYNAMO_DIR = os.sep + os.path.join("torch", "_dynamo") + os.sep  # torch.compile's wrappers
 
 
 @dataclass
@@ -138,10 +139,11 @@ class Wire:
             self._install_mlx(base)
 
     def _install_torch(self, module_py: Any) -> None:
-        pre = module_py.register_module_forward_pre_hook(self._torch_pre)
+        torch = sys.modules.get("torch")
+        pre = module_py.register_module_forward_pre_hook(_eager(torch, self._torch_pre))
         try:
             post = module_py.register_module_forward_hook(
-                self._torch_post, with_kwargs=True, always_call=True
+                _eager(torch, self._torch_post), with_kwargs=True, always_call=True
             )
         except TypeError:  # an older torch: no with_kwargs / always_call
             post = module_py.register_module_forward_hook(
@@ -226,7 +228,10 @@ class Wire:
         stack = self._stack()
         if not stack:
             self._remember_root(module)
-        bad = bool(_check((args, kwargs), self.rule, framework, "in"))
+        # inside a call that received bad values, everything is downstream of them
+        bad = bool(stack and stack[-1].bad_inputs) or bool(
+            _check((args, kwargs), self.rule, framework, "in")
+        )
         call = _Call(module, bad)
         stack.append(call)
         return call
@@ -247,6 +252,10 @@ class Wire:
         if not stack or stack[-1] is not token:
             return
         stack.pop()
+        if not token.bad_inputs and kwargs and framework == "torch":
+            # torch's global pre-hook sees positional arguments only: keywords are checked
+            # here (a module handed hidden_states=NaN is a victim, not an origin)
+            token.bad_inputs = bool(_check(kwargs, self.rule, framework, "in"))
         if token.bad_inputs or token.tripped_inside or self.rule is None:
             if token.tripped_inside and stack:
                 stack[-1].tripped_inside = True
@@ -292,9 +301,13 @@ class Wire:
         self.debugger.stop(frame, "tripwire", tripwire=details, note=note)
 
     def _torch_pre(self, module: Any, args: Any) -> None:
+        if _compiling():
+            return
         self._torch_token(module).append(self._before(module, args, {}, "torch"))
 
     def _torch_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if _compiling():
+            return
         tokens = self._torch_token(module)
         token = tokens.pop() if tokens else None
         self._after(token, module, args, kwargs, output, "torch")
@@ -325,6 +338,25 @@ class Wire:
         return f"<{type(module).__name__}>"
 
 
+def _compiling() -> bool:
+    """Inside a graph torch.compile is tracing: no values to check (passed over)."""
+    torch = sys.modules.get("torch")
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(check is not None and check())
+
+
+def _eager(torch: Any, hook: Any) -> Any:
+    """The hook run eagerly under ``torch.compile`` (a graph break), never traced: it reads
+    values and may stop the script, which a traced graph cannot do."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    if disable is None:
+        return hook
+    try:
+        return disable(hook)
+    except Exception:  # a torch whose disable cannot wrap a bound method: plain hook
+        return hook
+
+
 def _subclasses(base: type) -> list[type]:
     seen: list[type] = []
     todo = [base]
@@ -343,7 +375,8 @@ def _caller_frame() -> FrameType | None:
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         file = canonical_code_file(frame.f_code.co_filename)
-        if not is_mldbg_file(file) and not file.endswith(_TORCH_CALL_FILE):
+        machinery = file.endswith(_TORCH_CALL_FILE) or _DYNAMO_DIR in file
+        if not is_mldbg_file(file) and not machinery:
             return frame
         frame = frame.f_back
     return None

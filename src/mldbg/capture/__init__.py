@@ -187,6 +187,7 @@ class Capture:
             backend.summarize,
             writer,
             getattr(backend, "snapshot", None),
+            settle=getattr(backend, "settle", None),
         )
         self._recorder.sensitivity = self.sensitivity
         self._started = time.perf_counter()

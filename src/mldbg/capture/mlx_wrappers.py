@@ -176,6 +176,14 @@ def _recording_class(
     return recording
 
 
+def settle(output: Any) -> None:
+    """Evaluate ``output`` (MLX builds a graph and computes nothing until asked), so a
+    call's time is its computation; the capture evaluates it to save it anyway."""
+    import mlx.core as mx
+
+    mx.eval(output)
+
+
 def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Evaluate and write MLX arrays (numpy arrays too) to ``tmp`` with their dtypes.
 

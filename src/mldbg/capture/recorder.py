@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from .store import INDEX, CaptureDir, entry_name, module_label
 # (tensors by key, final path, temp path) -> {key: {"shape", "dtype"}} of what was written,
 # {key: reason} of what could not be; the framework writes the file.
 SaveFn = Callable[[dict[str, Any], Path], tuple[dict[str, dict[str, Any]], dict[str, str]]]
+# Makes a call's outputs real before its end is timed: MLX evaluates them (its work is lazy),
+# torch waits for CUDA/MPS kernels (they run asynchronously).
+SettleFn = Callable[[Any], None]
 
 
 MAX_ERRORS = 1000  # messages kept in ``errors``; ``error_count`` counts them all
@@ -45,10 +49,12 @@ class Recorder:
         summarize: SummarizeFn | None = None,
         writer: Any = None,
         snapshot: Callable[[Any], Any] | None = None,
+        settle: SettleFn | None = None,
     ) -> None:
         self.directory = directory
         self.save = save
         self.inputs = inputs
+        self.settle = settle
         self.policy = policy or Policy()
         self.summarize = summarize
         # A BackgroundWriter (capture/writer.py): files and index lines written off the
@@ -116,9 +122,37 @@ class Recorder:
             **(extra or {}),
         }
         stack.append((seq, call, path))
+        spent = time.perf_counter()
         collect = (lambda: flatten_call(args, kwargs)) if self.inputs else None
         self._emit(record, seq, "in", path, call, collect)
+        self._charge(spent)
+        self._starts()[seq] = (time.perf_counter(), self._overhead())
         return seq
+
+    # -- timing: a call's own seconds, the capture's writes taken out ---------------------------
+
+    def _starts(self) -> dict[int, tuple[float, float]]:
+        starts = getattr(self._local, "starts", None)
+        if starts is None:
+            starts = self._local.starts = {}
+        return starts
+
+    def _overhead(self) -> float:
+        return float(getattr(self._local, "overhead", 0.0))
+
+    def _charge(self, since: float) -> None:
+        """Time spent recording (writing a child's tensors) is not the model's time."""
+        self._local.overhead = self._overhead() + (time.perf_counter() - since)
+
+    def _seconds(self, seq: int, output: Any) -> float | None:
+        start = self._starts().pop(seq, None)
+        if start is None:
+            return None
+        if self.settle is not None and output is not None:
+            with contextlib.suppress(Exception):  # timing must never break the model
+                self.settle(output)
+        began, overhead = start
+        return max(0.0, time.perf_counter() - began - (self._overhead() - overhead))
 
     def open_seq(self, path: str) -> int | None:
         """The innermost open call of module ``path`` on this thread (hooks get no token)."""
@@ -160,11 +194,16 @@ class Recorder:
             end = self._ends
             self._ends += 1
         record: dict[str, Any] = {"event": "return", "seq": seq, "end": end, **(extra or {})}
+        seconds = self._seconds(seq, None if error is not None else output)
+        if seconds is not None:
+            record["seconds"] = seconds  # inclusive of its children, exclusive of the capture
+        spent = time.perf_counter()
         if error is not None:
             record["error"] = _describe(error)
             self._emit(record, seq, "out", path, call, None)
         else:
             self._emit(record, seq, "out", path, call, lambda: flatten(output, "out"))
+        self._charge(spent)
 
     def _emit(
         self,

@@ -187,6 +187,32 @@ def _hook(
     ]
 
 
+def settle(output: Any) -> None:
+    """Wait for the kernels that compute ``output`` (CUDA and MPS run asynchronously), so a
+    call's time is its work, not its launch; nothing to wait for on the CPU."""
+    import torch
+
+    devices = {t.device.type for t in _tensors_in(output, torch, 0)}
+    if "cuda" in devices:
+        torch.cuda.synchronize()
+    if "mps" in devices:
+        torch.mps.synchronize()
+
+
+def _tensors_in(value: Any, torch: Any, depth: int) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 4:
+        return []
+    if isinstance(value, dict):
+        value = list(value.values())
+    elif hasattr(value, "to_tuple"):  # a transformers ModelOutput
+        value = list(value.to_tuple())
+    if isinstance(value, list | tuple):
+        return [t for item in value[:64] for t in _tensors_in(item, torch, depth + 1)]
+    return []
+
+
 def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Write torch tensors (numpy arrays too) to ``tmp`` exactly: dtype kept, moved to CPU."""
     import torch

@@ -40,7 +40,11 @@ in the selected frame), stack, frame/up/down, step. output pages the script's
 stdout/stderr; trace reads back every stop of a run. Several sessions run at once under
 different `session` names. Parity: capture module outputs in both runs with
 mldbg.capture(model, "ref") / mldbg.capture(model, "port"), then compare(a="ref",
-b="port") names the first module whose inputs agree and outputs differ.
+b="port") names the first module whose inputs agree and outputs differ. Porting loop:
+eval(expression, against="ref") evaluates the same code in a second paused session and
+gives both values and their difference; break(nonfinite=true) stops where a module first
+returns NaN/Inf; in eval, mldbg.captured_tensor("ref", "<entry name>") loads a captured
+tensor. Lazy MLX arrays are summarized unevaluated; eval evaluates them.
 Every answer is bounded: `truncated` and `next` say what was left out and which call
 gets it. Errors are JSON with a `code` and a `hint` naming the call that fixes them."""
 

@@ -106,7 +106,31 @@ def state(data: dict[str, Any]) -> None:
 def evaluation(data: dict[str, Any]) -> None:
     if data.get("output"):
         out.print(escape(data["output"].rstrip("\n")), style="dim")
-    plain_line(str(data.get("result")))
+    against = data.get("against")
+    if not against:
+        plain_line(str(data.get("result")))
+        return
+    plain_line(f"{data.get('session') or 'this'}: {data.get('result')}")
+    plain_line(f"{against.get('session')}: {against.get('result')}")
+    diff = data.get("difference") or {}
+    if diff.get("error"):
+        out.print(f"[yellow]difference: {escape(str(diff['error']))}[/]")
+    elif "b_minus_a" in diff or "max_abs" not in diff:
+        shown = {k: diff[k] for k in ("equal", "b_minus_a", "rel") if k in diff}
+        out.print(f"difference: {escape(str(shown))}")
+    else:
+
+        def g(value: Any) -> str:
+            return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+        text = (
+            f"difference: max_abs={g(diff.get('max_abs'))} rel_rms={g(diff.get('rel_rms'))} "
+            f"cosine={g(diff.get('cosine'))} mismatched={diff.get('mismatched')}"
+        )
+        worst = diff.get("worst")
+        if worst:
+            text += f"; worst at {worst['index']}: {g(worst['a'])} vs {g(worst['b'])}"
+        out.print(escape(text))
 
 
 def stack(data: dict[str, Any]) -> None:
@@ -277,6 +301,125 @@ def checkpoints(data: dict[str, Any]) -> None:
         out.print(
             f"[yellow]{data['unreadable_lines']} line(s) could not be read (cut short by a kill?)[/]"
         )
+
+
+def checkpoint_pairs(data: dict[str, Any]) -> None:
+    """compare-checkpoints: per name and hit, each variable's two sides and their gap."""
+    a, b = data.get("a") or {}, data.get("b") or {}
+    out.print(
+        f"[bold]A[/] {escape(str(a.get('run_id')))}  [bold]B[/] {escape(str(b.get('run_id')))}"
+    )
+    if not data.get("pairs"):
+        out.print("no checkpoint name and hit is in both runs")
+    for pair in data.get("pairs", []):
+        out.print(f"[bold]{escape(str(pair.get('checkpoint_name')))}[/] #{pair.get('hit_count')}")
+        for var, item in (pair.get("variables") or {}).items():
+            out.print(f"    {escape(var)}: {escape(_pair_line(item))}")
+        for side in ("only_a", "only_b"):
+            if pair.get(side):
+                out.print(
+                    f"    [dim]{side.replace('_', ' in ').upper()}: {escape(', '.join(pair[side]))}[/]"
+                )
+    counts = data.get("unpaired_counts") or {}
+    for side in ("a", "b"):
+        if counts.get(side):
+            names = ", ".join(data.get(f"unpaired_{side}") or [])
+            out.print(f"[dim]only in {side.upper()} ({counts[side]}): {escape(names)}[/]")
+
+
+def _pair_line(item: dict[str, Any]) -> str:
+    def g(value: Any) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    if item.get("kind") == "value":
+        same = "equal" if item.get("equal") else "differ"
+        return f"{g(item.get('a'))} vs {g(item.get('b'))} ({same})"
+    if item.get("kind") != "tensor":
+        return str(item.get("note", ""))
+    shape_a = "×".join(map(str, item.get("shape_a") or []))
+    shape_b = "×".join(map(str, item.get("shape_b") or []))
+    text = f"{item.get('dtype_a')}[{shape_a}] vs {item.get('dtype_b')}[{shape_b}]"
+    if not item.get("shape_match"):
+        text += " SHAPES DIFFER"
+    if "stats_max_rel" in item:
+        mean_a = (item.get("stats_a") or {}).get("mean")
+        mean_b = (item.get("stats_b") or {}).get("mean")
+        text += f" mean {g(mean_a)} vs {g(mean_b)}, stats rel {g(item['stats_max_rel'])}"
+    if "preview_max_abs" in item:
+        text += f", first values max |Δ| {g(item['preview_max_abs'])}"
+    if item.get("note"):
+        text += f" ({item['note']})"
+    return text
+
+
+def first_nonfinite(data: dict[str, Any]) -> None:
+    first = data.get("first")
+    label = (data.get("source") or {}).get("label", "")
+    if not first:
+        out.print(f"every captured value of {escape(str(label))} is finite")
+        return
+    where = (
+        f"{first.get('module')}#{first.get('call')} ({first.get('class')})"
+        if "module" in first
+        else "entry"
+    )
+    out.print(
+        f"[bold red]{escape(where)}[/] returned non-finite values first ({escape(str(label))})"
+    )
+    for entry in first.get("entries", []):
+        shape = "×".join(map(str, entry.get("shape") or []))
+        out.print(
+            f"    {escape(entry['name'])} {entry.get('dtype')}[{shape}] nan={entry.get('nan')} inf={entry.get('inf')}"
+        )
+    if first.get("inputs_checked") is False:
+        out.print("[dim]captured without inputs: the first non-finite output is named[/]")
+    if data.get("victims"):
+        out.print(f"[dim]{data['victims']} later call(s) received them and passed them on[/]")
+
+
+def module_rows(data: dict[str, Any]) -> None:
+    """module-table: one line per call, both sides' times and dtypes."""
+    two = data.get("b") is not None
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    columns = ["module", "class", "A ms", "A self", "A dtypes"]
+    if two:
+        columns += ["B ms", "B self", "B dtypes", "B/A"]
+    for column in columns:
+        table.add_column(column, overflow="fold" if column == "module" else "ellipsis")
+
+    def ms(value: Any) -> str:
+        return "-" if value is None else f"{value * 1e3:.3g}"
+
+    def dtypes(side: dict[str, Any]) -> str:
+        return f"{','.join(side['in_dtypes']) or '-'}→{','.join(side['out_dtypes']) or '-'}"
+
+    for row in data.get("rows", []):
+        side_a = row["a"]
+        name = "  " * int(row.get("depth") or 0) + f"{row['module']}#{row['call']}"
+        cells = [escape(name), escape(str(row.get("class"))), ms(side_a["seconds"])]
+        cells += [ms(side_a["self_seconds"]), dtypes(side_a)]
+        if two:
+            side_b = row.get("b")
+            if side_b is None:
+                cells += ["-", "-", "[dim]not in B[/]", "-"]
+            else:
+                mark = "[bold red]" if row.get("dtype_differs") else ""
+                shown = dtypes(side_b)
+                ratio = row.get("time_ratio")
+                cells += [ms(side_b["seconds"]), ms(side_b["self_seconds"])]
+                cells += [f"{mark}{shown}[/]" if mark else shown]
+                cells += ["-" if ratio is None else f"{ratio:.2g}×"]
+        table.add_row(*cells)
+    out.print(table)
+    summary = data.get("summary") or {}
+    first = summary.get("first_dtype_difference")
+    if first:
+        out.print(
+            f"[bold]{summary.get('dtype_differences')} call(s) work in other dtypes[/]; first: "
+            f"{escape(first['module'])}#{first['call']}"
+        )
+    if data.get("truncated"):
+        out.print(f"[dim]{data.get('shown')} of {data.get('total')} calls: --offset/--limit[/]")
 
 
 def _value_line(value: Any) -> str:
@@ -499,6 +642,9 @@ RENDERERS = {
     "checkpoints": checkpoints,
     "captures": captures,
     "compare": compare_summary,
+    "compare-checkpoints": checkpoint_pairs,
+    "nonfinite": first_nonfinite,
+    "module-table": module_rows,
     "tensors": tensor_store,
     "clean": cleaned,
     "weights": weight_audit,

@@ -12,3 +12,5 @@ PARITY_REFERENCE = "mldbg.examples.parity_reference"
 PARITY_PORT = "mldbg.examples.parity_port"
 PARITY_PLANTED_MISTAKE = "layers.0.attn"
 PARITY_MISTAKE = "attention scores scaled by 1/head_dim instead of 1/sqrt(head_dim)"
+# The MLX track's NaN (tutorial_nonfinite.py): where break --nonfinite stops.
+NONFINITE_ORIGIN = "layers.0.norm"

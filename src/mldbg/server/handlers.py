@@ -205,6 +205,17 @@ def vars_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 @handles("eval")
 def eval_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     timeout = float(a.get("timeout") or 30.0)
+    if a.get("against"):  # the same expression in a second paused session, side by side
+        from ..side_by_side import evaluate_both
+
+        if a["against"] == name:
+            raise MldbgError(
+                "against names the session itself: give the other paused session",
+                code="bad_argument",
+                argument="against",
+            )
+        other = manager.get(a["against"])
+        return evaluate_both(_session(manager, name), other, a["expression"], timeout)
     return _session(manager, name).evaluate(a["expression"], timeout)
 
 
@@ -397,6 +408,66 @@ def checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) ->
         run = str(s.run.path) if s.run is not None else None
     return store_queries.checkpoints(
         home, run, a.get("name"), a.get("hit"), a.get("offset") or 0, a.get("limit") or 20
+    )
+
+
+@handles("compare-checkpoints")
+def compare_checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from ..checkpoint_diff import compare_runs
+
+    home = store_home(manager, a)
+    base = a.get("client_cwd") or os.getcwd()
+
+    def where(spec: str | None) -> str | None:  # a relative run directory is the client's
+        if spec and spec.startswith((".", "~")) or spec and "/" in spec:
+            return str(Path(base, os.path.expanduser(spec)))
+        return spec
+
+    run = a.get("a")
+    if run is None and a.get("session"):
+        s = manager.get(a["session"])
+        run = str(s.run.path) if s.run is not None else None
+    return compare_runs(
+        home,
+        where(run),
+        where(a["b"]) or "",
+        a.get("name"),
+        a.get("hit"),
+        a.get("offset") or 0,
+        a.get("limit") or 20,
+    )
+
+
+@handles("nonfinite")
+def nonfinite(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from ..capture.nonfinite import first_nonfinite
+
+    source = a["source"]
+    base = a.get("client_cwd") or os.getcwd()
+    candidate = Path(base, os.path.expanduser(source))
+    if candidate.exists():  # a path is the client's, as compare reads it
+        source = str(candidate)
+    return first_nonfinite(source, home=store_home(manager, a))
+
+
+@handles("module-table")
+def module_table(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from ..capture.table import module_table as table
+
+    base = a.get("client_cwd") or os.getcwd()
+
+    def local(spec: str | None) -> str | None:  # a path is the client's, as compare reads it
+        if spec and Path(base, os.path.expanduser(spec)).exists():
+            return str(Path(base, os.path.expanduser(spec)))
+        return spec
+
+    return table(
+        local(a["a"]) or a["a"],
+        local(a.get("b")),
+        home=store_home(manager, a),
+        sort=a.get("sort") or "order",
+        offset=a.get("offset") or 0,
+        limit=a.get("limit") or 50,
     )
 
 

@@ -317,12 +317,16 @@ class Session(SessionProcess):
         self.log_event("pause")
         return self.wait(wait, after_seq=seq)
 
-    def evaluate(self, expression: str, timeout: float = 30.0) -> dict[str, Any]:
+    def evaluate(
+        self, expression: str, timeout: float = 30.0, export: str | None = None
+    ) -> dict[str, Any]:
+        """``export``: a path the agent writes the value to (``eval --against``)."""
         shown = budget.capped(expression, budget.VALUE)
+        args: dict[str, Any] = {"expression": expression, "timeout": timeout}
+        if export:
+            args["export"] = export
         try:
-            result = self.paused_command(
-                "eval", {"expression": expression, "timeout": timeout}, timeout + 30.0
-            )
+            result = self.paused_command("eval", args, timeout + 30.0)
         except MldbgError as exc:
             self.log_event("eval", expression=shown, error=exc.message, code=exc.code)
             raise

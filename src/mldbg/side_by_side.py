@@ -1,0 +1,113 @@
+"""One expression's values in two paused sessions, set side by side, and their difference.
+
+The porting loop is two paused sessions, the reference and the port, and the same
+expression evaluated in both (``eval EXPR --against SESSION``).  Each agent writes its
+tensor to a ``.npy`` file (``agent/export.py``); this module reads both and answers how
+they differ, in float64, within a bounded answer.  Plain numbers differ by subtraction;
+anything else is equal or not by its repr.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FIRST_VALUES = 8  # elements shown side by side where the two differ
+
+
+def tensor_difference(a_path: Path, b_path: Path) -> dict[str, Any]:
+    """How the tensor in ``b_path`` differs from the one in ``a_path`` (a: the session
+    asked, b: the one it is set against)."""
+    import numpy as np
+
+    a = np.load(a_path, allow_pickle=False)
+    b = np.load(b_path, allow_pickle=False)
+    out: dict[str, Any] = {"shape_a": list(a.shape), "shape_b": list(b.shape)}
+    if a.shape != b.shape:
+        if a.size == b.size:
+            out["note"] = "shapes differ, sizes agree: compared in row-major order"
+            b = b.reshape(a.shape)
+        else:
+            out["error"] = f"shapes differ: {list(a.shape)} vs {list(b.shape)}"
+            return out
+    x = a.astype(np.float64).reshape(-1)
+    y = b.astype(np.float64).reshape(-1)
+    both = np.isfinite(x) & np.isfinite(y)
+    same = (np.isnan(x) & np.isnan(y)) | (x == y)  # NaN meets NaN, an infinity itself
+    delta = np.abs(np.subtract(y, x, where=both, out=np.zeros_like(x)))
+    out["equal"] = bool(np.all(same))
+    out["mismatched"] = int(np.count_nonzero(~same))
+    out["max_abs"] = float(delta.max()) if delta.size else 0.0
+    out["mean_abs"] = float(delta[both].mean()) if both.any() else None
+    norm_a = float(np.sqrt(np.sum(np.square(x[both])))) if both.any() else 0.0
+    norm_d = float(np.sqrt(np.sum(np.square(delta[both])))) if both.any() else 0.0
+    out["rel_rms"] = norm_d / norm_a if norm_a else (0.0 if norm_d == 0 else None)
+    norm_b = float(np.sqrt(np.sum(np.square(y[both])))) if both.any() else 0.0
+    dot = float(np.dot(x[both], y[both])) if both.any() else 0.0
+    out["cosine"] = dot / (norm_a * norm_b) if norm_a and norm_b else None
+    out["nonfinite_a"] = int(np.count_nonzero(~np.isfinite(x)))
+    out["nonfinite_b"] = int(np.count_nonzero(~np.isfinite(y)))
+    if out["mismatched"]:
+        where = int(np.flatnonzero(~same)[0])
+        worst = int(np.argmax(delta)) if delta.size else where
+        out["first_mismatch"] = _element(a.shape, where, x, y)
+        out["worst"] = _element(a.shape, worst, x, y)
+    return {k: _json(v) for k, v in out.items()}
+
+
+def _element(shape: tuple[int, ...], flat: int, x: Any, y: Any) -> dict[str, Any]:
+    import numpy as np
+
+    index = [int(i) for i in np.unravel_index(flat, shape)] if shape else []
+    return {"index": index, "a": _json(float(x[flat])), "b": _json(float(y[flat]))}
+
+
+def scalar_difference(a: Any, b: Any) -> dict[str, Any]:
+    """Two plain values (their summaries' ``value``): numbers subtract, others compare."""
+    if _number(a) and _number(b):
+        delta = float(b) - float(a)
+        scale = max(abs(float(a)), abs(float(b)))
+        rel = abs(delta) / scale if scale else 0.0
+        return {"equal": a == b, "b_minus_a": _json(delta), "rel": _json(rel)}
+    return {"equal": a == b}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def evaluate_both(first: Any, second: Any, expression: str, timeout: float) -> dict[str, Any]:
+    """``expression`` in the paused sessions ``first`` and ``second`` (server ``Session``s):
+    ``first``'s answer, with ``against`` (``second``'s) and ``difference`` added."""
+    scratch = Path(tempfile.mkdtemp(prefix="mldbg-side-"))  # 0700: private to this user
+    try:
+        a_path, b_path = scratch / "a.npy", scratch / "b.npy"
+        result: dict[str, Any] = first.evaluate(expression, timeout, export=str(a_path))
+        other: dict[str, Any] = second.evaluate(expression, timeout, export=str(b_path))
+        wrote_a = (result.pop("export", None) or {}).get("written")
+        wrote_b = (other.pop("export", None) or {}).get("written")
+        other.pop("expression", None)
+        result["session"] = first.name
+        result["against"] = {"session": second.name, **other}
+        if wrote_a and wrote_b:
+            result["difference"] = tensor_difference(a_path, b_path)
+        elif not wrote_a and not wrote_b and "shape" not in (result.get("summary") or {}):
+            a_value = (result.get("summary") or {}).get("value", result.get("result"))
+            b_value = (other.get("summary") or {}).get("value", other.get("result"))
+            result["difference"] = scalar_difference(a_value, b_value)
+        else:
+            result["difference"] = {
+                "error": "one side is a tensor and the other is not (or too large to read)"
+            }
+        return result
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

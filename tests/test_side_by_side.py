@@ -1,0 +1,79 @@
+"""eval --against: one expression in the reference's and the port's paused sessions."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import Api, Session, line_of
+
+torch = pytest.importorskip("torch")
+mx = pytest.importorskip("mlx.core")
+
+REFERENCE = """
+import torch
+torch.manual_seed(0)
+x = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 10
+h = torch.tanh(x).to(torch.bfloat16)
+steps = 3
+print("reference")  # stop
+"""
+
+PORT = """
+import mlx.core as mx
+x = mx.arange(12, dtype=mx.float32).reshape(3, 4) / 10
+h = mx.tanh(x)
+h = mx.where(mx.arange(12).reshape(3, 4) == 5, h * 2, h)  # the planted mistake
+steps = 4
+print("port")  # stop
+"""
+
+
+@pytest.fixture
+def port(api: Api, tmp_path: Path) -> Iterator[Session]:
+    s = Session(api, f"port-{uuid.uuid4().hex[:8]}", tmp_path)
+    yield s
+    api.http.post(f"{s.base}/terminate")
+
+
+def test_one_expression_in_two_sessions(session: Session, port: Session, write) -> None:
+    for s, name, source in ((session, "ref.py", REFERENCE), (port, "port.py", PORT)):
+        script = write(name, source)
+        s.start(script, breakpoints=[{"file": str(script), "line": line_of(script, "stop")}])
+        assert s.cont(wait=60)["reason"] == "breakpoint"
+
+    both = session.api.post(f"{session.base}/eval", {"expression": "h", "against": port.name})
+    assert both["session"] == session.name and both["against"]["session"] == port.name
+    assert (
+        both["summary"]["dtype"] == "bfloat16" and both["against"]["summary"]["dtype"] == "float32"
+    )
+    diff = both["difference"]
+    ref = np.tanh(np.arange(12, dtype=np.float32).reshape(3, 4) / 10)
+    ref_bf16 = torch.from_numpy(ref).to(torch.bfloat16).float().numpy().astype(np.float64)
+    port_values = ref.astype(np.float64).copy()
+    port_values[1, 1] *= 2
+    assert diff["shape_a"] == diff["shape_b"] == [3, 4] and diff["equal"] is False
+    assert diff["worst"]["index"] == [1, 1]
+    assert diff["max_abs"] == pytest.approx(np.abs(port_values - ref_bf16).max(), rel=1e-6)
+    assert diff["mismatched"] == int(np.count_nonzero(port_values != ref_bf16))
+    assert 0 < diff["rel_rms"] < 1 and 0.9 < diff["cosine"] < 1
+
+    numbers = session.api.post(
+        f"{session.base}/eval", {"expression": "steps", "against": port.name}
+    )
+    assert numbers["difference"] == {"equal": False, "b_minus_a": 1.0, "rel": 0.25}
+    same = session.api.post(
+        f"{session.base}/eval", {"expression": "x.shape[0]", "against": port.name}
+    )
+    assert same["difference"]["equal"] is True
+
+    error = session.api.post(
+        f"{session.base}/eval", {"expression": "h", "against": session.name}, 400
+    )
+    assert error["code"] == "bad_argument"
+    error = session.api.post(f"{session.base}/eval", {"expression": "h", "against": "nobody"}, 404)
+    assert error["code"] == "unknown_session"

@@ -173,3 +173,21 @@ def test_session_names_are_matched_whole(api: Api) -> None:
     spec = api.get("/openapi.json")
     parameters = spec["paths"]["/v1/sessions/{name}/eval"]["post"]["parameters"]
     assert parameters[0]["schema"]["pattern"].startswith("^[A-Za-z0-9_]")
+
+
+def test_null_means_the_default_and_types_are_not_swapped(api: Api, tmp_path) -> None:
+    """``{"keep": null}`` was a 500; ``"wait": false`` was taken as a wait of 0 s and
+    ``"stop_on_entry": 1`` as true.  Null is the declared default; a boolean is never a
+    number nor a number a boolean."""
+    home = str(tmp_path / ".mldbg")
+    cleaned = api.post("/v1/clean", {"keep": None, "dry_run": True, "home": home})
+    assert cleaned["removed"] == []
+    for path, body in [
+        ("/v1/sessions/types/wait", {"wait": False}),
+        ("/v1/sessions/types/start", {"script": "x.py", "stop_on_entry": 1}),
+        ("/v1/sessions/types/frame", {"index": True}),
+        ("/v1/clean", {"keep": True, "dry_run": True, "home": home}),
+    ]:
+        error = api.post(path, body, expect=400)
+        assert error["code"] == "bad_argument", (path, error)
+    assert api.post("/v1/clean", {"keep": 3, "dry_run": True, "home": home})["removed"] == []

@@ -52,6 +52,8 @@ def _annotation(arg: Arg) -> Any:
     constraints: dict[str, Any] = {"description": arg.help}
     if arg.type is str:  # documented here, refused by the daemon with its code (too_long)
         constraints["json_schema_extra"] = {"maxLength": arg.max_length}
+    if arg.type in (bool, int, float):  # false is not a number, 1 is not true
+        constraints["strict"] = True
     if arg.minimum is not None:
         constraints["ge"] = arg.minimum
     if arg.maximum is not None:

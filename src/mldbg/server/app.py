@@ -93,8 +93,13 @@ def verb_args(verb: Verb) -> tuple[Arg, ...]:
     return verb.args + (CONTEXT_ARGS if verb.store else ())
 
 
-def _field(arg: Arg) -> tuple[Any, Any]:
+def _field(arg: Arg, strict: bool = False) -> tuple[Any, Any]:
+    """An argument as a pydantic field.  ``strict`` (JSON bodies): a boolean is never
+    taken for a number or a number for a boolean (``"wait": false`` was a wait of 0 s);
+    query strings stay lax, they are all text."""
     extra: dict[str, Any] = {"description": arg.help}
+    if strict and arg.type in (bool, int, float):
+        extra["strict"] = True
     if arg.minimum is not None:
         extra["ge"] = arg.minimum
     if arg.maximum is not None:
@@ -113,7 +118,7 @@ def _field(arg: Arg) -> tuple[Any, Any]:
 
 def args_model(verb: Verb) -> type[BaseModel]:
     """The pydantic model of a verb's arguments; unknown fields are refused."""
-    fields = {arg.name: _field(arg) for arg in verb_args(verb)}
+    fields = {arg.name: _field(arg, strict=True) for arg in verb_args(verb)}
     return create_model(  # type: ignore[call-overload,no-any-return]
         f"{verb.name.capitalize()}Args",
         __config__=ConfigDict(extra="forbid"),
@@ -124,7 +129,12 @@ def args_model(verb: Verb) -> type[BaseModel]:
 def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> Any:
     handler = HANDLERS[verb.name]
 
+    defaults = {arg.name: arg.default for arg in verb_args(verb) if not arg.required}
+
     def run(session: str | None, values: dict[str, Any]) -> Any:
+        # an argument sent as null means "not given": its declared default, never None
+        # where the handler counts on a value (`{"keep": null}` was a 500)
+        values = {k: defaults.get(k) if v is None else v for k, v in values.items()}
         if session is not None:
             check_session_name(session)
         if verb.store and values.get("session"):

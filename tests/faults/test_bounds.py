@@ -191,3 +191,16 @@ def test_null_means_the_default_and_types_are_not_swapped(api: Api, tmp_path) ->
         error = api.post(path, body, expect=400)
         assert error["code"] == "bad_argument", (path, error)
     assert api.post("/v1/clean", {"keep": 3, "dry_run": True, "home": home})["removed"] == []
+
+
+def test_the_eval_output_marker_counts_every_byte_left_out(session, write) -> None:
+    """What an evaluation prints is kept as a bounded tail while it runs; the marker said
+    only what the last cut removed (about 8 KB of 100 KB), not the total."""
+    script = write("printing.py", "x = 1\n")
+    session.start(script)
+    answer = session.eval("for _ in range(1000): print('y' * 99)")  # 100,000 bytes
+    marker = answer["output"].split("]", 1)[0]
+    left_out = int(marker.split("[", 1)[1].split()[0])
+    kept = len(answer["output"].split("]…", 1)[1].encode())
+    assert answer["output_truncated"] and left_out + kept == 100_000, (left_out, kept)
+    session.terminate()

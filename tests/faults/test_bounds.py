@@ -204,3 +204,23 @@ def test_the_eval_output_marker_counts_every_byte_left_out(session, write) -> No
     kept = len(answer["output"].split("]…", 1)[1].encode())
     assert answer["output_truncated"] and left_out + kept == 100_000, (left_out, kept)
     session.terminate()
+
+
+def test_the_openapi_document_lists_every_answer(api: Api) -> None:
+    """It documented FastAPI's 422, which is never sent, and not the 400/401/403 that are."""
+    spec = api.get("/openapi.json")
+    assert "422" not in json.dumps(spec) and "HTTPValidationError" not in json.dumps(spec)
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            answers = set(operation["responses"])
+            assert {"200", "401", "403", "500"} <= answers, (method, path, answers)
+            if operation.get("parameters") or operation.get("requestBody"):
+                assert "400" in answers, (method, path)
+
+
+def test_hits_with_thousands_of_digits_is_refused_not_an_internal_error(cli, write) -> None:
+    write("hits.py", "x = 1\ny = 2\n")
+    cli("start", "-s", "hits", "hits.py")
+    error = cli("break", "-s", "hits", "hits.py:2", "--hits", "9" * 5000, expect=1, json_out=True)
+    assert error["code"] == "too_long" and error["argument"] == "hits"
+    cli("terminate", "-s", "hits")

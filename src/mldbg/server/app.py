@@ -65,6 +65,7 @@ class ErrorBody(TypedDict, total=False):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "bad input (`code` says which)"},
     401: {"model": ErrorBody, "description": "missing or wrong token"},
+    403: {"model": ErrorBody, "description": "a Host that is not a loopback name (`bad_host`)"},
     404: {"model": ErrorBody, "description": "unknown session (`unknown_session`)"},
     409: {
         "model": ErrorBody,
@@ -379,7 +380,50 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
 
     app.include_router(classic_router(manager))
     app.add_middleware(SecurityMiddleware, token=token)
+    _document_every_answer(app)
     return app
+
+
+def _document_every_answer(app: FastAPI) -> None:
+    """The OpenAPI document lists what each route really answers: every route can answer
+    401 and 403 (``security.py`` stands before all of them) and 500; a route that takes
+    input answers 400 for bad input; none answers FastAPI's default 422 (a malformed
+    request is mldbg's 400 ``bad_argument``, ``validation_error``)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        error = {
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        }
+        envelope = {"content": {"application/json": {"schema": {"type": "object"}}}}
+        for path, operations in schema.get("paths", {}).items():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                responses.pop("422", None)
+                if path.startswith("/debug/"):  # the classic envelope, "success": false
+                    for status in ("400", "404", "409", "504"):
+                        responses.setdefault(
+                            status, {"description": "failed (`error` says why)", **envelope}
+                        )
+                takes_input = operation.get("parameters") or operation.get("requestBody")
+                for status, what in (
+                    ("400", "bad input (`code` says which)" if takes_input else None),
+                    ("401", "missing or wrong token (`unauthorized`)"),
+                    ("403", "a Host that is not a loopback name (`bad_host`)"),
+                    ("500", "a bug in mldbg (`internal`)"),
+                ):
+                    if what is not None and status not in responses:
+                        responses[status] = {"description": what, **error}
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def validation_error(errors: Any) -> dict[str, Any]:

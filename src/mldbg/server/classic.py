@@ -15,6 +15,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from .. import budget
 from ..errors import MldbgError
 from .sessions import SessionManager, StartRequest
 
@@ -44,15 +45,13 @@ def _envelope(message: str, action: Callable[[], Any]) -> JSONResponse:
     try:
         data = action()
     except MldbgError as exc:
-        return JSONResponse(
-            status_code=exc.status,
-            content={
-                "success": False,
-                "message": exc.message,
-                "data": exc.extra or None,
-                "error": exc.code,
-            },
-        )
+        content = {
+            "success": False,
+            "message": budget.capped(str(exc.message), budget.MESSAGE),
+            "data": exc.extra or None,
+            "error": exc.code,
+        }
+        return JSONResponse(status_code=exc.status, content=budget.shrink(content, budget.ERROR))
     return JSONResponse(content={"success": True, "message": message, "data": data, "error": None})
 
 

@@ -347,3 +347,36 @@ def test_run_store_tools_take_a_session(mcp, write) -> None:
         assert missing["code"] in ("unknown_session", "no_such_session"), missing
 
     mcp(scenario)
+
+
+def test_the_tool_list_is_agent_sized(config_dir: Path, daemon: dict[str, Any]) -> None:
+    """The tool list is in every agent's context on every turn: it was 107 KB (each state
+    verb repeated a 5 KB output schema; descriptions spoke CLI, ``--all``).  Measured as
+    the real SDK client receives it: under 25 KB, every verb still a tool, every argument
+    still there, and no CLI flag in any description."""
+    import re
+
+    from mldbg import verbs
+
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "mldbg", "mcp"],
+        env={**os.environ, "MLDBG_CONFIG_DIR": str(config_dir)},
+    )
+    listed: list[Any] = []
+
+    async def main() -> None:
+        async with Client(server, read_timeout_seconds=60) as client:
+            listed.append(await client.list_tools())
+
+    anyio.run(main)
+    wire = listed[0].model_dump_json(by_alias=True, exclude_none=True)
+    assert len(wire.encode()) < 25_000, len(wire.encode())
+    tools = {tool.name: tool for tool in listed[0].tools}
+    assert set(tools) == {verb.name for verb in verbs.VERBS if verb.mcp}
+    for verb in verbs.VERBS:
+        if verb.mcp:
+            arguments = set(tools[verb.name].input_schema["properties"])
+            assert {a.name for a in verb.args if a.mcp} <= arguments, verb.name
+    flags = re.findall(r"(?<![\w-])--[a-z][\w-]*", wire)
+    assert not flags, flags

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import inspect
 import json
+import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
@@ -42,7 +43,13 @@ different `session` names. Parity: capture module outputs in both runs with
 mldbg.capture(model, "ref") / mldbg.capture(model, "port"), then compare(a="ref",
 b="port") names the first module whose inputs agree and outputs differ.
 Every answer is bounded: `truncated` and `next` say what was left out and which call
-gets it. Errors are JSON with a `code` and a `hint` naming the call that fixes them."""
+gets it. Errors are JSON with a `code` and a `hint` naming the call that fixes them; any
+tool can answer bad_argument, too_long (a text over its maxLength), bad_session_name,
+unknown_session (session tools) or daemon_unreachable. Texts are at most 4096 characters
+unless a tool's schema says otherwise (maxLength). Session tools take `session` (default
+"default"): several sessions run at once under different names. Run-store tools (runs,
+checkpoints, captures, tensors, clean, compare) read the store of `session` if given,
+else `home` (a directory), else $MLDBG_HOME, else ./.mldbg."""
 
 TEXT_BUDGET = 6_000  # the text form of a result; the JSON is in structured content
 
@@ -84,9 +91,7 @@ def _signature(verb: Verb) -> inspect.Signature:
             inspect.Parameter(
                 "session",
                 inspect.Parameter.KEYWORD_ONLY,
-                annotation=Annotated[
-                    str, Field(description="session name; several can run at once")
-                ],
+                annotation=str,  # said once, in INSTRUCTIONS
                 default="default",
             )
         )
@@ -215,18 +220,150 @@ class Tools:
         return await anyio.to_thread.run_sync(blocking)
 
 
+# -- the tool list an agent reads: every verb, in as few tokens as say it ----------------------
+#
+# The list is in every agent's context on every turn.  Derived as pydantic writes them, the
+# schemas took 107 KB (a state verb repeated a 5 KB output schema); compacted they keep what
+# an agent needs to call a tool and read its answer, and the server still validates every
+# result against the verb's full result type.
+
+
+def _json_type(schema: dict[str, Any]) -> Any:
+    """The JSON type(s) a property schema allows, without what is nested inside."""
+    if "$ref" in schema:
+        return "object"
+    if "anyOf" in schema:
+        kinds: list[str] = []
+        for option in schema["anyOf"]:
+            kind = _json_type(option)
+            for one in kind if isinstance(kind, list) else [kind]:
+                if one and one not in kinds:
+                    kinds.append(one)
+        return kinds if len(kinds) > 1 else (kinds[0] if kinds else None)
+    return schema.get("type")
+
+
+def compact_output_schema(
+    schema: dict[str, Any] | None, shared_with: str | None = None
+) -> dict[str, Any] | None:
+    """The result's field names (their shapes are in the README and the OpenAPI document):
+    a state verb's 5 KB schema becomes a few hundred bytes.  ``shared_with``: another
+    tool answers the same type and lists its fields; this one only points there."""
+    if schema is None:
+        return None
+    if shared_with is not None:
+        return {"type": "object", "description": f"as {shared_with} answers"}
+    compact: dict[str, Any] = {
+        "type": "object",
+        "properties": {name: {} for name in schema.get("properties", {})},
+    }
+    if schema.get("required"):
+        compact["required"] = schema["required"]
+    return compact
+
+
+def _compact_property(schema: dict[str, Any]) -> dict[str, Any]:
+    prop = {k: v for k, v in schema.items() if k != "title"}
+    if prop.get("maxLength") == verbs.TEXT_LIMIT:  # the usual limit is said once, in INSTRUCTIONS
+        del prop["maxLength"]
+    options = prop.pop("anyOf", None)
+    if options is not None:  # X or null: null means "not given", say X
+        kept = [o for o in options if o.get("type") != "null"]
+        if len(kept) == 1:
+            prop.update({k: v for k, v in kept[0].items() if k != "title"})
+        else:
+            prop["anyOf"] = kept
+    if prop.get("default", 0) is None or prop.get("default", 0) is False:  # a flag: off
+        del prop["default"]
+    if prop.get("maxLength") == verbs.TEXT_LIMIT:
+        del prop["maxLength"]
+    if "items" in prop and isinstance(prop["items"], dict):
+        prop["items"] = {k: v for k, v in prop["items"].items() if k != "title"}
+    return prop
+
+
+def compact_input_schema(verb: Verb, schema: dict[str, Any]) -> dict[str, Any]:
+    """The arguments without pydantic's titles and ``X or null`` unions, described in
+    MCP's terms."""
+    properties = {n: _compact_property(p) for n, p in schema.get("properties", {}).items()}
+    for name, prop in properties.items():
+        if "description" in prop:
+            prop["description"] = mcp_terms(verb, prop["description"])
+        if name == "session" or (verb.store and name == "home"):  # said once, in INSTRUCTIONS
+            properties[name] = {"type": "string"}
+        elif prop.get("description") == verbs.LIMIT_HELP:
+            prop["description"] = "at most this many items"
+    compact: dict[str, Any] = {"type": "object", "properties": properties}
+    if schema.get("required"):
+        compact["required"] = schema["required"]
+    if "$defs" in schema:  # nested argument types (a breakpoint spec), without titles
+        compact["$defs"] = {
+            name: {
+                "type": "object",
+                "properties": {n: _compact_property(p) for n, p in d.get("properties", {}).items()},
+            }
+            for name, d in schema["$defs"].items()
+        }
+    return compact
+
+
+# Help that speaks of the command line as a whole (positional spellings, exit codes), said
+# the way a tool call says it; flags inside help are translated by ``mcp_terms``.
+MCP_HELP = {
+    "break": "set a breakpoint (file + line), a function, exception or checkpoint one",
+    "remove": "remove a breakpoint (file + line, or id) or a checkpoint filter",
+    "until": "run to a line (target FILE:LINE, LINE in the current file or #ID; or file + "
+    "line, or id): a one-shot breakpoint, then continue",
+    "compare": "compare two captures/runs/tensor directories (`ok`: true when they agree)",
+    "tensors": "the debug_save tensor store: action list, info (name) or clear (name, or yes=true "
+    "for all)",
+}
+
+
+def mcp_terms(verb: Verb, text: str) -> str:
+    """The verb's help as an MCP tool says it: CLI flags become its arguments
+    (``--all`` → ``all=true``), and what only a shell can do is left out."""
+    text = text.replace(" ('-' reads stdin)", "").replace(" on the CLI", "")
+    text = text.replace(" (FILE:LINE[:COND])", "").replace(" (also --name)", "")
+    for arg in sorted(verb.args, key=lambda a: -len(a.cli_flag)):
+        if not arg.mcp:
+            continue
+        spelled = f"{arg.name}=true" if arg.type is bool and arg.default is False else arg.name
+        text = re.sub(rf"(?<![\w-]){re.escape(arg.cli_flag)}(?![\w-])", spelled, text)
+    return text
+
+
+def tool_description(verb: Verb) -> str:
+    description = MCP_HELP.get(verb.name, verb.help)
+    description += f". {verb.description}" if verb.description else ""
+    own = [code for code in verb.all_errors if code not in (*COMMON_ERRORS, "unknown_session")]
+    if own:
+        description += f" Errors: {', '.join(own)}."
+    return mcp_terms(verb, description)
+
+
+COMMON_ERRORS = ("bad_argument", "too_long", "bad_session_name", "daemon_unreachable")
+
+
 def build_server() -> MCPServer:
     """The MCP server with one tool per verb; ``run_stdio`` serves it."""
     server = MCPServer(
         name="mldbg", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )
     tools = Tools()
+    first_to_answer: dict[Any, str] = {}  # a result type -> the tool that lists its fields
     for verb in VERBS:
         if not verb.mcp:
             continue
-        description = verb.help + (f"\n\n{verb.description}" if verb.description else "")
-        description += f"\n\nError codes: {', '.join(verb.all_errors)}."
-        server.add_tool(tools.make(verb), name=verb.name, description=description)
+        server.add_tool(tools.make(verb), name=verb.name, description=tool_description(verb))
+        tool = server._tool_manager.get_tool(verb.name)
+        assert tool is not None
+        tool.parameters = compact_input_schema(verb, tool.parameters)
+        # read live by the SDK: published compact, results still validated by the full type
+        shared = first_to_answer.setdefault(verb.result, verb.name)
+        tool.fn_metadata.output_schema = compact_output_schema(
+            tool.fn_metadata.output_schema, None if shared == verb.name else shared
+        )
     return server
 
 

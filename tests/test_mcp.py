@@ -380,3 +380,47 @@ def test_the_tool_list_is_agent_sized(config_dir: Path, daemon: dict[str, Any]) 
             assert {a.name for a in verb.args if a.mcp} <= arguments, verb.name
     flags = re.findall(r"(?<![\w-])--[a-z][\w-]*", wire)
     assert not flags, flags
+
+
+def test_lone_surrogates_in_arguments_leave_the_server_serving(
+    config_dir: Path, daemon: dict[str, Any]
+) -> None:
+    """No SDK client can send a lone surrogate (it cannot encode one), but JSON can escape
+    it: raw lines holding ``\\udcff`` in arguments are not answered (not valid UTF-8 text
+    for the SDK), and the next call is."""
+    import subprocess
+
+    env = {**os.environ, "MLDBG_CONFIG_DIR": str(config_dir)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mldbg", "mcp"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    assert server.stdin is not None and server.stdout is not None
+
+    def send(line: str) -> None:
+        server.stdin.write(line.encode() + b"\n")  # type: ignore[union-attr]
+        server.stdin.flush()  # type: ignore[union-attr]
+
+    try:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
+        hello["clientInfo"] = {"name": "raw", "version": "0"}
+        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}))
+        assert json.loads(server.stdout.readline())["id"] == 1
+        send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        call = (
+            '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"%s","arguments":%s}}'
+        )
+        send(call % (2, "status", '{"session":"x\\udcff"}'))
+        send(call % (3, "eval", '{"expression":"\\udcff","session":"\\ud800"}'))
+        send(call % (4, "sessions", "{}"))
+        answer = json.loads(server.stdout.readline())
+        while answer.get("id") in (2, 3):  # answered after all: with an error, never a crash
+            assert answer.get("error") or answer["result"]["isError"], answer
+            answer = json.loads(server.stdout.readline())
+        assert answer["id"] == 4 and "sessions" in answer["result"]["structuredContent"]
+    finally:
+        server.kill()
+        server.wait()

@@ -224,3 +224,13 @@ def test_hits_with_thousands_of_digits_is_refused_not_an_internal_error(cli, wri
     error = cli("break", "-s", "hits", "hits.py:2", "--hits", "9" * 5000, expect=1, json_out=True)
     assert error["code"] == "too_long" and error["argument"] == "hits"
     cli("terminate", "-s", "hits")
+
+
+def test_the_classic_routes_have_the_same_limits(api: Api) -> None:
+    for path, body in [
+        ("/debug/evaluate", {"expression": "x" * (verbs.CODE_LIMIT + 1)}),
+        ("/debug/breakpoint", {"file_path": "f.py", "line": 1, "condition": "x" * 2_001}),
+        ("/debug/start", {"script_path": "p" * 5_000}),
+    ]:
+        error = api.post(path, body, expect=400)
+        assert error["code"] == "too_long", (path, error)

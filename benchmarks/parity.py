@@ -11,7 +11,10 @@ Why it is built this way:
   and on its mlx-lm port with the same weights.  Configurations alternate within each
   round and the table shows medians, because this machine is shared and noisy.
 * Capture writes every module's tensors to disk, so the table also shows how many
-  megabytes one forward writes and at what rate: most of the cost is the write.
+  megabytes one forward writes and at what rate: most of the cost is the write.  Full
+  torch captures write from a background thread (``written inline`` is the same capture
+  without it, side by side); a capture's time includes waiting for its last file.
+  ``summary`` rows are the coarse pass (statistics and an 8 KB sketch per tensor).
 * ``mldbg compare`` promises to stream: memory-map one pair at a time and reduce it in
   chunks.  The benchmark compares two large safetensors files in a child process and
   reports its peak resident memory next to the size of the data, which is the evidence
@@ -106,25 +109,29 @@ def capture_rounds(rounds: int, home: Path) -> list[tuple[str, float, float, flo
 
     times: dict[str, list[float]] = {}
     written: dict[str, float] = {}
-    configs: list[tuple[str, Callable[[], Any], Any, bool | None]] = [
+    # (label, forward, model, capture options or None for the plain forward)
+    configs: list[tuple[str, Callable[[], Any], Any, dict[str, Any] | None]] = [
         ("torch  plain", run_ref, ref, None),
-        ("torch  capture outputs", run_ref, ref, False),
-        ("torch  capture inputs+outputs", run_ref, ref, True),
+        ("torch  capture outputs", run_ref, ref, {"inputs": False}),
+        ("torch  capture inputs+outputs", run_ref, ref, {"inputs": True}),
+        ("torch  in+out, written inline", run_ref, ref, {"inputs": True, "background": False}),
+        ("torch  summary in+out", run_ref, ref, {"inputs": True, "mode": "summary"}),
         ("mlx    plain", run_port, port, None),
-        ("mlx    capture outputs", run_port, port, False),
-        ("mlx    capture inputs+outputs", run_port, port, True),
+        ("mlx    capture outputs", run_port, port, {"inputs": False}),
+        ("mlx    capture inputs+outputs", run_port, port, {"inputs": True}),
+        ("mlx    summary in+out", run_port, port, {"inputs": True, "mode": "summary"}),
     ]
     for round_no in range(rounds):
         order = configs[round_no % len(configs) :] + configs[: round_no % len(configs)]
-        for label, run, model, inputs in order:
-            if inputs is None:
+        for label, run, model, options in order:
+            if options is None:
                 seconds = timed(run)
             else:
                 current_run.reset()
                 start = time.perf_counter()
-                with mldbg.capture(model, f"bench{round_no}", inputs=inputs) as cap:
+                with mldbg.capture(model, f"bench{round_no}", **options) as cap:
                     run()
-                seconds = time.perf_counter() - start
+                seconds = time.perf_counter() - start  # the capture's end included: all written
                 if cap.errors:
                     raise SystemExit(f"capture failed: {cap.errors[:3]}")
                 written[label] = cap.bytes / 1e6

@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 from mldbg.agent import functions, locate
+from mldbg.agent.backends import choose_backend
 from mldbg.agent.breakpoints import BreakpointError, BreakpointTable, format_log, make_breakpoint
 from mldbg.agent.debugger import Debugger
 from mldbg.agent.evaluation import EvalError, FrameNamespace
-from mldbg.agent.exceptions import ExceptionBreak, parse_types
+from mldbg.agent.exception_breaks import ExceptionBreak, parse_types
 from mldbg.agent.interrupt import EvalTimeout, Interruptible
 from mldbg.agent.logtemplate import TemplateError, compile_template, render
 from mldbg.agent.paused import PausedThread, frames_from_stack
@@ -255,7 +256,7 @@ class _Agent:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
-        self.debugger = Debugger(Wire(theirs), os.getcwd())
+        self.debugger = Debugger(Wire(theirs), os.getcwd(), choose_backend)
         _AGENTS.append(self)
         self.debugger.mark_busy()  # the test's own thread is never held by a stop
         self.reader = ours.makefile("rb")

@@ -637,3 +637,34 @@ def test_no_room_for_the_capture_directory_leaves_the_model_running(
     assert len(cap.errors) == 1 and "cannot create the capture" in cap.errors[0]
     for module in net.modules():
         assert not module._forward_hooks and not module._forward_pre_hooks
+
+
+def test_a_captured_tensor_by_its_entry_name(home: Path, tmp_path: Path) -> None:
+    """mldbg.captured_tensor: the reference's tensor in any framework, bits kept, no index
+    reading; a tuple's first element answers to the bare name."""
+    torch.manual_seed(0)
+    model = Net().to(torch.bfloat16)
+    x = torch.randn(3, 4, dtype=torch.bfloat16)
+    with torch.no_grad(), mldbg.capture(model, "ref") as cap:
+        model(x)
+        expected = model.block.proj(x)
+    got = mldbg.captured_tensor("ref", "block.proj#0.out", to="torch")
+    assert got.dtype == torch.bfloat16 and torch.equal(
+        got.view(torch.int16), expected.view(torch.int16)
+    )
+    as_mlx = mldbg.captured_tensor("ref", "block.proj#0.out", to="mlx")
+    assert as_mlx.dtype == mx.bfloat16
+    np.testing.assert_array_equal(
+        np.array(as_mlx.view(mx.uint16)), expected.view(torch.int16).numpy().view(np.uint16)
+    )
+    as_numpy = mldbg.captured_tensor(str(cap.path), "block.proj#0.out", to="numpy")
+    assert as_numpy.dtype.name == "bfloat16" and as_numpy.shape == (3, 4)
+    # the tuple's first element, by the bare name, from another store (another repository)
+    first = mldbg.captured_tensor("ref", "block#0.out", to="torch", home=home)
+    assert torch.equal(first, mldbg.captured_tensor("ref", "block#0.out.0", to="torch"))
+    # no `to`: this module imports both frameworks, so the capture's own (torch)
+    assert isinstance(mldbg.captured_tensor("ref", "head#0.out"), torch.Tensor)
+    with pytest.raises(KeyError, match=r"block\.proj#0\.out"):
+        mldbg.captured_tensor("ref", "block.proj#0.outt")
+    with pytest.raises(mldbg.CompareInputError, match="no-such"):
+        mldbg.captured_tensor("no-such", "block#0.out")

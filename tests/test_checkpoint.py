@@ -115,9 +115,14 @@ import mlx.core as mx
 a = mx.arange(10, dtype=mx.float32)
 lazy = mx.exp(a / 10).astype(mx.bfloat16)
 debug_checkpoint("mlx", lazy=lazy)
+pending = mx.ones((64, 64)) * 3
+debug_checkpoint("locals")  # the caller's locals: a lazy one is not run early
 """,
     )
     assert result.returncode == 0, result.stderr
+    taken = records(tmp_path)[1]["variables"]["pending"]
+    assert taken["shape"] == [64, 64] and taken["dtype"] == "float32"
+    assert taken["evaluated"] is False and taken["stats"] is None and "lazy" in taken["note"]
     summary = records(tmp_path)[0]["variables"]["lazy"]
     expected = np.array(
         mx.exp(mx.arange(10, dtype=mx.float32) / 10).astype(mx.bfloat16).astype(mx.float32).tolist()
@@ -252,6 +257,14 @@ def test_runs_and_run_resolution(tmp_path: Path, cli) -> None:
     assert cli("checkpoints", "--run", "latest", json_out=True)["run_id"] == runs[0]["run_id"]
     error = cli("checkpoints", "--run", "prog-1999", json_out=True, expect=1)
     assert error["code"] == "unknown_run" and "prog-1999" in error["error"]
+    # --name filters (it once reached the daemon as a session name: ignored, a glob refused)
+    named = cli("checkpoints", "--name", "final", json_out=True)
+    assert [r["checkpoint_name"] for r in named["checkpoints"]] == ["final"]
+    globbed = cli("checkpoints", "--name", "lay*", "--hit", "2", json_out=True)
+    assert [(r["checkpoint_name"], r["hit_count"]) for r in globbed["checkpoints"]] == [
+        ("layer", 2)
+    ]
+    assert cli("checkpoints", "--name", "none?", json_out=True)["checkpoints"] == []
     human = cli("checkpoints", "--name", "final").stdout
     assert "final #1" in human and "bfloat16[3]" in human
     assert "prog" in cli("runs").stdout
@@ -298,3 +311,21 @@ debug_checkpoint("plain", n=3, lr=0.5, opt="adam", sizes=[1, 2], obj=Opaque(), n
             check=True,
         )
         assert out.stdout.strip() == "3"
+
+
+def test_run_store_is_ignored_by_git(tmp_path: Path) -> None:
+    """`git add -A` in the project never commits the run store."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    subprocess.run([git, "init", "-q", str(tmp_path)], check=True)
+    assert run_plain(tmp_path, SCRIPT).returncode == 0
+    assert (tmp_path / ".mldbg" / ".gitignore").read_text().splitlines()[-1] == "*"
+    status = subprocess.run(
+        [git, "status", "--porcelain", "--untracked-files=all"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert ".mldbg" not in status and "prog.py" in status, status

@@ -210,7 +210,40 @@ def test_cli_starts_the_daemon_on_demand(tmp_path: Path, write) -> None:
     while (config / "server.json").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not (config / "server.json").exists()
-    assert run("serve", "--stop").returncode == 1  # nothing to stop now, and it says so
+    again = run("serve", "--stop")  # nothing to stop: what was asked holds, and it says so
+    assert again.returncode == 0 and "no mldbg daemon is running" in again.stdout, again
+    assert json.loads(run("serve", "--stop", "--json").stdout) == {
+        "stopped": False,
+        "running": False,
+    }
+    assert not (config / "server.json").exists()  # and it started none
+
+
+def test_help_and_store_verbs_with_a_session(cli, write) -> None:
+    """Regressions: `break --help` crashed on a literal % in its help; `runs -s X` and
+    `checkpoints -s X` crashed in the client (session given twice)."""
+    proc = cli("break", "--help")
+    assert "--hits" in proc.stdout and "--condition" in proc.stdout
+    write(
+        "tick.py", "from mldbg import debug_checkpoint\ndebug_checkpoint('tick', skip=True, i=1)\n"
+    )
+    cli("start", "-s", "storeverbs", "tick.py")
+    try:
+        # --condition: the spelling pdb/debugpy users bring, the same as --if
+        bp = cli(
+            "break", "-s", "storeverbs", "tick.py", "2", "--condition", "1 + 1 == 2", json_out=True
+        )
+        assert bp["condition"] == "1 + 1 == 2" and bp["line"] == 2
+        assert cli("continue", "-s", "storeverbs", json_out=True)["location"]["line"] == 2
+        assert cli("continue", "-s", "storeverbs", json_out=True)["state"] == "exited"
+        runs = cli("runs", "-s", "storeverbs", json_out=True)
+        assert runs["runs"] and runs["runs"][0]["script"].endswith("tick.py")
+        listed = cli("checkpoints", "-s", "storeverbs", json_out=True)
+        assert [r["checkpoint_name"] for r in listed["checkpoints"]] == ["tick"]
+        unknown = cli("runs", "-s", "nobody", json_out=True, expect=1)
+        assert unknown["code"] == "unknown_session"
+    finally:
+        cli("terminate", "-s", "storeverbs", expect=None)
 
 
 def test_demo_runs_end_to_end(cli) -> None:

@@ -349,6 +349,13 @@ def test_eval_multiline_imports_and_side_effects(session: Session, write, python
     assert result["result"] == "5.0" and result["type"] == "float"
     assert session.value("z") == "4.0"  # names defined by one evaluation persist in this pause
     assert session.eval("a")["result"] == "1"
+    # nested scopes see the frame's variables: a helper def, a lambda, comprehensions
+    helper = session.eval("def total(k):\n    return z * k + a\ntotal(2)")
+    assert helper["result"] == "9.0"
+    assert session.value("[a * x for x in range(3)]") == "[0, 1, 2]"
+    assert session.value("sorted([1, 2, 3], key=lambda v: -v * a)") == "[3, 2, 1]"
+    assert session.value("y = 5\ndef later():\n    return y + a\nlater()") == "6"
+    assert session.value("total(1)") == "5.0"  # the helper lives on in this pause
     session.eval("a = 10")
     assert session.eval("for i in range(2):\n    pass")["result"] == "None"
     error = session.eval("1/0", expect=400)

@@ -69,6 +69,9 @@ def test_dry_run_lists_then_a_real_run_ends_only_the_target(cli, spawn) -> None:
     assert target.poll() is None
 
     assert cli("kill-all", "--mlx-only", "--dry-run", "--match", mark, json_out=True)["count"] == 0
+    # --pytorch-only: the spelling of the tool mldbg replaces, the same filter
+    aliased = cli("kill-all", "--pytorch-only", "--dry-run", "--match", mark, json_out=True)
+    assert [p["pid"] for p in aliased["processes"]] == [target.pid]
     done = cli("kill-all", "--yes", "--torch-only", "--match", mark, json_out=True)
     assert {p["pid"]: p["outcome"] for p in done["processes"]} == {target.pid: "terminated"}
     assert target.wait(10) == -15

@@ -192,6 +192,18 @@ def test_a_debug_session_through_mcp(mcp, write) -> None:
         assert "missing.py" in missing["error"]
         nothing = await tool.error("start", session="mcp2")
         assert nothing["code"] == "bad_argument"
+        # no stop at entry: `wait` waits for the first breakpoint, not merely the start
+        first = await tool(
+            "start",
+            script="prog.py",
+            breakpoints=[{"file": "prog.py", "line": inside}],
+            stop_on_entry=False,
+            wait=30,
+            session="mcp3",
+        )
+        assert first["state"] == "paused" and first["reason"] == "breakpoint", first
+        assert first["location"]["line"] == inside
+        await tool("terminate", session="mcp3")
         hostile = await tool.error("pause", session="x/../../shutdown#")
         assert hostile["code"] == "bad_session_name"
         assert (await tool("status", session="mcp1"))["state"] == "paused"  # daemon still up
@@ -235,6 +247,10 @@ def test_parity_through_mcp(mcp, write, tmp_path: Path) -> None:
         few = await tool("compare", a="ref", b="port", passing=True, limit=3)
         assert len(few["entries"]) == 3 and few["truncated"] and few["next"]["args"]["offset"] == 3
         assert few["entries"][0].get("culprit") and few["total"] > 3
+        # the text form too, on every call (not only the process's first compare)
+        for arguments in ({"passing": True}, {}):
+            shown = await client.call_tool("compare", {"a": "ref", "b": "port", **arguments})
+            assert "blocks.1.act" in shown.content[0].text, shown.content  # type: ignore[union-attr]
 
         clean = await tool("compare", a="ref", b="ref")
         assert clean["ok"] is True and clean["first_divergence"] is None

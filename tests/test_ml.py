@@ -71,7 +71,7 @@ def test_large_tensor_summary_is_fast(session: Session, write) -> None:
     assert abs(summary["stats"]["mean"]) < 0.01 and abs(summary["stats"]["std"] - 1) < 0.01
 
 
-def test_mlx_arrays_are_evaluated_and_summarized(session: Session, write) -> None:
+def test_mlx_arrays_are_summarized_lazily_and_evaluated_on_request(session: Session, write) -> None:
     pytest.importorskip("mlx.core")
     script = write(
         "mlx_prog.py",
@@ -87,12 +87,23 @@ def test_mlx_arrays_are_evaluated_and_summarized(session: Session, write) -> Non
         python=sys.executable,
         breakpoints=[{"file": str(script), "line": line_of(script, "stop")}],
     )
-    session.cont(wait=30)
-    result = session.eval("lazy")
+    state = session.cont(wait=30)
+    # every stop says what MLX's allocator holds, and the process
+    assert set(state["memory"]["mlx"]) == {"active_bytes", "peak_bytes", "cache_bytes", "device"}
+    assert state["memory"]["process"]["rss_bytes"] > 0
+    # listing variables shows the lazy array as it is: shape, dtype, not evaluated
+    listed = session.api.get(f"{session.base}/vars")["variables"]
+    line = next(v["summary"] for v in listed if v["name"] == "lazy")
+    assert "bfloat16[3, 4]" in line and "not evaluated" in line, line
+    before = session.value("mx.get_active_memory()")
+    session.api.get(f"{session.base}/vars")
+    assert session.value("mx.get_active_memory()") == before  # vars allocated nothing
+    result = session.eval("lazy")  # asked for: evaluated, and it says so
     assert result["type"] == "mlx.core.array"
     summary = result["summary"]
     assert summary["shape"] == [3, 4] and summary["dtype"] == "bfloat16"
     assert summary["stats"]["max"] == 22.0 and summary["preview"][:3] == [0.0, 2.0, 4.0]
+    assert "evaluated now" in summary["note"] and "evaluated now" in result["result"]
     assert session.value("a.sum().item()") == "66.0"  # evaluation runs on the paused thread
 
 

@@ -114,7 +114,7 @@ def test_code_made_in_a_loop_is_not_cached_forever(tmp_path: Path) -> None:
 
     script = tmp_path / "m.py"
     script.write_text("def f():\n    return 1\n")
-    debugger = Debugger(None, str(tmp_path))  # type: ignore[arg-type]
+    debugger = Debugger(None, str(tmp_path), SettraceBackend)  # type: ignore[arg-type]
     table: BreakpointTable = debugger.breakpoints
     table.add(make_breakpoint(str(script), 2))
     backend = SettraceBackend(debugger)

@@ -33,7 +33,7 @@ TENSOR_KEYS = {"type", "shape", "dtype", "device", "numel", "preview", "stats"}
 
 def check(value: object) -> dict[str, Any]:
     """summarize, plus the promises every summary keeps: strict JSON, a bounded one_line."""
-    s = summary.summarize(value)
+    s = summary.summarize(value, force=True)  # as eval shows it: a lazy MLX graph runs
     json.dumps(s, allow_nan=False)
     assert len(summary.one_line(value)) <= 200
     assert len(summary.one_line(value, 40)) <= 40
@@ -443,7 +443,9 @@ def test_one_line_for_tensors() -> None:
     assert line.startswith("torch.Tensor float32[2, 2] cpu min=-1 max=3")
     assert "nan=1" in line and "inf=" not in line
     assert summary.one_line(torch.arange(20.0)).endswith("[0, 1, 2, 3, 4, 5, 6, 7, …]")
-    assert summary.one_line(mx.zeros((2,))).startswith("mlx.core.array float32[2] cpu min=0")
+    evaluated = mx.zeros((2,))
+    mx.eval(evaluated)
+    assert summary.one_line(evaluated).startswith("mlx.core.array float32[2] cpu min=0")
     assert summary.one_line(np.ones((2, 2), dtype=bool)).startswith(
         "numpy.ndarray bool[2, 2] cpu min=True max=True"
     )
@@ -497,3 +499,42 @@ def test_memory_stays_bounded_for_conversions_and_non_finite_values() -> None:
         """
     )
     assert int(out) < 100, f"peak grew by {out.strip()} MB"
+
+
+def test_lazy_mlx_arrays_are_not_evaluated_by_a_summary() -> None:
+    """A variable listing must not run the script's graph: a lazy 64 MB array stays lazy."""
+    lazy = mx.ones((4096, 4096)) * 2
+    before = mx.get_active_memory()
+    s = summary.summarize(lazy)
+    assert mx.get_active_memory() == before  # nothing was allocated
+    assert s["shape"] == [4096, 4096] and s["dtype"] == "float32" and s["numel"] == 1 << 24
+    assert s["evaluated"] is False and "not evaluated" in s["note"]
+    assert s["stats"] is None and s["preview"] == []
+    line = summary.one_line(lazy)
+    assert line.startswith("mlx.core.array float32[4096, 4096]") and "not evaluated" in line
+    assert mx.get_active_memory() == before
+    # asked for (eval): computed, and said so; afterwards it is an evaluated array
+    forced = summary.summarize(lazy, force=True)
+    assert forced["stats"]["max"] == 2.0 and "evaluated now" in forced["note"]
+    again = summary.summarize(lazy)
+    assert again["stats"]["min"] == 2.0 and "note" not in again and "evaluated" not in again
+    constant = summary.summarize(mx.array([1.0, 2.0]))  # made from host data: has values
+    assert constant["preview"] == [1.0, 2.0]
+
+
+def test_mlx_tracers_inside_compile_show_shape_and_dtype() -> None:
+    seen: dict[str, Any] = {}
+
+    @mx.compile
+    def double(x: Any) -> Any:
+        y = (x * 2).astype(mx.float16)
+        seen["x"], seen["y"] = summary.summarize(x), summary.summarize(y, force=True)
+        seen["line"] = summary.one_line(y)
+        return y
+
+    mx.eval(double(mx.ones((3, 2))))
+    for key in ("x", "y"):
+        assert seen[key]["type"] == "mlx.core.array" and seen[key]["shape"] == [3, 2], seen
+        assert seen[key]["evaluated"] is False and "mx.compile" in seen[key]["note"], seen
+    assert seen["y"]["dtype"] == "float16" and seen["x"]["dtype"] == "float32"
+    assert seen["line"].startswith("mlx.core.array float16[3, 2]"), seen["line"]

@@ -209,11 +209,38 @@ def test_show_all_and_clear_need_confirmation(capsys: pytest.CaptureFixture[str]
     ]
     printed = capsys.readouterr().out
     assert "one" in printed and "two" in printed and "mlx" in printed
-    with pytest.raises(ValueError, match="confirm=True"):
-        debug_clear()
+    with pytest.raises(ValueError, match="no terminal to ask"):
+        debug_clear()  # no terminal here (pytest's stdin): it cannot ask, so it refuses
     assert len(list_tensors()) == 2  # refused: nothing lost
     assert debug_clear("one") == ["one"]
     assert debug_clear(confirm=True) == ["two"] and list_tensors() == []
+    # the spelling of the tool mldbg replaces: confirm=False means "do not ask"
+    debug_save(torch.ones(1), "three")
+    assert debug_clear(confirm=False) == ["three"] and list_tensors() == []
+
+
+@pytest.mark.parametrize(("answer", "left"), [("y", []), ("n", ["kept"])])
+def test_clear_without_arguments_asks_on_a_terminal(
+    home: Path, answer: str, left: list[str]
+) -> None:
+    import pty
+
+    debug_save(torch.ones(2), "kept")
+    leader, follower = pty.openpty()
+    code = "from mldbg import debug_clear; print('removed', debug_clear())"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "MLDBG_HOME": str(home)},
+    )
+    os.close(follower)
+    os.write(leader, f"{answer}\n".encode())
+    out, _ = proc.communicate(timeout=60)
+    os.close(leader)
+    assert proc.returncode == 0 and "delete all 1 tensor(s)" in out, out
+    assert [t["name"] for t in list_tensors()] == left
 
 
 def test_guard_counts_the_whole_home(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
@@ -242,3 +269,66 @@ def test_guard_counts_the_whole_home(monkeypatch: pytest.MonkeyPatch, home: Path
     monkeypatch.setenv("MLDBG_STORE_MAX_GB", "lots")
     with pytest.raises(store_size.MldbgError, match="not a number"):
         store_size.usage(home)
+
+
+def test_start_is_refused_past_the_limit(cli, write, home: Path) -> None:
+    """The guard holds at the door: a store past its limit takes no new run."""
+    write("prog.py", "print('ran')\n")
+    old = home / "runs" / "old-1"
+    old.mkdir(parents=True)
+    (old / "output.log").write_bytes(b"x" * 30_000)
+    limit = ["--env", "MLDBG_STORE_MAX_GB=0.00002"]  # 20 KB, the client's limit
+    refused = cli("start", "-s", "full", *limit, "prog.py", json_out=True, expect=1)
+    assert refused["code"] == "store_full" and "mldbg clean" in refused["error"], refused
+    assert [p.name for p in (home / "runs").iterdir()] == ["old-1"]  # nothing was made
+    state = cli("start", "-s", "full", "--run", "prog.py", json_out=True)  # the default 10 GB
+    assert state["state"] in ("exited", "running", "paused"), state
+
+
+def test_two_repositories_share_one_store(tmp_path: Path) -> None:
+    """Without MLDBG_HOME, debug_save in the reference's checkout and debug_load in the
+    port's (a subdirectory of it, even) meet in the user's store; MLDBG_HOME still wins."""
+    user = tmp_path / "user"
+    reference, port = tmp_path / "reference", tmp_path / "port" / "src" / "deep"
+    for directory in (user, reference, port):
+        directory.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "MLDBG_HOME"} | {"HOME": str(user)}
+
+    def run(cwd: Path, code: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=cwd,
+            env=env | extra,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    saved = run(
+        reference,
+        "import torch; from mldbg import debug_save; "
+        "debug_save(torch.arange(6, dtype=torch.bfloat16), 'ref.h')",
+    )
+    assert saved.returncode == 0, saved.stderr
+    assert (user / ".mldbg" / "tensors" / "ref.h.safetensors").is_file()
+    assert not (reference / ".mldbg").exists()
+    loaded = run(
+        port,
+        "import mlx.core as mx; from mldbg import debug_load; "
+        "h = debug_load('ref.h'); print(h.dtype, h.astype(mx.float32).tolist())",
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == [
+        "mlx.core.bfloat16",
+        "[0.0,",
+        "1.0,",
+        "2.0,",
+        "3.0,",
+        "4.0,",
+        "5.0]",
+    ]
+
+    missing = run(port, "from mldbg import debug_load; debug_load('ref.g')")
+    assert "closest stored names: ref.h" in missing.stderr and "MLDBG_HOME" in missing.stderr
+    own = run(port, "from mldbg import debug_load; debug_load('ref.h')", MLDBG_HOME="proj")
+    assert "no tensor named 'ref.h'" in own.stderr and "MLDBG_HOME=proj" in own.stderr

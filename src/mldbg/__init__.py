@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "Capture": "capture",
     "capture": "capture",
+    "captured_tensor": "capture.load",
     "CompareInputError": "compare",
     "Comparison": "compare",
     "ReplayResult": "compare",
@@ -29,6 +30,7 @@ _PUBLIC = {
     "debug_save": "tensors",
     "debug_clear": "tensors",
     "debug_show_all": "tensors",
+    "tripped": "agent.tripwire",
 }
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "ReplayResult",
     "__version__",
     "capture",
+    "captured_tensor",
     "compare",
     "debug_checkpoint",
     "debug_clear",
@@ -45,10 +48,13 @@ __all__ = [
     "debug_save",
     "debug_show_all",
     "replay",
+    "tripped",
 ]
 
 if TYPE_CHECKING:
+    from .agent.tripwire import tripped
     from .capture import Capture, capture
+    from .capture.load import captured_tensor
     from .checkpoint import debug_checkpoint
     from .compare import CompareInputError, Comparison, ReplayResult, compare, replay
     from .tensors import debug_clear, debug_load, debug_save, debug_show_all

@@ -68,10 +68,10 @@ def attach_debugger(run_dir: str, pause_hook: PauseHook | None) -> None:
     _recorder.attach(run_dir, pause_hook)
 
 
-def _json_value(value: object) -> Any:
+def _json_value(value: object, force: bool = False) -> Any:
     """Tensors become summaries; JSON-able plain values are kept as they are."""
     if summary.is_tensor(value):
-        return _tensor_summary(value)
+        return _tensor_summary(value, force)
     if isinstance(value, bool | int | str | type(None)):
         return value
     if isinstance(value, float):
@@ -92,13 +92,13 @@ def _json_value(value: object) -> Any:
 _DTYPE_PREFIX = {"torch": "torch.", "mlx": "mlx.core.", "numpy": "numpy."}
 
 
-def _tensor_summary(value: object) -> dict[str, Any]:
+def _tensor_summary(value: object, force: bool = False) -> dict[str, Any]:
     """The summary, plus ``dtype_qualified`` (``torch.float32``, ``mlx.core.bfloat16``).
 
     The short ``dtype`` alone cannot say which framework's dtype it is, and scripts that
     rebuild a tensor from a record need exactly that.
     """
-    record = summary.summarize(value)
+    record = summary.summarize(value, force)
     framework = str(record.get("type", "")).split(".", 1)[0]
     dtype = record.get("dtype")
     if dtype is not None:
@@ -106,14 +106,14 @@ def _tensor_summary(value: object) -> dict[str, Any]:
     return record
 
 
-def _variable(value: object) -> dict[str, Any]:
+def _variable(value: object, force: bool = False) -> dict[str, Any]:
     """One entry of ``variables``: a tensor summary, or ``{"type", "value"}`` for anything else.
 
     Every entry is an object with ``type``, so recipes can select ``.variables.NAME.value``
     for plain values and ``.variables.NAME.stats`` for tensors without guessing.
     """
     if summary.is_tensor(value):
-        return _tensor_summary(value)
+        return _tensor_summary(value, force)
     plain = _json_value(value)
     text = summary.safe_repr(value, REPR_CHARS)
     if _is_summary(value):
@@ -160,10 +160,16 @@ def debug_checkpoint(
     Under mldbg the script pauses here (reason ``checkpoint``) unless ``skip=True`` or
     checkpoint filters (``mldbg break --checkpoint``) leave this one out; without the
     debugger it only records.
+
+    Lazy MLX arrays: one passed by keyword is asked for, so it is evaluated and its
+    statistics recorded (as ``mx.eval`` would); the caller's locals, taken when no keyword
+    is given, are recorded as they are: a lazy one by shape and dtype, ``"evaluated":
+    false``, never run early by a checkpoint the script did not point at it.
     """
     if _OFF:
         return
     frame = sys._getframe(1)
+    asked = bool(variables)
     if not variables:
         variables = {k: v for k, v in frame.f_locals.items() if summary.is_tensor(v)}
     hit = _recorder.next_hit(name)
@@ -180,9 +186,9 @@ def debug_checkpoint(
             "function": frame.f_code.co_name,
         },
         "code_context": _code_context(frame, line),
-        "variables": {key: _variable(value) for key, value in variables.items()},
+        "variables": {key: _variable(value, asked) for key, value in variables.items()},
         # The first release's shape: tensors summarized, plain values as bare JSON values.
-        "values": {key: _json_value(value) for key, value in variables.items()},
+        "values": {key: _json_value(value, asked) for key, value in variables.items()},
         "metadata": _json_value(dict(metadata)) if metadata else None,
     }
     _recorder.append(record)

@@ -64,3 +64,14 @@ class AgentTimeout(MldbgError):
 class StartFailed(MldbgError):
     status = 400
     code = "start_failed"
+
+
+class BreakpointError(MldbgError, ValueError):
+    """Inside the debuggee: a breakpoint, watch or exception filter that cannot be set.
+
+    Raised by the agent (which imports only this standard-library module of the package)
+    and sent to the daemon as its ``code`` and ``extra``.
+    """
+
+    def __init__(self, message: str, code: str = "bad_argument", **extra: Any) -> None:
+        super().__init__(message, code=code, **extra)

@@ -61,6 +61,9 @@ class BreakpointInfo(TypedDict, total=False):
     temporary: bool  # until's one-shot breakpoint
     this_thread: bool
     existing: bool  # until reused the breakpoint already on that line
+    nonfinite: bool  # the tripwire (break --nonfinite), with max_abs and subnormal
+    max_abs: float | None
+    subnormal: bool
 
 
 class Breakpoints(TypedDict, total=False):
@@ -118,7 +121,7 @@ class Recovered(TypedDict, total=False):
 class State(TypedDict, total=False):
     session: str
     state: str  # starting | running | paused | exited | crashed
-    reason: str | None  # entry | breakpoint | step | pause | exception | checkpoint
+    reason: str | None  # entry | breakpoint | step | pause | exception | checkpoint | tripwire
     location: Location | None
     pid: int | None
     exit_code: int | None
@@ -153,6 +156,12 @@ class State(TypedDict, total=False):
     restarted_from: NotRequired[str]  # restart: the run id this one replaces
     selected: NotRequired[int]  # thread: the selected thread's id
     interrupted: NotRequired[bool]  # pause while paused: an evaluation was interrupted
+    # at a stop: {"process": {rss_bytes, peak_rss_bytes}, "mlx": {active_bytes, peak_bytes,
+    # cache_bytes, device}, "torch": {"cuda": {...}, "mps": {...}}} where each applies (memory.py)
+    memory: NotRequired[dict[str, Any]]
+    # reason "tripwire" (break --nonfinite): {id, module, class, framework, rule, found:
+    # [{name, shape, dtype, nan, inf, above_max_abs, subnormal}], hit_count}
+    tripwire: NotRequired[dict[str, Any]]
 
 
 class Frame(TypedDict, total=False):
@@ -259,6 +268,16 @@ class CompareSummary(Truncation, total=False):
     unpaired_b: list[Any]
     warnings: list[Any]
     html: str | None
+
+
+class WeightAudit(Truncation, total=False):
+    ok: bool
+    reference: dict[str, Any]  # label, framework, count
+    port: dict[str, Any]
+    fresh: dict[str, Any] | None
+    counts: dict[str, int]  # parameters per status
+    problems: list[dict[str, Any]]  # failing first: name, name_port, status, note, shapes...
+    proposed_map: dict[str, Any] | None
 
 
 class TensorStore(Truncation, total=False):

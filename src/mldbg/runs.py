@@ -231,6 +231,20 @@ def runs_root(home: Path) -> Path:
     return home / "runs"
 
 
+def ignore_in_git(home: Path) -> None:
+    """Give the store a ``.gitignore`` holding ``*`` (itself included): a ``./.mldbg``
+    inside a repository is runs, captures and tensors, and one ``git add -A`` would commit
+    them.  Written once, never overwritten (a user's own rules win); a failure to write it
+    never fails the run."""
+    path = home / ".gitignore"
+    if path.exists():
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("# written by mldbg: this directory is its run store, never source\n*\n")
+
+
 def reserve_run_dir(home: Path) -> RunDir:
     """A run directory under a temporary name, for output captured before the pid is known.
 
@@ -239,6 +253,7 @@ def reserve_run_dir(home: Path) -> RunDir:
     """
     root = runs_root(home)
     make_private_dirs(root)
+    ignore_in_git(home)
     path = root / f".starting-{os.getpid()}-{secrets.token_hex(4)}"
     os.mkdir(path, PRIVATE_DIR)
     os.chmod(path, PRIVATE_DIR)

@@ -10,6 +10,7 @@ script.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
 
@@ -50,9 +51,11 @@ def _tree_size(path: Path) -> int:
     return total
 
 
-def _limit(variables: tuple[str, ...], default_gb: float) -> int:
+def _limit(
+    variables: tuple[str, ...], default_gb: float, env: Mapping[str, str] | None = None
+) -> int:
     for variable in variables:
-        raw = os.environ.get(variable)
+        raw = (os.environ if env is None else env).get(variable)
         if not raw:
             continue
         try:
@@ -67,21 +70,25 @@ def _limit(variables: tuple[str, ...], default_gb: float) -> int:
     return int(default_gb * 1e9)
 
 
-def warn_bytes() -> int:
-    return _limit(WARN_VARIABLES, WARN_GB)
+def warn_bytes(env: Mapping[str, str] | None = None) -> int:
+    return _limit(WARN_VARIABLES, WARN_GB, env)
 
 
-def limit_bytes() -> int:
-    return _limit(MAX_VARIABLES, MAX_GB)
+def limit_bytes(env: Mapping[str, str] | None = None) -> int:
+    return _limit(MAX_VARIABLES, MAX_GB, env)
 
 
-def usage(home: Path | None = None) -> StoreUsage:
-    """Bytes under the home, split into runs (captures included), tensors and the rest."""
+def usage(home: Path | None = None, env: Mapping[str, str] | None = None) -> StoreUsage:
+    """Bytes under the home, split into runs (captures included), tensors and the rest.
+
+    ``env``: whose limits apply (the daemon checks a start against its client's
+    environment, not its own); default this process's.
+    """
     home = home or mldbg_home()
     total = _tree_size(home) if home.is_dir() else 0
     runs = _tree_size(home / "runs") if (home / "runs").is_dir() else 0
     tensors = _tree_size(home / "tensors") if (home / "tensors").is_dir() else 0
-    warn, limit = warn_bytes(), limit_bytes()
+    warn, limit = warn_bytes(env), limit_bytes(env)
     return {
         "home": str(home),
         "total_bytes": total,
@@ -108,13 +115,13 @@ def _gb(n: int | float) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
-def warning(home: Path | None = None) -> str | None:
+def warning(home: Path | None = None, env: Mapping[str, str] | None = None) -> str | None:
     """A one-line warning when the home is past the warning size, else None.
 
     ``mldbg start`` prints it at start-up, so the store never fills a disk silently.
     """
     home = home or mldbg_home()
-    info = usage(home)
+    info = usage(home, env)
     if not info["over_warning"]:
         return None
     return (
@@ -143,3 +150,20 @@ def check(incoming: int, home: Path | None = None) -> str | None:
     if after > info["warn_bytes"]:
         return f"the mldbg store {home} holds {_gb(after)}; {free_space_hint(home)}"
     return None
+
+
+def check_start(home: Path, env: Mapping[str, str] | None = None) -> None:
+    """Refuse to start a run in a home already past its limit (:class:`StoreFull`).
+
+    Saves were refused there but a start was not, and every start writes a run directory
+    (and a capture inside it can write gigabytes): the guard must hold at the door too.
+    """
+    info = usage(home, env)
+    if info["over_limit"]:
+        raise StoreFull(
+            f"the mldbg store {home} holds {_gb(info['total_bytes'])}, past its limit of "
+            f"{_gb(info['limit_bytes'])} (MLDBG_STORE_MAX_GB): not starting a run there; "
+            f"{free_space_hint(home)}",
+            size_bytes=info["total_bytes"],
+            limit_bytes=info["limit_bytes"],
+        )

@@ -494,14 +494,79 @@ def _torch_int_extremes(c: Any, torch: Any) -> tuple[int, int]:
 # -- MLX ------------------------------------------------------------------------------------
 
 
-def _mlx_summary(a: Any) -> dict[str, Any]:
+NOT_EVALUATED = "not evaluated (a lazy MLX array): eval computes it, mx.eval(x) in the script"
+TRACER = (
+    "a tracer inside mx.compile / vmap / grad: its values exist only when the transformed "
+    "function runs (break outside it, or mx.disable_compile())"
+)
+EVALUATED_NOW = "was lazy: evaluated now, as asked"
+
+
+def _mlx_summary(a: Any, force: bool = False) -> dict[str, Any]:
+    """Shape and dtype always; values and statistics only for an evaluated array, unless
+    ``force`` (``eval``: the user asked for the value), which evaluates it and says so.
+
+    A summary must not change what the script does: evaluating a lazy array allocates it
+    (a 64 MB array for a variable listing), runs its graph early and splits the graph MLX
+    would have fused.  Inside ``mx.compile`` arrays are tracers and cannot be evaluated at all.
+    """
     mx = sys.modules["mlx.core"]
-    mx.eval(a)  # lazy graphs run now, once
     dtype = str(a.dtype).removeprefix("mlx.core.")
     out = _header("mlx", a.shape, dtype, _mlx_device(mx), a.size)
+    lazy = _mlx_lazy(a, mx)
+    if lazy:
+        if not force:
+            out["evaluated"] = False
+            out["note"] = NOT_EVALUATED
+            return out
+        try:
+            mx.eval(a)
+        except Exception as exc:
+            out["evaluated"] = False
+            out["note"] = TRACER if _is_transform_error(exc) else _describe_exception(exc)
+            return out
+        out["note"] = EVALUATED_NOW
     if out["numel"]:
         _fill(out, lambda: _head(a, a.size).tolist(), lambda: _mlx_stats(a, mx))
+        if _is_transform_error_text(out.get("note", "")):  # a compile tracer's input
+            out["evaluated"] = False
+            out["note"] = TRACER
     return out
+
+
+def _mlx_lazy(a: Any, mx: Any) -> bool | None:
+    """Whether ``a`` still holds an unevaluated graph, found without evaluating it.
+
+    MLX has no public flag for it; ``export_to_dot`` writes "the unevaluated inputs of the
+    outputs", so an operation node (an edge, ``->``) in its output means a graph still to
+    run, and an evaluated array (or a constant) writes a lone node.  None: cannot tell
+    (an MLX without ``export_to_dot``), and the caller treats it as evaluated.
+    """
+    export = getattr(mx, "export_to_dot", None)
+    if export is None:
+        return None
+    sink = _DotSink()
+    export(sink, a)
+    return "->" in sink.text
+
+
+class _DotSink:
+    """A file-like object ``export_to_dot`` writes to."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+
+def _is_transform_error(exc: BaseException) -> bool:
+    return _is_transform_error_text(str(exc))
+
+
+def _is_transform_error_text(text: str) -> bool:
+    return "function transformations" in text or "during compile" in text
 
 
 def _mlx_device(mx: Any) -> str:
@@ -675,6 +740,10 @@ _TENSOR_SUMMARIES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "mlx": _mlx_summary,
     "numpy": _numpy_summary,
 }
+_FORCED_SUMMARIES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    **_TENSOR_SUMMARIES,
+    "mlx": lambda a: _mlx_summary(a, force=True),
+}
 _SIZED = (list, tuple, dict, set, frozenset, str, bytes, bytearray, collections.deque, range)
 
 
@@ -730,8 +799,12 @@ def _plain_summary(value: Any) -> dict[str, Any]:
     return out
 
 
-def summarize(value: object) -> dict[str, Any]:
+def summarize(value: object, force: bool = False) -> dict[str, Any]:
     """A JSON-ready (strict: no NaN) description of ``value``; never raises.
+
+    A lazy MLX array is described by shape and dtype with ``"evaluated": false`` and a
+    ``note``, never evaluated, unless ``force`` (``eval``'s result: the user asked for the
+    value), which evaluates it and says so in ``note``.
 
     Tensors: ``type``, ``shape``, ``dtype``, ``device``, ``numel``, ``preview`` (the first
     values in row-major order) and ``stats`` (``min``, ``max``, ``mean``, ``std``, ``nan``,
@@ -745,7 +818,7 @@ def summarize(value: object) -> dict[str, Any]:
         if framework is None:
             return _plain_summary(value)
         try:
-            return _TENSOR_SUMMARIES[framework](value)
+            return (_FORCED_SUMMARIES if force else _TENSOR_SUMMARIES)[framework](value)
         except Exception as exc:  # an exotic tensor must not break the session
             return {
                 "type": _TENSOR_TYPES[framework],
@@ -756,7 +829,7 @@ def summarize(value: object) -> dict[str, Any]:
         return {"type": "object", "repr": "<unavailable>", "note": _describe_exception(exc)}
 
 
-def one_line(value: object, max_chars: int = 200) -> str:
+def one_line(value: object, max_chars: int = 200, force: bool = False) -> str:
     """One line for variable lists and eval results; never raises, never over ``max_chars``.
 
     Tensors: ``torch.Tensor float32[2, 3] cpu min=-1.2 max=3.4 mean=0.5 std=1.1 [0.1, …]``
@@ -770,7 +843,7 @@ def one_line(value: object, max_chars: int = 200) -> str:
             if total is None and len(clipped) < len(text):
                 total = len(text)
             return _truncate(_fold(clipped), max_chars, total)
-        return _truncate(_tensor_line(summarize(value)), max_chars)
+        return _truncate(_tensor_line(summarize(value, force)), max_chars)
     except Exception as exc:
         return _truncate(f"<summary failed: {_describe_exception(exc)}>", max_chars)
 
@@ -801,7 +874,7 @@ def _tensor_line(s: dict[str, Any]) -> str:
     if s["preview"]:
         more = ", …" if s["numel"] > len(s["preview"]) else ""
         parts.append("[" + ", ".join(_short(v) for v in s["preview"]) + more + "]")
-    if "note" in s and not stats:
+    if "note" in s and (not stats or s["note"] == EVALUATED_NOW):
         parts.append(f"({s['note']})")
     return " ".join(parts)
 

@@ -1,7 +1,11 @@
 """The tensor store: ``debug_save`` / ``debug_load`` move exact tensors between frameworks.
 
-Each tensor is one safetensors file under ``MLDBG_HOME/tensors/NAME.safetensors``; its
-header's metadata says where and when it was saved.  Bytes are never converted, so a
+Each tensor is one safetensors file under ``<store>/tensors/NAME.safetensors``; its
+header's metadata says where and when it was saved.  The store is the user's, shared by
+every repository (``~/.mldbg/tensors``), unless ``MLDBG_HOME`` names one: the point is a
+``debug_save`` in the reference's checkout meeting a ``debug_load`` in the port's, and a
+store that followed the current directory kept them apart (even a subdirectory found it
+"empty").  Bytes are never converted, so a
 bf16 tensor saved from PyTorch loads bit for bit in MLX and back.  The frameworks (and
 the ``safetensors`` package for torch and numpy) are imported only when used: this
 module is importable anywhere, and listing the store needs the standard library only.
@@ -20,11 +24,12 @@ import struct
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from . import store_size as _store
-from .runs import PRIVATE_FILE, make_private_dirs, mldbg_home
+from .runs import PRIVATE_FILE, ignore_in_git, make_private_dirs, mldbg_home
 
 SUFFIX = ".safetensors"
 KEY = "tensor"
@@ -36,8 +41,34 @@ _warned = False
 TensorStoreFull = _store.StoreFull
 
 
+def user_home(env: Mapping[str, str] | None = None) -> Path:
+    """The per-user store, ``~/.mldbg`` (``HOME`` from ``env`` when given)."""
+    env = os.environ if env is None else env
+    return Path(env.get("HOME") or Path.home()).expanduser() / ".mldbg"
+
+
+def tensor_home(
+    cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Path:
+    """The home whose ``tensors/`` is the store: ``$MLDBG_HOME`` when set (relative to
+    ``cwd``), else the per-user ``~/.mldbg``, one store for all of a user's repositories."""
+    env = os.environ if env is None else env
+    if env.get("MLDBG_HOME"):
+        return mldbg_home(cwd, env)
+    return user_home(env)
+
+
 def store_dir(home: Path | None = None) -> Path:
-    return (home or mldbg_home()) / "tensors"
+    """``home/tensors``; without ``home``, this process's store (:func:`tensor_home`)."""
+    return (home or tensor_home()) / "tensors"
+
+
+def where(directory: Path) -> str:
+    """Which store ``directory`` is and what moves it, for messages."""
+    configured = os.environ.get("MLDBG_HOME")
+    if configured:
+        return f"{directory} (MLDBG_HOME={configured}; unset it for the per-user store)"
+    return f"{directory} (the per-user store every repository shares; MLDBG_HOME=DIR moves it)"
 
 
 def check_name(name: str) -> str:
@@ -115,8 +146,9 @@ def debug_save(tensor: Any, name: str, *, exit_after: bool = False) -> Path:
     """
     framework = _framework(tensor)
     path = _path(name)
-    _guard(_nbytes(tensor, framework), None)
+    _guard(_nbytes(tensor, framework), path.parent.parent)
     make_private_dirs(path.parent)  # stored tensors are data: private, like the run store
+    ignore_in_git(path.parent.parent)
     metadata = {
         "mldbg_name": name,
         "framework": framework,
@@ -232,7 +264,9 @@ def debug_load(name: str, *, to: str | None = None) -> Any:
             if close
             else (f"; stored: {', '.join(stored[:10])}" if stored else "; the store is empty")
         )
-        raise FileNotFoundError(f"no tensor named {name!r} in {path.parent}{hint}")
+        raise FileNotFoundError(
+            f"no tensor named {name!r} in {where(path.parent)}{hint}{_elsewhere(path)}"
+        )
     if to is None:
         to = _caller_framework(path)
     if to == "torch":
@@ -247,6 +281,15 @@ def debug_load(name: str, *, to: str | None = None) -> Any:
     if to == "numpy":
         return _load_numpy(name, path)
     raise ValueError(f"to={to!r}: use 'torch', 'mlx' or 'numpy'")
+
+
+def _elsewhere(path: Path) -> str:
+    """A tensor of that name in ``./.mldbg/tensors`` (where mldbg kept it before the store
+    was per-user, or a project store used with MLDBG_HOME) is named, with how to read it."""
+    local = Path.cwd() / ".mldbg" / "tensors" / path.name
+    if not local.is_file() or local.resolve() == path.resolve():
+        return ""
+    return f"; {local} has one: MLDBG_HOME={local.parent.parent} reads that store"
 
 
 def _load_numpy(name: str, path: Path) -> Any:
@@ -283,7 +326,7 @@ def debug_show_all(*, print_table: bool = True) -> list[dict[str, Any]]:
     items = list_tensors()
     if print_table:
         if not items:
-            print(f"no tensors in {store_dir()}")
+            print(f"no tensors in {where(store_dir())}")
         for item in items:
             meta = item.get("metadata") or {}
             print(
@@ -293,15 +336,38 @@ def debug_show_all(*, print_table: bool = True) -> list[dict[str, Any]]:
     return items
 
 
-def debug_clear(name: str | None = None, *, confirm: bool = False) -> list[str]:
-    """Delete one stored tensor, or all of them with ``confirm=True``; returns the names."""
-    if name is None and not confirm:
+def debug_clear(name: str | None = None, *, confirm: bool | None = None) -> list[str]:
+    """Delete one stored tensor, or all of them; returns the names removed.
+
+    ``debug_clear(NAME)`` deletes one.  For all of them, both spellings in use work:
+    ``confirm=True`` (mldbg's first meaning: "I confirm") and ``confirm=False`` (the
+    tool mldbg replaces: "do not ask me") delete at once; ``debug_clear()`` with neither
+    asks on a terminal and, with no terminal to ask (an agent, a pipe), refuses rather
+    than delete everything or hang.
+    """
+    if name is None and confirm is None:
         count = len(list_tensors())
-        raise ValueError(
-            f"debug_clear() deletes all {count} tensor(s) in {store_dir()}: "
-            "call debug_clear(confirm=True), or debug_clear(NAME) for one"
-        )
+        where = store_dir()
+        if count and _interactive():
+            print(f"debug_clear(): delete all {count} tensor(s) in {where}? [y/N] ", end="")
+            sys.stdout.flush()
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                print("nothing deleted")
+                return []
+        elif count:
+            raise ValueError(
+                f"debug_clear() deletes all {count} tensor(s) in {where} and there is no "
+                "terminal to ask: call debug_clear(confirm=False) (or confirm=True), or "
+                "debug_clear(NAME) for one"
+            )
     return clear_tensors(name)
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):  # a closed or odd stdin cannot ask
+        return False
 
 
 def read_header(path: Path) -> dict[str, Any]:

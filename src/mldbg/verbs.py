@@ -59,6 +59,7 @@ class Arg:
     positional: bool = False
     flag: str | None = None  # a bool's flag flips its default: --run sets stop_on_entry False
     short: str | None = None
+    aliases: tuple[str, ...] = ()  # more CLI spellings, e.g. pdb/debugpy users' --condition
     cli: bool = True  # False: filled in by the client, never typed by a person
     mcp: bool = True
     nargs: str | None = None
@@ -161,6 +162,47 @@ BREAK_ERRORS = (
 PAUSED_ERRORS = ("not_paused", "session_ended", "agent_timeout")
 RESUME_ERRORS = ("not_paused", "session_ended")
 
+# Zero-edit capture: `start --capture NAME` records the script's models, unmodified.
+CAPTURE_ARGS = (
+    Arg(
+        "capture",
+        str,
+        "capture the script's models under this name without editing the script "
+        "(the outermost torch/MLX modules it calls; NAME, NAME.2, ... per model)",
+    ),
+    Arg(
+        "capture_models",
+        list[str],
+        "capture these models instead: a class name or glob (LlamaModel, *UNet*); repeatable",
+        flag="--capture-model",
+    ),
+    Arg(
+        "capture_mode",
+        str,
+        "full: every tensor; summary: statistics + an 8 KB sketch per tensor (coarse pass)",
+        "full",
+        choices=("full", "summary"),
+    ),
+    Arg(
+        "capture_depth",
+        int,
+        "record only calls nested at most this deep in the model (0: the model's own call)",
+        minimum=0,
+    ),
+    Arg(
+        "capture_budget",
+        str,
+        "most bytes the capture's tensor files may take (500MB, 1GB): the rest is skipped "
+        "and reported",
+    ),
+    Arg(
+        "capture_within",
+        str,
+        "record only this module and what it contains (the culprit a coarse pass named)",
+    ),
+    Arg("capture_calls", int, "record only the first N calls of each model", minimum=1),
+)
+
 # -- the table --------------------------------------------------------------------------------
 
 VERBS: tuple[Verb, ...] = (
@@ -214,18 +256,30 @@ VERBS: tuple[Verb, ...] = (
                 "refuse to start unless these packages are editable installs for the script's "
                 "python (the copy you edit is the copy that runs)",
             ),
-            Arg("wait", float, "seconds to wait for the first stop", 30.0, minimum=0, cli=False),
+            Arg(
+                "wait",
+                float,
+                "seconds to wait for the first stop: the entry stop, or with stop_on_entry "
+                "false the first breakpoint (or the end); default 30 at entry, 0 without it; "
+                "at most 30 s, then `wait`",
+                minimum=0,
+                cli=False,
+            ),
+            *CAPTURE_ARGS,
         ),
         errors=(
             "start_failed",
             "store_unwritable",
+            "store_full",
             "session_busy",
             "file_not_found",
             "not_editable",
             *BREAK_ERRORS,
         ),
         description="Returns the session's state: `paused` with `location` (file, line, code "
-        "around it), or `exited` with `exit_code` and the last output if it ran to the end.",
+        "around it), or `exited` with `exit_code` and the last output if it ran to the end. "
+        "With stop_on_entry false, `wait` s waits for the first stop or the end; `running` "
+        "means none came in that time (then call wait).",
     ),
     Verb(
         "break",
@@ -245,6 +299,7 @@ VERBS: tuple[Verb, ...] = (
                 str,
                 "stop only when this expression is true",
                 flag="--if",
+                aliases=("--condition",),
                 max_length=ECHOED_LIMIT,
             ),
             Arg(
@@ -285,6 +340,26 @@ VERBS: tuple[Verb, ...] = (
                 "stop only the thread that hits it (default: every thread stops)",
                 False,
             ),
+            Arg(
+                "nonfinite",
+                bool,
+                "tripwire: stop in the first module call (torch or MLX) whose output holds "
+                "NaN/Inf while its inputs did not, in the frame that called it",
+                False,
+            ),
+            Arg(
+                "max_abs",
+                float,
+                "tripwire: also stop where an output's finite |x| exceeds this",
+                minimum=0,
+            ),
+            Arg(
+                "subnormal",
+                bool,
+                "tripwire: also stop on subnormal outputs (0 < |x| < the dtype's smallest "
+                "normal: uninitialised-memory garbage such as 1.58e-43)",
+                False,
+            ),
         ),
         route="break",
         legacy_routes=(("POST", "breakpoints"),),
@@ -292,7 +367,9 @@ VERBS: tuple[Verb, ...] = (
         description="Also inside installed libraries (transformers, torch): a relative path "
         "not found under the cwd is looked up among the files the script can import "
         "(`ambiguous_file` lists candidates). A line that cannot hold one is refused with "
-        "`nearest_lines`. The answer's `id` works wherever FILE:LINE does (remove, until).",
+        "`nearest_lines`. The answer's `id` works wherever FILE:LINE does (remove, until). "
+        "`nonfinite` (with `max_abs`, `subnormal`) sets the tripwire instead: the stop's reason "
+        "is `tripwire`, its `tripwire` names the module path and what was found.",
     ),
     Verb(
         "breaks",
@@ -655,6 +732,51 @@ VERBS: tuple[Verb, ...] = (
         description="Names the first divergence: the module whose inputs agree and whose "
         "outputs differ. `ok` true means everything agrees. Failing entries first, passing "
         "entries only with passing=true.",
+    ),
+    Verb(
+        "weights",
+        "audit the port's loaded parameters against the reference's (missing, never loaded, "
+        "layout, dtype, values)",
+        R.WeightAudit,
+        (
+            Arg(
+                "reference",
+                str,
+                "the reference's parameters: a .safetensors/.npz/.pt file or a directory",
+                REQUIRED,
+                kind="path",
+                positional=True,
+            ),
+            Arg(
+                "port",
+                str,
+                "the port's loaded parameters: the same kinds",
+                REQUIRED,
+                kind="path",
+                positional=True,
+            ),
+            Arg(
+                "map",
+                str,
+                "a map file of the port's names: {rename, regex, ignore}, as compare takes",
+                kind="path",
+            ),
+            Arg(
+                "fresh",
+                str,
+                "the port's parameters as initialized (nothing loaded): never-loaded ones match",
+                kind="path",
+            ),
+            Arg("limit", int, "at most this many problems listed (failures first)", 50, minimum=0),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        store=True,
+        errors=("bad_compare_input", "bad_weights_input", "bad_map", "unknown_source"),
+        description="Each reference parameter paired by name (after the map) and classified: "
+        "ok, dtype, never_loaded, layout (equal only through a wrong transpose), shape, values, "
+        "missing, extra, renamed (with proposed_map). `ok` false when any fails.",
     ),
     Verb(
         "tensors",

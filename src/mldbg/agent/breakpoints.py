@@ -17,17 +17,9 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
+from ..errors import BreakpointError
+from .exception_breaks import ExceptionBreaks
 from .paths import canonical, canonical_code_file
-
-
-class BreakpointError(ValueError):
-    """A breakpoint that cannot be set: a stable ``code`` and machine-readable hints."""
-
-    def __init__(self, message: str, code: str = "bad_argument", **extra: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.extra = extra
-
 
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # larger "source files" are generated data, not code
 _SOURCE_SUFFIXES = (".py", ".pyw", ".pyi")
@@ -345,12 +337,12 @@ class BreakpointTable:
     """
 
     def __init__(self) -> None:
-        from .exceptions import ExceptionBreaks
 
         self.by_file: dict[str, dict[int, Breakpoint]] = {}
         self.checkpoints: dict[str, CheckpointFilter] = {}
         self.exceptions = ExceptionBreaks()
         self.pending: dict[int, Any] = {}  # function breakpoints whose module is not there yet
+        self.tripwires: dict[int, Any] = {}  # break --nonfinite (tripwire.Tripwire), one at most
         self.version = 0
         self.lock = threading.RLock()
         self._code_cache: dict[CodeType, frozenset[int]] = {}
@@ -395,7 +387,8 @@ class BreakpointTable:
     def clear(self) -> int:
         with self.lock:
             count = sum(len(lines) for lines in self.by_file.values()) + len(self.checkpoints)
-            count += len(self.exceptions.items) + len(self.pending)
+            count += len(self.exceptions.items) + len(self.pending) + len(self.tripwires)
+            self.tripwires.clear()
             self.by_file.clear()
             self.checkpoints.clear()
             self.exceptions.items.clear()
@@ -421,6 +414,7 @@ class BreakpointTable:
                 *self.checkpoints.values(),
                 *self.exceptions.items.values(),
                 *self.pending.values(),
+                *self.tripwires.values(),
             ]
 
     def find(self, bp_id: int) -> Any:
@@ -442,6 +436,8 @@ class BreakpointTable:
                 return self.checkpoints.pop(item.name)
             if bp_id in self.exceptions.items:
                 item = self.exceptions.items.pop(bp_id)
+            elif bp_id in self.tripwires:
+                item = self.tripwires.pop(bp_id)
             else:
                 item = self.pending.pop(bp_id)
             self._changed()

@@ -20,9 +20,10 @@ from .breakpoints import (
     make_checkpoint_filter,
 )
 from .debugger import Debugger
-from .exceptions import ExceptionBreak, parse_types
+from .exception_breaks import ExceptionBreak, parse_types
 from .functions import PendingFunction, check_name, resolve
 from .paused import CommandError
+from .tripwire import Tripwire
 from .wire import reply
 
 
@@ -93,6 +94,7 @@ class CommandServer:
             self._add(item)
         self.debugger.backend.breakpoints_changed()
         self.debugger.watch_imports()
+        self.debugger.arm_tripwire()
         return {"breakpoints": [item.to_json() for item in made]}
 
     def cmd_run(self, **_: Any) -> dict[str, Any]:
@@ -109,6 +111,7 @@ class CommandServer:
         item = self._add(item)
         self.debugger.backend.breakpoints_changed()
         self.debugger.watch_imports()
+        self.debugger.arm_tripwire()
         return item.to_json()
 
     def cmd_remove(
@@ -123,6 +126,7 @@ class CommandServer:
             removed = table.remove_id(int(id))
             self.debugger.backend.breakpoints_changed()
             self.debugger.watch_imports()
+            self.debugger.arm_tripwire()
             return dict(removed.to_json())
         if checkpoint:
             return table.remove_checkpoint(checkpoint).to_json()
@@ -138,6 +142,7 @@ class CommandServer:
     def cmd_clear(self) -> dict[str, Any]:
         removed = self.debugger.breakpoints.clear()
         self.debugger.backend.breakpoints_changed()
+        self.debugger.arm_tripwire()
         return {"removed": removed}
 
     def cmd_breaks(self) -> dict[str, Any]:
@@ -174,6 +179,8 @@ class CommandServer:
                     code="bad_argument",
                 )
             return make_checkpoint_filter(spec["checkpoint"], spec.get("condition"))
+        if spec.get("nonfinite") or spec.get("max_abs") is not None or spec.get("subnormal"):
+            return self._tripwire(spec)
         exception = spec.get("exception")
         if exception is not None or spec.get("raised") is not None or spec.get("uncaught"):
             return self._exception(spec)
@@ -209,6 +216,25 @@ class CommandServer:
             types = spec.get(mode)
         return ExceptionBreak(mode, parse_types(types))
 
+    def _tripwire(self, spec: dict[str, Any]) -> Tripwire:
+        """``break --nonfinite [--max-abs X] [--subnormal]``: module outputs, not a line."""
+        if spec.get("file") or spec.get("line") or spec.get("function") or spec.get("condition"):
+            raise BreakpointError(
+                "the non-finite tripwire watches every module call's outputs: it takes "
+                "--max-abs and --subnormal, not a file, line, function or condition",
+                code="bad_argument",
+            )
+        max_abs = spec.get("max_abs")
+        if max_abs is not None and not (float(max_abs) >= 0 and float(max_abs) != float("inf")):
+            raise BreakpointError(
+                f"max_abs must be a finite number >= 0, not {max_abs!r}", code="bad_argument"
+            )
+        return Tripwire(
+            nonfinite=spec.get("nonfinite", True) is not False,
+            max_abs=None if max_abs is None else float(max_abs),
+            subnormal=bool(spec.get("subnormal")),
+        )
+
     def _function(self, spec: dict[str, Any]) -> Breakpoint | PendingFunction:
         name = str(spec["function"]).strip()
         check_name(name)
@@ -241,6 +267,12 @@ class CommandServer:
         if isinstance(item, PendingFunction):
             with table.lock:
                 table.pending[item.id] = item
+            return item
+        if isinstance(item, Tripwire):  # one at most: a new one replaces the old one
+            with table.lock:
+                item.id = table.next_id()
+                table.tripwires.clear()
+                table.tripwires[item.id] = item
             return item
         return table.add(item)
 

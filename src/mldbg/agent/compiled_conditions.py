@@ -37,7 +37,7 @@ from .live_code import GENERATOR_CODE, Applied, Live, scan
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
-    from .debugger import Debugger
+    from .tracer import TracerClient
 
 _Key = frozenset[tuple[int, str]]  # (line, condition) pairs of one file
 
@@ -45,7 +45,7 @@ _Key = frozenset[tuple[int, str]]  # (line, condition) pairs of one file
 class CompiledConditions:
     """The compiled-in conditional breakpoints of one debugger (3.12+)."""
 
-    def __init__(self, debugger: Debugger) -> None:
+    def __init__(self, debugger: TracerClient) -> None:
         self.debugger = debugger
         self.hooks = ConditionHooks(debugger)
         self._applied: dict[str, Applied] = {}

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
@@ -29,6 +30,7 @@ from .paused import (
 )
 from .stepping import StepRequest
 from .threads import ThreadHolding
+from .tracer import TracerBackend, TracerClient
 from .watches import Watches
 from .wire import Wire, reply
 
@@ -38,7 +40,12 @@ PAUSE_LIBRARY_GRACE = 1.0
 
 
 class Debugger(ThreadHolding):
-    def __init__(self, wire: Wire, cwd: str) -> None:
+    """Every stop decision, for every thread; ``tracer`` makes the backend that feeds it
+    events (the runner passes :func:`~.backends.choose_backend`)."""
+
+    def __init__(
+        self, wire: Wire, cwd: str, tracer: Callable[[TracerClient], TracerBackend]
+    ) -> None:
         self.wire = wire
         self.cwd = cwd
         self.breakpoints = BreakpointTable()
@@ -55,7 +62,9 @@ class Debugger(ThreadHolding):
         self._stop_lock = threading.Lock()
         self._busy: set[int] = set()  # threads inside the debugger: they never stop again
         self._import_watcher: Any = None
-        self.backend = _choose_backend(self)
+        self._tripwire: Any = None  # tripwire.Wire, made on the first break --nonfinite
+        self._tripwire_watcher: Any = None
+        self.backend: TracerBackend = tracer(self)
 
     @property
     def pause_requested(self) -> bool:
@@ -292,7 +301,12 @@ class Debugger(ThreadHolding):
                     {"event": P.STOPPED, **paused.state(), "trace": paused.trace_record()}
                 )
                 respond = functools.partial(reply, self.wire)
-                resume = paused.serve(respond) if not self.wire.closed else Resume()
+                # Serve until resumed, unless the debugger is already detached.  Not "unless
+                # the link closed": the reader sees the daemon die and decides (the orphan
+                # policy ends the process; a detach releases this thread), and a stop that
+                # resumed on its own when the link closed under it ran past its breakpoint.
+                # detach() sets ``detached`` before it reads ``paused``, which is set above.
+                resume = paused.serve(respond) if not self.detached else Resume()
                 self._release_held()
                 self.paused = None
                 paused.drain(respond)
@@ -306,6 +320,30 @@ class Debugger(ThreadHolding):
                 self.wire.send({"event": P.RESUMED})
         finally:
             self._busy.discard(me)
+
+    # -- the non-finite tripwire (break --nonfinite) ------------------------------------------
+
+    def arm_tripwire(self) -> None:
+        """Install or remove the module hooks after the tripwire setting changed; a framework
+        imported later is hooked as soon as its import finishes."""
+        rules = list(self.breakpoints.tripwires.values())
+        if not rules and self._tripwire is None:
+            return
+        from .functions import ImportWatcher
+        from .tripwire import Wire
+
+        if self._tripwire is None:
+            self._tripwire = Wire(self)
+        wire = self._tripwire
+        wire.arm(rules[0] if rules else None)
+        if wire.frameworks_missing():
+            if self._tripwire_watcher is None:
+                self._tripwire_watcher = ImportWatcher(
+                    wire.install_available, wire.frameworks_missing
+                )
+            self._tripwire_watcher.install()
+        elif self._tripwire_watcher is not None:
+            self._tripwire_watcher.uninstall()
 
     # -- function breakpoints whose module comes later -----------------------------------------
 
@@ -405,24 +443,6 @@ def _repeat_of_caller_line(frame: FrameType, line: int) -> bool:
         and caller.f_lineno == line
         and caller.f_code.co_filename == code.co_filename
     )
-
-
-def _choose_backend(debugger: Debugger) -> Any:
-    forced = os.environ.get("MLDBG_BACKEND", "")
-    if sys.version_info >= (3, 12) and forced != "settrace":
-        from .tracer_monitoring import MonitoringBackend
-
-        return MonitoringBackend(debugger)
-    if sys.version_info < (3, 12) and forced != "settrace":
-        try:
-            from .tracer_instrument import InstrumentBackend
-
-            return InstrumentBackend(debugger)
-        except Exception:  # ctypes or the internals it needs are missing: trace globally
-            pass
-    from .tracer_settrace import SettraceBackend
-
-    return SettraceBackend(debugger)
 
 
 def code_file(code: CodeType) -> str:

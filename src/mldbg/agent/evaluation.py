@@ -56,8 +56,13 @@ def compile_input(source: str) -> tuple[Any | None, Any | None]:
     if isinstance(last, ast.Expr):
         body, tail = tree.body[:-1], ast.Expression(last.value)
     try:  # some errors only compile() finds (`*a` alone, `return` outside a function)
+        # one code object per statement: the namespace nested scopes read is refreshed
+        # between them (see FrameNamespace.run)
         statements = (
-            compile(ast.Module(body=body, type_ignores=[]), "<mldbg-eval>", "exec")
+            [
+                compile(ast.Module(body=[node], type_ignores=[]), "<mldbg-eval>", "exec")
+                for node in body
+            ]
             if body
             else None
         )
@@ -90,10 +95,22 @@ class FrameNamespace:
             # Re-read: syncs the dict from the frame and re-arms PyFrame_LocalsToFast,
             # which writes back only once per read.
             self.locals = frame.f_locals
+        # What nested scopes see.  Code run with separate globals and locals (like a class
+        # body) gives a `def`, a lambda or a comprehension only the globals: a helper defined
+        # in eval raised NameError on the frame's variables.  So the globals handed to the
+        # code are the frame's globals overlaid with its locals (what pydevd does), refreshed
+        # before each statement; top-level statements still read and write the frame's
+        # locals themselves.
+        module_level = self.locals is frame.f_globals  # one namespace: nothing to overlay
+        scope = frame.f_globals if module_level else dict(frame.f_globals)
         try:
-            if statements is not None:
-                exec(statements, frame.f_globals, self.locals)
-            result = eval(expression, frame.f_globals, self.locals) if expression else None
+            for code in statements or ():
+                if not module_level:
+                    scope.update(self.locals)
+                exec(code, scope, self.locals)
+            if expression is not None and not module_level:
+                scope.update(self.locals)
+            result = eval(expression, scope, self.locals) if expression else None
         except EvalInterrupt as exc:
             raise EvalError(
                 f"the evaluation {exc.reason} and was interrupted; the session is still paused "

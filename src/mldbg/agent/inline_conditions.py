@@ -26,7 +26,7 @@ from .instrument import PASSED
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
-    from .debugger import Debugger
+    from .tracer import TracerClient
 
 
 def compile_conditions() -> bool:
@@ -67,7 +67,7 @@ def statement_starts(code: CodeType, lines: frozenset[int]) -> dict[int, int]:
 class ConditionHooks:
     """The two paths to a line with a compiled-in condition, for one debugger."""
 
-    def __init__(self, debugger: Debugger) -> None:
+    def __init__(self, debugger: TracerClient) -> None:
         self.debugger = debugger
         # thread -> (frame, line) whose breakpoint a line event already handled
         self._reported: dict[int, tuple[FrameType, int]] = {}

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from .breakpoints import BreakpointError
+from ..errors import BreakpointError
 
 MAX_CANDIDATES = 20
 MAX_WALK = 300_000  # directory entries looked at in step 3, in all

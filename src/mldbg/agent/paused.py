@@ -146,6 +146,8 @@ class PausedThread:
     # -- state ------------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
+        from .. import memory
+
         frame, line = self.frames[self.selected] if self.frames else (None, 0)
         return {
             "reason": self.reason,
@@ -154,6 +156,7 @@ class PausedThread:
             "thread": {"id": self.thread.ident, "name": self.thread.name},
             **self.details,
             **({"watches": self.watch_values} if self.watch_values else {}),
+            "memory": memory.snapshot(),  # MLX / torch allocators and the process, at this stop
         }
 
     def cmd_watch_values(self, items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -364,7 +367,7 @@ class PausedThread:
                 {"type": type(exc).__name__},
                 exc.code,
             ) from None
-        described = summary.summarize(value)
+        described = summary.summarize(value, force=True)  # asked for: a lazy array runs now
         if summary.is_tensor(value):  # its one line comes from the same stats: computed once
             text = summary.one_line_from_summary(described, 1000)
         else:

@@ -21,6 +21,7 @@ from typing import Any
 
 from . import follow, orphan
 from . import protocol as P
+from .backends import choose_backend
 from .commands import CommandServer
 from .debugger import Debugger
 from .paused import exception_info, strip_agent_frames
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         str(private["MLDBG_AGENT_RUN_DIR"] or ""),
     )
     # the link is set once it is open: a backend installs nothing until the script runs
-    debugger = Debugger(None, os.getcwd())  # type: ignore[arg-type]
+    debugger = Debugger(None, os.getcwd(), choose_backend)  # type: ignore[arg-type]
     if is_child:
         rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
         hello = follow.hello(child=True, forked=False, rank=rank, backend=debugger.backend.name)
@@ -261,19 +262,28 @@ def main(argv: list[str] | None = None) -> int:
         from .. import checkpoint
 
         checkpoint.attach_debugger(str(config["run_dir"]), debugger.on_checkpoint)
+    captures = None
+    if os.environ.get("MLDBG_CAPTURE"):  # start --capture: loaded only when asked
+        from ..capture import zero_edit
+
+        try:
+            captures = zero_edit.install_from_environment()
+        except ValueError as exc:
+            print(f"mldbg: cannot capture: {exc}", file=sys.stderr)
+            wire.send({"event": "finished", "exit_code": EXIT_USAGE})
+            return EXIT_USAGE
     _install_main(target, args)
     if module is not None and target.main_globals.get("__file__"):
         debugger.main_file = os.path.realpath(str(target.main_globals["__file__"]))
         debugger.retry_pending()
     _line_buffer_output()
-    prepare_main = getattr(debugger.backend, "prepare_main", None)
-    if prepare_main is not None:  # the script's own breakpoints, compiled in (3.10/3.11)
-        target.code = prepare_main(target.code)
+    # the script's own conditional breakpoints, compiled in where the backend can
+    target.code = debugger.backend.prepare_main(target.code)
     if config.get("stop_on_entry", True):
         debugger.step = StepRequest("entry", threading.get_ident(), entry_code=target.code)
     _install_thread_hook(debugger)
     debugger.backend.install()
-    return _run(debugger, target)
+    return _run(debugger, target, captures.finish if captures is not None else None)
 
 
 def load_target(module: str | None, command: str | None, script: str) -> Target:
@@ -296,7 +306,8 @@ def _run_undebugged(module: str | None, command: str | None, script: str, args: 
     return 0
 
 
-def _run(debugger: Debugger, target: Target) -> int:
+def _run(debugger: Debugger, target: Target, at_end: Any = None) -> int:
+    """Run the script; ``at_end`` (closing captures) runs before the end is reported."""
     exception: dict[str, Any] | None = None
     try:
         exec(target.code, target.main_globals)
@@ -309,6 +320,11 @@ def _run(debugger: Debugger, target: Target) -> int:
         sys.excepthook(type(exc), exc, strip_agent_frames(exc.__traceback__))
         exit_code = 1
     finally:
+        if at_end is not None:
+            try:
+                at_end()
+            except Exception as exc:  # a capture that cannot close must not hide the end
+                print(f"mldbg: closing the captures: {type(exc).__name__}: {exc}", file=sys.stderr)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(AttributeError, OSError, ValueError):
                 stream.flush()

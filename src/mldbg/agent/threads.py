@@ -25,6 +25,7 @@ from typing import Any
 from .paths import canonical_code_file, is_library_file, is_mldbg_file
 from .paused import CommandError, PausedThread, frames_from_stack
 from .stepping import StepRequest
+from .tracer import TracerBackend
 from .wire import Wire, reply
 
 AGENT_THREAD = "mldbg-agent"
@@ -128,7 +129,7 @@ class ThreadHolding:
     freezing: bool  # a thread stopped: the others stop at their next line
     step: StepRequest | None
     wire: Wire
-    backend: Any
+    backend: TracerBackend
     _busy: set[int]
     _stop_lock: threading.Lock
 

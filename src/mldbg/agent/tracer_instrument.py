@@ -50,7 +50,7 @@ from .paths import canonical_code_file
 from .tracer_settrace import SettraceBackend
 
 if TYPE_CHECKING:
-    from .debugger import Debugger
+    from .tracer import TracerClient
 
 __all__ = ["InstrumentBackend", "Unavailable"]
 
@@ -85,7 +85,7 @@ def _hook_offsets(code: CodeType) -> frozenset[int]:
 class InstrumentBackend(SettraceBackend):
     name = "instrument"
 
-    def __init__(self, debugger: Debugger) -> None:
+    def __init__(self, debugger: TracerClient) -> None:
         super().__init__(debugger)
         self._native = CPython()  # raises Unavailable: the debugger then uses settrace
         self._global_fn = self._global

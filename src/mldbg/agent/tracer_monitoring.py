@@ -21,13 +21,13 @@ from .paths import canonical_code_file
 
 if TYPE_CHECKING:
     from .compiled_conditions import CompiledConditions
-    from .debugger import Debugger
+    from .tracer import TracerClient
 
 
 class MonitoringBackend:
     name = "monitoring"
 
-    def __init__(self, debugger: Debugger) -> None:
+    def __init__(self, debugger: TracerClient) -> None:
         self.debugger = debugger
         self._mon: Any = sys.monitoring  # type: ignore[attr-defined]
         self._tool = self._mon.DEBUGGER_ID

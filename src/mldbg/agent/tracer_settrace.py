@@ -16,13 +16,13 @@ from .breakpoints import running_frames
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
-    from .debugger import Debugger
+    from .tracer import TracerClient
 
 
 class SettraceBackend:
     name = "settrace"
 
-    def __init__(self, debugger: Debugger) -> None:
+    def __init__(self, debugger: TracerClient) -> None:
         self.debugger = debugger
         self._decisions: dict[CodeType, bool] = {}  # only code in files that hold breakpoints
         self._files: dict[str, bool] = {}
@@ -92,6 +92,10 @@ class SettraceBackend:
             self.debugger.on_exception(frame, arg[1], tb is None or tb.tb_next is None)
 
     # -- changes ----------------------------------------------------------------------------
+
+    def prepare_main(self, code: CodeType) -> CodeType:
+        """Nothing to compile in: conditions are evaluated when their line is traced."""
+        return code
 
     def refresh(self) -> None:
         """Nothing to re-arm: the global function reads the debugger's state on every call."""

@@ -11,17 +11,20 @@ import itertools
 import threading
 from dataclasses import dataclass
 from types import CodeType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .breakpoints import BreakpointError
-
-if TYPE_CHECKING:
-    from .paused import PausedThread
+from ..errors import BreakpointError
 
 MAX_WATCHES = 32
 VALUE_CHARS = 300
 WATCH_TIMEOUT = 5.0  # seconds for all of a stop's watches... each, at most
 _ids = itertools.count(1)
+
+
+class WatchEvaluator(Protocol):
+    """Where watches are evaluated: the paused thread (on its own thread, in its frame)."""
+
+    def watch_value(self, watch_id: int, expression: str, code: Any) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -84,7 +87,7 @@ class Watches:
         with self.lock:
             return [w.to_json() for w in self.items.values()]
 
-    def evaluate(self, paused: PausedThread) -> list[dict[str, Any]]:
+    def evaluate(self, paused: WatchEvaluator) -> list[dict[str, Any]]:
         """Every watch's value in the paused thread's selected frame (on that thread)."""
         with self.lock:
             items = list(self.items.values())

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from ..current_run import current_run
+from .budget import Policy, parse_size
 from .recorder import Recorder
 from .store import CaptureDir, check_capture_name, module_label
 
@@ -61,6 +62,11 @@ class Capture:
         inputs: bool = True,
         include: str | Iterable[str] | None = None,
         exclude: str | Iterable[str] | None = None,
+        mode: str = "full",
+        depth: int | None = None,
+        budget: int | str | None = None,
+        within: str | None = None,
+        background: bool | None = None,
     ) -> None:
         self.model = model
         self.name = check_capture_name(name)
@@ -70,12 +76,24 @@ class Capture:
         self.inputs = inputs
         self.include = _patterns(include, "include")
         self.exclude = _patterns(exclude, "exclude")
+        self.policy = Policy(mode=mode, depth=depth, budget=parse_size(budget))  # checked
+        self.within = within
+        # Off the critical path by default where it pays: full torch captures (MLX arrays
+        # are evaluated as they are recorded; summaries are small).
+        self.background = (
+            background
+            if background is not None
+            else self.framework == "torch" and self.policy.mode == "full"
+        )
+        if within is not None:
+            self.include = _within(self._backend(), self._target, within)
         self.path: Path | None = None
         self._entered = False
         self._directory: CaptureDir | None = None
         self._recorder: Recorder | None = None
         self._detach: Callable[[], None] | None = None
         self._started = 0.0
+        self._writer: Any = None
         self._errors: list[str] = []  # failures outside the recorder (the directory, capture.json)
 
     def _backend(self) -> Any:
@@ -119,6 +137,10 @@ class Capture:
                     "inputs": self.inputs,
                     "include": self.include,
                     "exclude": self.exclude,
+                    "mode": self.policy.mode,
+                    "depth": self.policy.depth,
+                    "budget_limit": self.policy.budget,
+                    "within": self.within,
                     # Every kept module, called or not: compare tells a module the port
                     # has but never calls (a skipped norm) from one it lacks altogether.
                     "modules": self._module_paths(backend, target),
@@ -131,11 +153,27 @@ class Capture:
             return self
         self.path = self._directory.path
         self.name = self._directory.name
-        self._recorder = Recorder(self._directory, backend.save, self.inputs)
+        writer = None
+        if self.background and getattr(backend, "snapshot", None) is not None:
+            from .writer import BackgroundWriter
+
+            writer = BackgroundWriter()
+        self._writer = writer
+        self._recorder = Recorder(
+            self._directory,
+            backend.save,
+            self.inputs,
+            self.policy,
+            backend.summarize,
+            writer,
+            getattr(backend, "snapshot", None),
+        )
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
         except BaseException as exc:
+            if self._writer is not None:
+                self._writer.close()
             self._errors.extend(
                 self._directory.finish("failed", error=f"{type(exc).__name__}: {exc}")
             )
@@ -157,12 +195,20 @@ class Capture:
             self._errors.append(f"restoring the model: {type(error).__name__}: {error}")
         if self._directory is None or self._recorder is None:
             return
+        writer = self._writer
+        if writer is not None:  # everything queued is on disk before capture.json says so
+            try:
+                writer.close()
+            except Exception as error:
+                self._errors.append(f"background writer: {type(error).__name__}: {error}")
         recorder = self._recorder
         fields: dict[str, Any] = {
             "records": recorder.records,
             "tensors": recorder.tensors,
             "bytes": recorder.bytes,
             "seconds": round(time.perf_counter() - self._started, 3),
+            "budget": self.policy.report(),
+            "background": None if writer is None else {"waits": writer.waits},
         }
         if recorder.error_count:
             fields["write_errors"] = recorder.errors[:100]
@@ -202,6 +248,20 @@ class Capture:
         )
 
 
+def _within(backend: Any, target: Any, within: str) -> list[str]:
+    """Include patterns for "module ``within`` and everything inside it", checked."""
+    label = module_label(within)
+    paths = [module_label(path) for path, _ in backend.named_modules(target)]
+    if label not in paths:
+        close = [p for p in paths if label.rsplit(".", 1)[-1] in p][:10] or paths[:10]
+        raise ValueError(
+            f"within={within!r}: the model has no module of that path (some it has: "
+            + ", ".join(close)
+            + ")"
+        )
+    return [label, f"{label}.*"] if label != module_label("") else ["*"]
+
+
 def capture(
     model: Any,
     name: str,
@@ -209,11 +269,34 @@ def capture(
     inputs: bool = True,
     include: str | Iterable[str] | None = None,
     exclude: str | Iterable[str] | None = None,
+    mode: str = "full",
+    depth: int | None = None,
+    budget: int | str | None = None,
+    within: str | None = None,
+    background: bool | None = None,
 ) -> Capture:
     """Record every submodule call of ``model`` while the ``with`` block runs.
 
     Inputs (unless ``inputs=False``) and outputs of each call go to the current run's
     ``captures/<name>/``; ``include`` / ``exclude`` are glob patterns on module paths
     (``<root>`` is the model itself).  Compare two captures with ``mldbg compare``.
+
+    Coarse to fine (README, "Parity at scale"): ``mode="summary"`` keeps statistics and a
+    seeded sketch per tensor instead of the tensor; ``depth`` records only calls nested at
+    most that deep (0: the model's own call); ``budget`` (bytes, or ``"1GB"``) caps what
+    tensor files may take, skipping (and reporting) what does not fit; ``within`` records
+    only module ``within`` and what it contains, in full.  ``background`` (default: on
+    for full torch captures) writes files from a writer thread with bounded memory.
     """
-    return Capture(model, name, inputs=inputs, include=include, exclude=exclude)
+    return Capture(
+        model,
+        name,
+        inputs=inputs,
+        include=include,
+        exclude=exclude,
+        mode=mode,
+        depth=depth,
+        budget=budget,
+        within=within,
+        background=background,
+    )

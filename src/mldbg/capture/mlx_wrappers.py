@@ -220,3 +220,25 @@ def _unsupported_dtype(mx: Any, dtype: Any) -> str | None:
                 f"{dtype} cannot be stored in safetensors ({type(exc).__name__}: {exc})"
             )
     return _DTYPES[dtype]
+
+
+def summarize(value: Any) -> tuple[Any, dict[str, Any], list[int], str]:
+    """A summary capture's record of one array: sketch and statistics (via numpy)."""
+    import mlx.core as mx
+    import numpy as np
+
+    from .sketch import dtype_name, summarize_numpy
+
+    if not isinstance(value, mx.array):
+        array = np.asarray(value)
+        sketch, stats = summarize_numpy(array)
+        return sketch, stats, list(array.shape), dtype_name(array.dtype)
+    if mx.issubdtype(value.dtype, mx.complexfloating):
+        raise TypeError(f"complex arrays are not summarized ({value.dtype})")
+    widened = (
+        value.astype(mx.float32)
+        if mx.issubdtype(value.dtype, mx.floating) and value.dtype != mx.float64
+        else value
+    )
+    sketch, stats = summarize_numpy(np.asarray(widened))
+    return sketch, stats, list(value.shape), dtype_name(value.dtype)

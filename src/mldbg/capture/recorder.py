@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runs import PRIVATE_FILE
+from .budget import Policy
 from .flatten import Flat, flatten, flatten_call
 from .store import INDEX, CaptureDir, entry_name, module_label
 
@@ -24,16 +25,35 @@ SaveFn = Callable[[dict[str, Any], Path], tuple[dict[str, dict[str, Any]], dict[
 
 
 MAX_ERRORS = 1000  # messages kept in ``errors``; ``error_count`` counts them all
+SKIPPED = -1  # the "sequence number" of a call below the depth limit: nothing recorded
+
+# value -> (sketch, stats, shape, safetensors dtype name): a summary capture's reduction
+SummarizeFn = Callable[[Any], tuple[Any, dict[str, Any], list[int], str]]
 
 
 class Recorder:
     """Never raises into the model: a failed write (a full disk, an odd value) is an error
     message in ``errors`` and, where the index line can still be written, on that line."""
 
-    def __init__(self, directory: CaptureDir, save: SaveFn, inputs: bool) -> None:
+    def __init__(
+        self,
+        directory: CaptureDir,
+        save: SaveFn,
+        inputs: bool,
+        policy: Policy | None = None,
+        summarize: SummarizeFn | None = None,
+        writer: Any = None,
+        snapshot: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.directory = directory
         self.save = save
         self.inputs = inputs
+        self.policy = policy or Policy()
+        self.summarize = summarize
+        # A BackgroundWriter (capture/writer.py): files and index lines written off the
+        # model's thread, from ``snapshot`` copies of its tensors taken on it.
+        self.writer = writer
+        self.snapshot = snapshot
         self._lock = threading.Lock()
         self._local = threading.local()
         self._seq = 0
@@ -67,13 +87,17 @@ class Recorder:
     ) -> int:
         """Record the start of a call (and its inputs); returns its sequence number.
 
-        ``extra`` adds fields to the call's index line (``quant`` for a quantized module)."""
+        ``extra`` adds fields to the call's index line (``quant`` for a quantized module).
+        A call below the policy's depth limit is only tracked: it returns ``SKIPPED``."""
+        stack = self._stack()
+        if not self.policy.records(len(stack)):
+            stack.append((SKIPPED, 0, path))
+            return SKIPPED
         with self._lock:
             seq = self._seq
             self._seq += 1
             call = self._calls.get(path, 0)
             self._calls[path] = call + 1
-        stack = self._stack()
         record: dict[str, Any] = {
             "event": "call",
             "seq": seq,
@@ -85,9 +109,8 @@ class Recorder:
             **(extra or {}),
         }
         stack.append((seq, call, path))
-        if self.inputs:
-            record.update(self._write(seq, "in", path, call, lambda: flatten_call(args, kwargs)))
-        self._append(record, path, call, "in")
+        collect = (lambda: flatten_call(args, kwargs)) if self.inputs else None
+        self._emit(record, seq, "in", path, call, collect)
         return seq
 
     def open_seq(self, path: str) -> int | None:
@@ -106,15 +129,64 @@ class Recorder:
                 call = stack[i][1]
                 del stack[i:]
                 break
+        if seq == SKIPPED:
+            return
         with self._lock:
             end = self._ends
             self._ends += 1
         record: dict[str, Any] = {"event": "return", "seq": seq, "end": end}
         if error is not None:
             record["error"] = _describe(error)
+            self._emit(record, seq, "out", path, call, None)
         else:
-            record.update(self._write(seq, "out", path, call, lambda: flatten(output, "out")))
-        self._append(record, path, call, "out")
+            self._emit(record, seq, "out", path, call, lambda: flatten(output, "out"))
+
+    def _emit(
+        self,
+        record: dict[str, Any],
+        seq: int,
+        role: str,
+        path: str,
+        call: int,
+        collect: Callable[[], Flat] | None,
+    ) -> None:
+        """Write the call's tensors and append its index line: now, or through the writer
+        (tensors named and copied now, as they are at this point of the forward)."""
+        if self.writer is None:
+            if collect is not None:
+                record.update(self._write(seq, role, path, call, collect))
+            self._append(record, path, call, role)
+            return
+        size = 0
+        flat: Flat | None = None
+        if collect is not None:
+            try:
+                flat = collect()
+                flat.pairs = [(key, self._copy(value)) for key, value in flat.pairs]
+                size = sum(_nbytes(value) for _key, value in flat.pairs)
+            except Exception as exc:  # an odd value: the same message the direct path gives
+                message = _describe(exc)
+                self.error(f"{module_label(path)}#{call}.{role}: {message}")
+                record["write_error"] = message
+                flat = None
+        taken = flat
+
+        def job() -> None:
+            if taken is not None:
+                record.update(self._write(seq, role, path, call, lambda: taken))
+            self._append(record, path, call, role)
+
+        self.writer.submit(job, size)
+
+    def _copy(self, value: Any) -> Any:
+        """A private copy for the writer; the value itself where no copy can be made (the
+        write then skips it with the reason, as without the writer)."""
+        if self.snapshot is None:
+            return value
+        try:
+            return self.snapshot(value)
+        except Exception:
+            return value
 
     def _append(self, record: dict[str, Any], path: str, call: int, role: str) -> None:
         try:
@@ -134,19 +206,36 @@ class Recorder:
             skipped = dict(flat.skipped)
             if flat.renamed:
                 result["renamed"] = {entry_name(path, call, k): w for k, w in flat.renamed.items()}
-            if flat.pairs:
+            pairs = dict(flat.pairs)
+            reserved = 0
+            if pairs:
+                full_size = sum(_nbytes(v) for v in pairs.values())
+                self.policy.seen(full_size)
+                reserved = 8 * 1024 * len(pairs) if self.policy.summary else full_size
+                where = f"{module_label(path)}#{call}.{role}"
+                if not self.policy.admit(reserved, where, len(pairs)):
+                    why = f"over the byte budget ({self.policy.budget} bytes)"
+                    skipped.update(dict.fromkeys(pairs, why))
+                    pairs, reserved = {}, 0
+            if pairs:
                 final, tmp = self.directory.tensor_path(seq, role)
-                written, not_saved = self.save(dict(flat.pairs), tmp)
+                if self.policy.summary and self.summarize is not None:
+                    written, not_saved = self._save_summaries(pairs, tmp)
+                else:
+                    written, not_saved = self.save(pairs, tmp)
                 skipped.update(not_saved)
                 if written:
                     os.chmod(tmp, PRIVATE_FILE)  # private whatever the umask, like the run
                     os.replace(tmp, final)
                     size = final.stat().st_size
+                    self.policy.settle(reserved, size)
                     with self._lock:
                         self.tensors += len(written)
                         self.bytes += size
                     result["file"] = final.name
-            if written or flat.pairs:
+                else:
+                    self.policy.settle(reserved, 0)
+            if written or pairs:
                 result["tensors"] = {
                     entry_name(path, call, key): {"key": key, **info}
                     for key, info in written.items()
@@ -163,9 +252,44 @@ class Recorder:
                     tmp.unlink(missing_ok=True)
         return result
 
+    def _save_summaries(
+        self, pairs: dict[str, Any], tmp: Path
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """Each tensor's sketch to ``tmp``; its statistics, shape and dtype to the index."""
+        from .safetensors_writer import write_arrays
+
+        assert self.summarize is not None
+        sketches: dict[str, Any] = {}
+        infos: dict[str, dict[str, Any]] = {}
+        skipped: dict[str, str] = {}
+        for key, value in pairs.items():
+            try:
+                sketch, stats, shape, dtype = self.summarize(value)
+            except Exception as exc:  # an odd dtype: skipped alone, the rest written
+                skipped[key] = _describe(exc)
+                continue
+            sketches[key] = sketch
+            infos[key] = {
+                "shape": shape,
+                "dtype": dtype,
+                "sketch": int(sketch.size),
+                "stats": stats,
+            }
+        if sketches:
+            write_arrays(tmp, sketches)
+        return infos, skipped
+
     @property
     def records(self) -> int:
         return self._seq
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes a tensor takes in full (torch, MLX and numpy all answer ``nbytes``)."""
+    try:
+        return int(value.nbytes)
+    except Exception:
+        return 0
 
 
 def _describe(exc: BaseException) -> str:

@@ -214,12 +214,27 @@ def _cpu_copy(torch: Any, value: Any) -> Any:
     unsupported = _unsupported_dtype(torch, tensor.dtype)
     if unsupported:
         raise TypeError(unsupported)
+    if getattr(value, _OWNED, False):  # snapshot()'s copy: already dense, CPU and ours
+        return tensor
     tensor = tensor.cpu().contiguous()
     if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
         tensor = tensor.clone()
     elif tensor.data_ptr() == value.data_ptr() and value.device.type == "cpu":
         tensor = tensor.clone()  # the caller's own memory: another entry may alias it
     return tensor
+
+
+_OWNED = "_mldbg_owned_copy"
+
+
+def snapshot(value: Any) -> Any:
+    """A CPU copy of ``value`` the background writer can write later (the model may change
+    its own tensors in place meanwhile); raises for what cannot be captured."""
+    import torch
+
+    copy = _cpu_copy(torch, value)
+    setattr(copy, _OWNED, True)
+    return copy
 
 
 _DTYPES: dict[Any, str | None] = {}
@@ -238,3 +253,22 @@ def _unsupported_dtype(torch: Any, dtype: Any) -> str | None:
                 f"{dtype} cannot be stored in safetensors ({type(exc).__name__}: {exc})"
             )
     return _DTYPES[dtype]
+
+
+def summarize(value: Any) -> tuple[Any, dict[str, Any], list[int], str]:
+    """A summary capture's record of one tensor: sketch and statistics, on its device."""
+    import torch
+
+    from .sketch import dtype_name, summarize_torch
+
+    if not isinstance(value, torch.Tensor):
+        import numpy as np
+
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    tensor = value.detach()
+    if tensor.layout != torch.strided:
+        raise TypeError(f"{tensor.layout} tensors are not captured")
+    if tensor.is_quantized:
+        tensor = tensor.dequantize()
+    sketch, stats = summarize_torch(tensor)
+    return sketch, stats, list(tensor.shape), dtype_name(value.dtype)

@@ -99,7 +99,7 @@ def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
             kwargs["type"] = arg.type
         parser.add_argument(arg.name, **kwargs)
         return
-    names = [arg.cli_flag] + ([arg.short] if arg.short else [])
+    names = [arg.cli_flag, *arg.aliases] + ([arg.short] if arg.short else [])
     if arg.nargs:  # `--raised` alone, or `--raised ValueError KeyError`
         kwargs.update(nargs=arg.nargs, default=None, metavar="TYPE")
     elif arg.type is bool:
@@ -283,9 +283,13 @@ def verb_arguments(verb: Verb, a: argparse.Namespace) -> dict[str, Any]:
             or values.get("id")
             or values.get("raised") is not None
             or values.get("uncaught") is not None
+            or values.get("nonfinite")
+            or values.get("max_abs") is not None
+            or values.get("subnormal")
         ):
             raise UsageError(
                 "give FILE:LINE (or FILE LINE), --function NAME, --raised [TYPE...], "
+                "--nonfinite, "
                 "--uncaught or --checkpoint NAME"
             )
     if verb.name == "until" and values.get("target") and _LOCATION.match(values["target"]):
@@ -406,7 +410,18 @@ def run_command(args: argparse.Namespace, as_json: bool) -> int:
         if args.stop:
             from .client import connect
 
-            data = connect(autostart=False, any_mldbg=True).request("POST", "/v1/shutdown", body={})
+            try:
+                client = connect(autostart=False, any_mldbg=True)
+            except MldbgError as exc:
+                if exc.code != "no_daemon":
+                    raise
+                # what was asked already holds: nothing to stop is not an error
+                if as_json:
+                    print(json.dumps({"stopped": False, "running": False}))
+                else:
+                    render.out.print("no mldbg daemon is running; nothing to stop")
+                return 0
+            data = client.request("POST", "/v1/shutdown", body={})
             if as_json:
                 print(json.dumps(data))
             else:

@@ -4,64 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from rich.console import Console
+from .console import Table, captured, err, escape, out, plain_line
+from .console import human_size as _size
 
-
-class _LazyConsole:
-    """A rich ``Console`` made on first use: importing rich costs more than the rest of a
-    CLI command (~60 ms), and a command that prints a plain value never needs it."""
-
-    def __init__(self, **options: Any) -> None:
-        self._options = options
-        self._console: Console | None = None
-
-    def _made(self) -> Console:
-        if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(**self._options)
-        return self._console
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._made(), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # ``out.width = 240`` must reach the console, not stick to this wrapper
-        if name.startswith("_"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._made(), name, value)
-
-
-def escape(text: str) -> str:
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(text)
-
-
-def Table(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - rich's Table, imported when used
-    from rich.table import Table as RichTable
-
-    return RichTable(*args, **kwargs)
-
-
-def plain_line(text: str) -> None:
-    """Print ``text`` as it is (no markup, no emoji codes): without rich while ``out`` is
-    the process's own console and rich is not loaded yet."""
-    target: Any = out
-    if isinstance(target, _LazyConsole) and target._console is None:
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-    else:
-        target.print(escape(text))
-
-
-out: Any = _LazyConsole(highlight=False, soft_wrap=True)
-err: Any = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+__all__ = ["Table", "err", "escape", "out", "plain_line"]  # used through render by other modules
 
 
 def where(location: dict[str, Any] | None) -> str:
@@ -110,6 +58,11 @@ def state(data: dict[str, Any]) -> None:
             out.print(
                 f"[cyan]watch[/] {escape(str(item.get('expression')))} = {escape(str(value))}"
             )
+        memory = data.get("memory") or {}
+        if "mlx" in memory or "torch" in memory:  # a framework is loaded
+            from ..memory import one_line
+
+            out.print(f"[dim]memory: {escape(one_line(memory))}[/]")
         if data.get("fix"):  # worded for any surface: "step out", "continue"
             calls = [
                 " ".join([str(f.get("verb")), *map(str, (f.get("args") or {}).values())])
@@ -216,6 +169,13 @@ def breakpoint_line(bp: dict[str, Any]) -> str:
     elif bp.get("exception"):
         types = ", ".join(bp.get("types") or []) or "every exception"
         parts = [f"#{bp['id']} exception {escape(bp['exception'])}: {escape(types)}"]
+    elif "nonfinite" in bp:  # the tripwire
+        rule = ["NaN/Inf"] if bp.get("nonfinite") else []
+        if bp.get("max_abs") is not None:
+            rule.append(f"|x| > {bp['max_abs']:g}")
+        if bp.get("subnormal"):
+            rule.append("subnormal")
+        parts = [f"#{bp['id']} tripwire: module outputs with {' or '.join(rule)}"]
     elif bp.get("pending"):
         parts = [
             f"#{bp['id']} function {escape(str(bp.get('function')))} [yellow](pending: "
@@ -298,15 +258,6 @@ def runs(data: dict[str, Any]) -> None:
             escape(str(run.get("script") or "")),
         )
     out.print(table)
-
-
-def _size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def checkpoints(data: dict[str, Any]) -> None:
@@ -506,6 +457,14 @@ def pause_state(data: dict[str, Any]) -> None:
         )
 
 
+def weight_audit(data: dict[str, Any]) -> None:
+    from ..compare.weights import render_audit
+
+    out.print(escape(render_audit(data, limit=len(data.get("problems") or []))))
+    if data.get("truncated"):
+        out.print(f"({data.get('total')} problems in all: --limit N to see more)")
+
+
 # verb name -> how its answer looks to a person; a test checks every verb has one
 RENDERERS = {
     "start": state,
@@ -542,27 +501,12 @@ RENDERERS = {
     "compare": compare_summary,
     "tensors": tensor_store,
     "clean": cleaned,
+    "weights": weight_audit,
 }
 
 
 def to_text(verb: str, data: Any, width: int = 120) -> str:
     """What ``mldbg VERB`` would print, as plain text (for MCP's text content)."""
-    import io
-
-    global out, err
-    with _TEXT_LOCK:
-        saved = out, err
-        buffer = io.StringIO()
-        from rich.console import Console
-
-        out = err = Console(
-            file=buffer, width=width, no_color=True, highlight=False, soft_wrap=True
-        )
-        try:
-            RENDERERS[verb](data)
-        finally:
-            out, err = saved
+    with captured(width) as buffer:
+        RENDERERS[verb](data)
     return buffer.getvalue().rstrip("\n")
-
-
-_TEXT_LOCK = threading.Lock()

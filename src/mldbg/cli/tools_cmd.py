@@ -138,7 +138,13 @@ def add_parsers(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p = verb("kill-all", "end this user's stray Python processes that loaded torch or MLX")
     p.add_argument("--dry-run", action="store_true", help="only list them")
     only = p.add_mutually_exclusive_group()
-    only.add_argument("--torch-only", action="store_true", help="only processes with torch")
+    only.add_argument(
+        "--torch-only",
+        "--pytorch-only",
+        dest="torch_only",
+        action="store_true",
+        help="only processes with torch",
+    )
     only.add_argument("--mlx-only", action="store_true", help="only processes with MLX")
     p.add_argument("--force", action="store_true", help="SIGKILL what SIGTERM did not end")
     p.add_argument("--yes", action="store_true", help="don't ask")

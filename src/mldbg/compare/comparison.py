@@ -121,6 +121,11 @@ def compare_sources(
     }
     if local is not None:
         document["replay_culprit"] = local["culprit"]
+    from .narrow import narrow_hint
+
+    narrow = narrow_hint(a, b, culprit, results)
+    if narrow is not None:  # a coarse pass: where the fine one should look
+        document["narrow"] = narrow
     return document
 
 
@@ -389,6 +394,11 @@ def _compare_pair(
             return result
         result["transpose"] = list(permutation)
         result["layout"] = metrics.layout_name(permutation)
+    if ea.stats is not None or eb.stats is not None:  # a summary capture on either side
+        from .sketched import compare_summaries
+
+        result.update(compare_summaries(a, b, ea, eb, permutation, result["rtol"], result["atol"]))
+        return result
     try:
         array_a = a.load(ea)
         array_b = b.load(eb)

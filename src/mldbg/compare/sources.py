@@ -43,6 +43,8 @@ class Entry:
     module: str | None = None
     call: int | None = None
     role: str | None = None
+    # A summary capture's tensor: its statistics; the file holds its sketch, not the tensor.
+    stats: dict[str, Any] | None = None
 
     @property
     def call_key(self) -> tuple[str, int] | None:
@@ -306,6 +308,7 @@ def _add_record(
                 module=call.module,
                 call=call.call,
                 role=role,
+                stats=info["stats"] if isinstance(info.get("stats"), dict) else None,
             )
         )
 

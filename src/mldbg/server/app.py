@@ -187,7 +187,9 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
             )
 
         def endpoint(**kwargs: Any) -> Any:
-            session = kwargs.pop("name", None)
+            # the path's {name} is a session verb's; a global verb's own `name` argument
+            # (checkpoints --name GLOB) stays an argument
+            session = kwargs.pop("name", None) if verb.scope == "session" else None
             return run(session, kwargs)
 
     else:

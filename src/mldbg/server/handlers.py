@@ -60,6 +60,10 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         from ..doctor import require_editable
 
         require_editable(a.get("python"), package, cwd=cwd)
+    env_overrides = dict(a.get("env") or {})
+    capture = _capture_settings(a)
+    if capture is not None:
+        env_overrides[capture[0]] = capture[1]
     request = StartRequest(
         script=a.get("script"),
         module=a.get("module"),
@@ -67,21 +71,62 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         python=a.get("python"),
         cwd=a.get("cwd"),
         env=a.get("base_env"),
-        env_overrides=dict(a.get("env") or {}),
+        env_overrides=env_overrides,
         breakpoints=[dict(bp) for bp in a.get("breakpoints") or []],
         stop_on_entry=a.get("stop_on_entry", True),
         replace=bool(a.get("replace")),
         follow=not a.get("no_follow"),
     )
     session = manager.start(name, request)
-    state = session.wait(_bounded(a.get("wait", 30.0)) if request.stop_on_entry else 0.0)
+    # `wait` waits for the first stop, whichever it is: the entry stop, or with
+    # stop_on_entry false the first breakpoint (or the end); asked for nothing, only the
+    # entry stop is waited for, so `start --run` returns at once
+    asked = a.get("wait")
+    wait = _bounded(30.0 if asked is None and request.stop_on_entry else asked)
+    state = session.wait(wait)
+    if state.get("state") == "running" and wait > 0:
+        state["note"] = (
+            f"no stop in the {wait:g} s start waited (start waits at most {MAX_WAIT:g} s): "
+            "call wait to wait for the first breakpoint or the end"
+        )
     from ..store_size import warning
 
     with contextlib.suppress(OSError):
-        full = warning(session.home)
+        env = {**(a.get("base_env") or os.environ), **(a.get("env") or {})}
+        full = warning(session.home, env)  # the client's limits, not the daemon's
         if full:
             state["warnings"] = [full]
     return state
+
+
+def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
+    """``start --capture``: the environment variable that tells the agent what to capture."""
+    options = {
+        "models": a.get("capture_models") or None,
+        "mode": a.get("capture_mode"),
+        "depth": a.get("capture_depth"),
+        "budget": a.get("capture_budget"),
+        "within": a.get("capture_within"),
+        "calls": a.get("capture_calls"),
+    }
+    given = [k for k, v in options.items() if v is not None and not (k == "mode" and v == "full")]
+    if not a.get("capture"):
+        if given:
+            raise MldbgError(
+                f"capture_{given[0]} needs a capture name (capture=NAME)",
+                code="bad_argument",
+                argument="capture",
+            )
+        return None
+    from ..capture.zero_edit import ENV, Spec
+
+    try:
+        spec = Spec.parse(
+            {"name": a["capture"], **{k: v for k, v in options.items() if v is not None}}
+        )
+    except ValueError as exc:
+        raise MldbgError(str(exc), code="bad_argument", argument="capture") from None
+    return ENV, spec.to_env()
 
 
 @handles("status")
@@ -186,6 +231,9 @@ def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
             spec[key] = list(a[key])
     if a.get("this_thread"):
         spec["this_thread"] = True
+    for key in ("nonfinite", "max_abs", "subnormal"):  # the tripwire (agent/tripwire.py)
+        if a.get(key):
+            spec[key] = a[key]
     result: dict[str, Any] = s.command("break", spec)
     s.log_event("breakpoint_set", **result)
     _remember(s)
@@ -365,11 +413,28 @@ def compare(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
     return compare_answer(home, a, a.get("client_cwd"))
 
 
+@handles("weights")
+def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+    from ..compare.weights import audit_weights
+
+    home = store_home(manager, a)
+    result = audit_weights(
+        a["reference"], a["port"], map=a.get("map"), fresh=a.get("fresh"), home=home
+    )
+    result.pop("parameters", None)  # every parameter: the Python API's; the answer is bounded
+    limit = a.get("limit", 50)
+    problems = result["problems"]
+    result["problems"] = problems[:limit]
+    result["total"] = len(problems)
+    result["truncated"] = len(problems) > limit
+    return result
+
+
 @handles("tensors")
 def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     from .. import tensors as store
 
-    home = store_home(manager, a)
+    home = tensor_home(manager, a)
     action = a.get("action") or "list"
     try:
         if action == "list":
@@ -397,6 +462,22 @@ def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
         return {"removed": store.clear_tensors(a.get("name"), home)}
     except (FileNotFoundError, ValueError) as exc:
         raise MldbgError(str(exc)[:2000], code="no_such_tensor") from None
+
+
+def tensor_home(manager: SessionManager, a: dict[str, Any]) -> Path:
+    """Whose tensor store a call means: ``home`` if given; else, as ``debug_save`` in that
+    process would find it, the session's or the client's ``MLDBG_HOME``, else the user's
+    store shared by every repository (``tensors.tensor_home``)."""
+    from .. import tensors as store
+
+    if a.get("home"):
+        return store_home(manager, a)
+    if a.get("session"):
+        s = manager.get(a["session"])
+        env = {**(s.request.env or os.environ), **s.request.env_overrides}
+        return store.tensor_home(s.request.cwd, env)
+    env = {"MLDBG_HOME": a["client_home"]} if a.get("client_home") else {}
+    return store.tensor_home(a.get("client_cwd"), env)
 
 
 @handles("clean")

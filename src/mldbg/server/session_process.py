@@ -34,6 +34,7 @@ from ..runs import (
     open_private,
     reserve_run_dir,
 )
+from ..store_size import check_start
 from . import live_runs
 from .agent_link import AgentLink, AgentListener
 from .launcher import LaunchSpec, check_target, resolve_python, spawn
@@ -142,6 +143,7 @@ class SessionProcess:
         check_python(python)
         home = mldbg_home(cwd, env)
         self.home = home
+        check_start(home, env)  # a store past its limit takes no new run
         run, output = _make_run_dir(home)
         from .children import Family
 

@@ -30,7 +30,7 @@ __all__ = ["ENDED", "Session", "SessionManager", "StartRequest", "read_page", "r
 ENDED = ("exited", "crashed")
 # What some stops carry besides the fixed fields: watch values, a note (a pause that had to
 # stop in library code, an exception raised in a library), the calls that help from there.
-STOP_EXTRAS = ("watches", "note", "fix", "raised", "raised_in")
+STOP_EXTRAS = ("watches", "note", "fix", "raised", "raised_in", "memory", "tripwire")
 
 
 def _now() -> str:

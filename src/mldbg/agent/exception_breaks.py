@@ -22,6 +22,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import BreakpointError
+
 # Exceptions Python raises to drive control flow, never worth a stop unless named.
 _CONTROL_FLOW = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit"})
 
@@ -64,8 +66,6 @@ def parse_types(types: Any) -> tuple[str, ...]:
         if not name or name == "*":
             continue
         if not all(part.isidentifier() for part in name.split(".")):
-            from .breakpoints import BreakpointError
-
             raise BreakpointError(
                 f"{name!r} is not an exception type name (e.g. ValueError, torch.OutOfMemoryError)",
                 code="bad_argument",

@@ -1,0 +1,30 @@
+"""Which tracer backend this interpreter gets (``MLDBG_BACKEND=settrace`` forces the slow one).
+
+Kept apart from :mod:`.debugger` so that the debugger, typed against
+:class:`~.tracer.TracerBackend`, never imports a backend and no backend imports it back.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .tracer import TracerBackend, TracerClient
+
+
+def choose_backend(client: TracerClient) -> TracerBackend:
+    forced = os.environ.get("MLDBG_BACKEND", "")
+    if sys.version_info >= (3, 12) and forced != "settrace":
+        from .tracer_monitoring import MonitoringBackend
+
+        return MonitoringBackend(client)
+    if sys.version_info < (3, 12) and forced != "settrace":
+        try:
+            from .tracer_instrument import InstrumentBackend
+
+            return InstrumentBackend(client)
+        except Exception:  # ctypes or the internals it needs are missing: trace globally
+            pass
+    from .tracer_settrace import SettraceBackend
+
+    return SettraceBackend(client)

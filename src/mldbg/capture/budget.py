@@ -1,0 +1,128 @@
+"""How much a capture writes: mode (full tensors or summaries), depth limit, byte budget.
+
+Capturing every module of a large model in full writes tens of gigabytes per forward;
+the standard parity workflow goes coarse to fine instead (model entry and exit, then
+blocks, then inside the one block that differs).  A :class:`Policy` decides, per call,
+whether it is recorded at all (``depth``: the call's nesting below the captured model,
+which is the same for a torch model and its MLX port because containers such as
+``nn.ModuleList`` are never called) and, per call's tensors, whether they still fit the
+byte budget.  It also counts what a full capture would have written (``full_bytes``),
+so a summary pass says what the fine pass will cost.
+
+The budget is enforced before writing: a call whose tensors would take the capture
+past it is recorded in the index with its tensors listed as skipped (``"over the byte
+budget"``), and the capture's ``budget`` report in ``capture.json`` says how much was
+skipped and where it started.  Index lines and summaries of small tensors are not
+counted: only tensor files are.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("full", "summary")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: int | float | str | None) -> int | None:
+    """Bytes from ``1000000``, ``"500MB"``, ``"1GB"``, ``"2GiB"`` (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"bad byte size {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"a byte budget cannot be negative ({value})")
+        return int(value)
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(
+            f"bad byte size {value!r}: write e.g. 500MB, 1GB, 2GiB or a number of bytes"
+        )
+    number, unit = float(match[1]), (match[2] or "").lower()
+    base = 1024 if "i" in unit else 1000
+    power = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[:1] if unit[:1] in "kmgt" else ""]
+    return int(number * base**power)
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"unknown capture mode {mode!r}: use 'full' or 'summary'")
+    return mode
+
+
+@dataclass
+class Policy:
+    """What one capture records; thread-safe counters of what it wrote and skipped."""
+
+    mode: str = "full"
+    depth: int | None = None
+    budget: int | None = None
+    used: int = 0
+    full_bytes: int = 0
+    skipped_bytes: int = 0
+    skipped_tensors: int = 0
+    deep_calls: int = 0
+    first_skipped: str | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        check_mode(self.mode)
+        if self.depth is not None and (not isinstance(self.depth, int) or self.depth < 0):
+            raise ValueError(
+                f"depth takes a whole number, 0 or more (0: the model alone), not {self.depth!r}"
+            )
+        self.budget = parse_size(self.budget)
+
+    @property
+    def summary(self) -> bool:
+        return self.mode == "summary"
+
+    def records(self, depth: int) -> bool:
+        """Whether a call nested ``depth`` levels below the captured model is recorded."""
+        if self.depth is None or depth <= self.depth:
+            return True
+        with self._lock:
+            self.deep_calls += 1
+        return False
+
+    def seen(self, full_size: int) -> None:
+        """A call's tensors, which a full capture would write as ``full_size`` bytes."""
+        with self._lock:
+            self.full_bytes += full_size
+
+    def admit(self, size: int, where: str, tensors: int) -> bool:
+        """Reserve ``size`` bytes for a tensor file; False (and counted) when over budget."""
+        with self._lock:
+            if self.budget is None or self.used + size <= self.budget:
+                self.used += size
+                return True
+            self.skipped_bytes += size
+            self.skipped_tensors += tensors
+            if self.first_skipped is None:
+                self.first_skipped = where
+            return False
+
+    def settle(self, reserved: int, actual: int) -> None:
+        """Replace a reservation by the file's real size."""
+        with self._lock:
+            self.used += actual - reserved
+
+    def report(self) -> dict[str, Any]:
+        """``capture.json``'s ``budget`` field."""
+        with self._lock:
+            return {
+                "mode": self.mode,
+                "depth": self.depth,
+                "limit": self.budget,
+                "used": self.used,
+                "full_bytes": self.full_bytes,
+                "skipped_bytes": self.skipped_bytes,
+                "skipped_tensors": self.skipped_tensors,
+                "first_skipped": self.first_skipped,
+                "calls_below_depth": self.deep_calls,
+                "exhausted": self.skipped_tensors > 0,
+            }

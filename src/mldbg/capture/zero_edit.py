@@ -1,0 +1,344 @@
+"""Capture a script's models without editing the script (``mldbg start --capture NAME``).
+
+The agent installs this before the script's first line when the environment holds
+``MLDBG_CAPTURE`` (a JSON :class:`Spec`, which ``start --capture`` puts there; child
+processes inherit it, so each ``torchrun`` rank captures its own models).  Nothing of
+torch or MLX is imported here: an import hook patches each framework when the script
+imports it (or at once, when it already has).
+
+* **torch**: ``torch.nn.Module.__call__`` is wrapped.  Torch's global module hooks
+  (``register_module_forward_pre_hook``) would see every call too, but they are not
+  given keyword arguments, and transformers passes ``hidden_states=`` and
+  ``attention_mask=`` by keyword; so the wrapper only decides which calls are models,
+  and each model is captured by :class:`mldbg.capture.Capture`, whose per-module hooks
+  see keywords.
+* **MLX**: ``mlx.nn.Module`` has no hooks and no common ``__call__``; every subclass's
+  own ``__call__`` is wrapped as the class is defined (``__init_subclass__``) or, for
+  classes that exist already, at install.  A model is then captured by the same
+  per-instance recording classes as ``mldbg.capture``.
+
+**Which models**: by default, the outermost module calls (a module called while no
+other module call is under way: the model the script calls, not its layers).  With
+``models``, the outermost calls of modules whose class name matches one of the glob
+patterns (``LlamaModel``, ``*UNet*``), wherever they are called from.  Each such
+model becomes one capture, open from its first call to the end of the script (or to
+its ``calls``-th call): the first model is ``NAME``, the next ones ``NAME.2``,
+``NAME.3``… in the order of their first calls, which is the same in a reference script
+and its port when both call their models in the same order.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.abc
+import importlib.machinery
+import json
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import Any
+
+from .budget import check_mode, parse_size
+from .store import check_capture_name
+
+ENV = "MLDBG_CAPTURE"
+MAX_MODELS = 64  # models (captures) one process may open; more are run uncaptured
+_MARK = "_mldbg_zero_edit"
+_RECORDING = "_mldbg_capture_layer"  # mlx_wrappers' recording classes: never wrapped
+
+
+@dataclass
+class Spec:
+    """What to capture; every field is checked by :meth:`parse` (the daemon's and the
+    agent's one validation)."""
+
+    name: str
+    models: list[str] | None = None
+    calls: int | None = None
+    mode: str = "full"
+    depth: int | None = None
+    budget: int | None = None
+    within: str | None = None
+    inputs: bool = True
+
+    @classmethod
+    def parse(cls, data: Any) -> Spec:
+        if not isinstance(data, dict):
+            raise ValueError("the capture settings are a JSON object")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown capture setting(s): {', '.join(sorted(unknown))}")
+        name = check_capture_name(data.get("name"))  # type: ignore[arg-type]
+        models = data.get("models")
+        if models is not None and (
+            not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)
+        ):
+            raise ValueError("models takes class names or glob patterns, e.g. LlamaModel")
+        for option in ("calls", "depth"):
+            value = data.get(option)
+            if value is not None and (not isinstance(value, int) or value < (option == "calls")):
+                raise ValueError(f"{option} takes a whole number, not {value!r}")
+        within = data.get("within")
+        if within is not None and not isinstance(within, str):
+            raise ValueError("within takes a module path, e.g. model.layers.7")
+        return cls(
+            name=name,
+            models=list(models) if models else None,
+            calls=data.get("calls"),
+            mode=check_mode(str(data.get("mode") or "full")),
+            depth=data.get("depth"),
+            budget=parse_size(data.get("budget")),
+            within=within,
+            inputs=bool(data.get("inputs", True)),
+        )
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+class _Thread(threading.local):
+    depth = 0  # module calls under way on this thread
+    in_model = 0  # captured model calls under way on this thread
+
+
+class _Model:
+    """One captured model: its capture, open from its first call."""
+
+    def __init__(self, module: Any, capture: Any) -> None:
+        self.module = module  # kept alive: its id keys the table
+        self.capture = capture
+        self.calls = 0
+        self.open = capture is not None
+
+
+class Tracker:
+    """Decides which module calls are models, opens their captures, closes them at the end."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.thread = _Thread()
+        self.lock = threading.RLock()
+        self.models: dict[int, _Model] = {}
+        self.closed = False
+        self.problems: list[str] = []
+
+    # -- the wrapper body shared by both frameworks -------------------------------------------
+
+    def call(
+        self, module: Any, function: Callable[..., Any], args: Any, kwargs: Any, mlx: bool
+    ) -> Any:
+        state = self.thread
+        model = None
+        if not self.closed and self._eligible(module, state):
+            model = self._model_for(module)
+        state.depth += 1
+        if model is None:
+            try:
+                return function(module, *args, **kwargs)
+            finally:
+                state.depth -= 1
+        state.in_model += 1
+        try:
+            if mlx:  # through the recording class the capture put on the instance
+                return type(module).__call__(module, *args, **kwargs)
+            return function(module, *args, **kwargs)  # the capture's hooks record it
+        finally:
+            state.in_model -= 1
+            state.depth -= 1
+            self._called(model)
+
+    def _eligible(self, module: Any, state: _Thread) -> bool:
+        if self.spec.models is None:
+            return state.depth == 0
+        if state.in_model:
+            return False
+        cls = type(module)
+        names = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")
+        return any(fnmatch.fnmatchcase(n, p) for p in self.spec.models for n in names)
+
+    def _model_for(self, module: Any) -> _Model | None:
+        with self.lock:
+            known = self.models.get(id(module))
+            if known is not None:
+                return known if known.open else None
+            index = len(self.models)
+            if index >= MAX_MODELS:
+                return None
+            name = self.spec.name if index == 0 else f"{self.spec.name}.{index + 1}"
+            capture = self._open(module, name)
+            model = self.models[id(module)] = _Model(module, capture)
+            return model if model.open else None
+
+    def _open(self, module: Any, name: str) -> Any:
+        from . import Capture
+
+        spec = self.spec
+        try:
+            capture = Capture(
+                module,
+                name,
+                inputs=spec.inputs,
+                mode=spec.mode,
+                depth=spec.depth,
+                budget=spec.budget,
+                within=spec.within,
+            )
+            capture.__enter__()
+        except Exception as exc:  # never break the script: say why this model is not captured
+            message = f"mldbg capture {name!r} ({type(module).__name__}): not captured: {exc}"
+            self.problems.append(message)
+            print(message, file=sys.stderr)
+            return None
+        return capture
+
+    def _called(self, model: _Model) -> None:
+        with self.lock:
+            model.calls += 1
+            if self.spec.calls is not None and model.calls >= self.spec.calls and model.open:
+                self._close(model)
+
+    def _close(self, model: _Model) -> None:
+        model.open = False
+        if model.capture is not None:
+            model.capture.__exit__(None, None, None)
+
+    def finish(self) -> None:
+        """Close every open capture (writes each ``capture.json``); later calls run plain."""
+        with self.lock:
+            self.closed = True
+            for model in self.models.values():
+                if model.open:
+                    self._close(model)
+
+    def captures(self) -> list[Any]:
+        return [m.capture for m in self.models.values() if m.capture is not None]
+
+    # -- patching the frameworks ---------------------------------------------------------------
+
+    def patch_torch(self, module_py: ModuleType) -> None:
+        """Wrap ``torch.nn.Module.__call__`` (given ``torch.nn.modules.module``)."""
+        base = module_py.Module
+        original = base.__call__
+        if getattr(original, _MARK, False):
+            return
+        tracker = self
+
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return tracker.call(self, original, args, kwargs, mlx=False)
+
+        setattr(__call__, _MARK, True)
+        base.__call__ = __call__
+
+    def patch_mlx(self, base_py: ModuleType) -> None:
+        """Wrap the ``__call__`` of every ``mlx.nn.Module`` subclass, now and as defined."""
+        base = base_py.Module
+        tracker = self
+        previous = base.__dict__.get("__init_subclass__")
+
+        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+            if previous is not None:
+                previous.__func__(cls, **kwargs)
+            else:
+                super(base, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+            tracker.wrap_mlx_class(cls)
+
+        base.__init_subclass__ = classmethod(__init_subclass__)
+        pending = list(base.__subclasses__())
+        while pending:
+            cls = pending.pop()
+            self.wrap_mlx_class(cls)
+            pending.extend(cls.__subclasses__())
+
+    def wrap_mlx_class(self, cls: type) -> None:
+        function = cls.__dict__.get("__call__")
+        if function is None or getattr(function, _MARK, False) or _RECORDING in cls.__dict__:
+            return
+        tracker = self
+
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return tracker.call(self, function, args, kwargs, mlx=True)
+
+        setattr(__call__, _MARK, True)
+        __call__.__wrapped__ = function  # type: ignore[attr-defined]
+        __call__.__doc__ = function.__doc__
+        setattr(cls, "__call__", __call__)  # noqa: B010 - the class attribute, on purpose
+
+
+# -- patch on import ---------------------------------------------------------------------------
+
+
+class _Loader(importlib.abc.Loader):
+    """The real loader, then ``after(module)``; everything else is the real loader's."""
+
+    def __init__(self, inner: Any, after: Callable[[ModuleType], None]) -> None:
+        self.inner = inner
+        self.after = after
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        self.after(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package…
+        return getattr(self.inner, name)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    def __init__(self, actions: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.actions = actions
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        action = self.actions.get(fullname)
+        if action is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        self.actions.pop(fullname, None)
+        spec.loader = _Loader(spec.loader, action)
+        return spec
+
+
+TORCH_MODULE = "torch.nn.modules.module"
+MLX_MODULE = "mlx.nn.layers.base"
+
+
+def install(spec: Spec) -> Tracker:
+    """Start capturing this process's models as ``spec`` says; call ``finish()`` at the end."""
+    tracker = Tracker(spec)
+    actions: dict[str, Callable[[ModuleType], None]] = {}
+    for name, patch in ((TORCH_MODULE, tracker.patch_torch), (MLX_MODULE, tracker.patch_mlx)):
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            patch(loaded)
+        else:
+            actions[name] = patch
+    if actions:
+        sys.meta_path.insert(0, _PatchOnImport(actions))
+    return tracker
+
+
+def install_from_environment(environ: dict[str, str] | None = None) -> Tracker | None:
+    """``install`` with the settings in ``$MLDBG_CAPTURE``; None when it is unset.
+    Raises ValueError, saying what is wrong, for settings that do not parse."""
+    import os
+
+    raw = (environ if environ is not None else os.environ).get(ENV)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"${ENV} is not JSON: {exc}") from None
+    return install(Spec.parse(data))

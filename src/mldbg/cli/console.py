@@ -1,0 +1,107 @@
+"""The CLI's two consoles (stdout, stderr) and the few rich helpers every renderer uses.
+
+Kept apart from the renderers so that ``render`` and ``compare_render`` both build on it
+without importing each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class _LazyConsole:
+    """A rich ``Console`` made on first use: importing rich costs more than the rest of a
+    CLI command (~60 ms), and a command that prints a plain value never needs it.
+
+    Every renderer prints through the two module-level instances, so :func:`captured` can
+    send all of their output to a buffer (MCP's text form) by redirecting these two
+    objects, whatever module the renderer lives in.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+        self._redirect: Console | None = None
+
+    def _made(self) -> Console:
+        if self._redirect is not None:
+            return self._redirect
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._made(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # ``out.width = 240`` must reach the console, not stick to this wrapper
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._made(), name, value)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def Table(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - rich's Table, imported when used
+    from rich.table import Table as RichTable
+
+    return RichTable(*args, **kwargs)
+
+
+def plain_line(text: str) -> None:
+    """Print ``text`` as it is (no markup, no emoji codes): without rich while ``out`` is
+    the process's own console and rich is not loaded yet."""
+    target: Any = out
+    if isinstance(target, _LazyConsole) and target._console is None and target._redirect is None:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    else:
+        target.print(escape(text))
+
+
+out: Any = _LazyConsole(highlight=False, soft_wrap=True)
+err: Any = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+
+
+def human_size(n: int) -> str:
+    """Bytes as people read them: ``512 B``, ``1.5 MB``."""
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+_CAPTURE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def captured(width: int = 120) -> Iterator[io.StringIO]:
+    """Everything printed to ``out`` and ``err`` inside the block, as plain text in the
+    yielded buffer (one capture at a time: the consoles are the process's)."""
+    from rich.console import Console
+
+    with _CAPTURE_LOCK:
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=width, no_color=True, highlight=False, soft_wrap=True)
+        out._redirect = err._redirect = console
+        try:
+            yield buffer
+        finally:
+            out._redirect = err._redirect = None

@@ -1,0 +1,50 @@
+"""After a coarse comparison: where to capture in full next.
+
+A coarse capture (``mode="summary"``, or a ``depth`` limit) names the culprit among the
+calls it recorded; the next step of the coarse-to-fine workflow is to capture again,
+in full, only inside that module (``start --capture NAME --capture-within MODULE``).
+This says so in the comparison's ``narrow`` field, with the module's path on each side
+(B's path is the one its entries were paired from, before the map).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..capture.store import ROOT
+from .mapping import split_name
+from .sources import Source
+
+
+def is_coarse(source: Source) -> bool:
+    """A summary capture, or one with a depth limit."""
+    return source.meta.get("mode") == "summary" or source.meta.get("depth") is not None
+
+
+def narrow_hint(
+    a: Source, b: Source, culprit: dict[str, Any] | None, results: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """``{"within_a", "within_b", "hint"}`` when a coarse comparison named a culprit."""
+    if culprit is None or culprit.get("module") is None or not (is_coarse(a) or is_coarse(b)):
+        return None
+    module_a = str(culprit["module"])
+    module_b = module_a
+    entries = set(culprit.get("entries") or [])
+    for result in results:
+        if result["name"] in entries and result.get("name_b"):
+            parts = split_name(str(result["name_b"]))
+            if parts is not None:
+                module_b = parts[0]
+                break
+    within_a = "" if module_a == ROOT else module_a
+    within_b = "" if module_b == ROOT else module_b
+    both = f"--capture-within {within_a or ROOT}"
+    port = "" if within_b == within_a else f" (the port: --capture-within {within_b or ROOT})"
+    return {
+        "within_a": within_a,
+        "within_b": within_b,
+        "hint": (
+            f"capture both scripts again in full inside the culprit only: "
+            f"mldbg start --capture NAME {both}{port} --run SCRIPT; then compare those"
+        ),
+    }

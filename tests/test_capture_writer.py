@@ -1,0 +1,98 @@
+"""The background writer: same files and index as a direct capture, bounded memory,
+values as they were at the call even when the model changes them in place later."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mldbg  # noqa: E402
+from conftest import wait_until  # noqa: E402
+from mldbg import current_run  # noqa: E402
+from mldbg.capture import writer as writer_module  # noqa: E402
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
+    current_run.reset()
+    yield tmp_path / ".mldbg"  # type: ignore[misc]
+    current_run.reset()
+
+
+class InPlace(torch.nn.Module):
+    """Its parent changes the child's output in place right after the call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        y.mul_(0)  # the captured lin output must still hold what lin returned
+        return y + x
+
+
+def index(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in (path / "index.jsonl").read_text().splitlines()]
+
+
+def test_background_capture_matches_direct_capture(home: Path) -> None:
+    torch.manual_seed(0)
+    model = InPlace()
+    x = torch.randn(4, 16)
+    with torch.no_grad(), mldbg.capture(model, "direct", background=False) as direct:
+        model(x)
+    with torch.no_grad(), mldbg.capture(model, "queued") as queued:
+        model(x)
+    assert queued.background and not direct.background
+    strip = ("file",)
+    lines_a = [{k: v for k, v in r.items() if k not in strip} for r in index(direct.path)]
+    lines_b = [{k: v for k, v in r.items() if k not in strip} for r in index(queued.path)]
+    assert lines_a == lines_b  # same calls, same order, same tensors
+    result = mldbg.compare("direct", "queued", home=home)
+    assert result.ok and result.result["counts"]["compared"] == len(result.entries)
+    # The in-place change after the call is not in the capture: lin's output is not zero.
+    lin_out = result.entry("lin#0.out")
+    assert lin_out["rms_a"] > 0.1
+    meta = json.loads((queued.path / "capture.json").read_text())
+    assert meta["state"] == "complete" and meta["background"] == {"waits": 0}
+
+
+def test_background_writer_waits_for_room() -> None:
+    """While the queue holds ``max_bytes``, the model's thread waits for the writer:
+    memory stays bounded, and the jobs still run in the order they came."""
+    writer = writer_module.BackgroundWriter(max_bytes=100)
+    release = threading.Event()
+    done: list[int] = []
+    writer.submit(lambda: (release.wait(60), done.append(1)), 80)
+    second = threading.Thread(target=writer.submit, args=(lambda: done.append(2), 80))
+    second.start()
+    wait_until(lambda: writer.waits == 1, 30, "the second call to wait for room")
+    assert second.is_alive() and done == []  # held back: 160 bytes would not fit
+    release.set()
+    second.join(30)
+    writer.close()
+    assert done == [1, 2]
+
+
+def test_a_tight_writer_still_writes_every_call_in_order(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for about one call's tensors, the capture is still whole and ordered."""
+    monkeypatch.setattr(writer_module, "DEFAULT_MAX_BYTES", 64 * 1024)
+    model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(8)])
+    x = torch.randn(64, 128)  # 32 KB per tensor
+    with torch.no_grad(), mldbg.capture(model, "tight") as cap:
+        model(x)
+    meta = json.loads((cap.path / "capture.json").read_text())
+    assert meta["state"] == "complete" and meta["tensors"] == 2 * 9
+    assert isinstance(meta["background"]["waits"], int)  # how often the model waited
+    seqs = [r["seq"] for r in index(cap.path) if r["event"] == "call"]
+    assert seqs == sorted(seqs)
+    assert all((cap.path / r["file"]).exists() for r in index(cap.path) if r.get("file"))

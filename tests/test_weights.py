@@ -1,0 +1,156 @@
+"""Weight audit: a torch reference against an MLX port loaded with three classic mistakes.
+
+The port (a conv, a group norm and a linear head, as in a vision model) loads the
+reference's state dict with a hand-written loader that (1) transposes the conv kernel to
+OWHI instead of MLX's OHWI (kernel height and width swapped: same shape, wrong values),
+(2) never loads the norm's weight nor the conv's bias (left at their initial values), and
+(3) names the head ``head`` where the reference says ``fc`` (loaded correctly, under
+another name).  A clean loader is audited too: it must pass.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+mx = pytest.importorskip("mlx.core")
+mnn = pytest.importorskip("mlx.nn")
+
+from mldbg.compare.weights import audit_weights, render_audit  # noqa: E402
+
+
+class Reference(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(2, 8)
+        self.fc = torch.nn.Linear(8, 10)
+
+
+class Port(mnn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = mnn.Conv2d(4, 8, 3, padding=1)
+        self.norm = mnn.GroupNorm(2, 8, pytorch_compatible=True)
+        self.head = mnn.Linear(8, 10)
+
+
+def reference() -> Reference:
+    torch.manual_seed(0)
+    model = Reference()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()  # no parameter left constant: norms included
+    return model
+
+
+def load(port: Port, state: dict[str, Any], *, buggy: bool) -> Port:
+    w = {k: v.detach().numpy() for k, v in state.items()}
+    conv = (0, 3, 2, 1) if buggy else (0, 2, 3, 1)  # OIHW -> OWHI (wrong) / OHWI (right)
+    weights = [
+        ("conv.weight", mx.array(w["conv.weight"].transpose(conv))),
+        ("norm.bias", mx.array(w["norm.bias"])),
+        ("head.weight", mx.array(w["fc.weight"])),
+        ("head.bias", mx.array(w["fc.bias"])),
+    ]
+    if not buggy:
+        weights += [
+            ("conv.bias", mx.array(w["conv.bias"])),
+            ("norm.weight", mx.array(w["norm.weight"])),
+        ]
+    port.load_weights(weights, strict=False)
+    mx.eval(port.parameters())
+    return port
+
+
+def fresh_port() -> Port:
+    mx.random.seed(3)
+    port = Port()
+    mx.eval(port.parameters())
+    return port
+
+
+def test_audit_finds_never_loaded_transposed_kernel_and_renamed_key() -> None:
+    ref = reference()
+    port = load(fresh_port(), ref.state_dict(), buggy=True)
+    result = audit_weights(ref, port, fresh=fresh_port())
+    by_name = {row["name"] or row["name_port"]: row for row in result["parameters"]}
+    assert not result["ok"]
+    assert by_name["conv.weight"]["status"] == "layout"
+    assert by_name["conv.weight"]["layout"] == "OIHW→OWHI"
+    assert by_name["norm.weight"]["status"] == "never_loaded"
+    assert by_name["conv.bias"]["status"] == "never_loaded"
+    assert "fresh initialization" in by_name["conv.bias"]["note"]
+    assert by_name["fc.weight"]["status"] == by_name["fc.bias"]["status"] == "renamed"
+    assert by_name["fc.weight"]["name_port"] == "head.weight"
+    assert result["proposed_map"] == {
+        "rename": {"head.weight": "fc.weight", "head.bias": "fc.bias"}
+    }
+    assert by_name["norm.bias"]["status"] == "ok"
+    # Failures come first in the report.
+    assert [r["status"] for r in result["problems"]][:3] == [
+        "never_loaded",
+        "never_loaded",
+        "layout",
+    ]
+    text = render_audit(result)
+    assert "conv.weight" in text and "OIHW→OWHI" in text
+
+
+def test_without_fresh_a_constant_init_is_still_never_loaded() -> None:
+    ref = reference()
+    port = load(fresh_port(), ref.state_dict(), buggy=True)
+    result = audit_weights(
+        ref, port, map={"rename": {"head.weight": "fc.weight", "head.bias": "fc.bias"}}
+    )
+    by_name = {row["name"]: row for row in result["parameters"]}
+    assert by_name["norm.weight"]["status"] == "never_loaded"  # MLX starts it at ones
+    assert "constant" in by_name["norm.weight"]["note"]
+    assert by_name["fc.weight"]["status"] == "ok"  # the map pairs it
+
+
+def test_clean_loader_passes_with_the_mlx_conv_layout(tmp_path: Path) -> None:
+    ref = reference()
+    port = load(fresh_port(), ref.state_dict(), buggy=False)
+    result = audit_weights(
+        ref, port, map={"rename": {"head.weight": "fc.weight", "head.bias": "fc.bias"}}
+    )
+    assert result["ok"], result["problems"]
+    conv = next(r for r in result["parameters"] if r["name"] == "conv.weight")
+    assert conv["status"] == "ok" and conv["layout"] == "OIHW→OHWI"
+    # A dtype change is reported, not failed.
+    port.norm.bias = port.norm.bias.astype(mx.bfloat16)
+    result = audit_weights(
+        ref, port, map={"rename": {"head.weight": "fc.weight", "head.bias": "fc.bias"}}
+    )
+    assert result["ok"]
+    assert result["counts"]["dtype"] == 1
+
+
+def test_cli_audits_files(cli: Any, tmp_path: Path) -> None:
+    from mlx.utils import tree_flatten
+    from safetensors.torch import save_file
+
+    ref = reference()
+    save_file(
+        {k: v.contiguous() for k, v in ref.state_dict().items()}, str(tmp_path / "ref.safetensors")
+    )
+    port = load(fresh_port(), ref.state_dict(), buggy=True)
+    mx.save_safetensors(str(tmp_path / "port.safetensors"), dict(tree_flatten(port.parameters())))
+    answer = cli("weights", "ref.safetensors", "port.safetensors", json_out=True)
+    assert answer["ok"] is False
+    statuses = {row["name"] or row["name_port"]: row["status"] for row in answer["problems"]}
+    assert statuses["conv.weight"] == "layout"
+    assert statuses["norm.weight"] == "never_loaded"
+    assert statuses["fc.weight"] == "renamed"
+    text = cli("weights", "ref.safetensors", "port.safetensors").stdout
+    assert "never_loaded" in text and "PROBLEMS" in text
+    bad = cli("weights", "nowhere.safetensors", "port.safetensors", expect=None, json_out=True)
+    assert bad["code"] == "unknown_source"
+    np.testing.assert_array_equal(np.array(port.norm.weight), np.ones(8))
+    json.dumps(answer)

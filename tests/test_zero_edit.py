@@ -1,0 +1,131 @@
+"""Zero-edit capture: unmodified scripts captured by ``start --capture`` and compared.
+
+The two scripts in ``zero_edit_scripts/`` never mention mldbg: a transformers Llama
+(which writes its weights and token ids) and its mlx-lm port (which loads them; its
+first argument is the RoPE base, so a planted config slip needs no edit either).  They
+run under the real daemon and agent, as a user would run them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+
+import mldbg  # noqa: E402
+from conftest import Api, Session, wait_until  # noqa: E402
+
+SCRIPTS = Path(__file__).parent / "zero_edit_scripts"
+REFERENCE = "hf_llama_reference.py"
+PORT = "mlx_lm_llama_port.py"
+
+
+def run_captured(session: Session, script: str, *args: str, **capture: Any) -> dict[str, Any]:
+    """Run ``script`` to its end under the debugger with ``capture`` options."""
+    session.start(script, *args, stop_on_entry=False, **capture)
+
+    def ended() -> dict[str, Any] | None:
+        state: dict[str, Any] = session.wait(10.0)
+        return None if state["state"] in ("starting", "running", "paused") else state
+
+    state = wait_until(ended, timeout=240, what=f"{script} to end")
+    assert state.get("exit_code") == 0, (state, session.output())
+    return state
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Path:
+    for name in (REFERENCE, PORT):
+        shutil.copy(SCRIPTS / name, tmp_path / name)
+    return tmp_path
+
+
+def captures_of(home: Path) -> dict[str, dict[str, Any]]:
+    found = {}
+    for meta in (home / "runs").glob("*/captures/*/capture.json"):
+        data = json.loads(meta.read_text())
+        found[data["name"]] = data
+    return found
+
+
+def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
+    api: Api, scripts: Path, tmp_path: Path
+) -> None:
+    home = tmp_path / ".mldbg"
+    sessions = [Session(api, f"ze{i}", tmp_path) for i in range(3)]
+    try:
+        run_captured(sessions[0], REFERENCE, capture="ref")
+        run_captured(sessions[1], PORT, capture="port")
+        run_captured(sessions[2], PORT, "1000000", capture="bug")  # a RoPE base 100x too big
+    finally:
+        for s in sessions:
+            api.http.post(f"{s.base}/terminate")
+    found = captures_of(home)
+    assert found["ref"]["framework"] == "torch"
+    assert found["ref"]["model_class"].endswith("LlamaForCausalLM")
+    assert found["port"]["framework"] == "mlx"
+    assert found["port"]["state"] == found["ref"]["state"] == "complete"
+    # The scripts' other module calls (none here) would be NAME.2...; one model each.
+    assert not any(name.startswith("ref.") for name in found)
+
+    clean = mldbg.compare("ref", "port", home=home)
+    assert clean.ok, clean.first_divergence
+    assert clean.result["counts"]["compared"] > 40  # every layer paired, kwargs and all
+    buggy = mldbg.compare("ref", "bug", home=home)
+    assert not buggy.ok
+    assert buggy.first_divergence is not None
+    assert buggy.first_divergence["module"] == "model.layers.0.self_attn"
+
+
+def test_capture_options_are_checked_at_start(session: Session, scripts: Path) -> None:
+    answer = session.start(REFERENCE, capture="ref", capture_budget="lots", expect=400)
+    assert answer["code"] == "bad_argument"
+    assert "byte size" in answer["error"]
+    answer = session.start(REFERENCE, capture_depth=2, expect=400)
+    assert answer["code"] == "bad_argument"
+    assert "capture name" in answer["error"]
+
+
+def test_cli_start_capture_summary_then_calls_limit(
+    cli: Any, scripts: Path, tmp_path: Path
+) -> None:
+    """The CLI spelling; a summary capture of the first call only, compared with a full one."""
+    cli(
+        "start",
+        "--capture",
+        "ref",
+        "--capture-mode",
+        "summary",
+        "--capture-calls",
+        "1",
+        "--run",
+        REFERENCE,
+    )
+    wait_until(
+        lambda: cli("wait", "--max-wait", "10", json_out=True)["state"] == "exited",
+        timeout=240,
+        what="the reference to end",
+    )
+    cli("start", "--capture", "port", "--run", PORT)
+    wait_until(
+        lambda: cli("wait", "--max-wait", "10", json_out=True)["state"] == "exited",
+        timeout=240,
+        what="the port to end",
+    )
+    found = captures_of(tmp_path / ".mldbg")
+    assert found["ref"]["mode"] == "summary"
+    budget = found["ref"]["budget"]
+    # At most one 1021-float64 sketch (and a header) per tensor, whatever its size.
+    assert budget["used"] <= found["ref"]["tensors"] * (8 * 1021 + 4096)
+    assert budget["full_bytes"] > 0 and budget["limit"] is None
+    result = mldbg.compare("ref", "port", home=tmp_path / ".mldbg")
+    assert result.ok, result.first_divergence
+    assert all(e.get("estimated") for e in result.entries)

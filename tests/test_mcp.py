@@ -148,10 +148,8 @@ def test_a_debug_session_through_mcp(mcp, write) -> None:
             "trace",
         } <= set(listed)
         assert all(t.description for t in listed.values())
-        # one JSON per result: structured content with a real output schema
-        assert (
-            listed["eval"].output_schema and "result" in listed["eval"].output_schema["properties"]
-        )
+        # one JSON per result: structured content (an object; the server checks its shape)
+        assert listed["eval"].output_schema == {"type": "object"}
 
         state = await tool(
             "start",

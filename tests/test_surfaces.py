@@ -85,11 +85,8 @@ def test_every_verb_is_an_mcp_tool_with_schemas(config_dir: Path, daemon: dict[s
         props = set(tool.input_schema["properties"])
         assert {a.name for a in verb.args if a.mcp} <= props, verb.name
         assert ("session" in props) == (verb.scope == "session" or verb.store), verb.name
-        # the result's fields, or (a type several tools answer) the tool that lists them
-        output = tool.output_schema
-        assert output and output["type"] == "object", verb.name
-        lister = output.get("description", "").removeprefix("as ").removesuffix(" answers")
-        assert output.get("properties") or found[lister].output_schema["properties"], verb.name
+        # structured content: an object (its shape: the README, OpenAPI; checked by the server)
+        assert tool.output_schema == {"type": "object"}, verb.name
         # a verb's own codes in its description, the ones every tool shares in the instructions
         said = (tool.description or "") + instructions[0]
         assert all(code in said for code in verb.all_errors), verb.name

@@ -44,8 +44,9 @@ mldbg.capture(model, "ref") / mldbg.capture(model, "port"), then compare(a="ref"
 b="port") names the first module whose inputs agree and outputs differ.
 Every answer is bounded: `truncated` and `next` say what was left out and which call
 gets it. Errors are JSON with a `code` and a `hint` naming the call that fixes them; any
-tool can answer bad_argument, too_long (a text over its maxLength), bad_session_name,
-unknown_session (session tools) or daemon_unreachable. Texts are at most 4096 characters
+tool can answer bad_argument, too_long (a text over its maxLength), bad_session_name or
+daemon_unreachable; a session tool also unknown_session, session_ended, not_paused (it
+needs a paused script) or agent_timeout. Texts are at most 4096 characters
 unless a tool's schema says otherwise (maxLength). Session tools take `session` (default
 "default"): several sessions run at once under different names. Run-store tools (runs,
 checkpoints, captures, tensors, clean, compare) read the store of `session` if given,
@@ -228,38 +229,12 @@ class Tools:
 # result against the verb's full result type.
 
 
-def _json_type(schema: dict[str, Any]) -> Any:
-    """The JSON type(s) a property schema allows, without what is nested inside."""
-    if "$ref" in schema:
-        return "object"
-    if "anyOf" in schema:
-        kinds: list[str] = []
-        for option in schema["anyOf"]:
-            kind = _json_type(option)
-            for one in kind if isinstance(kind, list) else [kind]:
-                if one and one not in kinds:
-                    kinds.append(one)
-        return kinds if len(kinds) > 1 else (kinds[0] if kinds else None)
-    return schema.get("type")
-
-
-def compact_output_schema(
-    schema: dict[str, Any] | None, shared_with: str | None = None
-) -> dict[str, Any] | None:
-    """The result's field names (their shapes are in the README and the OpenAPI document):
-    a state verb's 5 KB schema becomes a few hundred bytes.  ``shared_with``: another
-    tool answers the same type and lists its fields; this one only points there."""
-    if schema is None:
-        return None
-    if shared_with is not None:
-        return {"type": "object", "description": f"as {shared_with} answers"}
-    compact: dict[str, Any] = {
-        "type": "object",
-        "properties": {name: {} for name in schema.get("properties", {})},
-    }
-    if schema.get("required"):
-        compact["required"] = schema["required"]
-    return compact
+def compact_output_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An object, as MCP asks of structured content, and no more: the structured content
+    names its own fields, the README and the OpenAPI document give every shape, and the
+    server validates each result against the verb's full result type before it is sent.
+    (Derived by pydantic, a state verb's schema alone was 5 KB, repeated by eleven tools.)"""
+    return None if schema is None else {"type": "object"}
 
 
 def _compact_property(schema: dict[str, Any]) -> dict[str, Any]:
@@ -326,7 +301,7 @@ def mcp_terms(verb: Verb, text: str) -> str:
     text = text.replace(" ('-' reads stdin)", "").replace(" on the CLI", "")
     text = text.replace(" (FILE:LINE[:COND])", "").replace(" (also --name)", "")
     for arg in sorted(verb.args, key=lambda a: -len(a.cli_flag)):
-        if not arg.mcp:
+        if not arg.mcp or not arg.cli_flag.startswith("--"):  # "-m" is also python's
             continue
         spelled = f"{arg.name}=true" if arg.type is bool and arg.default is False else arg.name
         text = re.sub(rf"(?<![\w-]){re.escape(arg.cli_flag)}(?![\w-])", spelled, text)
@@ -336,13 +311,15 @@ def mcp_terms(verb: Verb, text: str) -> str:
 def tool_description(verb: Verb) -> str:
     description = MCP_HELP.get(verb.name, verb.help)
     description += f". {verb.description}" if verb.description else ""
-    own = [code for code in verb.all_errors if code not in (*COMMON_ERRORS, "unknown_session")]
+    shared = COMMON_ERRORS + (SESSION_ERRORS if verb.scope == "session" else ())
+    own = [code for code in verb.all_errors if code not in shared]
     if own:
         description += f" Errors: {', '.join(own)}."
     return mcp_terms(verb, description)
 
 
 COMMON_ERRORS = ("bad_argument", "too_long", "bad_session_name", "daemon_unreachable")
+SESSION_ERRORS = ("unknown_session", "session_ended", "not_paused", "agent_timeout")
 
 
 def build_server() -> MCPServer:
@@ -351,7 +328,6 @@ def build_server() -> MCPServer:
         name="mldbg", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )
     tools = Tools()
-    first_to_answer: dict[Any, str] = {}  # a result type -> the tool that lists its fields
     for verb in VERBS:
         if not verb.mcp:
             continue
@@ -360,10 +336,7 @@ def build_server() -> MCPServer:
         assert tool is not None
         tool.parameters = compact_input_schema(verb, tool.parameters)
         # read live by the SDK: published compact, results still validated by the full type
-        shared = first_to_answer.setdefault(verb.result, verb.name)
-        tool.fn_metadata.output_schema = compact_output_schema(
-            tool.fn_metadata.output_schema, None if shared == verb.name else shared
-        )
+        tool.fn_metadata.output_schema = compact_output_schema(tool.fn_metadata.output_schema)
     return server
 
 

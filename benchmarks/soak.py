@@ -198,7 +198,8 @@ def main() -> int:
         print("soak: needs /proc (Linux)", file=sys.stderr)
         return 2
 
-    with tempfile.TemporaryDirectory(prefix="mldbg-soak-") as scratch:
+    # the daemon may still be closing files in it as the directory goes: never fail on that
+    with tempfile.TemporaryDirectory(prefix="mldbg-soak-", ignore_cleanup_errors=True) as scratch:
         root = Path(scratch)
         config = root / "config"
         config.mkdir()

@@ -417,3 +417,20 @@ def test_the_parent_says_when_a_child_runs_undebugged(session: Session, write: A
     assert "1 child process(es) run undebugged" in render.to_text("status", session.state())
     assert "children undebugged" in render.to_text("sessions", {"sessions": [listed[session.name]]})
     session.terminate()
+
+
+def test_a_closed_listener_frees_its_port_and_thread() -> None:
+    """``close()`` without ``shutdown()`` left the accept thread blocked for good and the
+    port listening: one thread and one port leaked per session ever started."""
+    listening = AgentListener(Collector(), "closing")
+    host, _, port = listening.address.rpartition(":")
+    assert listening.accept_thread.is_alive()
+    probe = socket.create_connection((host, int(port)), timeout=5)  # the loop is in accept()
+    assert closed_by_peer(probe)  # no secret: dropped, and the loop back in accept()
+    probe.close()
+    wait_until(lambda: listening.rejected == 1, 10, "the probe dropped")
+    listening.close()
+    listening.accept_thread.join(10)
+    assert not listening.accept_thread.is_alive()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5)

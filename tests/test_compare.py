@@ -181,6 +181,29 @@ def test_corrupt_files_are_named(tmp_path: Path, dirs: tuple[Path, Path]) -> Non
     assert "cut.safetensors" in as_json(result)["error"]
 
 
+def test_a_header_that_lies_is_bad_input_not_a_divergence(tmp_path: Path) -> None:
+    """A header whose shape does not match its bytes, or whose dtype the format does not
+    define, is a corrupt file (exit 2), not "shapes differ" (exit 1)."""
+    import struct
+
+    def write(name: str, y: dict) -> Path:
+        header = {"x": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}, "y": y}
+        raw = json.dumps(header).encode()
+        path = tmp_path / name
+        data = np.arange(12, dtype=np.float32).tobytes()
+        path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+        return path
+
+    good = write("good.safetensors", {"dtype": "F32", "shape": [2, 3], "data_offsets": [24, 48]})
+    liar = write("liar.safetensors", {"dtype": "F32", "shape": [4, 3], "data_offsets": [24, 48]})
+    alien = write("alien.safetensors", {"dtype": "Q7", "shape": [2, 3], "data_offsets": [24, 48]})
+    assert run_cli(tmp_path, str(good), str(good)).returncode == 0
+    for bad, said in ((liar, "not the 48"), (alien, "unknown dtype")):
+        result = run_cli(tmp_path, str(good), str(bad), "--json")
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert said in as_json(result)["error"] and bad.name in as_json(result)["error"]
+
+
 def test_map_files_rename_and_bad_maps_are_bad_input(
     tmp_path: Path, dirs: tuple[Path, Path]
 ) -> None:

@@ -148,10 +148,8 @@ def test_a_debug_session_through_mcp(mcp, write) -> None:
             "trace",
         } <= set(listed)
         assert all(t.description for t in listed.values())
-        # one JSON per result: structured content with a real output schema
-        assert (
-            listed["eval"].output_schema and "result" in listed["eval"].output_schema["properties"]
-        )
+        # one JSON per result: structured content (an object; the server checks its shape)
+        assert listed["eval"].output_schema == {"type": "object"}
 
         state = await tool(
             "start",
@@ -363,3 +361,80 @@ def test_run_store_tools_take_a_session(mcp, write) -> None:
         assert missing["code"] in ("unknown_session", "no_such_session"), missing
 
     mcp(scenario)
+
+
+def test_the_tool_list_is_agent_sized(config_dir: Path, daemon: dict[str, Any]) -> None:
+    """The tool list is in every agent's context on every turn: it was 107 KB (each state
+    verb repeated a 5 KB output schema; descriptions spoke CLI, ``--all``).  Measured as
+    the real SDK client receives it: under 25 KB, every verb still a tool, every argument
+    still there, and no CLI flag in any description."""
+    import re
+
+    from mldbg import verbs
+
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "mldbg", "mcp"],
+        env={**os.environ, "MLDBG_CONFIG_DIR": str(config_dir)},
+    )
+    listed: list[Any] = []
+
+    async def main() -> None:
+        async with Client(server, read_timeout_seconds=60) as client:
+            listed.append(await client.list_tools())
+
+    anyio.run(main)
+    wire = listed[0].model_dump_json(by_alias=True, exclude_none=True)
+    assert len(wire.encode()) < 25_000, len(wire.encode())
+    tools = {tool.name: tool for tool in listed[0].tools}
+    assert set(tools) == {verb.name for verb in verbs.VERBS if verb.mcp}
+    for verb in verbs.VERBS:
+        if verb.mcp:
+            arguments = set(tools[verb.name].input_schema["properties"])
+            assert {a.name for a in verb.args if a.mcp} <= arguments, verb.name
+    flags = re.findall(r"(?<![\w-])--[a-z][\w-]*", wire)
+    assert not flags, flags
+
+
+def test_lone_surrogates_in_arguments_leave_the_server_serving(
+    config_dir: Path, daemon: dict[str, Any]
+) -> None:
+    """No SDK client can send a lone surrogate (it cannot encode one), but JSON can escape
+    it: raw lines holding ``\\udcff`` in arguments are not answered (not valid UTF-8 text
+    for the SDK), and the next call is."""
+    import subprocess
+
+    env = {**os.environ, "MLDBG_CONFIG_DIR": str(config_dir)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mldbg", "mcp"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    assert server.stdin is not None and server.stdout is not None
+
+    def send(line: str) -> None:
+        server.stdin.write(line.encode() + b"\n")  # type: ignore[union-attr]
+        server.stdin.flush()  # type: ignore[union-attr]
+
+    try:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}}
+        hello["clientInfo"] = {"name": "raw", "version": "0"}
+        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}))
+        assert json.loads(server.stdout.readline())["id"] == 1
+        send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        call = (
+            '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"%s","arguments":%s}}'
+        )
+        send(call % (2, "status", '{"session":"x\\udcff"}'))
+        send(call % (3, "eval", '{"expression":"\\udcff","session":"\\ud800"}'))
+        send(call % (4, "sessions", "{}"))
+        answer = json.loads(server.stdout.readline())
+        while answer.get("id") in (2, 3):  # answered after all: with an error, never a crash
+            assert answer.get("error") or answer["result"]["isError"], answer
+            answer = json.loads(server.stdout.readline())
+        assert answer["id"] == 4 and "sessions" in answer["result"]["structuredContent"]
+    finally:
+        server.kill()
+        server.wait()

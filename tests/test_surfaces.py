@@ -69,9 +69,11 @@ def test_every_verb_is_an_mcp_tool_with_schemas(config_dir: Path, daemon: dict[s
         env={**__import__("os").environ, "MLDBG_CONFIG_DIR": str(config_dir)},
     )
     found: dict[str, Any] = {}
+    instructions: list[str] = []
 
     async def main() -> None:
         async with McpClient(server, read_timeout_seconds=60) as client:
+            instructions.append(client.instructions or "")
             for tool in (await client.list_tools()).tools:
                 found[tool.name] = tool
 
@@ -83,8 +85,11 @@ def test_every_verb_is_an_mcp_tool_with_schemas(config_dir: Path, daemon: dict[s
         props = set(tool.input_schema["properties"])
         assert {a.name for a in verb.args if a.mcp} <= props, verb.name
         assert ("session" in props) == (verb.scope == "session" or verb.store), verb.name
-        assert tool.output_schema and tool.output_schema.get("properties"), verb.name
-        assert all(code in (tool.description or "") for code in verb.all_errors), verb.name
+        # structured content: an object (its shape: the README, OpenAPI; checked by the server)
+        assert tool.output_schema == {"type": "object"}, verb.name
+        # a verb's own codes in its description, the ones every tool shares in the instructions
+        said = (tool.description or "") + instructions[0]
+        assert all(code in said for code in verb.all_errors), verb.name
 
 
 def test_hostile_session_names_never_reach_a_route(api: Api, daemon: dict[str, Any], cli) -> None:

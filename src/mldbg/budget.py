@@ -20,15 +20,19 @@ EVAL_OUTPUT = 8_000  # what an evaluation printed
 ERROR = 12_000  # a whole error answer: a message, a traceback, and what else it carries
 
 
-def cap(text: str, limit: int, keep: str = "head") -> tuple[str, bool]:
+def cap(text: str, limit: int, keep: str = "head", dropped: int = 0) -> tuple[str, bool]:
     """``text`` cut to about ``limit`` bytes of UTF-8, keeping its head or its tail.
 
     The cut is marked inside the text, so it can never be mistaken for the whole.
+    ``dropped``: bytes the collector of ``text`` already left out on the side not kept
+    (a bounded buffer of output): the marker states the total cut, not only the last.
     """
-    if len(text) <= limit // 4 or len(text.encode("utf-8", "surrogatepass")) <= limit:
+    if not dropped and (
+        len(text) <= limit // 4 or len(text.encode("utf-8", "surrogatepass")) <= limit
+    ):
         return text, False
     data = text.encode("utf-8", "surrogatepass")
-    left = len(data) - limit
+    left = max(len(data) - limit, 0) + dropped
     if keep == "tail":
         kept = data[-limit:].decode("utf-8", "ignore")
         return f"…[{left} bytes cut]…" + kept, True

@@ -173,3 +173,64 @@ def test_session_names_are_matched_whole(api: Api) -> None:
     spec = api.get("/openapi.json")
     parameters = spec["paths"]["/v1/sessions/{name}/eval"]["post"]["parameters"]
     assert parameters[0]["schema"]["pattern"].startswith("^[A-Za-z0-9_]")
+
+
+def test_null_means_the_default_and_types_are_not_swapped(api: Api, tmp_path) -> None:
+    """``{"keep": null}`` was a 500; ``"wait": false`` was taken as a wait of 0 s and
+    ``"stop_on_entry": 1`` as true.  Null is the declared default; a boolean is never a
+    number nor a number a boolean."""
+    home = str(tmp_path / ".mldbg")
+    cleaned = api.post("/v1/clean", {"keep": None, "dry_run": True, "home": home})
+    assert cleaned["removed"] == []
+    for path, body in [
+        ("/v1/sessions/types/wait", {"wait": False}),
+        ("/v1/sessions/types/start", {"script": "x.py", "stop_on_entry": 1}),
+        ("/v1/sessions/types/frame", {"index": True}),
+        ("/v1/clean", {"keep": True, "dry_run": True, "home": home}),
+    ]:
+        error = api.post(path, body, expect=400)
+        assert error["code"] == "bad_argument", (path, error)
+    assert api.post("/v1/clean", {"keep": 3, "dry_run": True, "home": home})["removed"] == []
+
+
+def test_the_eval_output_marker_counts_every_byte_left_out(session, write) -> None:
+    """What an evaluation prints is kept as a bounded tail while it runs; the marker said
+    only what the last cut removed (about 8 KB of 100 KB), not the total."""
+    script = write("printing.py", "x = 1\n")
+    session.start(script)
+    answer = session.eval("for _ in range(1000): print('y' * 99)")  # 100,000 bytes
+    marker = answer["output"].split("]", 1)[0]
+    left_out = int(marker.split("[", 1)[1].split()[0])
+    kept = len(answer["output"].split("]…", 1)[1].encode())
+    assert answer["output_truncated"] and left_out + kept == 100_000, (left_out, kept)
+    session.terminate()
+
+
+def test_the_openapi_document_lists_every_answer(api: Api) -> None:
+    """It documented FastAPI's 422, which is never sent, and not the 400/401/403 that are."""
+    spec = api.get("/openapi.json")
+    assert "422" not in json.dumps(spec) and "HTTPValidationError" not in json.dumps(spec)
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            answers = set(operation["responses"])
+            assert {"200", "401", "403", "500"} <= answers, (method, path, answers)
+            if operation.get("parameters") or operation.get("requestBody"):
+                assert "400" in answers, (method, path)
+
+
+def test_hits_with_thousands_of_digits_is_refused_not_an_internal_error(cli, write) -> None:
+    write("hits.py", "x = 1\ny = 2\n")
+    cli("start", "-s", "hits", "hits.py")
+    error = cli("break", "-s", "hits", "hits.py:2", "--hits", "9" * 5000, expect=1, json_out=True)
+    assert error["code"] == "too_long" and error["argument"] == "hits"
+    cli("terminate", "-s", "hits")
+
+
+def test_the_classic_routes_have_the_same_limits(api: Api) -> None:
+    for path, body in [
+        ("/debug/evaluate", {"expression": "x" * (verbs.CODE_LIMIT + 1)}),
+        ("/debug/breakpoint", {"file_path": "f.py", "line": 1, "condition": "x" * 2_001}),
+        ("/debug/start", {"script_path": "p" * 5_000}),
+    ]:
+        error = api.post(path, body, expect=400)
+        assert error["code"] == "too_long", (path, error)

@@ -377,7 +377,9 @@ class PausedThread:
         else:
             text = summary.safe_repr(value)
         text, result_cut = budget.cap(text, budget.VALUE)
-        output, output_cut = budget.cap(printed.getvalue(), budget.EVAL_OUTPUT, "tail")
+        output, output_cut = budget.cap(
+            printed.getvalue(), budget.EVAL_OUTPUT, "tail", dropped=printed.dropped
+        )
         result: dict[str, Any] = {
             "expression": budget.capped(expression, budget.VALUE),
             "result": text,
@@ -435,6 +437,7 @@ class _Tee:
         self._stream = stream
         self._parts: list[str] = []
         self._size = 0
+        self.dropped = 0  # bytes of the head no longer kept (the answer's marker counts them)
 
     def write(self, text: str) -> int:
         with contextlib.suppress(Exception):
@@ -443,7 +446,9 @@ class _Tee:
         self._parts.append(text)
         self._size += len(text)
         if self._size > 4 * budget.EVAL_OUTPUT:  # keep a bounded tail, never all of it
-            kept = "".join(self._parts)[-2 * budget.EVAL_OUTPUT :]
+            whole = "".join(self._parts)
+            kept = whole[-2 * budget.EVAL_OUTPUT :]
+            self.dropped += len(whole[: -len(kept)].encode("utf-8", "surrogatepass"))
             self._parts, self._size = [kept], len(kept)
         return len(text)
 

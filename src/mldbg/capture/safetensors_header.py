@@ -12,6 +12,30 @@ from pathlib import Path
 from typing import Any
 
 MAX_HEADER = 100_000_000
+# Every dtype the safetensors format defines, with its size in bits.  A name outside this
+# table is not a format mldbg cannot read yet: the header is corrupt (or not safetensors).
+DTYPE_BITS = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+}
 
 
 class CorruptTensorFile(ValueError):
@@ -43,7 +67,33 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
         if not (isinstance(offsets, list) and len(offsets) == 2 and offsets[1] <= data_size):
             raise CorruptTensorFile(f"{path}: tensor {key!r} lies past the end of the file")
+        _check_entry(path, key, entry)
     return header, 8 + length
+
+
+def _check_entry(path: Path, key: str, entry: dict[str, Any]) -> None:
+    """The header's word on a tensor must hold: a dtype the format defines, a shape of
+    sizes, and exactly the bytes that shape takes.  A header that lies about its shape
+    made ``compare`` report "shapes differ" (a divergence) for what is a corrupt file."""
+    dtype, shape, (begin, end) = entry.get("dtype"), entry.get("shape"), entry["data_offsets"]
+    if dtype not in DTYPE_BITS:
+        raise CorruptTensorFile(f"{path}: tensor {key!r} has an unknown dtype {str(dtype)[:40]!r}")
+    if not (
+        isinstance(shape, list)
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+        and isinstance(begin, int)
+        and isinstance(end, int)
+        and 0 <= begin <= end
+    ):
+        raise CorruptTensorFile(f"{path}: tensor {key!r} has a corrupt shape or offsets")
+    count = 1
+    for n in shape:
+        count *= n
+    if (count * DTYPE_BITS[dtype] + 7) // 8 != end - begin:
+        raise CorruptTensorFile(
+            f"{path}: tensor {key!r} has {end - begin} bytes, not the "
+            f"{(count * DTYPE_BITS[dtype] + 7) // 8} its shape {shape} of {dtype} takes"
+        )
 
 
 def header_entries(path: Path) -> dict[str, dict[str, Any]]:

@@ -457,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
-def _main(argv: list[str], as_json: bool) -> int:
+def parse_command_line(argv: list[str]) -> argparse.Namespace:
+    """What was typed, parsed (``UsageError`` if it cannot be): no daemon is asked."""
     parser = build_parser(
         full="compare" in argv or "-h" in argv or "--help" in argv, only=command_of(argv)
     )
@@ -468,10 +469,15 @@ def _main(argv: list[str], as_json: bool) -> int:
         at = argv.index("start")
         head, script_args = split_start(argv[at:])
         argv = argv[:at] + head
+    args = parser.parse_args(argv)
+    if args.verb == "start":
+        args.args = script_args
+    return args
+
+
+def _main(argv: list[str], as_json: bool) -> int:
     try:
-        args = parser.parse_args(argv)
-        if args.verb == "start":
-            args.args = script_args
+        args = parse_command_line(argv)
         as_json = bool(getattr(args, "json", False)) or as_json
         if args.verb in COMMANDS:
             return run_command(args, as_json)

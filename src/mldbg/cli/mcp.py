@@ -14,6 +14,7 @@ import contextlib
 import functools
 import inspect
 import json
+import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
@@ -46,7 +47,14 @@ gives both values and their difference; break(nonfinite=true) stops where a modu
 returns NaN/Inf; in eval, mldbg.captured_tensor("ref", "<entry name>") loads a captured
 tensor. Lazy MLX arrays are summarized unevaluated; eval evaluates them.
 Every answer is bounded: `truncated` and `next` say what was left out and which call
-gets it. Errors are JSON with a `code` and a `hint` naming the call that fixes them."""
+gets it. Errors are JSON with a `code` and a `hint` naming the call that fixes them; any
+tool can answer bad_argument, too_long (a text over its maxLength), bad_session_name or
+daemon_unreachable; a session tool also unknown_session, session_ended, not_paused (it
+needs a paused script) or agent_timeout. Texts are at most 4096 characters
+unless a tool's schema says otherwise (maxLength). Session tools take `session` (default
+"default"): several sessions run at once under different names. Run-store tools (runs,
+checkpoints, captures, tensors, clean, compare) read the store of `session` if given,
+else `home` (a directory), else $MLDBG_HOME, else ./.mldbg."""
 
 TEXT_BUDGET = 6_000  # the text form of a result; the JSON is in structured content
 
@@ -56,6 +64,8 @@ def _annotation(arg: Arg) -> Any:
     constraints: dict[str, Any] = {"description": arg.help}
     if arg.type is str:  # documented here, refused by the daemon with its code (too_long)
         constraints["json_schema_extra"] = {"maxLength": arg.max_length}
+    if arg.type in (bool, int, float):  # false is not a number, 1 is not true
+        constraints["strict"] = True
     if arg.minimum is not None:
         constraints["ge"] = arg.minimum
     if arg.maximum is not None:
@@ -86,9 +96,7 @@ def _signature(verb: Verb) -> inspect.Signature:
             inspect.Parameter(
                 "session",
                 inspect.Parameter.KEYWORD_ONLY,
-                annotation=Annotated[
-                    str, Field(description="session name; several can run at once")
-                ],
+                annotation=str,  # said once, in INSTRUCTIONS
                 default="default",
             )
         )
@@ -217,6 +225,107 @@ class Tools:
         return await anyio.to_thread.run_sync(blocking)
 
 
+# -- the tool list an agent reads: every verb, in as few tokens as say it ----------------------
+#
+# The list is in every agent's context on every turn.  Derived as pydantic writes them, the
+# schemas took 107 KB (a state verb repeated a 5 KB output schema); compacted they keep what
+# an agent needs to call a tool and read its answer, and the server still validates every
+# result against the verb's full result type.
+
+
+def compact_output_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An object, as MCP asks of structured content, and no more: the structured content
+    names its own fields, the README and the OpenAPI document give every shape, and the
+    server validates each result against the verb's full result type before it is sent.
+    (Derived by pydantic, a state verb's schema alone was 5 KB, repeated by eleven tools.)"""
+    return None if schema is None else {"type": "object"}
+
+
+def _compact_property(schema: dict[str, Any]) -> dict[str, Any]:
+    prop = {k: v for k, v in schema.items() if k != "title"}
+    if prop.get("maxLength") == verbs.TEXT_LIMIT:  # the usual limit is said once, in INSTRUCTIONS
+        del prop["maxLength"]
+    options = prop.pop("anyOf", None)
+    if options is not None:  # X or null: null means "not given", say X
+        kept = [o for o in options if o.get("type") != "null"]
+        if len(kept) == 1:
+            prop.update({k: v for k, v in kept[0].items() if k != "title"})
+        else:
+            prop["anyOf"] = kept
+    if prop.get("default", 0) is None or prop.get("default", 0) is False:  # a flag: off
+        del prop["default"]
+    if prop.get("maxLength") == verbs.TEXT_LIMIT:
+        del prop["maxLength"]
+    if "items" in prop and isinstance(prop["items"], dict):
+        prop["items"] = {k: v for k, v in prop["items"].items() if k != "title"}
+    return prop
+
+
+def compact_input_schema(verb: Verb, schema: dict[str, Any]) -> dict[str, Any]:
+    """The arguments without pydantic's titles and ``X or null`` unions, described in
+    MCP's terms."""
+    properties = {n: _compact_property(p) for n, p in schema.get("properties", {}).items()}
+    for name, prop in properties.items():
+        if "description" in prop:
+            prop["description"] = mcp_terms(verb, prop["description"])
+        if name == "session" or (verb.store and name == "home"):  # said once, in INSTRUCTIONS
+            properties[name] = {"type": "string"}
+        elif prop.get("description") == verbs.LIMIT_HELP:
+            prop["description"] = "at most this many items"
+    compact: dict[str, Any] = {"type": "object", "properties": properties}
+    if schema.get("required"):
+        compact["required"] = schema["required"]
+    if "$defs" in schema:  # nested argument types (a breakpoint spec), without titles
+        compact["$defs"] = {
+            name: {
+                "type": "object",
+                "properties": {n: _compact_property(p) for n, p in d.get("properties", {}).items()},
+            }
+            for name, d in schema["$defs"].items()
+        }
+    return compact
+
+
+# Help that speaks of the command line as a whole (positional spellings, exit codes), said
+# the way a tool call says it; flags inside help are translated by ``mcp_terms``.
+MCP_HELP = {
+    "break": "set a breakpoint (file + line), a function, exception or checkpoint one",
+    "remove": "remove a breakpoint (file + line, or id) or a checkpoint filter",
+    "until": "run to a line (target FILE:LINE, LINE in the current file or #ID; or file + "
+    "line, or id): a one-shot breakpoint, then continue",
+    "compare": "compare two captures/runs/tensor directories (`ok`: true when they agree)",
+    "tensors": "the debug_save tensor store: action list, info (name) or clear (name, or yes=true "
+    "for all)",
+}
+
+
+def mcp_terms(verb: Verb, text: str) -> str:
+    """The verb's help as an MCP tool says it: CLI flags become its arguments
+    (``--all`` → ``all=true``), and what only a shell can do is left out."""
+    text = text.replace(" ('-' reads stdin)", "").replace(" on the CLI", "")
+    text = text.replace(" (FILE:LINE[:COND])", "").replace(" (also --name)", "")
+    for arg in sorted(verb.args, key=lambda a: -len(a.cli_flag)):
+        if not arg.mcp or not arg.cli_flag.startswith("--"):  # "-m" is also python's
+            continue
+        spelled = f"{arg.name}=true" if arg.type is bool and arg.default is False else arg.name
+        text = re.sub(rf"(?<![\w-]){re.escape(arg.cli_flag)}(?![\w-])", spelled, text)
+    return text
+
+
+def tool_description(verb: Verb) -> str:
+    description = MCP_HELP.get(verb.name, verb.help)
+    description += f". {verb.description}" if verb.description else ""
+    shared = COMMON_ERRORS + (SESSION_ERRORS if verb.scope == "session" else ())
+    own = [code for code in verb.all_errors if code not in shared]
+    if own:
+        description += f" Errors: {', '.join(own)}."
+    return mcp_terms(verb, description)
+
+
+COMMON_ERRORS = ("bad_argument", "too_long", "bad_session_name", "daemon_unreachable")
+SESSION_ERRORS = ("unknown_session", "session_ended", "not_paused", "agent_timeout")
+
+
 def build_server() -> MCPServer:
     """The MCP server with one tool per verb; ``run_stdio`` serves it."""
     server = MCPServer(
@@ -226,9 +335,12 @@ def build_server() -> MCPServer:
     for verb in VERBS:
         if not verb.mcp:
             continue
-        description = verb.help + (f"\n\n{verb.description}" if verb.description else "")
-        description += f"\n\nError codes: {', '.join(verb.all_errors)}."
-        server.add_tool(tools.make(verb), name=verb.name, description=description)
+        server.add_tool(tools.make(verb), name=verb.name, description=tool_description(verb))
+        tool = server._tool_manager.get_tool(verb.name)
+        assert tool is not None
+        tool.parameters = compact_input_schema(verb, tool.parameters)
+        # read live by the SDK: published compact, results still validated by the full type
+        tool.fn_metadata.output_schema = compact_output_schema(tool.fn_metadata.output_schema)
     return server
 
 

@@ -67,9 +67,10 @@ class AgentListener:
         self.closed = False
         self.rejected = 0  # connections dropped: strangers, floods, silence (tests read it)
         self.proving = 0  # connections in their handshake now (tests read it)
-        threading.Thread(
+        self.accept_thread = threading.Thread(
             target=self._accept_loop, name=f"mldbg-listen-{label}", daemon=True
-        ).start()
+        )
+        self.accept_thread.start()
 
     def _accept_loop(self) -> None:
         while not self.closed:
@@ -148,7 +149,11 @@ class AgentListener:
         return 0 if slots is None else MAX_HANDSHAKES - slots._value  # type: ignore[attr-defined]
 
     def close(self) -> None:
+        """Stop listening now: the port is freed and the accept thread ends (a plain
+        ``close()`` leaves a thread blocked in ``accept`` and the port listening)."""
         self.closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
 

@@ -65,6 +65,7 @@ class ErrorBody(TypedDict, total=False):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "bad input (`code` says which)"},
     401: {"model": ErrorBody, "description": "missing or wrong token"},
+    403: {"model": ErrorBody, "description": "a Host that is not a loopback name (`bad_host`)"},
     404: {"model": ErrorBody, "description": "unknown session (`unknown_session`)"},
     409: {
         "model": ErrorBody,
@@ -93,8 +94,13 @@ def verb_args(verb: Verb) -> tuple[Arg, ...]:
     return verb.args + (CONTEXT_ARGS if verb.store else ())
 
 
-def _field(arg: Arg) -> tuple[Any, Any]:
+def _field(arg: Arg, strict: bool = False) -> tuple[Any, Any]:
+    """An argument as a pydantic field.  ``strict`` (JSON bodies): a boolean is never
+    taken for a number or a number for a boolean (``"wait": false`` was a wait of 0 s);
+    query strings stay lax, they are all text."""
     extra: dict[str, Any] = {"description": arg.help}
+    if strict and arg.type in (bool, int, float):
+        extra["strict"] = True
     if arg.minimum is not None:
         extra["ge"] = arg.minimum
     if arg.maximum is not None:
@@ -113,7 +119,7 @@ def _field(arg: Arg) -> tuple[Any, Any]:
 
 def args_model(verb: Verb) -> type[BaseModel]:
     """The pydantic model of a verb's arguments; unknown fields are refused."""
-    fields = {arg.name: _field(arg) for arg in verb_args(verb)}
+    fields = {arg.name: _field(arg, strict=True) for arg in verb_args(verb)}
     return create_model(  # type: ignore[call-overload,no-any-return]
         f"{verb.name.capitalize()}Args",
         __config__=ConfigDict(extra="forbid"),
@@ -124,7 +130,12 @@ def args_model(verb: Verb) -> type[BaseModel]:
 def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> Any:
     handler = HANDLERS[verb.name]
 
+    defaults = {arg.name: arg.default for arg in verb_args(verb) if not arg.required}
+
     def run(session: str | None, values: dict[str, Any]) -> Any:
+        # an argument sent as null means "not given": its declared default, never None
+        # where the handler counts on a value (`{"keep": null}` was a 500)
+        values = {k: defaults.get(k) if v is None else v for k, v in values.items()}
         if session is not None:
             check_session_name(session)
         if verb.store and values.get("session"):
@@ -371,7 +382,50 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
 
     app.include_router(classic_router(manager))
     app.add_middleware(SecurityMiddleware, token=token)
+    _document_every_answer(app)
     return app
+
+
+def _document_every_answer(app: FastAPI) -> None:
+    """The OpenAPI document lists what each route really answers: every route can answer
+    401 and 403 (``security.py`` stands before all of them) and 500; a route that takes
+    input answers 400 for bad input; none answers FastAPI's default 422 (a malformed
+    request is mldbg's 400 ``bad_argument``, ``validation_error``)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        error = {
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        }
+        envelope = {"content": {"application/json": {"schema": {"type": "object"}}}}
+        for path, operations in schema.get("paths", {}).items():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                responses.pop("422", None)
+                if path.startswith("/debug/"):  # the classic envelope, "success": false
+                    for status in ("400", "404", "409", "504"):
+                        responses.setdefault(
+                            status, {"description": "failed (`error` says why)", **envelope}
+                        )
+                takes_input = operation.get("parameters") or operation.get("requestBody")
+                for status, what in (
+                    ("400", "bad input (`code` says which)" if takes_input else None),
+                    ("401", "missing or wrong token (`unauthorized`)"),
+                    ("403", "a Host that is not a loopback name (`bad_host`)"),
+                    ("500", "a bug in mldbg (`internal`)"),
+                ):
+                    if what is not None and status not in responses:
+                        responses[status] = {"description": what, **error}
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def validation_error(errors: Any) -> dict[str, Any]:

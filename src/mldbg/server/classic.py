@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from .. import budget, verbs
 from ..errors import MldbgError
 from .sessions import SessionManager, StartRequest
 
@@ -22,37 +23,42 @@ DEFAULT = "default"
 STEP_WAIT = 10.0
 
 
+# The same limits as the verbs' (``verbs.py``): texts refused over them with ``too_long``.
+_Text = Annotated[str, Field(max_length=verbs.TEXT_LIMIT)]
+
+
 class ClassicStart(BaseModel):
-    script_path: str
-    args: list[str] = []
-    cwd: str | None = None
-    python: str | None = None
+    script_path: _Text
+    args: Annotated[
+        list[Annotated[str, Field(max_length=verbs.ENV_LIMIT)]],
+        Field(max_length=verbs.ITEMS_LIMIT),
+    ] = []
+    cwd: _Text | None = None
+    python: _Text | None = None
     stop_on_entry: bool = True
 
 
 class ClassicBreakpoint(BaseModel):
-    file_path: str
+    file_path: _Text
     line: int
-    condition: str | None = None
+    condition: Annotated[str, Field(max_length=verbs.ECHOED_LIMIT)] | None = None
 
 
 class ClassicEval(BaseModel):
-    expression: str
+    expression: Annotated[str, Field(max_length=verbs.CODE_LIMIT)]
 
 
 def _envelope(message: str, action: Callable[[], Any]) -> JSONResponse:
     try:
         data = action()
     except MldbgError as exc:
-        return JSONResponse(
-            status_code=exc.status,
-            content={
-                "success": False,
-                "message": exc.message,
-                "data": exc.extra or None,
-                "error": exc.code,
-            },
-        )
+        content = {
+            "success": False,
+            "message": budget.capped(str(exc.message), budget.MESSAGE),
+            "data": exc.extra or None,
+            "error": exc.code,
+        }
+        return JSONResponse(status_code=exc.status, content=budget.shrink(content, budget.ERROR))
     return JSONResponse(content={"success": True, "message": message, "data": data, "error": None})
 
 

@@ -4,6 +4,7 @@ values as they were at the call even when the model changes them in place later.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import mldbg  # noqa: E402
+from conftest import wait_until  # noqa: E402
 from mldbg import current_run  # noqa: E402
 from mldbg.capture import writer as writer_module  # noqa: E402
 
@@ -62,16 +64,40 @@ def test_background_capture_matches_direct_capture(home: Path) -> None:
     assert meta["state"] == "complete" and meta["background"] == {"waits": 0}
 
 
-def test_background_writer_bounds_memory(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With room for one call's tensors, the model waits for the writer: memory stays
-    bounded, and every file is still written in order."""
+def test_writer_makes_the_producer_wait_when_full() -> None:
+    """A writer stuck on a slow disk: the next submission past ``max_bytes`` waits until
+    the queued bytes are written, then goes in; everything runs in submission order."""
+    release = threading.Event()
+    done: list[int] = []
+    writer = writer_module.BackgroundWriter(max_bytes=100)
+    writer.submit(lambda: (release.wait(30), done.append(1)), 80)
+    submitted = threading.Event()
+
+    def producer() -> None:
+        writer.submit(lambda: done.append(2), 50)  # 80 + 50 > 100: must wait
+        submitted.set()
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    wait_until(lambda: writer.waits == 1, what="the producer to wait for room")
+    assert not submitted.is_set()
+    release.set()
+    wait_until(submitted.is_set, what="the producer to get room")
+    thread.join()
+    writer.close()
+    assert done == [1, 2]
+
+
+def test_background_capture_under_a_tight_bound(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for about one call's tensors, every file is still written, in order."""
     monkeypatch.setattr(writer_module, "DEFAULT_MAX_BYTES", 64 * 1024)
     model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(8)])
     x = torch.randn(64, 128)  # 32 KB per tensor
     with torch.no_grad(), mldbg.capture(model, "tight") as cap:
         model(x)
     meta = json.loads((cap.path / "capture.json").read_text())
-    assert meta["background"]["waits"] > 0
     assert meta["state"] == "complete" and meta["tensors"] == 2 * 9
     seqs = [r["seq"] for r in index(cap.path) if r["event"] == "call"]
     assert seqs == sorted(seqs)

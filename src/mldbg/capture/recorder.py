@@ -89,6 +89,24 @@ class Recorder:
 
         ``extra`` adds fields to the call's index line (``quant`` for a quantized module).
         A call below the policy's depth limit is only tracked: it returns ``SKIPPED``."""
+        self._local.busy = getattr(self._local, "busy", 0) + 1
+        try:
+            return self._enter(path, class_name, args, kwargs, extra)
+        finally:
+            self._local.busy -= 1
+
+    def busy(self) -> bool:
+        """Whether this thread is inside the recorder (its own tensor copies are no ops)."""
+        return bool(getattr(self._local, "busy", 0))
+
+    def _enter(
+        self,
+        path: str,
+        class_name: str,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        extra: Mapping[str, Any] | None,
+    ) -> int:
         stack = self._stack()
         if not self.policy.records(len(stack)):
             stack.append((SKIPPED, 0, path))
@@ -122,6 +140,13 @@ class Recorder:
 
     def exit(self, seq: int, path: str, output: Any, error: BaseException | None) -> None:
         """Record the end of call ``seq``: its outputs, or the exception it raised."""
+        self._local.busy = getattr(self._local, "busy", 0) + 1
+        try:
+            self._exit(seq, path, output, error)
+        finally:
+            self._local.busy -= 1
+
+    def _exit(self, seq: int, path: str, output: Any, error: BaseException | None) -> None:
         stack = self._stack()
         call = 0
         for i in range(len(stack) - 1, -1, -1):

@@ -67,6 +67,7 @@ class Capture:
         budget: int | str | None = None,
         within: str | None = None,
         background: bool | None = None,
+        ops: str | Iterable[str] | None = None,
     ) -> None:
         self.model = model
         self.name = check_capture_name(name)
@@ -78,6 +79,7 @@ class Capture:
         self.exclude = _patterns(exclude, "exclude")
         self.policy = Policy(mode=mode, depth=depth, budget=parse_size(budget))  # checked
         self.within = within
+        self.ops = _patterns(ops, "ops")
         # Off the critical path by default where it pays: full torch captures (MLX arrays
         # are evaluated as they are recorded; summaries are small).
         self.background = (
@@ -141,6 +143,7 @@ class Capture:
                     "depth": self.policy.depth,
                     "budget_limit": self.policy.budget,
                     "within": self.within,
+                    "ops": self.ops,
                     # Every kept module, called or not: compare tells a module the port
                     # has but never calls (a skipped norm) from one it lacks altogether.
                     "modules": self._module_paths(backend, target),
@@ -171,6 +174,8 @@ class Capture:
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
+            if self.ops:
+                self._detach = self._attach_ops(backend, target, self._detach)
         except BaseException as exc:
             if self._writer is not None:
                 self._writer.close()
@@ -179,6 +184,33 @@ class Capture:
             )
             raise
         return self
+
+    def _attach_ops(
+        self, backend: Any, target: Any, detach_modules: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Record the framework operations inside the ``ops`` modules; the detach that
+        removes them first, then the module capture."""
+        from . import ops
+
+        assert self._recorder is not None and self.ops is not None
+        scope = ops.OpScope(self._recorder, self.ops)
+        named = list(backend.named_modules(target))
+        try:
+            if self.framework == "torch":
+                detach_ops = ops.attach_torch(scope, named)
+            else:
+                detach_ops = ops.attach_mlx(scope, named)
+        except BaseException:
+            detach_modules()
+            raise
+
+        def detach() -> None:
+            try:
+                detach_ops()
+            finally:
+                detach_modules()
+
+        return detach
 
     def __exit__(
         self,
@@ -274,6 +306,7 @@ def capture(
     budget: int | str | None = None,
     within: str | None = None,
     background: bool | None = None,
+    ops: str | Iterable[str] | None = None,
 ) -> Capture:
     """Record every submodule call of ``model`` while the ``with`` block runs.
 
@@ -287,6 +320,9 @@ def capture(
     tensor files may take, skipping (and reporting) what does not fit; ``within`` records
     only module ``within`` and what it contains, in full.  ``background`` (default: on
     for full torch captures) writes files from a writer thread with bounded memory.
+    ``ops`` (globs on module paths) also records the framework operations inside those
+    modules (torch functions, ``mx.*`` / ``mx.fast.*`` calls), for compare to say which
+    operation inside a culprit first diverges.
     """
     return Capture(
         model,
@@ -299,4 +335,5 @@ def capture(
         budget=budget,
         within=within,
         background=background,
+        ops=ops,
     )

@@ -126,6 +126,11 @@ def compare_sources(
     narrow = narrow_hint(a, b, culprit, results)
     if narrow is not None:  # a coarse pass: where the fine one should look
         document["narrow"] = narrow
+    from .ops import compare_ops
+
+    ops = compare_ops(a, b)
+    if ops is not None:  # captured with ops=: which operation inside diverges first
+        document["ops"] = ops
     return document
 
 

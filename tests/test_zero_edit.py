@@ -62,9 +62,11 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     home = tmp_path / ".mldbg"
     sessions = [Session(api, f"ze{i}", tmp_path) for i in range(3)]
     try:
-        run_captured(sessions[0], REFERENCE, capture="ref")
+        # The operations inside the first attention too (torch functions, mx.fast calls).
+        ops = {"capture_ops": ["model.layers.0.self_attn"]}
+        run_captured(sessions[0], REFERENCE, capture="ref", **ops)
         run_captured(sessions[1], PORT, capture="port")
-        run_captured(sessions[2], PORT, "1000000", capture="bug")  # a RoPE base 100x too big
+        run_captured(sessions[2], PORT, "1000000", capture="bug", **ops)  # RoPE base 100x
     finally:
         for s in sessions:
             api.http.post(f"{s.base}/terminate")
@@ -83,6 +85,8 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     assert not buggy.ok
     assert buggy.first_divergence is not None
     assert buggy.first_divergence["module"] == "model.layers.0.self_attn"
+    (inside,) = buggy.result["ops"]
+    assert inside["first_divergence"]["class_b"] == "fast.rope"
 
 
 def test_capture_options_are_checked_at_start(session: Session, scripts: Path) -> None:

@@ -187,6 +187,12 @@ CAPTURE_ARGS = (
         "record only this module and what it contains (the culprit a coarse pass named)",
     ),
     Arg("capture_calls", int, "record only the first N calls of each model", minimum=1),
+    Arg(
+        "capture_ops",
+        list[str],
+        "also record the torch / mx.* operations inside this module (path or glob); repeatable",
+        flag="--capture-ops",
+    ),
 )
 
 # -- the table --------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ class Spec:
     budget: int | None = None
     within: str | None = None
     inputs: bool = True
+    ops: list[str] | None = None
 
     @classmethod
     def parse(cls, data: Any) -> Spec:
@@ -80,6 +81,11 @@ class Spec:
             value = data.get(option)
             if value is not None and (not isinstance(value, int) or value < (option == "calls")):
                 raise ValueError(f"{option} takes a whole number, not {value!r}")
+        ops = data.get("ops")
+        if ops is not None and (
+            not isinstance(ops, list) or not all(isinstance(m, str) and m for m in ops)
+        ):
+            raise ValueError("ops takes module paths or globs, e.g. model.layers.0.self_attn")
         within = data.get("within")
         if within is not None and not isinstance(within, str):
             raise ValueError("within takes a module path, e.g. model.layers.7")
@@ -92,6 +98,7 @@ class Spec:
             budget=parse_size(data.get("budget")),
             within=within,
             inputs=bool(data.get("inputs", True)),
+            ops=list(ops) if ops else None,
         )
 
     def to_env(self) -> str:
@@ -184,6 +191,7 @@ class Tracker:
                 depth=spec.depth,
                 budget=spec.budget,
                 within=spec.within,
+                ops=spec.ops,
             )
             capture.__enter__()
         except Exception as exc:  # never break the script: say why this model is not captured

@@ -70,6 +70,9 @@ class Capture:
         ops: str | Iterable[str] | None = None,
     ) -> None:
         self.model = model
+        self.rank = _rank()
+        if self.rank is not None and "@rank" not in name:
+            name = f"{name}@rank{self.rank[0]}"  # one capture per torchrun rank, told apart
         self.name = check_capture_name(name)
         self.requested_name = self.name
         self.framework = _framework(model)
@@ -144,6 +147,11 @@ class Capture:
                     "budget_limit": self.policy.budget,
                     "within": self.within,
                     "ops": self.ops,
+                    **(
+                        {"rank": self.rank[0], "world_size": self.rank[1]}
+                        if self.rank is not None
+                        else {}
+                    ),
                     # Every kept module, called or not: compare tells a module the port
                     # has but never calls (a skipped norm) from one it lacks altogether.
                     "modules": self._module_paths(backend, target),
@@ -278,6 +286,18 @@ class Capture:
         return (
             f"<mldbg capture {self.name!r} ({self.framework}) {self.records} calls at {self.path}>"
         )
+
+
+def _rank() -> tuple[int, int] | None:
+    """``(rank, world size)`` of a process torchrun (or any launcher setting ``RANK`` and
+    ``WORLD_SIZE``) started, when there is more than one; else None."""
+    import os
+
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    return (rank, world) if world > 1 else None
 
 
 def _within(backend: Any, target: Any, within: str) -> list[str]:

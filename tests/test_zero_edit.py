@@ -22,6 +22,8 @@ pytest.importorskip("mlx_lm")
 
 import mldbg  # noqa: E402
 from conftest import Api, Session, wait_until  # noqa: E402
+from mldbg.compare import CompareInputError  # noqa: E402
+from mldbg.compare.weights import audit_weights  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "zero_edit_scripts"
 REFERENCE = "hf_llama_reference.py"
@@ -64,8 +66,8 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     try:
         # The operations inside the first attention too (torch functions, mx.fast calls).
         ops = {"capture_ops": ["model.layers.0.self_attn"]}
-        run_captured(sessions[0], REFERENCE, capture="ref", **ops)
-        run_captured(sessions[1], PORT, capture="port")
+        run_captured(sessions[0], REFERENCE, capture="ref", capture_weights=True, **ops)
+        run_captured(sessions[1], PORT, capture="port", capture_weights=True)
         run_captured(sessions[2], PORT, "1000000", capture="bug", **ops)  # RoPE base 100x
     finally:
         for s in sessions:
@@ -87,6 +89,13 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     assert buggy.first_divergence["module"] == "model.layers.0.self_attn"
     (inside,) = buggy.result["ops"]
     assert inside["first_divergence"]["class_b"] == "fast.rope"
+
+    # The parameters each model had at its first call, audited by capture name.
+    audit = audit_weights("ref", "port", home=home)
+    assert audit["ok"], audit["problems"]
+    assert audit["counts"] == {"ok": found["ref"]["weights"]["tensors"]}
+    with pytest.raises(CompareInputError, match="--capture-weights"):
+        audit_weights("ref", "bug", home=home)
 
 
 def test_capture_options_are_checked_at_start(session: Session, scripts: Path) -> None:

@@ -193,6 +193,12 @@ CAPTURE_ARGS = (
         "also record the torch / mx.* operations inside this module (path or glob); repeatable",
         flag="--capture-ops",
     ),
+    Arg(
+        "capture_weights",
+        bool,
+        "also save each model's parameters at its first call (for mldbg weights NAME NAME)",
+        False,
+    ),
 )
 
 # -- the table --------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ script); torch or MLX is imported when a model of theirs is captured.
 from __future__ import annotations
 
 import fnmatch
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -22,6 +23,7 @@ from .store import CaptureDir, check_capture_name, module_label
 __all__ = ["Capture", "capture"]
 
 MAX_MODULES = 100_000  # module paths listed in capture.json
+WEIGHTS = "weights.safetensors"  # the model's parameters, when asked (save_weights)
 
 
 def _framework(model: object) -> str:
@@ -265,6 +267,34 @@ class Capture:
             self._errors.extend(self._directory.finish(state, **fields))
         except Exception as error:
             self._errors.append(f"finishing the capture: {type(error).__name__}: {error}")
+
+    def save_weights(self) -> Path | None:
+        """Write the model's parameters and buffers, as they are now, to ``weights.safetensors``
+        in the capture (for ``mldbg weights``); None when the capture has no directory.
+        Zero-edit capture calls it at the model's first call: after loading, before use."""
+        if self._directory is None:
+            return None
+        backend = self._backend()
+        if self.framework == "torch":
+            tensors = dict(self._target.state_dict())
+        else:
+            from mlx.utils import tree_flatten
+
+            tensors = dict(tree_flatten(self._target.parameters()))
+        final = self._directory.path / WEIGHTS
+        tmp = self._directory.path / f".{WEIGHTS}.{os.getpid()}.safetensors"
+        try:
+            written, skipped = backend.save(tensors, tmp)
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._directory.meta["weights"] = {
+            "file": WEIGHTS,
+            "tensors": len(written),
+            "bytes": final.stat().st_size,
+            **({"skipped": dict(list(skipped.items())[:50])} if skipped else {}),
+        }
+        return final
 
     @property
     def records(self) -> int:

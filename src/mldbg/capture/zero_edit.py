@@ -63,6 +63,7 @@ class Spec:
     within: str | None = None
     inputs: bool = True
     ops: list[str] | None = None
+    weights: bool = False
 
     @classmethod
     def parse(cls, data: Any) -> Spec:
@@ -99,6 +100,7 @@ class Spec:
             within=within,
             inputs=bool(data.get("inputs", True)),
             ops=list(ops) if ops else None,
+            weights=bool(data.get("weights", False)),
         )
 
     def to_env(self) -> str:
@@ -199,6 +201,13 @@ class Tracker:
             self.problems.append(message)
             print(message, file=sys.stderr)
             return None
+        if spec.weights:  # the parameters as loaded: the model is about to be used
+            try:
+                capture.save_weights()
+            except Exception as exc:
+                message = f"mldbg capture {name!r}: weights not saved: {exc}"
+                self.problems.append(message)
+                print(message, file=sys.stderr)
         return capture
 
     def _called(self, model: _Model) -> None:

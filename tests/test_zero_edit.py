@@ -87,6 +87,8 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     assert not buggy.ok
     assert buggy.first_divergence is not None
     assert buggy.first_divergence["module"] == "model.layers.0.self_attn"
+    hint = buggy.result["weights_hint"]  # inputs agree, outputs differ: weights first
+    assert hint["module"] == "model.layers.0.self_attn" and "--capture-weights" in hint["hint"]
     (inside,) = buggy.result["ops"]
     assert inside["first_divergence"]["class_b"] == "fast.rope"
 

@@ -121,8 +121,11 @@ def compare_sources(
     }
     if local is not None:
         document["replay_culprit"] = local["culprit"]
-    from .narrow import narrow_hint
+    from .narrow import narrow_hint, weights_hint
 
+    audit = weights_hint(a, b, culprit)
+    if audit is not None:  # the culprit's own parameters are the first suspect
+        document["weights_hint"] = audit
     narrow = narrow_hint(a, b, culprit, results)
     if narrow is not None:  # a coarse pass: where the fine one should look
         document["narrow"] = narrow

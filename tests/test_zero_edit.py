@@ -121,6 +121,7 @@ def test_cli_start_capture_summary_then_calls_limit(
         "summary",
         "--capture-calls",
         "1",
+        "--capture-weights",
         "--run",
         REFERENCE,
     )
@@ -129,7 +130,7 @@ def test_cli_start_capture_summary_then_calls_limit(
         timeout=240,
         what="the reference to end",
     )
-    cli("start", "--capture", "port", "--run", PORT)
+    cli("start", "--capture", "port", "--capture-weights", "--run", PORT)
     wait_until(
         lambda: cli("wait", "--max-wait", "10", json_out=True)["state"] == "exited",
         timeout=240,
@@ -144,3 +145,6 @@ def test_cli_start_capture_summary_then_calls_limit(
     result = mldbg.compare("ref", "port", home=tmp_path / ".mldbg")
     assert result.ok, result.first_divergence
     assert all(e.get("estimated") for e in result.entries)
+    # The weights both models had at their first call, audited by capture name.
+    audit = cli("weights", "ref", "port", json_out=True)
+    assert audit["ok"] and audit["problems"] == [], audit

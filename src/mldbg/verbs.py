@@ -685,9 +685,9 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "reference",
                 str,
-                "the reference's parameters: a .safetensors/.npz/.pt file or a directory",
+                "the reference's parameters: a capture made with --capture-weights (its name "
+                "or directory), a .safetensors/.npz/.pt file or a directory of them",
                 REQUIRED,
-                kind="path",
                 positional=True,
             ),
             Arg(
@@ -695,7 +695,6 @@ VERBS: tuple[Verb, ...] = (
                 str,
                 "the port's loaded parameters: the same kinds",
                 REQUIRED,
-                kind="path",
                 positional=True,
             ),
             Arg(

@@ -406,8 +406,14 @@ def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
     from ..compare.weights import audit_weights
 
     home = store_home(manager, a)
+    base = a.get("client_cwd") or os.getcwd()
+
+    def local(spec: str) -> str:  # a path where the client is, else a capture name
+        path = os.path.join(base, os.path.expanduser(spec))
+        return path if os.path.exists(path) else spec
+
     result = audit_weights(
-        a["reference"], a["port"], map=a.get("map"), fresh=a.get("fresh"), home=home
+        local(a["reference"]), local(a["port"]), map=a.get("map"), fresh=a.get("fresh"), home=home
     )
     result.pop("parameters", None)  # every parameter: the Python API's; the answer is bounded
     limit = a.get("limit", 50)

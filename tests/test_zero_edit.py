@@ -62,13 +62,15 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     api: Api, scripts: Path, tmp_path: Path
 ) -> None:
     home = tmp_path / ".mldbg"
-    sessions = [Session(api, f"ze{i}", tmp_path) for i in range(3)]
+    sessions = [Session(api, f"ze{i}", tmp_path) for i in range(4)]
     try:
         # The operations inside the first attention too (torch functions, mx.fast calls).
         ops = {"capture_ops": ["model.layers.0.self_attn"]}
         run_captured(sessions[0], REFERENCE, capture="ref", capture_weights=True, **ops)
         run_captured(sessions[1], PORT, capture="port", capture_weights=True)
         run_captured(sessions[2], PORT, "1000000", capture="bug", **ops)  # RoPE base 100x
+        # Replay, unmodified too: each port module fed the reference's captured inputs.
+        run_captured(sessions[3], PORT, "1000000", capture="bug-replay", capture_replay="ref")
     finally:
         for s in sessions:
             api.http.post(f"{s.base}/terminate")
@@ -87,6 +89,9 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     assert not buggy.ok
     assert buggy.first_divergence is not None
     assert buggy.first_divergence["module"] == "model.layers.0.self_attn"
+    replayed = mldbg.compare("ref", "bug", replay="bug-replay", home=home)
+    assert replayed.first_divergence["module"] == "model.layers.0.self_attn"
+    assert replayed.first_divergence.get("local") is True  # named by its own local error
     hint = buggy.result["weights_hint"]  # inputs agree, outputs differ: weights first
     assert hint["module"] == "model.layers.0.self_attn" and "--capture-weights" in hint["hint"]
     (inside,) = buggy.result["ops"]

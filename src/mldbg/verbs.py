@@ -199,6 +199,12 @@ CAPTURE_ARGS = (
         "also save each model's parameters at its first call (for mldbg weights NAME NAME)",
         False,
     ),
+    Arg(
+        "capture_replay",
+        str,
+        "instead of capturing, replay each model on this reference capture (its modules fed "
+        "the reference's inputs); the result is the capture NAME, for compare --replay",
+    ),
 )
 
 # -- the table --------------------------------------------------------------------------------

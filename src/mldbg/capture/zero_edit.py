@@ -64,6 +64,7 @@ class Spec:
     inputs: bool = True
     ops: list[str] | None = None
     weights: bool = False
+    replay: str | None = None  # replay each model on this reference capture instead
 
     @classmethod
     def parse(cls, data: Any) -> Spec:
@@ -101,10 +102,19 @@ class Spec:
             inputs=bool(data.get("inputs", True)),
             ops=list(ops) if ops else None,
             weights=bool(data.get("weights", False)),
+            replay=_replay_name(data.get("replay")),
         )
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
+
+
+def _replay_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError("replay takes the reference capture's name (or run/name, or a path)")
+    return value
 
 
 class _Thread(threading.local):
@@ -115,11 +125,14 @@ class _Thread(threading.local):
 class _Model:
     """One captured model: its capture, open from its first call."""
 
-    def __init__(self, module: Any, capture: Any) -> None:
+    def __init__(self, module: Any, capture: Any, name: str = "") -> None:
         self.module = module  # kept alive: its id keys the table
         self.capture = capture
+        self.name = name
         self.calls = 0
         self.open = capture is not None
+        self.replay_pending = False
+        self.replayed: Any = None
 
 
 class Tracker:
@@ -146,6 +159,13 @@ class Tracker:
         if model is None:
             try:
                 return function(module, *args, **kwargs)
+            finally:
+                state.depth -= 1
+        if model.replay_pending:  # nested calls pass through: depth is already counted
+            model.replay_pending = False
+            try:
+                self._replay(model)
+                return function(module, *args, **kwargs)  # the script's own call, plain
             finally:
                 state.depth -= 1
         state.in_model += 1
@@ -176,8 +196,12 @@ class Tracker:
             if index >= MAX_MODELS:
                 return None
             name = self.spec.name if index == 0 else f"{self.spec.name}.{index + 1}"
+            if self.spec.replay is not None:  # replayed once, at its first call
+                model = self.models[id(module)] = _Model(module, None, name)
+                model.replay_pending = True
+                return model
             capture = self._open(module, name)
-            model = self.models[id(module)] = _Model(module, capture)
+            model = self.models[id(module)] = _Model(module, capture, name)
             return model if model.open else None
 
     def _open(self, module: Any, name: str) -> Any:
@@ -209,6 +233,21 @@ class Tracker:
                 self.problems.append(message)
                 print(message, file=sys.stderr)
         return capture
+
+    def _replay(self, model: _Model) -> None:
+        """``mldbg.replay`` of this model on its reference capture (``REF``, ``REF.2``… for
+        the second and later models), written as the capture ``NAME`` (``NAME.2``…)."""
+        from ..compare.replay import replay
+
+        assert self.spec.replay is not None
+        suffix = model.name[len(self.spec.name) :]  # "", ".2", ...
+        reference = self.spec.replay + suffix
+        try:
+            model.replayed = replay(model.module, reference, name=model.name)
+        except Exception as exc:  # never break the script: say why
+            message = f"mldbg replay {model.name!r} on {reference!r}: {type(exc).__name__}: {exc}"
+            self.problems.append(message)
+            print(message, file=sys.stderr)
 
     def _called(self, model: _Model) -> None:
         with self.lock:

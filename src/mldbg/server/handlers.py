@@ -99,6 +99,7 @@ def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
         "calls": a.get("capture_calls"),
         "ops": a.get("capture_ops") or None,
         "weights": True if a.get("capture_weights") else None,
+        "replay": a.get("capture_replay"),
     }
     given = [k for k, v in options.items() if v is not None and not (k == "mode" and v == "full")]
     if not a.get("capture"):

@@ -25,7 +25,7 @@ SaveFn = Callable[[dict[str, Any], Path], tuple[dict[str, dict[str, Any]], dict[
 
 
 MAX_ERRORS = 1000  # messages kept in ``errors``; ``error_count`` counts them all
-SKIPPED = -1  # the "sequence number" of a call below the depth limit: nothing recorded
+SKIPPED = -1  # a "sequence number" for a call that is not recorded at all
 
 # value -> (sketch, stats, shape, safetensors dtype name): a summary capture's reduction
 SummarizeFn = Callable[[Any], tuple[Any, dict[str, Any], list[int], str]]
@@ -59,6 +59,7 @@ class Recorder:
         self._seq = 0
         self._ends = 0
         self._calls: dict[str, int] = {}
+        self._below: set[int] = set()  # open calls below the depth limit (no tensors)
         self.tensors = 0
         self.bytes = 0
         self.errors: list[str] = []
@@ -88,7 +89,9 @@ class Recorder:
         """Record the start of a call (and its inputs); returns its sequence number.
 
         ``extra`` adds fields to the call's index line (``quant`` for a quantized module).
-        A call below the policy's depth limit is only tracked: it returns ``SKIPPED``."""
+        A call below the policy's depth limit is still on the index (``below_depth``), so
+        compare sees the whole call tree (its rounding bounds count every leaf call), but
+        none of its tensors are written."""
         self._local.busy = getattr(self._local, "busy", 0) + 1
         try:
             return self._enter(path, class_name, args, kwargs, extra)
@@ -108,9 +111,7 @@ class Recorder:
         extra: Mapping[str, Any] | None,
     ) -> int:
         stack = self._stack()
-        if not self.policy.records(len(stack)):
-            stack.append((SKIPPED, 0, path))
-            return SKIPPED
+        below = not self.policy.records(len(stack))
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -126,8 +127,12 @@ class Recorder:
             "depth": len(stack),
             **(extra or {}),
         }
+        if below:
+            record["below_depth"] = True
+            with self._lock:
+                self._below.add(seq)
         stack.append((seq, call, path))
-        collect = (lambda: flatten_call(args, kwargs)) if self.inputs else None
+        collect = (lambda: flatten_call(args, kwargs)) if self.inputs and not below else None
         self._emit(record, seq, "in", path, call, collect)
         return seq
 
@@ -159,9 +164,13 @@ class Recorder:
         with self._lock:
             end = self._ends
             self._ends += 1
+            below = seq in self._below
+            self._below.discard(seq)
         record: dict[str, Any] = {"event": "return", "seq": seq, "end": end}
         if error is not None:
             record["error"] = _describe(error)
+            self._emit(record, seq, "out", path, call, None)
+        elif below:
             self._emit(record, seq, "out", path, call, None)
         else:
             self._emit(record, seq, "out", path, call, lambda: flatten(output, "out"))

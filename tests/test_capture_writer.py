@@ -51,7 +51,7 @@ def test_background_capture_matches_direct_capture(home: Path) -> None:
     with torch.no_grad(), mldbg.capture(model, "queued") as queued:
         model(x)
     assert queued.background and not direct.background
-    strip = ("file", "site")  # each capture is made on its own line
+    strip = ("file", "site", "seconds", "sensitivity")  # where and how long: per run
     lines_a = [{k: v for k, v in r.items() if k not in strip} for r in index(direct.path)]
     lines_b = [{k: v for k, v in r.items() if k not in strip} for r in index(queued.path)]
     assert lines_a == lines_b  # same calls, same order, same tensors
@@ -64,27 +64,34 @@ def test_background_capture_matches_direct_capture(home: Path) -> None:
     assert meta["state"] == "complete" and meta["background"] == {"waits": 0}
 
 
-def test_background_writer_waits_for_room() -> None:
-    """While the queue holds ``max_bytes``, the model's thread waits for the writer:
-    memory stays bounded, and the jobs still run in the order they came."""
-    writer = writer_module.BackgroundWriter(max_bytes=100)
+def test_writer_makes_the_producer_wait_when_full() -> None:
+    """A writer stuck on a slow disk: the next submission past ``max_bytes`` waits until
+    the queued bytes are written, then goes in; everything runs in submission order."""
     release = threading.Event()
     done: list[int] = []
-    writer.submit(lambda: (release.wait(60), done.append(1)), 80)
-    second = threading.Thread(target=writer.submit, args=(lambda: done.append(2), 80))
-    second.start()
-    wait_until(lambda: writer.waits == 1, 30, "the second call to wait for room")
-    assert second.is_alive() and done == []  # held back: 160 bytes would not fit
+    writer = writer_module.BackgroundWriter(max_bytes=100)
+    writer.submit(lambda: (release.wait(30), done.append(1)), 80)
+    submitted = threading.Event()
+
+    def producer() -> None:
+        writer.submit(lambda: done.append(2), 50)  # 80 + 50 > 100: must wait
+        submitted.set()
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    wait_until(lambda: writer.waits == 1, what="the producer to wait for room")
+    assert not submitted.is_set()
     release.set()
-    second.join(30)
+    wait_until(submitted.is_set, what="the producer to get room")
+    thread.join()
     writer.close()
     assert done == [1, 2]
 
 
-def test_a_tight_writer_still_writes_every_call_in_order(
+def test_background_capture_under_a_tight_bound(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With room for about one call's tensors, the capture is still whole and ordered."""
+    """With room for about one call's tensors, every file is still written, in order."""
     monkeypatch.setattr(writer_module, "DEFAULT_MAX_BYTES", 64 * 1024)
     model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(8)])
     x = torch.randn(64, 128)  # 32 KB per tensor

@@ -118,9 +118,17 @@ def test_depth_limits_the_calls_recorded(home: Path) -> None:
     with torch.no_grad(), mldbg.capture(model, "shallow", depth=1) as cap:
         model(torch.randn(2, 8))
     lines = [json.loads(line) for line in (cap.path / "index.jsonl").read_text().splitlines()]
-    modules = {line["module"] for line in lines if line["event"] == "call"}
-    assert modules == {"", "0", "1"}  # 0.0 and 0.1 sit at depth 2
+    calls = {line["seq"]: line["module"] for line in lines if line["event"] == "call"}
+    with_tensors = {calls[line["seq"]] for line in lines if line.get("tensors")}
+    assert with_tensors == {"", "0", "1"}  # 0.0 and 0.1 sit at depth 2
+    # Still on the index, without tensors: compare sees the whole call tree.
+    below = {line.get("module") for line in lines if line.get("below_depth")}
+    assert below == {"0.0", "0.1"}
     assert json.loads((cap.path / "capture.json").read_text())["budget"]["calls_below_depth"] == 2
+    from mldbg.compare.sources import open_source
+
+    source = open_source(str(cap.path), home)
+    assert ("0.0", 0) in source.calls and not any(e.module == "0.0" for e in source.entries)
 
 
 def test_within_names_a_module_or_says_which_exist(home: Path) -> None:

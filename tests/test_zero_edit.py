@@ -22,6 +22,8 @@ pytest.importorskip("mlx_lm")
 
 import mldbg  # noqa: E402
 from conftest import Api, Session, wait_until  # noqa: E402
+from mldbg.compare import CompareInputError  # noqa: E402
+from mldbg.compare.weights import audit_weights  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "zero_edit_scripts"
 REFERENCE = "hf_llama_reference.py"
@@ -60,11 +62,15 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     api: Api, scripts: Path, tmp_path: Path
 ) -> None:
     home = tmp_path / ".mldbg"
-    sessions = [Session(api, f"ze{i}", tmp_path) for i in range(3)]
+    sessions = [Session(api, f"ze{i}", tmp_path) for i in range(4)]
     try:
-        run_captured(sessions[0], REFERENCE, capture="ref")
-        run_captured(sessions[1], PORT, capture="port")
-        run_captured(sessions[2], PORT, "1000000", capture="bug")  # a RoPE base 100x too big
+        # The operations inside the first attention too (torch functions, mx.fast calls).
+        ops = {"capture_ops": ["model.layers.0.self_attn"]}
+        run_captured(sessions[0], REFERENCE, capture="ref", capture_weights=True, **ops)
+        run_captured(sessions[1], PORT, capture="port", capture_weights=True)
+        run_captured(sessions[2], PORT, "1000000", capture="bug", **ops)  # RoPE base 100x
+        # Replay, unmodified too: each port module fed the reference's captured inputs.
+        run_captured(sessions[3], PORT, "1000000", capture="bug-replay", capture_replay="ref")
     finally:
         for s in sessions:
             api.http.post(f"{s.base}/terminate")
@@ -83,6 +89,20 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     assert not buggy.ok
     assert buggy.first_divergence is not None
     assert buggy.first_divergence["module"] == "model.layers.0.self_attn"
+    replayed = mldbg.compare("ref", "bug", replay="bug-replay", home=home)
+    assert replayed.first_divergence["module"] == "model.layers.0.self_attn"
+    assert replayed.first_divergence.get("local") is True  # named by its own local error
+    hint = buggy.result["weights_hint"]  # inputs agree, outputs differ: weights first
+    assert hint["module"] == "model.layers.0.self_attn" and "--capture-weights" in hint["hint"]
+    (inside,) = buggy.result["ops"]
+    assert inside["first_divergence"]["class_b"] == "fast.rope"
+
+    # The parameters each model had at its first call, audited by capture name.
+    audit = audit_weights("ref", "port", home=home)
+    assert audit["ok"], audit["problems"]
+    assert audit["counts"] == {"ok": found["ref"]["weights"]["tensors"]}
+    with pytest.raises(CompareInputError, match="--capture-weights"):
+        audit_weights("ref", "bug", home=home)
 
 
 def test_capture_options_are_checked_at_start(session: Session, scripts: Path) -> None:
@@ -106,6 +126,7 @@ def test_cli_start_capture_summary_then_calls_limit(
         "summary",
         "--capture-calls",
         "1",
+        "--capture-weights",
         "--run",
         REFERENCE,
     )
@@ -114,7 +135,7 @@ def test_cli_start_capture_summary_then_calls_limit(
         timeout=240,
         what="the reference to end",
     )
-    cli("start", "--capture", "port", "--run", PORT)
+    cli("start", "--capture", "port", "--capture-weights", "--run", PORT)
     wait_until(
         lambda: cli("wait", "--max-wait", "10", json_out=True)["state"] == "exited",
         timeout=240,
@@ -129,3 +150,6 @@ def test_cli_start_capture_summary_then_calls_limit(
     result = mldbg.compare("ref", "port", home=tmp_path / ".mldbg")
     assert result.ok, result.first_divergence
     assert all(e.get("estimated") for e in result.entries)
+    # The weights both models had at their first call, audited by capture name.
+    audit = cli("weights", "ref", "port", json_out=True)
+    assert audit["ok"] and audit["problems"] == [], audit

@@ -201,6 +201,24 @@ CAPTURE_ARGS = (
         "record only this module and what it contains (the culprit a coarse pass named)",
     ),
     Arg("capture_calls", int, "record only the first N calls of each model", minimum=1),
+    Arg(
+        "capture_ops",
+        list[str],
+        "also record the torch / mx.* operations inside this module (path or glob); repeatable",
+        flag="--capture-ops",
+    ),
+    Arg(
+        "capture_weights",
+        bool,
+        "also save each model's parameters at its first call (for mldbg weights NAME NAME)",
+        False,
+    ),
+    Arg(
+        "capture_replay",
+        str,
+        "instead of capturing, replay each model on this reference capture (its modules fed "
+        "the reference's inputs); the result is the capture NAME, for compare --replay",
+    ),
 )
 
 # -- the table --------------------------------------------------------------------------------
@@ -837,9 +855,9 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "reference",
                 str,
-                "the reference's parameters: a .safetensors/.npz/.pt file or a directory",
+                "the reference's parameters: a capture made with --capture-weights (its name "
+                "or directory), a .safetensors/.npz/.pt file or a directory of them",
                 REQUIRED,
-                kind="path",
                 positional=True,
             ),
             Arg(
@@ -847,7 +865,6 @@ VERBS: tuple[Verb, ...] = (
                 str,
                 "the port's loaded parameters: the same kinds",
                 REQUIRED,
-                kind="path",
                 positional=True,
             ),
             Arg(

@@ -7,6 +7,7 @@ script); torch or MLX is imported when a model of theirs is captured.
 from __future__ import annotations
 
 import fnmatch
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -22,6 +23,7 @@ from .store import CaptureDir, check_capture_name, module_label
 __all__ = ["Capture", "capture"]
 
 MAX_MODULES = 100_000  # module paths listed in capture.json
+WEIGHTS = "weights.safetensors"  # the model's parameters, when asked (save_weights)
 
 
 def _framework(model: object) -> str:
@@ -79,6 +81,7 @@ class Capture:
         within: str | None = None,
         background: bool | None = None,
         sensitivity: bool = True,
+        ops: str | Iterable[str] | None = None,
     ) -> None:
         # Several models (a pipeline's): one container holds them under their names.
         self.models = list(model) if _is_pipeline(model) else None
@@ -87,6 +90,9 @@ class Capture:
 
             model = container(model, _framework)
         self.model = model
+        self.rank = _rank()
+        if self.rank is not None and "@rank" not in name:
+            name = f"{name}@rank{self.rank[0]}"  # one capture per torchrun rank, told apart
         self.name = check_capture_name(name)
         self.requested_name = self.name
         self.framework = _framework(model)
@@ -96,6 +102,7 @@ class Capture:
         self.exclude = _patterns(exclude, "exclude")
         self.policy = Policy(mode=mode, depth=depth, budget=parse_size(budget))  # checked
         self.within = within
+        self.ops = _patterns(ops, "ops")
         # Off the critical path by default where it pays: full torch captures (MLX arrays
         # are evaluated as they are recorded; summaries are small).
         self.sensitivity = sensitivity
@@ -160,6 +167,12 @@ class Capture:
                     "depth": self.policy.depth,
                     "budget_limit": self.policy.budget,
                     "within": self.within,
+                    "ops": self.ops,
+                    **(
+                        {"rank": self.rank[0], "world_size": self.rank[1]}
+                        if self.rank is not None
+                        else {}
+                    ),
                     # Every kept module, called or not: compare tells a module the port
                     # has but never calls (a skipped norm) from one it lacks altogether.
                     "modules": self._module_paths(backend, target),
@@ -193,6 +206,8 @@ class Capture:
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
+            if self.ops:
+                self._detach = self._attach_ops(backend, target, self._detach)
         except BaseException as exc:
             if self._writer is not None:
                 self._writer.close()
@@ -201,6 +216,33 @@ class Capture:
             )
             raise
         return self
+
+    def _attach_ops(
+        self, backend: Any, target: Any, detach_modules: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Record the framework operations inside the ``ops`` modules; the detach that
+        removes them first, then the module capture."""
+        from . import ops
+
+        assert self._recorder is not None and self.ops is not None
+        scope = ops.OpScope(self._recorder, self.ops)
+        named = list(backend.named_modules(target))
+        try:
+            if self.framework == "torch":
+                detach_ops = ops.attach_torch(scope, named)
+            else:
+                detach_ops = ops.attach_mlx(scope, named)
+        except BaseException:
+            detach_modules()
+            raise
+
+        def detach() -> None:
+            try:
+                detach_ops()
+            finally:
+                detach_modules()
+
+        return detach
 
     def __exit__(
         self,
@@ -248,6 +290,34 @@ class Capture:
         except Exception as error:
             self._errors.append(f"finishing the capture: {type(error).__name__}: {error}")
 
+    def save_weights(self) -> Path | None:
+        """Write the model's parameters and buffers, as they are now, to ``weights.safetensors``
+        in the capture (for ``mldbg weights``); None when the capture has no directory.
+        Zero-edit capture calls it at the model's first call: after loading, before use."""
+        if self._directory is None:
+            return None
+        backend = self._backend()
+        if self.framework == "torch":
+            tensors = dict(self._target.state_dict())
+        else:
+            from mlx.utils import tree_flatten
+
+            tensors = dict(tree_flatten(self._target.parameters()))
+        final = self._directory.path / WEIGHTS
+        tmp = self._directory.path / f".{WEIGHTS}.{os.getpid()}.safetensors"
+        try:
+            written, skipped = backend.save(tensors, tmp)
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._directory.meta["weights"] = {
+            "file": WEIGHTS,
+            "tensors": len(written),
+            "bytes": final.stat().st_size,
+            **({"skipped": dict(list(skipped.items())[:50])} if skipped else {}),
+        }
+        return final
+
     @property
     def records(self) -> int:
         return self._recorder.records if self._recorder else 0
@@ -268,6 +338,18 @@ class Capture:
         return (
             f"<mldbg capture {self.name!r} ({self.framework}) {self.records} calls at {self.path}>"
         )
+
+
+def _rank() -> tuple[int, int] | None:
+    """``(rank, world size)`` of a process torchrun (or any launcher setting ``RANK`` and
+    ``WORLD_SIZE``) started, when there is more than one; else None."""
+    import os
+
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    return (rank, world) if world > 1 else None
 
 
 def _within(backend: Any, target: Any, within: str) -> list[str]:
@@ -297,6 +379,7 @@ def capture(
     within: str | None = None,
     background: bool | None = None,
     sensitivity: bool = True,
+    ops: str | Iterable[str] | None = None,
 ) -> Capture:
     """Record every submodule call of ``model`` while the ``with`` block runs.
 
@@ -316,6 +399,9 @@ def capture(
     ``sensitivity`` (default on) re-runs each leaf call once on inputs perturbed by one
     rounding step, so compare can bound ill-conditioned ops (README, "How a verdict is
     reached"); ``sensitivity=False`` saves that time and leaves such ops unexcused.
+    ``ops`` (globs on module paths) also records the framework operations inside those
+    modules (torch functions, ``mx.*`` / ``mx.fast.*`` calls), for compare to say which
+    operation inside a culprit first diverges.
     """
     return Capture(
         model,
@@ -329,4 +415,5 @@ def capture(
         within=within,
         background=background,
         sensitivity=sensitivity,
+        ops=ops,
     )

@@ -30,7 +30,7 @@ SettleFn = Callable[[Any], None]
 
 
 MAX_ERRORS = 1000  # messages kept in ``errors``; ``error_count`` counts them all
-SKIPPED = -1  # the "sequence number" of a call below the depth limit: nothing recorded
+SKIPPED = -1  # a "sequence number" for a call that is not recorded at all
 
 # value -> (sketch, stats, shape, safetensors dtype name): a summary capture's reduction
 SummarizeFn = Callable[[Any], tuple[Any, dict[str, Any], list[int], str]]
@@ -67,6 +67,7 @@ class Recorder:
         self._ends = 0
         self._calls: dict[str, int] = {}
         self._with_children: set[int] = set()  # calls during which another call started
+        self._below: set[int] = set()  # open calls below the depth limit (no tensors)
         self.tensors = 0
         self.bytes = 0
         self.errors: list[str] = []
@@ -96,14 +97,32 @@ class Recorder:
         """Record the start of a call (and its inputs); returns its sequence number.
 
         ``extra`` adds fields to the call's index line (``quant`` for a quantized module).
-        A call below the policy's depth limit is only tracked: it returns ``SKIPPED``."""
+        A call below the policy's depth limit is still on the index (``below_depth``), so
+        compare sees the whole call tree (its rounding bounds count every leaf call), but
+        none of its tensors are written."""
+        self._local.busy = getattr(self._local, "busy", 0) + 1
+        try:
+            return self._enter(path, class_name, args, kwargs, extra)
+        finally:
+            self._local.busy -= 1
+
+    def busy(self) -> bool:
+        """Whether this thread is inside the recorder (its own tensor copies are no ops)."""
+        return bool(getattr(self._local, "busy", 0))
+
+    def _enter(
+        self,
+        path: str,
+        class_name: str,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        extra: Mapping[str, Any] | None,
+    ) -> int:
         stack = self._stack()
         if stack:
             # Its parent is no leaf (even when this call is below the depth limit).
             self._with_children.add(stack[-1][0])
-        if not self.policy.records(len(stack)):
-            stack.append((SKIPPED, 0, path))
-            return SKIPPED
+        below = not self.policy.records(len(stack))
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -121,9 +140,13 @@ class Recorder:
             **({"site": site} if site else {}),
             **(extra or {}),
         }
+        if below:
+            record["below_depth"] = True
+            with self._lock:
+                self._below.add(seq)
         stack.append((seq, call, path))
         spent = time.perf_counter()
-        collect = (lambda: flatten_call(args, kwargs)) if self.inputs else None
+        collect = (lambda: flatten_call(args, kwargs)) if self.inputs and not below else None
         self._emit(record, seq, "in", path, call, collect)
         self._charge(spent)
         self._starts()[seq] = (time.perf_counter(), self._overhead())
@@ -165,9 +188,14 @@ class Recorder:
     sensitivity = True
 
     def wants_sensitivity(self, seq: int) -> bool:
-        """Call ``seq`` (still open, and recorded) is a leaf, to be measured: it started
-        no other call, and the capture measures sensitivities."""
-        return self.sensitivity and seq != SKIPPED and seq not in self._with_children
+        """Call ``seq`` (still open, and recorded with its tensors) is a leaf, to be
+        measured: it started no other call, and the capture measures sensitivities."""
+        return (
+            self.sensitivity
+            and seq != SKIPPED
+            and seq not in self._with_children
+            and seq not in self._below
+        )
 
     def exit(
         self,
@@ -180,6 +208,20 @@ class Recorder:
         """Record the end of call ``seq``: its outputs, or the exception it raised.
 
         ``extra`` adds fields to the return line (``sensitivity`` of a leaf call)."""
+        self._local.busy = getattr(self._local, "busy", 0) + 1
+        try:
+            self._exit(seq, path, output, error, extra)
+        finally:
+            self._local.busy -= 1
+
+    def _exit(
+        self,
+        seq: int,
+        path: str,
+        output: Any,
+        error: BaseException | None,
+        extra: Mapping[str, Any] | None,
+    ) -> None:
         self._with_children.discard(seq)
         stack = self._stack()
         call = 0
@@ -193,6 +235,8 @@ class Recorder:
         with self._lock:
             end = self._ends
             self._ends += 1
+            below = seq in self._below
+            self._below.discard(seq)
         record: dict[str, Any] = {"event": "return", "seq": seq, "end": end, **(extra or {})}
         seconds = self._seconds(seq, None if error is not None else output)
         if seconds is not None:
@@ -200,6 +244,8 @@ class Recorder:
         spent = time.perf_counter()
         if error is not None:
             record["error"] = _describe(error)
+            self._emit(record, seq, "out", path, call, None)
+        elif below:
             self._emit(record, seq, "out", path, call, None)
         else:
             self._emit(record, seq, "out", path, call, lambda: flatten(output, "out"))

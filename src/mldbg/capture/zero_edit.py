@@ -62,6 +62,9 @@ class Spec:
     budget: int | None = None
     within: str | None = None
     inputs: bool = True
+    ops: list[str] | None = None
+    weights: bool = False
+    replay: str | None = None  # replay each model on this reference capture instead
 
     @classmethod
     def parse(cls, data: Any) -> Spec:
@@ -80,6 +83,11 @@ class Spec:
             value = data.get(option)
             if value is not None and (not isinstance(value, int) or value < (option == "calls")):
                 raise ValueError(f"{option} takes a whole number, not {value!r}")
+        ops = data.get("ops")
+        if ops is not None and (
+            not isinstance(ops, list) or not all(isinstance(m, str) and m for m in ops)
+        ):
+            raise ValueError("ops takes module paths or globs, e.g. model.layers.0.self_attn")
         within = data.get("within")
         if within is not None and not isinstance(within, str):
             raise ValueError("within takes a module path, e.g. model.layers.7")
@@ -92,10 +100,21 @@ class Spec:
             budget=parse_size(data.get("budget")),
             within=within,
             inputs=bool(data.get("inputs", True)),
+            ops=list(ops) if ops else None,
+            weights=bool(data.get("weights", False)),
+            replay=_replay_name(data.get("replay")),
         )
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
+
+
+def _replay_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError("replay takes the reference capture's name (or run/name, or a path)")
+    return value
 
 
 class _Thread(threading.local):
@@ -106,11 +125,14 @@ class _Thread(threading.local):
 class _Model:
     """One captured model: its capture, open from its first call."""
 
-    def __init__(self, module: Any, capture: Any) -> None:
+    def __init__(self, module: Any, capture: Any, name: str = "") -> None:
         self.module = module  # kept alive: its id keys the table
         self.capture = capture
+        self.name = name
         self.calls = 0
         self.open = capture is not None
+        self.replay_pending = False
+        self.replayed: Any = None
 
 
 class Tracker:
@@ -137,6 +159,13 @@ class Tracker:
         if model is None:
             try:
                 return function(module, *args, **kwargs)
+            finally:
+                state.depth -= 1
+        if model.replay_pending:  # nested calls pass through: depth is already counted
+            model.replay_pending = False
+            try:
+                self._replay(model)
+                return function(module, *args, **kwargs)  # the script's own call, plain
             finally:
                 state.depth -= 1
         state.in_model += 1
@@ -167,8 +196,12 @@ class Tracker:
             if index >= MAX_MODELS:
                 return None
             name = self.spec.name if index == 0 else f"{self.spec.name}.{index + 1}"
+            if self.spec.replay is not None:  # replayed once, at its first call
+                model = self.models[id(module)] = _Model(module, None, name)
+                model.replay_pending = True
+                return model
             capture = self._open(module, name)
-            model = self.models[id(module)] = _Model(module, capture)
+            model = self.models[id(module)] = _Model(module, capture, name)
             return model if model.open else None
 
     def _open(self, module: Any, name: str) -> Any:
@@ -184,6 +217,7 @@ class Tracker:
                 depth=spec.depth,
                 budget=spec.budget,
                 within=spec.within,
+                ops=spec.ops,
             )
             capture.__enter__()
         except Exception as exc:  # never break the script: say why this model is not captured
@@ -191,7 +225,29 @@ class Tracker:
             self.problems.append(message)
             print(message, file=sys.stderr)
             return None
+        if spec.weights:  # the parameters as loaded: the model is about to be used
+            try:
+                capture.save_weights()
+            except Exception as exc:
+                message = f"mldbg capture {name!r}: weights not saved: {exc}"
+                self.problems.append(message)
+                print(message, file=sys.stderr)
         return capture
+
+    def _replay(self, model: _Model) -> None:
+        """``mldbg.replay`` of this model on its reference capture (``REF``, ``REF.2``… for
+        the second and later models), written as the capture ``NAME`` (``NAME.2``…)."""
+        from ..compare.replay import replay
+
+        assert self.spec.replay is not None
+        suffix = model.name[len(self.spec.name) :]  # "", ".2", ...
+        reference = self.spec.replay + suffix
+        try:
+            model.replayed = replay(model.module, reference, name=model.name)
+        except Exception as exc:  # never break the script: say why
+            message = f"mldbg replay {model.name!r} on {reference!r}: {type(exc).__name__}: {exc}"
+            self.problems.append(message)
+            print(message, file=sys.stderr)
 
     def _called(self, model: _Model) -> None:
         with self.lock:

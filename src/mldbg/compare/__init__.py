@@ -92,6 +92,7 @@ def compare(
     html: str | os.PathLike[str] | None = None,
     home: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    shards: Mapping[str, int | str] | None = None,
 ) -> Comparison:
     """Compare ``a`` (the reference) with ``b`` (the port).
 
@@ -103,7 +104,10 @@ def compare(
     same dict inline; ``layout`` (``"NCHW"``, ``"NHWC"``, ``"auto"``) is B's activation
     layout when shapes alone cannot tell; ``replay`` names a capture written by
     :func:`mldbg.replay` (or a :class:`ReplayResult`), whose local errors are shown
-    beside the propagated ones and name the culprit.
+    beside the propagated ones and name the culprit.  ``shards`` makes ``b`` the captures
+    of several ranks (``b="tp@rank*"``) gathered into one model: ``{glob: dim}`` for
+    tensors the ranks slice along ``dim``, ``{glob: "sum"}`` for partial sums, the rest
+    replicated (README, "Ranks").
     Raises :class:`CompareInputError` for bad input (the CLI's exit code 2).
     """
     from ..runs import mldbg_home
@@ -122,7 +126,12 @@ def compare(
 
     check_layout(layout)
     source_a = open_source(_spec(a), base)
-    source_b = open_source(_spec(b), base)
+    if shards is not None:
+        from .gather import open_gathered
+
+        source_b: Any = open_gathered(_spec(b), base, shards)
+    else:
+        source_b = open_source(_spec(b), base)
     replay_source = None
     if replay is not None:
         replay_source = open_source(_spec(getattr(replay, "capture", replay)), base)

@@ -94,7 +94,7 @@ def compare_sources(
         b_modules=_b_modules(b, names),
         local=local,
         b_sites=_b_sites(b, names),
-        paired=_paired_counts(a, alignment) if few_paired else None,
+        paired=_paired_counts(a, alignment) if _unlocalizable(a, alignment) else None,
     )
     culprit, boundaries = verdict.culprit, verdict.boundaries
     culprit_entries = set(culprit["entries"]) if culprit else set()
@@ -142,11 +142,19 @@ def compare_sources(
     }
     if local is not None:
         document["replay_culprit"] = local["culprit"]
-    from .narrow import narrow_hint
+    from .narrow import narrow_hint, weights_hint
 
+    audit = weights_hint(a, b, culprit)
+    if audit is not None:  # the culprit's own parameters are the first suspect
+        document["weights_hint"] = audit
     narrow = narrow_hint(a, b, culprit, results)
     if narrow is not None:  # a coarse pass: where the fine one should look
         document["narrow"] = narrow
+    from .ops import compare_ops
+
+    ops = compare_ops(a, b)
+    if ops is not None:  # captured with ops=: which operation inside diverges first
+        document["ops"] = ops
     return document
 
 
@@ -267,6 +275,20 @@ def _few_paired(a: Source, alignment: Alignment) -> bool:
     """Fewer than half of A's entries paired: the names probably differ (propose a map)."""
     total = len(alignment.pairs) + len(alignment.unpaired_a)
     return bool(a.calls) and total > 0 and len(alignment.pairs) < 0.5 * total
+
+
+def _unlocalizable(a: Source, alignment: Alignment) -> bool:
+    """Too little paired to say where a difference begins: A has several module calls and
+    fewer than two of them have an output that paired (with one, ``<root>`` say, that call would be blamed
+    for everything).  Not a share of the entries: a real port pairs every module's output
+    yet leaves many inputs and helper modules (rotary embeddings, activations) unpaired,
+    and a verdict it earns must not be withheld for that."""
+    if len(a.calls) < 2:
+        return False  # a model of one call pairs whole or not at all
+    paired_calls = {
+        (pair.a.module, pair.a.call) for pair in alignment.pairs if pair.a.role == "out"
+    }
+    return len(paired_calls) < 2
 
 
 def _b_calls(b: Source, names: NameMap) -> set[str]:

@@ -48,3 +48,25 @@ def narrow_hint(
             f"mldbg start --capture NAME {both}{port} --run SCRIPT; then compare those"
         ),
     }
+
+
+def weights_hint(a: Source, b: Source, culprit: dict[str, Any] | None) -> dict[str, Any] | None:
+    """When the culprit's inputs agree and its outputs differ, its own parameters are the
+    first suspect (a weight never loaded, transposed, converted wrongly): say how to
+    audit them (``mldbg weights``), by capture name when both captures saved them."""
+    if culprit is None or culprit.get("reason") != "inputs agree, outputs differ":
+        return None
+    from ..capture import WEIGHTS
+
+    saved = all(s.kind == "capture" and (s.path / WEIGHTS).is_file() for s in (a, b))
+    command = (
+        f"mldbg weights {a.spec} {b.spec}"
+        if saved
+        else "mldbg weights REF.safetensors PORT.safetensors "
+        "(or capture both with --capture-weights and give the capture names)"
+    )
+    return {
+        "module": culprit.get("module"),
+        "hint": f"{culprit.get('name')}: inputs agree, outputs differ: audit its parameters "
+        f"first: {command}",
+    }

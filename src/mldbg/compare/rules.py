@@ -62,7 +62,7 @@ class Evidence:
     b_modules: set[str] | None = None
     local: dict[str, Any] | None = None
     b_sites: dict[CallKey, str] = field(default_factory=dict)
-    paired: tuple[int, int] | None = None  # (entries of A paired, entries of A) when few pair
+    paired: tuple[int, int] | None = None  # (entries of A paired, entries of A) when too few pair
     by_call: dict[CallKey, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
     failing: list[dict[str, Any]] = field(default_factory=list)
 
@@ -122,9 +122,9 @@ def unstructured(evidence: Evidence, verdict: Verdict) -> Verdict | None:
 
 
 def pairing(evidence: Evidence, verdict: Verdict) -> Verdict | None:
-    """Fewer than half of the reference's entries found a partner: the names probably
-    differ, and a culprit among the few that paired would be a guess (the one module
-    that pairs by accident, ``<root>``, would be blamed for everything)."""
+    """Fewer than two of the reference's module calls have a paired output: the names
+    probably differ, and a culprit among the few that paired would be a guess (the one
+    module that pairs by accident, ``<root>``, would be blamed for everything)."""
     if evidence.paired is None:
         return None
     paired, total = evidence.paired

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .mapping import NameMap, load_map, parse_map
-from .sources import CompareInputError, Entry, Source, open_source
+from .sources import CompareInputError, Entry, Source, find_captures, open_source
 
 FAILING = ("missing", "never_loaded", "layout", "shape", "values")
 WARNING = ("renamed", "dtype", "extra")
@@ -120,13 +120,36 @@ def _framework_of(value: Any) -> str | None:
 
 
 def _from_path(spec: str, home: Path) -> Params:
-    source = open_source(spec, home)
+    weights = _capture_weights(spec, home)
+    source = open_source(str(weights) if weights is not None else spec, home)
     params = Params(source.label, None)
     for entry in source.entries:
         params.shapes[entry.name] = tuple(entry.shape)
         params.dtypes[entry.name] = entry.dtype
         params.readers[entry.name] = functools.partial(_read_entry, source, entry)
     return params
+
+
+def _capture_weights(spec: str, home: Path) -> Path | None:
+    """A capture's ``weights.safetensors`` (``start --capture-weights``), by the capture's
+    directory or name; None for anything else."""
+    from ..capture import WEIGHTS
+
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / WEIGHTS).is_file():
+        return path / WEIGHTS
+    if path.exists():
+        return None
+    found = [c for c in find_captures(home) if c["name"] == spec]
+    if found and (Path(found[-1]["path"]) / WEIGHTS).is_file():
+        return Path(found[-1]["path"]) / WEIGHTS
+    if found:
+        raise CompareInputError(
+            f"capture {spec!r} holds no parameters: capture with --capture-weights "
+            "(or save them and give the file)",
+            code="bad_weights_input",
+        )
+    return None
 
 
 def _from_dict(values: dict[str, Any], label: str, framework: str | None) -> Params:

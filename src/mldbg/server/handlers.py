@@ -108,6 +108,9 @@ def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
         "budget": a.get("capture_budget"),
         "within": a.get("capture_within"),
         "calls": a.get("capture_calls"),
+        "ops": a.get("capture_ops") or None,
+        "weights": True if a.get("capture_weights") else None,
+        "replay": a.get("capture_replay"),
     }
     given = [k for k, v in options.items() if v is not None and not (k == "mode" and v == "full")]
     if not a.get("capture"):
@@ -489,8 +492,14 @@ def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
     from ..compare.weights import audit_weights
 
     home = store_home(manager, a)
+    base = a.get("client_cwd") or os.getcwd()
+
+    def local(spec: str) -> str:  # a path where the client is, else a capture name
+        path = os.path.join(base, os.path.expanduser(spec))
+        return path if os.path.exists(path) else spec
+
     result = audit_weights(
-        a["reference"], a["port"], map=a.get("map"), fresh=a.get("fresh"), home=home
+        local(a["reference"]), local(a["port"]), map=a.get("map"), fresh=a.get("fresh"), home=home
     )
     result.pop("parameters", None)  # every parameter: the Python API's; the answer is bounded
     limit = a.get("limit", 50)

@@ -1,0 +1,271 @@
+"""Op-level capture inside chosen modules: torch functions and MLX ``mx.*`` calls.
+
+When compare names a culprit module (an attention), the next question is which
+operation inside it is wrong (the RoPE rotation, the head repeat, the mask, the softmax
+scale).  With ``mldbg.capture(model, name, ops="model.layers.0.self_attn")`` every
+framework operation run while a call of a matching module is under way (on that thread)
+is recorded like a module call nested in it, at path ``<module>:op<N>.<op name>``
+(``N`` counts the operations of that call from 0; the call index is the module's):
+
+* **torch**: a ``TorchFunctionMode`` is pushed for the duration of the module's call:
+  every ``torch.*``, ``torch.nn.functional.*`` and ``Tensor`` method that returns a
+  tensor (``mul``, ``cat``, ``softmax``, ``linear``, ``__getitem__``…).
+* **MLX**: the ``mlx.core`` functions listed in ``MLX_OPS`` and every ``mlx.core.fast``
+  function (``rope``, ``scaled_dot_product_attention``, ``rms_norm``…) are wrapped while
+  the capture is open.  Array methods and operators (``x.reshape``, ``a * b``) belong to
+  a C++ class that cannot be wrapped and are not recorded.
+
+Names differ between frameworks (torch's ``mul`` + ``cat`` + ``add`` is MLX's one
+``fast.rope``), so compare aligns operations by value, not name (``compare/ops.py``).
+What the recorder itself does (copying a tensor to write it) is never an operation.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .recorder import SKIPPED, Recorder
+from .store import module_label
+
+OP_CLASS_PREFIX = "op:"
+MLX_OPS = (
+    "matmul",
+    "addmm",
+    "einsum",
+    "softmax",
+    "logsumexp",
+    "concatenate",
+    "stack",
+    "split",
+    "multiply",
+    "add",
+    "subtract",
+    "divide",
+    "power",
+    "square",
+    "sqrt",
+    "rsqrt",
+    "exp",
+    "log",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "maximum",
+    "minimum",
+    "clip",
+    "where",
+    "take",
+    "take_along_axis",
+    "repeat",
+    "tile",
+    "broadcast_to",
+    "sum",
+    "mean",
+    "var",
+    "max",
+    "min",
+    "argmax",
+    "cumsum",
+    "outer",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_general",
+    "transpose",
+    "swapaxes",
+    "reshape",
+    "expand_dims",
+    "squeeze",
+    "flatten",
+    "pad",
+    "arange",
+    "triu",
+    "tril",
+    "gather_mm",
+    "quantized_matmul",
+)
+
+
+class OpScope:
+    """Which module calls have their operations recorded, and the recording itself."""
+
+    def __init__(self, recorder: Recorder, patterns: Iterable[str]) -> None:
+        self.recorder = recorder
+        self.patterns = list(patterns)
+        self._local = threading.local()
+
+    def wanted(self, path: str) -> bool:
+        label = module_label(path)
+        return any(fnmatch.fnmatchcase(label, p) for p in self.patterns)
+
+    def _frames(self) -> list[list[Any]]:
+        frames = getattr(self._local, "frames", None)
+        if frames is None:
+            frames = self._local.frames = []
+        return frames
+
+    def entered(self, path: str) -> bool:
+        """A wanted module's call starts; True when it is the outermost one (push the mode)."""
+        frames = self._frames()
+        frames.append([module_label(path), 0])
+        return len(frames) == 1
+
+    def exited(self) -> bool:
+        """It ends; True when no wanted call is left open (pop the mode)."""
+        frames = self._frames()
+        if frames:
+            frames.pop()
+        return not frames
+
+    def active(self) -> bool:
+        return bool(self._frames()) and not self.recorder.busy()
+
+    def record(self, name: str, function: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Run ``function`` as an operation of the innermost wanted call, recorded."""
+        frame = self._frames()[-1]
+        path = f"{frame[0]}:op{frame[1]}.{name}"
+        frame[1] += 1
+        seq = self.recorder.enter(path, OP_CLASS_PREFIX + name, tuple(args), dict(kwargs or {}))
+        try:
+            output = function(*args, **(kwargs or {}))
+        except BaseException as exc:
+            if seq != SKIPPED:
+                self.recorder.exit(seq, path, None, exc)
+            raise
+        if seq != SKIPPED:
+            self.recorder.exit(seq, path, output, None)
+        return output
+
+
+# -- torch ---------------------------------------------------------------------------------------
+
+
+def attach_torch(scope: OpScope, named: list[tuple[str, Any]]) -> Callable[[], None]:
+    """Hooks that push a recording ``TorchFunctionMode`` around each wanted module's call."""
+    from torch.overrides import TorchFunctionMode
+
+    class _Recording(TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            if not scope.active() or not _returns_tensors(func):
+                return func(*args, **(kwargs or {}))
+            return scope.record(_torch_name(func), func, args, kwargs)
+
+    mode = _Recording()
+    handles: list[Any] = []
+
+    def make_before(path: str) -> Callable[..., None]:
+        def before(_module: Any, _args: Any) -> None:
+            if scope.entered(path):
+                mode.__enter__()
+
+        return before
+
+    def after(_module: Any, _args: Any, _output: Any) -> None:
+        if scope.exited():
+            mode.__exit__(None, None, None)
+
+    for path, module in named:
+        if scope.wanted(path):
+            # Registered after the capture's own hooks: the call is open when ops start.
+            handles.append(module.register_forward_pre_hook(make_before(path)))
+            handles.append(module.register_forward_hook(after, always_call=True))
+
+    def detach() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return detach
+
+
+_NOT_OPS = {"__get__", "__set__", "dim", "size", "numel", "is_floating_point", "__len__"}
+
+
+def _returns_tensors(func: Any) -> bool:
+    name = getattr(func, "__name__", "")
+    return name not in _NOT_OPS and not name.startswith("_has_")
+
+
+def _torch_name(func: Any) -> str:
+    name = getattr(func, "__name__", None) or type(func).__name__
+    return str(name).strip("_") or "op"
+
+
+# -- MLX -------------------------------------------------------------------------------------------
+
+
+def attach_mlx(scope: OpScope, named: list[tuple[str, Any]]) -> Callable[[], None]:
+    """Wrap ``mx.*``/``mx.fast.*`` functions, and mark each wanted module's calls (a class
+    layer over the one the capture put on the instance)."""
+    import mlx.core as mx
+
+    patched: list[tuple[Any, str, Any]] = []
+
+    def wrap(namespace: Any, attribute: str, label: str) -> None:
+        original = getattr(namespace, attribute, None)
+        if original is None or not callable(original) or isinstance(original, type):
+            return
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if not scope.active():
+                return original(*args, **kwargs)
+            return scope.record(label, original, args, kwargs)
+
+        recorded.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(namespace, attribute, recorded)
+        patched.append((namespace, attribute, original))
+
+    for name in MLX_OPS:
+        wrap(mx, name, name)
+    for name in dir(mx.fast):
+        if not name.startswith("_"):
+            wrap(mx.fast, name, f"fast.{name}")
+
+    swapped: list[tuple[Any, type]] = []
+    for path, module in named:
+        if not scope.wanted(path):
+            continue
+        found = type(module)
+        module.__class__ = _marking_class(found, scope, path)
+        swapped.append((module, found))
+
+    def detach() -> None:
+        for namespace, attribute, original in reversed(patched):
+            setattr(namespace, attribute, original)
+        for module, found in reversed(swapped):
+            if type(module).__bases__[0] is found:
+                module.__class__ = found
+
+    return detach
+
+
+def _marking_class(found: type, scope: OpScope, path: str) -> type:
+    call = found.__call__
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        scope.entered(path)
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            scope.exited()
+
+    return type(
+        found.__name__,
+        (found,),
+        {
+            "__call__": __call__,
+            "__module__": found.__module__,
+            "__qualname__": found.__qualname__,
+            "_mldbg_capture_layer": _DeadLayer(),  # zero-edit never wraps this class
+        },
+    )
+
+
+class _DeadLayer:
+    live = True

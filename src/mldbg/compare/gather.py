@@ -1,0 +1,149 @@
+"""Compare a model split over ranks (tensor parallel, FSDP) with a one-process reference.
+
+Under torchrun every rank captures its own part of the model as ``NAME@rank<r>``
+(``capture.json`` says ``rank`` and ``world_size``).  Given the captures of all ranks
+(``"tp@rank*"``) and, per tensor, how the ranks split it, this makes one source that
+looks like the whole model's capture:
+
+* a dimension (``-1``, ``0``…): the ranks hold consecutive slices along it (a
+  column-parallel linear's output, the next row-parallel linear's input), concatenated
+  in rank order;
+* ``"sum"``: each rank holds a partial sum (a row-parallel linear's output before its
+  all-reduce), added up;
+* not declared: every rank holds the whole tensor (replicated: inputs, norms, outputs
+  after an all-reduce); rank 0's is used.
+
+Rules are globs on entry names (``*.fc1#*.out*``) or module paths (``*.fc1``), first
+match wins.  Calls and order are rank 0's: tensor parallelism runs the same module calls
+on every rank.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .sources import CompareInputError, Entry, Source, find_captures, open_capture
+
+
+@dataclass
+class _Split:
+    rule: int | str  # a dimension, or "sum"
+    parts: list[tuple[Source, Entry]]
+
+
+@dataclass
+class GatheredSource(Source):
+    """A capture assembled from the captures of several ranks."""
+
+    splits: dict[str, _Split] = field(default_factory=dict)
+
+    def load(self, entry: Entry) -> Any:
+        import numpy as np
+
+        split = self.splits.get(entry.name)
+        if split is None:
+            return super().load(entry)
+        arrays = [source.load(part) for source, part in split.parts]
+        if split.rule == "sum":
+            return np.sum([np.asarray(a, dtype=np.float64) for a in arrays], axis=0)
+        return np.concatenate([np.asarray(a) for a in arrays], axis=int(split.rule))
+
+
+def check_shards(shards: Mapping[str, Any]) -> dict[str, int | str]:
+    rules: dict[str, int | str] = {}
+    for pattern, rule in shards.items():
+        if not isinstance(pattern, str) or not pattern:
+            raise CompareInputError("shards: keys are globs on entry names or module paths")
+        if rule == "sum" or (isinstance(rule, int) and not isinstance(rule, bool)):
+            rules[pattern] = rule
+        else:
+            raise CompareInputError(
+                f"shards: {pattern!r} takes a dimension (an integer) or 'sum', not {rule!r}",
+                code="bad_shards",
+            )
+    return rules
+
+
+def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredSource:
+    """The captures whose names match ``spec`` (``tp@rank*``), one per rank, as one source."""
+    rules = check_shards(shards)
+    newest: dict[str, dict[str, Any]] = {}
+    for meta in find_captures(home):  # oldest first: the newest of each name wins
+        if fnmatch.fnmatchcase(str(meta["name"]), spec):
+            newest[str(meta["name"])] = meta
+    if not newest:
+        raise CompareInputError(
+            f"no captures match {spec!r} (ranks are captured as NAME@rank0, NAME@rank1, …)",
+            code="unknown_source",
+        )
+    ranked = sorted(newest.values(), key=lambda m: (_rank_of(m), str(m["name"])))
+    ranks = [open_capture(str(m["name"]), Path(m["path"])) for m in ranked]
+    world = {m.get("world_size") for m in ranked} - {None}
+    base = ranks[0]
+    gathered = GatheredSource(
+        spec,
+        "gathered",
+        base.path,
+        f"{spec} ({len(ranks)} ranks gathered)",
+        calls=base.calls,
+        meta={**base.meta, "ranks": [str(m["name"]) for m in ranked]},
+        warnings=[w for r in ranks for w in r.warnings],
+    )
+    if world and len(ranks) != max(world):  # type: ignore[type-var]
+        gathered.warnings.append(f"{spec}: {len(ranks)} captures for a world size of {max(world)}")  # type: ignore[type-var]
+    by_rank = [{e.name: e for e in r.entries} for r in ranks]
+    for entry in base.entries:
+        rule = _rule(rules, entry)
+        if rule is None:
+            gathered.entries.append(entry)
+            continue
+        parts = []
+        for source, entries in zip(ranks, by_rank, strict=True):
+            part = entries.get(entry.name)
+            if part is None:
+                raise CompareInputError(
+                    f"{entry.name} is split over the ranks but {source.label} lacks it",
+                    code="bad_shards",
+                )
+            parts.append((source, part))
+        shape = list(entry.shape)
+        if rule != "sum":
+            axis = int(rule) % len(shape) if shape else 0
+            shape[axis] = sum(int(p.shape[axis]) for _s, p in parts)
+        gathered.splits[entry.name] = _Split(rule, parts)
+        gathered.entries.append(
+            Entry(
+                name=entry.name,
+                shape=shape,
+                dtype=entry.dtype,
+                file=entry.file,
+                key=entry.key,
+                order=entry.order,
+                module=entry.module,
+                call=entry.call,
+                role=entry.role,
+            )
+        )
+    return gathered
+
+
+def _rank_of(meta: dict[str, Any]) -> int:
+    rank = meta.get("rank")
+    if isinstance(rank, int):
+        return rank
+    name = str(meta.get("name", ""))
+    tail = name.rsplit("@rank", 1)[-1]
+    return int(tail) if tail.isdigit() else 1 << 30
+
+
+def _rule(rules: dict[str, int | str], entry: Entry) -> int | str | None:
+    for pattern, rule in rules.items():
+        if fnmatch.fnmatchcase(entry.name, pattern) or (
+            entry.module is not None and fnmatch.fnmatchcase(entry.module, pattern)
+        ):
+            return rule
+    return None

@@ -1,0 +1,144 @@
+"""Which operation inside a module first diverges (captures made with ``ops=``).
+
+Operation names differ across frameworks: the rotation torch spells ``mul``, ``cat``,
+``neg``, ``add`` is one ``mx.fast.rope`` in MLX, and an eager attention's ``matmul`` /
+``softmax`` / ``matmul`` is one ``fast.scaled_dot_product_attention``.  So operations are
+aligned by value: each of the port's operation outputs, in order, is compared with every
+reference operation output of the same call of the same module that holds as many
+elements (through a channels-last permutation or unit axes where shapes need one), and
+the closest one is its counterpart.  A port operation whose closest counterpart is still
+further than a clean port's rounding allows (the bound compare uses for modules,
+``2 u sqrt(1 + d)`` at the counterpart's depth) computes something the reference never
+did: the first such operation, in the port's order, is the one that diverges.  When the
+port's operations are finer than the reference's, the same holds the other way round;
+only the port's side is searched, as the port is what gets fixed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..capture.ops import OP_CLASS_PREFIX
+from .sources import Entry, Source
+from .verdict import depths, expected_error, unit_roundoff
+
+MAX_OPS = 500  # operation outputs considered per module call and side
+MAX_LISTED = 100  # operations listed per module call in the answer
+
+
+def _op_outputs(source: Source) -> dict[tuple[str, int], list[Entry]]:
+    """Output entries of recorded operations, by (module, call) of the module they ran in."""
+    found: dict[tuple[str, int], list[Entry]] = {}
+    for entry in source.entries:
+        if entry.role != "out" or entry.module is None or ":op" not in entry.module:
+            continue
+        call = source.calls.get((entry.module, entry.call or 0))
+        if call is None or not call.class_name.startswith(OP_CLASS_PREFIX):
+            continue
+        owner = entry.module.rsplit(":op", 1)[0]
+        found.setdefault((owner, entry.call or 0), []).append(entry)
+    return found
+
+
+def compare_ops(a: Source, b: Source) -> list[dict[str, Any]] | None:
+    """One item per module call with operations recorded on both sides (None: none)."""
+    ops_a, ops_b = _op_outputs(a), _op_outputs(b)
+    shared = [key for key in ops_b if key in ops_a]
+    if not shared:
+        return None
+    depth = depths(a, {})
+    items = []
+    for key in shared:
+        items.append(_align(a, b, key, ops_a[key][:MAX_OPS], ops_b[key][:MAX_OPS], depth))
+    return items
+
+
+def _align(
+    a: Source, b: Source, key: tuple[str, int], ours: list[Entry], theirs: list[Entry], depth: Any
+) -> dict[str, Any]:
+    import numpy as np
+
+    loaded: dict[str, Any] = {}
+
+    def load(source: Source, entry: Entry) -> Any:
+        cache_key = f"{id(source)}:{entry.name}"
+        if cache_key not in loaded:
+            loaded[cache_key] = np.asarray(source.load(entry), dtype=np.float64)
+        return loaded[cache_key]
+
+    listed: list[dict[str, Any]] = []
+    first = None
+    for entry_b in theirs:
+        best: tuple[float, Entry] | None = None
+        for entry_a in ours:
+            if _count(entry_a.shape) != _count(entry_b.shape) or entry_a.stats or entry_b.stats:
+                continue
+            value_a = load(a, entry_a)
+            value_b = _as_shape(load(b, entry_b), entry_a.shape)
+            if value_b is None:
+                continue
+            norm = float(np.linalg.norm(value_a))
+            error = float(np.linalg.norm(value_b - value_a))
+            relative = error / norm if norm else (0.0 if error == 0 else float("inf"))
+            if best is None or relative < best[0]:
+                best = (relative, entry_a)
+        item: dict[str, Any] = {
+            "op_b": entry_b.name,
+            "class_b": _op_class(b, entry_b),
+            "shape_b": entry_b.shape,
+        }
+        if best is None:
+            item.update(closest_a=None, rel_rms=None, expected=None, ok=None)
+        else:
+            relative, entry_a = best
+            call_key = (entry_a.module or "", entry_a.call or 0)
+            u = unit_roundoff(entry_a.dtype, entry_b.dtype)
+            bound = expected_error(u, depth.through.get(call_key, 0), 0.0)
+            ok = relative <= bound if bound is not None else relative == 0.0
+            item.update(
+                closest_a=entry_a.name,
+                class_a=_op_class(a, entry_a),
+                rel_rms=relative,
+                expected=bound,
+                ok=ok,
+            )
+            if not ok and first is None:
+                first = item
+        listed.append(item)
+    return {
+        "module": key[0],
+        "call": key[1],
+        "name": f"{key[0]}#{key[1]}",
+        "ops_a": len(ours),
+        "ops_b": len(theirs),
+        "first_divergence": first,
+        "ops": listed[:MAX_LISTED],
+        "truncated": len(listed) > MAX_LISTED,
+    }
+
+
+def _as_shape(value: Any, shape: list[int]) -> Any:
+    """``value`` in the reference's shape: as is, through unit axes, or a channels-last
+    permutation; None when no such reading exists."""
+    from . import metrics
+
+    target = tuple(int(n) for n in shape)
+    if tuple(value.shape) == target:
+        return value
+    if [n for n in value.shape if n != 1] == [n for n in target if n != 1]:
+        return value.reshape(target)
+    perm = metrics.layout_permutation(target, tuple(value.shape))
+    return value.transpose(perm) if perm is not None else None
+
+
+def _op_class(source: Source, entry: Entry) -> str:
+    call = source.calls.get((entry.module or "", entry.call or 0))
+    name = call.class_name if call is not None else ""
+    return name[len(OP_CLASS_PREFIX) :] if name.startswith(OP_CLASS_PREFIX) else name
+
+
+def _count(shape: list[int]) -> int:
+    total = 1
+    for n in shape:
+        total *= int(n)
+    return total

@@ -1,0 +1,83 @@
+"""Op-level capture: which operation inside the culprit attention diverges.
+
+A transformers Llama (torch) against its mlx-lm port, operations recorded inside the
+first layer's attention on both sides: torch's rotation is ``mul``/``cat``/``neg``/
+``add``, mlx-lm's one ``mx.fast.rope``; with the port's RoPE base 100x too big, compare
+names ``fast.rope`` as the first operation whose output the reference never computed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+mx = pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+pytest.importorskip("transformers")
+
+import mldbg  # noqa: E402
+from mldbg import current_run  # noqa: E402
+from mldbg.compare import Comparison  # noqa: E402
+from parity_zoo import llama_family  # noqa: E402
+
+ATTENTION = "model.layers.0.self_attn"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
+    current_run.reset()
+    yield tmp_path / ".mldbg"  # type: ignore[misc]
+    current_run.reset()
+
+
+def capture_pair(home: Path, rope_theta: float) -> Comparison:
+    ref, ids = llama_family.reference("llama", "float32")
+    port = llama_family.mlx_model("llama", rope_theta)
+    llama_family.load_from(port, ref)
+    attention_class = type(port.model.layers[0].self_attn)
+    rope = mx.fast.rope
+    with torch.no_grad(), mldbg.capture(ref, "ref", ops=ATTENTION) as ref_cap:
+        ref(ids)
+    with mldbg.capture(port, "port", ops=ATTENTION):
+        mx.eval(port(mx.array(ids.numpy())))
+    # Everything put back: the functions and the module's class.
+    assert mx.fast.rope is rope
+    assert type(port.model.layers[0].self_attn) is attention_class
+    names = [
+        json.loads(line)["class"]
+        for line in (ref_cap.path / "index.jsonl").read_text().splitlines()
+        if json.loads(line)["event"] == "call"
+    ]
+    ops = [n for n in names if n.startswith("op:")]
+    assert "op:softmax" in ops and "op:cat" in ops
+    # The capture's own copies of tensors are not operations of the model.
+    assert not {"op:clone", "op:detach", "op:cpu", "op:contiguous"} & set(ops[:3])
+    return mldbg.compare("ref", "port", home=home)
+
+
+def test_ops_name_the_rope_rotation_inside_the_attention(home: Path) -> None:
+    result = capture_pair(home, rope_theta=10000.0 * 100)
+    assert result.first_divergence["module"] == ATTENTION
+    (item,) = result.result["ops"]
+    assert item["name"] == f"{ATTENTION}#0"
+    first = item["first_divergence"]
+    assert first["class_b"] == "fast.rope"
+    assert first["class_a"] == "add"  # q * cos + rotate_half(q) * sin, the rotated queries
+    assert first["rel_rms"] > 100 * first["expected"]
+
+
+def test_ops_of_a_clean_port_all_have_a_counterpart(home: Path) -> None:
+    result = capture_pair(home, rope_theta=10000.0)
+    assert result.ok
+    (item,) = result.result["ops"]
+    assert item["first_divergence"] is None
+    assert [op["class_b"] for op in item["ops"]] == [
+        "fast.rope",
+        "fast.rope",
+        "fast.scaled_dot_product_attention",
+    ]
+    assert all(op["ok"] for op in item["ops"])

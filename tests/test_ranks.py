@@ -1,0 +1,78 @@
+"""Ranks: a 2-rank tensor-parallel MLP under torchrun (gloo, CPU), captured without
+editing the script, gathered and compared with the single-process reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import mldbg  # noqa: E402
+from conftest import Api, Session, wait_until  # noqa: E402
+
+SCRIPT = Path(__file__).parent / "ranks_scripts" / "tp_mlp.py"
+# Megatron-style split: fc1 column parallel, fc2 row parallel (partial sums before the
+# all-reduce, which happens in the parent module, whose output is whole on every rank).
+SHARDS = {"fc1#*.out*": -1, "act#*": -1, "fc2#*.in*": -1, "fc2#*.out*": "sum"}
+
+
+def run(api: Api, name: str, cwd: Path, body: dict[str, Any]) -> None:
+    session = Session(api, name, cwd)
+    try:
+        api.post(
+            f"{session.base}/start",
+            {
+                "cwd": str(cwd),
+                "stop_on_entry": False,
+                "env": {**os.environ, "MLDBG_HOME": str(cwd / ".mldbg")},
+                **body,
+            },
+        )
+
+        def ended() -> dict[str, Any] | None:
+            state: dict[str, Any] = session.wait(10.0)
+            return None if state["state"] in ("starting", "running", "paused") else state
+
+        state = wait_until(ended, timeout=300, what=f"{name} to end")
+        assert state.get("exit_code") == 0, (state, session.output())
+    finally:
+        api.http.post(f"{session.base}/terminate")
+
+
+def test_tensor_parallel_ranks_gathered_and_compared(api: Api, tmp_path: Path) -> None:
+    shutil.copy(SCRIPT, tmp_path / SCRIPT.name)
+    home = tmp_path / ".mldbg"
+    run(api, "rank-ref", tmp_path, {"script": SCRIPT.name, "capture": "ref"})
+    torchrun = {"module": "torch.distributed.run", "args": ["--nproc_per_node", "2", SCRIPT.name]}
+    run(api, "rank-tp", tmp_path, {**torchrun, "capture": "tp"})
+    run(
+        api,
+        "rank-bug",
+        tmp_path,
+        {**torchrun, "args": [*torchrun["args"], "bug"], "capture": "bug"},
+    )
+    metas = {
+        json.loads(p.read_text())["name"]: json.loads(p.read_text())
+        for p in home.glob("runs/*/captures/*/capture.json")
+    }
+    assert {"tp@rank0", "tp@rank1", "bug@rank0", "bug@rank1"} <= set(metas)
+    assert metas["tp@rank1"]["rank"] == 1 and metas["tp@rank1"]["world_size"] == 2
+
+    clean = mldbg.compare("ref", "tp@rank*", shards=SHARDS, home=home)
+    assert clean.ok, clean.first_divergence
+    fc1 = clean.entry("fc1#0.out")
+    assert fc1["shape_b"] == fc1["shape_a"] == [4, 64]  # two halves of 32, concatenated
+    assert clean.result["b"]["kind"] == "gathered"
+
+    buggy = mldbg.compare("ref", "bug@rank*", shards=SHARDS, home=home)
+    assert not buggy.ok
+    assert buggy.first_divergence["module"] == "fc1"
+    # Without declaring the split, the shapes say what is wrong.
+    unsplit = mldbg.compare("ref", "tp@rank0", home=home)
+    assert "shapes differ" in unsplit.entry("fc1#0.out")["error"]

@@ -303,31 +303,51 @@ def _forking(session: Session, write: Any, daemon: dict[str, Any]) -> list[int]:
     return ports
 
 
+# Another local user's process: opens N silent connections, says so, and holds them until
+# its stdin closes. The system's python, which that user can run (a venv under /root may not).
+STRANGER = """
+import socket, sys
+host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+held = [socket.create_connection((host, port), timeout=60) for _ in range(count)]
+print("holding", len(held), flush=True)
+sys.stdin.read()
+"""
+SYSTEM_PYTHON = next((p for p in ("/usr/bin/python3", "/bin/python3") if os.path.exists(p)), None)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another local user")
+@pytest.mark.skipif(SYSTEM_PYTHON is None, reason="no system python for the other user to run")
 def test_a_strangers_flood_does_not_starve_the_scripts_processes(
     listener: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another local user holding every handshake slot made forked workers fail to
-    connect: they ran undebugged.  Slots are per local user: while the stranger's 100
-    silent connections hold theirs, the session's own process is admitted at once."""
+    connect: they ran undebugged.  Slots are per local user: while the stranger's
+    silent connections hold all of theirs, the session's own process is admitted at once."""
+    import subprocess
+
     listening, collector = listener
     # the stranger's silent connections must all still hold their slots when the session's
     # process arrives, however slowly a loaded machine opens them
     monkeypatch.setattr(agent_link, "HANDSHAKE_TIMEOUT", 300.0)
     nobody = 65534
-    stranger: list[socket.socket] = []
+    host, _, port = listening.address.rpartition(":")
+    stranger = subprocess.Popen(
+        [str(SYSTEM_PYTHON), "-c", STRANGER, host, port, str(agent_link.MAX_HANDSHAKES)],
+        user=nobody,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd="/",
+    )
     try:
-        for count in range(1, agent_link.MAX_HANDSHAKES + 1):  # every slot, one at a time
-            os.seteuid(nobody)  # a socket opened now is that user's
-            try:
-                stranger.append(connect(listening.address))
-            finally:
-                os.seteuid(0)
-            # counted per user: a stray process reaching this port (a port number reused
-            # from an earlier test's session) takes none of the stranger's slots
-            wait_until(
-                lambda n=count: listening.proving_for(nobody) >= n, 60, "a stranger's slot taken"
-            )
+        assert stranger.stdout is not None
+        assert stranger.stdout.readline().startswith(b"holding")
+        # counted per user: a stray process reaching this port (a port number reused
+        # from an earlier test's session) takes none of the stranger's slots
+        wait_until(
+            lambda: listening.proving_for(nobody) == agent_link.MAX_HANDSHAKES,
+            60,
+            "every one of the stranger's slots taken",
+        )
         sock = connect(listening.address)
         sock.sendall(preamble(listening.token))
         sock.sendall(json.dumps({"event": "hello", "pid": 4242, "welcome": True}).encode() + b"\n")
@@ -337,8 +357,8 @@ def test_a_strangers_flood_does_not_starve_the_scripts_processes(
         assert collector.arrived.wait(10) and collector.links[0].pid == 4242
         sock.close()
     finally:
-        for held in stranger:
-            held.close()
+        stranger.kill()
+        stranger.communicate(timeout=30)
 
 
 def test_a_child_turned_away_tries_again(

@@ -114,13 +114,13 @@ def test_every_text_argument_has_a_limit_refused_with_a_code(api: Api) -> None:
     for verb, arg in _text_args():
         path = verb.path.replace("{name}", "limits")
         value = _too_long(arg)
+        body: dict[str, Any] = {arg.name: value}
+        for other in verb.args:  # the required ones, valid
+            if other.required and other.name != arg.name:
+                body[other.name] = 0 if other.type is int else "ok"
         if verb.method == "GET":
-            response = api.http.get(path, params={arg.name: value})
+            response = api.http.get(path, params=body)
         else:
-            body = {arg.name: value}
-            for other in verb.args:  # the required ones, valid
-                if other.required and other.name != arg.name:
-                    body[other.name] = 0 if other.type is int else "ok"
             response = api.http.request(verb.method, path, json=body)
         label = f"{verb.name}.{arg.name}"
         assert response.status_code == 400, f"{label}: {response.status_code} {response.text[:300]}"

@@ -167,8 +167,8 @@ CAPTURE_ARGS = (
     Arg(
         "capture",
         str,
-        "capture the script's models under this name without editing the script "
-        "(the outermost torch/MLX modules it calls; NAME, NAME.2, ... per model)",
+        "capture the script's models without editing it (the outermost modules it calls) "
+        "as NAME, NAME.2, ...",
     ),
     Arg(
         "capture_models",
@@ -210,14 +210,14 @@ CAPTURE_ARGS = (
     Arg(
         "capture_weights",
         bool,
-        "also save each model's parameters at its first call (for mldbg weights NAME NAME)",
+        "also save each model's parameters at its first call (for the weights audit)",
         False,
     ),
     Arg(
         "capture_replay",
         str,
-        "instead of capturing, replay each model on this reference capture (its modules fed "
-        "the reference's inputs); the result is the capture NAME, for compare --replay",
+        "replay each model on this reference capture instead (its modules fed the "
+        "reference's inputs), as capture NAME: compare's replay",
     ),
 )
 
@@ -272,14 +272,13 @@ VERBS: tuple[Verb, ...] = (
                 "require_editable",
                 list[str],
                 "refuse to start unless these packages are editable installs for the script's "
-                "python (the copy you edit is the copy that runs)",
+                "python",
             ),
             Arg(
                 "wait",
                 float,
-                "seconds to wait for the first stop: the entry stop, or with stop_on_entry "
-                "false the first breakpoint (or the end); default 30 at entry, 0 without it; "
-                "at most 30 s, then `wait`",
+                "seconds to wait for the first stop (entry, else the first breakpoint or the "
+                "end); default 30 at entry, else 0; at most 30",
                 minimum=0,
                 cli=False,
             ),
@@ -374,8 +373,7 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "subnormal",
                 bool,
-                "tripwire: also stop on subnormal outputs (0 < |x| < the dtype's smallest "
-                "normal: uninitialised-memory garbage such as 1.58e-43)",
+                "tripwire: also stop on subnormal outputs (garbage such as 1.58e-43)",
                 False,
             ),
         ),
@@ -386,8 +384,7 @@ VERBS: tuple[Verb, ...] = (
         "not found under the cwd is looked up among the files the script can import "
         "(`ambiguous_file` lists candidates). A line that cannot hold one is refused with "
         "`nearest_lines`. The answer's `id` works wherever FILE:LINE does (remove, until). "
-        "`nonfinite` (with `max_abs`, `subnormal`) sets the tripwire instead: the stop's reason "
-        "is `tripwire`, its `tripwire` names the module path and what was found.",
+        "`nonfinite` sets the tripwire instead (stop reason and field `tripwire`).",
     ),
     Verb(
         "breaks",
@@ -548,9 +545,7 @@ VERBS: tuple[Verb, ...] = (
         "assignments change the script's variables; what the code prints is returned in `output`. "
         "An evaluation past `timeout` (or hit by `pause`) is interrupted inside the script: "
         "`eval_timeout` / `eval_interrupted`, and the session stays paused where it was. "
-        "With `against`: the same code in that session too; the answer adds `against` (its "
-        "result) and `difference` (tensors: max_abs, mean_abs, rel_rms, cosine, mismatched, "
-        "first_mismatch, worst; numbers: b_minus_a, rel).",
+        "With `against`: the same code there too; adds `against` and `difference`.",
     ),
     Verb(
         "until",
@@ -719,11 +714,9 @@ VERBS: tuple[Verb, ...] = (
         method="GET",
         store=True,
         errors=("no_such_run",),
-        description="For each checkpoint name and hit found in both runs, each variable: "
-        "shapes, dtypes, both sides' statistics and their differences (`stats_b_minus_a`, "
-        "`stats_max_rel`), the recorded first values side by side (`preview_max_abs`); plain "
-        "values with `equal`. Names or hits in one run only are listed under `unpaired_a` / "
-        "`unpaired_b`. Numbers, no verdict: `compare` judges captured tensors.",
+        description="Per variable: shapes, dtypes, statistics and their differences, first "
+        "values side by side; one-sided names in `unpaired_a`/`unpaired_b`. Numbers, no "
+        "verdict (README: compare-checkpoints).",
     ),
     Verb(
         "nonfinite",
@@ -744,10 +737,8 @@ VERBS: tuple[Verb, ...] = (
         method="GET",
         store=True,
         errors=("unknown_source", "corrupt_file", "unreadable", "corrupt_capture"),
-        description="Calls in the order they finished (a child before its parent): the first "
-        "whose outputs are non-finite while its recorded inputs are finite is where the values "
-        "went bad; calls whose inputs were already bad are counted as `victims`. `first` is "
-        "null when every value is finite.",
+        description="Calls whose inputs were already bad are `victims`; `first` is null when "
+        "every value is finite.",
     ),
     Verb(
         "module-table",
@@ -774,11 +765,9 @@ VERBS: tuple[Verb, ...] = (
         method="GET",
         store=True,
         errors=("unknown_source", "corrupt_file", "unreadable", "corrupt_capture"),
-        description="Each row: module, call, class, depth, and per side `seconds` (the call, "
-        "children included, capture writes excluded), `self_seconds`, `in_dtypes`, "
-        "`out_dtypes`; with B: `dtype_differs` (where one side upcasts and the other does "
-        "not) and `time_ratio` (B/A own time). `summary` has totals, the slowest calls and "
-        "the first dtype difference in execution order.",
+        description="Per call and side: `seconds`, `self_seconds`, `in_dtypes`, `out_dtypes`; "
+        "with B `dtype_differs` and `time_ratio`; `summary`: totals, slowest calls, first "
+        "dtype difference.",
     ),
     Verb(
         "captures",
@@ -843,8 +832,7 @@ VERBS: tuple[Verb, ...] = (
         cli=False,  # the CLI streams it in-process with a progress bar (cli/compare_cmd.py)
         errors=("bad_input", "no_such_capture"),
         description="Names the first divergence: the module whose inputs agree and whose "
-        "outputs differ. `ok` true means everything agrees. Failing entries first, passing "
-        "entries only with passing=true.",
+        "outputs differ. Failing entries first; passing ones only with passing=true.",
     ),
     Verb(
         "weights",
@@ -855,8 +843,8 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "reference",
                 str,
-                "the reference's parameters: a capture made with --capture-weights (its name "
-                "or directory), a .safetensors/.npz/.pt file or a directory of them",
+                "the reference's parameters: a capture that saved its weights (name or "
+                "directory), a .safetensors/.npz/.pt file or a directory of them",
                 REQUIRED,
                 positional=True,
             ),
@@ -886,9 +874,8 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         store=True,
         errors=("bad_compare_input", "bad_weights_input", "bad_map", "unknown_source"),
-        description="Each reference parameter paired by name (after the map) and classified: "
-        "ok, dtype, never_loaded, layout (equal only through a wrong transpose), shape, values, "
-        "missing, extra, renamed (with proposed_map). `ok` false when any fails.",
+        description="Each parameter: ok, dtype, never_loaded, layout, shape, values, missing, "
+        "extra or renamed (with proposed_map).",
     ),
     Verb(
         "tensors",

@@ -50,7 +50,10 @@ Every answer is bounded: `truncated` and `next` say what was left out and which 
 gets it. Errors are JSON with a `code` and a `hint` naming the call that fixes them; any
 tool can answer bad_argument, too_long (a text over its maxLength), bad_session_name or
 daemon_unreachable; a session tool also unknown_session, session_ended, not_paused (it
-needs a paused script) or agent_timeout. Texts are at most 4096 characters
+needs a paused script) or agent_timeout; a tool that sets breakpoints (start, break,
+until, restart) the breakpoint errors: file_not_found, not_a_source_file, no_code_at_line
+(with nearest_lines), bad_condition, bad_hits, bad_log, ambiguous_file, no_such_function.
+Texts are at most 4096 characters
 unless a tool's schema says otherwise (maxLength). Session tools take `session` (default
 "default"): several sessions run at once under different names. Run-store tools (runs,
 checkpoints, captures, tensors, clean, compare) read the store of `session` if given,
@@ -317,6 +320,8 @@ def tool_description(verb: Verb) -> str:
     description += f". {verb.description}" if verb.description else ""
     shared = COMMON_ERRORS + (SESSION_ERRORS if verb.scope == "session" else ())
     own = [code for code in verb.all_errors if code not in shared]
+    if set(BREAKPOINT_ERRORS) <= set(own):  # listed once, in INSTRUCTIONS
+        own = [code for code in own if code not in BREAKPOINT_ERRORS] + ["the breakpoint errors"]
     if own:
         description += f" Errors: {', '.join(own)}."
     return mcp_terms(verb, description)
@@ -324,6 +329,8 @@ def tool_description(verb: Verb) -> str:
 
 COMMON_ERRORS = ("bad_argument", "too_long", "bad_session_name", "daemon_unreachable")
 SESSION_ERRORS = ("unknown_session", "session_ended", "not_paused", "agent_timeout")
+# what every tool that sets breakpoints (start, break, until, restart) may answer
+BREAKPOINT_ERRORS = tuple(code for code in verbs.BREAK_ERRORS if code not in SESSION_ERRORS)
 
 
 def build_server() -> MCPServer:

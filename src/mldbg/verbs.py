@@ -147,6 +147,13 @@ STORE_SESSION = Arg(
 RUN = Arg("run", str, "run id (or unique prefix), 'latest' (default) or a run directory")
 LIMIT_HELP = "at most this many items (the answer says how many there are in all)"
 OFFSET = Arg("offset", int, "skip this many items first (paging)", 0, minimum=0)
+# which checkpoint records a listing shows (checkpoints, compare-checkpoints)
+CHECKPOINT_FILTER = (
+    Arg("name", str, "only checkpoints with this name (a glob)"),
+    Arg("hit", int, "only the Nth hit of each name", minimum=1),
+    OFFSET,
+    Arg("limit", int, LIMIT_HELP, 20, minimum=1, maximum=1000),
+)
 
 BREAK_ERRORS = (
     "file_not_found",
@@ -677,10 +684,7 @@ VERBS: tuple[Verb, ...] = (
         R.Checkpoints,
         (
             RUN,
-            Arg("name", str, "only checkpoints with this name (a glob)"),
-            Arg("hit", int, "only the Nth hit of each name", minimum=1),
-            OFFSET,
-            Arg("limit", int, LIMIT_HELP, 20, minimum=1, maximum=1000),
+            *CHECKPOINT_FILTER,
             HOME,
             STORE_SESSION,
         ),
@@ -703,10 +707,7 @@ VERBS: tuple[Verb, ...] = (
                 positional=True,
             ),
             Arg("a", str, "this run (default: latest)", flag="--run"),
-            Arg("name", str, "only checkpoints with this name (a glob)"),
-            Arg("hit", int, "only the Nth hit of each name", minimum=1),
-            OFFSET,
-            Arg("limit", int, LIMIT_HELP, 20, minimum=1, maximum=1000),
+            *CHECKPOINT_FILTER,
             HOME,
             STORE_SESSION,
         ),

@@ -155,10 +155,7 @@ def _recording_class(
         except BaseException as exc:
             recorder.exit(seq, path, None, exc)
             raise
-        extra = None
-        if recorder.wants_sensitivity(seq):
-            found = measure_mlx(self, call, args, kwargs, output)
-            extra = None if found is None else {"sensitivity": found}
+        extra = recorder.sensitivity_of(seq, lambda: measure_mlx(self, call, args, kwargs, output))
         recorder.exit(seq, path, output, None, extra)
         return output
 

@@ -197,6 +197,21 @@ class Recorder:
             and seq not in self._below
         )
 
+    def sensitivity_of(
+        self, seq: int, measure: Callable[[], float | None]
+    ) -> dict[str, Any] | None:
+        """The return line's ``sensitivity`` field for call ``seq``: ``measure()`` (a re-run
+        of the call) when it is a leaf the capture measures, else None.  The re-run is the
+        capture's work, not the model's: its time is kept out of the call's ``seconds``."""
+        if not self.wants_sensitivity(seq):
+            return None
+        since = time.perf_counter()
+        try:
+            found = measure()
+        finally:
+            self._charge(since)
+        return None if found is None else {"sensitivity": found}
+
     def exit(
         self,
         seq: int,

@@ -173,10 +173,11 @@ def _hook(
         # an exception other than the one handled at entry is the forward's own.
         current = sys.exc_info()[1]
         error = current if output is None and current is not handled else None
-        extra = None
-        if error is None and recorder.wants_sensitivity(seq):
-            found = measure_torch(module, _args, _kwargs, output)
-            extra = None if found is None else {"sensitivity": found}
+        extra = (
+            None
+            if error is not None
+            else recorder.sensitivity_of(seq, lambda: measure_torch(module, _args, _kwargs, output))
+        )
         recorder.exit(seq, path, output, error, extra)
 
     # Under torch.compile the hooks run eagerly (a graph break), not traced: they write files.

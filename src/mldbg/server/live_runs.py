@@ -184,6 +184,8 @@ def _recover_one(entry: dict[str, Any]) -> dict[str, Any]:
             "ended_note": f"the mldbg daemon (pid {entry.get('daemon_pid')}) went away; {note}",
             "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        if not meta.get("run_id") and not run.path.name.startswith("."):
+            fields["run_id"] = run.run_id  # the daemon died between the rename and noting it
         try:
             meta = run.update_meta(**fields)
             writer = JsonlWriter(run.file("events.jsonl"))

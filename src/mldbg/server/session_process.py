@@ -170,11 +170,10 @@ class SessionProcess:
         stem = Path(script).stem if script else (req.module or "module").rsplit(".", 1)[-1]
         self.run = run
         try:
-            self.run = run = finalize_run_dir(run, stem, process.pid)
-            live_runs.register(self.name, process.pid, run.path)
-            self.events = JsonlWriter(run.file(EVENTS))
+            # What is known before the run gets its real name is written first, so a daemon
+            # killed between the rename and the next write still leaves a run.json that says
+            # when and what was started (the next daemon only adds how it ended).
             run.update_meta(
-                run_id=run.run_id,
                 session=self.name,
                 script=os.path.join(cwd, script) if script else None,
                 module=req.module,
@@ -186,6 +185,10 @@ class SessionProcess:
                 started_at=self.started_at,
                 mldbg_version=__version__,
             )
+            self.run = run = finalize_run_dir(run, stem, process.pid)
+            live_runs.register(self.name, process.pid, run.path)
+            self.events = JsonlWriter(run.file(EVENTS))
+            run.update_meta(run_id=run.run_id)
         except OSError as exc:  # a full disk, or the store taken away: stop, and say so
             self._abort_start()
             raise StartFailed(

@@ -112,7 +112,7 @@ def test_an_oversized_message_from_the_debuggee_cuts_the_link_with_a_reason(
     link = collector.links[0]
     closed = threading.Event()
     link.start(lambda message: None, closed.set)
-    pending = link.send("eval", {"expression": "x"})
+    pending = link.send(P.EVAL, {"expression": "x"})
     with pytest.raises(OSError):
         for _ in range(P.MAX_LINE // (1 << 20) + 64):
             sock.sendall(b"z" * (1 << 20))

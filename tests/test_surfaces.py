@@ -25,9 +25,12 @@ from mldbg.cli.client import Client
 from mldbg.server import handlers
 
 
-def test_every_verb_has_a_handler_and_a_renderer() -> None:
+def test_every_verb_has_a_handler_and_prints_for_a_person() -> None:
     assert handlers.missing_handlers() == []
-    assert set(render.RENDERERS) >= {v.name for v in verbs.VERBS}
+    assert set(render.RENDERERS) <= {v.name for v in verbs.VERBS}  # no renderer of no verb
+    # a verb without a renderer of its own prints its answer as JSON, nothing lost
+    text = render.to_text("a-verb-without-a-renderer", {"answer": [1, 2], "note": "[b]x[/b]"})
+    assert json.loads(text) == {"answer": [1, 2], "note": "[b]x[/b]"}
 
 
 def test_every_verb_is_a_rest_route_with_its_errors(api: Api) -> None:

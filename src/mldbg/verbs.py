@@ -10,7 +10,9 @@ answer.  Everything else derives from this table:
 * the typed client's argument checks (``cli/client.py``).
 
 Adding a verb = one ``Verb(...)`` here + one handler in ``server/handlers.py`` (+ a
-renderer in ``cli/render.py`` for the human form).  This module is imported by the CLI on
+renderer in ``cli/render.py`` for the human form); a verb that reaches the debugged
+process and only passes its arguments on names its agent command (``agent=P.X``) instead
+of a handler, and the agent serves it (``docs/architecture.md``, "Adding a verb").  This module is imported by the CLI on
 every call, so it imports nothing heavier than ``typing``.
 """
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import results as R
+from .agent import protocol as P
 
 REQUIRED: Any = ...  # marks an argument without a default
 
@@ -101,6 +104,9 @@ class Verb:
     mcp: bool = True
     cli_aliases: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    # The agent command this verb only passes its arguments on to (same names, see
+    # ``agent/protocol.py``): the daemon's handler for it is generated, not written.
+    agent: P.AgentCommand[Any, Any] | None = None
 
     @property
     def path(self) -> str:
@@ -399,6 +405,7 @@ VERBS: tuple[Verb, ...] = (
         R.Breakpoints,
         method="GET",
         legacy_routes=(("GET", "breakpoints"),),
+        agent=P.BREAKS,
         errors=("session_ended",),
     ),
     Verb(
@@ -481,6 +488,7 @@ VERBS: tuple[Verb, ...] = (
             Arg("all", bool, "include library frames (torch, transformers, the stdlib)", False),
         ),
         method="GET",
+        agent=P.STACK,
         errors=PAUSED_ERRORS,
     ),
     Verb(
@@ -488,6 +496,7 @@ VERBS: tuple[Verb, ...] = (
         "select frame N for vars and eval",
         R.FrameSelected,
         (Arg("index", int, "frame number from stack", REQUIRED, minimum=0, positional=True),),
+        agent=P.FRAME,
         errors=(*PAUSED_ERRORS, "no_such_frame"),
     ),
     Verb(
@@ -516,6 +525,7 @@ VERBS: tuple[Verb, ...] = (
         ),
         method="GET",
         legacy_routes=(("GET", "variables"),),
+        agent=P.VARS,
         errors=PAUSED_ERRORS,
     ),
     Verb(
@@ -618,6 +628,7 @@ VERBS: tuple[Verb, ...] = (
         "the script's threads: id, name, where each is, and whether it is paused",
         R.Threads,
         method="GET",
+        agent=P.THREADS,
         errors=("session_ended",),
     ),
     Verb(

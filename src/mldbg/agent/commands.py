@@ -28,9 +28,13 @@ from .wire import reply
 
 
 class CommandServer:
+    """The reader thread's end of the link: checks each command against its declaration
+    (``protocol.COMMANDS``), queues the paused ones, serves the rest (``@serves``)."""
+
     def __init__(self, debugger: Debugger) -> None:
         self.debugger = debugger
         self.wire = debugger.wire
+        self.handlers = P.handlers_of(self)  # the reader thread's commands, by name
 
     def serve(self, on_run: threading.Event, config: dict[str, Any]) -> None:
         """Read commands until the daemon goes; ``on_run`` is set when the script may start."""
@@ -42,8 +46,22 @@ class CommandServer:
                 debugger.detach()
                 on_run.set()
                 return
-            cmd = message.get("cmd", "")
-            if cmd in P.PAUSED_COMMANDS:
+            cmd = str(message.get("cmd", ""))
+            command = P.COMMANDS.get(cmd)
+            args = message.get("args") or {}
+            problem = (
+                f"unknown command {cmd!r}"
+                if command is None
+                else None
+                if isinstance(args, dict)
+                else f"{cmd}: the arguments must be an object"
+            )
+            if command is not None and problem is None:
+                problem = command.check(args)
+            if command is None or problem is not None:
+                reply(self.wire, message, False, problem, None, "bad_argument")
+                continue
+            if command.paused:
                 paused = debugger.target()
                 if paused is None:
                     reply(
@@ -57,27 +75,24 @@ class CommandServer:
                 else:
                     paused.queue.put(message)
                 continue
-            handler = getattr(self, f"cmd_{cmd}", None)
-            if handler is None:
-                reply(self.wire, message, False, f"unknown command {cmd!r}", None, "bad_argument")
-                continue
             try:
-                result = handler(**(message.get("args") or {}))
+                result = self.handlers[cmd](**args)
             except (BreakpointError, CommandError) as exc:
                 reply(self.wire, message, False, str(exc), exc.extra, exc.code)
-            except TypeError as exc:  # arguments the command does not take
+            except TypeError as exc:  # an argument of the wrong type
                 reply(self.wire, message, False, f"{cmd}: {exc}", None, "bad_argument")
             except Exception as exc:
                 text = f"internal error in {cmd}: {type(exc).__name__}: {exc}"
                 reply(self.wire, message, False, text[:2000], None, "internal")
             else:
                 reply(self.wire, message, True, result)
-                if cmd == P.RUN:
-                    config.update(message.get("args") or {})
+                if command is P.RUN:
+                    config.update(args)
                     on_run.set()
 
     # -- commands -----------------------------------------------------------------------------
 
+    @P.serves(P.CONFIGURE)
     def cmd_configure(
         self,
         breakpoints: list[dict[str, Any]] | None = None,
@@ -97,9 +112,11 @@ class CommandServer:
         self.debugger.arm_tripwire()
         return {"breakpoints": [item.to_json() for item in made]}
 
+    @P.serves(P.RUN)
     def cmd_run(self, **_: Any) -> dict[str, Any]:
         return {"running": True}
 
+    @P.serves(P.BREAK)
     def cmd_break(self, **spec: Any) -> dict[str, Any]:
         temporary = bool(spec.pop("temporary", False))
         item = self._build(spec)
@@ -114,6 +131,7 @@ class CommandServer:
         self.debugger.arm_tripwire()
         return item.to_json()
 
+    @P.serves(P.REMOVE)
     def cmd_remove(
         self,
         file: str | None = None,
@@ -139,24 +157,29 @@ class CommandServer:
         self.debugger.backend.breakpoints_changed()
         return bp.to_json()
 
+    @P.serves(P.CLEAR)
     def cmd_clear(self) -> dict[str, Any]:
         removed = self.debugger.breakpoints.clear()
         self.debugger.backend.breakpoints_changed()
         self.debugger.arm_tripwire()
         return {"removed": removed}
 
+    @P.serves(P.BREAKS)
     def cmd_breaks(self) -> dict[str, Any]:
         table = self.debugger.breakpoints
         items = [item.to_json() for item in table.everything()]
         return {"breakpoints": items, "watches": self.debugger.watches.listing()}
 
+    @P.serves(P.PAUSE)
     def cmd_pause(self) -> dict[str, Any]:
         return self.debugger.request_pause()
 
+    @P.serves(P.WATCH)
     def cmd_watch(self, expression: str) -> dict[str, Any]:
         item = self.debugger.watches.add(expression)
         return {"watch": item.to_json(), "watches": self.debugger.watches.listing()}
 
+    @P.serves(P.UNWATCH)
     def cmd_unwatch(self, id: int | None = None, expression: str | None = None) -> dict[str, Any]:
         gone = self.debugger.watches.remove(id, expression)
         return {
@@ -164,9 +187,11 @@ class CommandServer:
             "watches": self.debugger.watches.listing(),
         }
 
+    @P.serves(P.THREADS)
     def cmd_threads(self) -> dict[str, Any]:
         return self.debugger.threads()
 
+    @P.serves(P.THREAD)
     def cmd_thread(self, number: int) -> dict[str, Any]:
         return self.debugger.select_thread(number)
 

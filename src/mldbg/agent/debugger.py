@@ -410,9 +410,9 @@ class Debugger(ThreadHolding):
         self.freezing = False
         paused = self.paused
         if paused is not None:
-            paused.queue.put({"cmd": "__detach__"})
+            paused.queue.put({"cmd": P.DETACH})
         for held in list(self.held.values()):
-            held.queue.put({"cmd": "__detach__"})
+            held.queue.put({"cmd": P.DETACH})
         self.backend.refresh()
 
 

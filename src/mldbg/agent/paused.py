@@ -142,6 +142,7 @@ class PausedThread:
         self.guard = Interruptible()
         self.watch_values: list[dict[str, Any]] = []
         self.resumed = False  # told to go on: a pause from now on is for the next stop
+        self.handlers = P.handlers_of(self)  # the paused commands, by name
 
     # -- state ------------------------------------------------------------------------------
 
@@ -159,6 +160,7 @@ class PausedThread:
             "memory": memory.snapshot(),  # MLX / torch allocators and the process, at this stop
         }
 
+    @P.serves(P.WATCH_VALUES)
     def cmd_watch_values(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         """The watch expressions' values in the selected frame now (a watch set while paused)."""
         values = []
@@ -201,25 +203,25 @@ class PausedThread:
         """Answer commands until one resumes the thread; ``respond(msg, ok, result)`` replies."""
         while True:
             message = self.queue.get()
-            if message.get("cmd") == "__detach__":
+            cmd = str(message.get("cmd", ""))
+            if cmd == P.DETACH:
                 return Resume()
-            if message.get("cmd") == "__release__":
+            if cmd == P.RELEASE:
                 return Resume(released=True)
-            cmd = message.get("cmd", "")
             args = message.get("args") or {}
             try:
-                if cmd == P.CONTINUE:
+                if cmd == P.CONTINUE.name:
                     self.resumed = True
                     respond(message, True, {"resumed": True})
                     return Resume()
-                if cmd == P.STEP:
+                if cmd == P.STEP.name:
                     kind = args.get("kind", "over")
                     if kind not in P.STEP_KINDS:
                         raise CommandError(f"unknown step kind {kind!r}: use over, into or out")
                     self.resumed = True
                     respond(message, True, {"resumed": True})
                     return Resume(kind, bool(args.get("into_libraries")))
-                result = getattr(self, f"cmd_{cmd}")(**args)
+                result = self.handlers[cmd](**args)
             except CommandError as exc:
                 respond(message, False, str(exc), exc.extra, exc.code)
             except EvalError as exc:
@@ -242,7 +244,7 @@ class PausedThread:
                 message = self.queue.get_nowait()
             except queue.Empty:
                 return
-            if message.get("cmd") not in ("__detach__", "__release__"):
+            if message.get("cmd") not in (P.DETACH, P.RELEASE):
                 respond(
                     message,
                     False,
@@ -253,9 +255,11 @@ class PausedThread:
 
     # -- commands ---------------------------------------------------------------------------
 
+    @P.serves(P.LOCATION)
     def cmd_location(self) -> dict[str, Any]:
         return self.state()
 
+    @P.serves(P.STACK)
     def cmd_stack(self, limit: int = 30, all: bool = False) -> dict[str, Any]:
         """Frames innermost first; library frames hidden unless ``all`` (indices stay true)."""
         frames: list[dict[str, Any]] = []
@@ -281,6 +285,7 @@ class PausedThread:
             result["next"] = {"verb": "stack", "args": {"limit": min(total, 1000), "all": all}}
         return result
 
+    @P.serves(P.FRAME)
     def cmd_frame(self, index: int | None = None, move: int = 0) -> dict[str, Any]:
         target = self.selected + int(move) if index is None else int(index)
         note = None
@@ -314,6 +319,7 @@ class PausedThread:
             result["clamped"] = True
         return result
 
+    @P.serves(P.VARS)
     def cmd_vars(
         self, all: bool = False, filter: str | None = None, offset: int = 0, limit: int = 50
     ) -> dict[str, Any]:
@@ -354,6 +360,7 @@ class PausedThread:
             result["next"] = {"verb": "vars", "args": {k: v for k, v in args.items() if v}}
         return result
 
+    @P.serves(P.EVAL)
     def cmd_eval(
         self, expression: str, timeout: float | None = 30.0, export: str | None = None
     ) -> dict[str, Any]:

@@ -3,39 +3,251 @@
 JSON lines over one loopback socket per process.  The debuggee connects back, sends
 ``PREAMBLE`` with the session's secret, then ``Hello``; then the daemon sends
 ``Command`` objects and the agent answers each with a ``Reply``, and sends ``Event``
-objects unprompted.  Command names are the verbs' names (``verbs.py``) wherever a verb
-maps onto one command.
+objects unprompted.
+
+Every command is declared once here, as an :class:`AgentCommand` with its arguments'
+TypedDict and its result type: the daemon sends the declaration itself (the type checker
+follows the types from the verb's handler to the wire), the agent checks the arguments
+against it and serves it with the one method marked ``@serves`` for it.  Command names
+are the verbs' names (``verbs.py``) wherever a verb maps onto one command, and a verb
+that only passes its arguments on says so in the verb table (``Verb.agent``): the daemon
+then needs no handler of its own for it.
 
 Standard library only: the debuggee imports this.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, cast
 
-# Commands the agent serves on its reader thread, at any time.
-CONFIGURE = "configure"  # the start-up breakpoints, before anything runs
-RUN = "run"  # start the script
-BREAK = "break"
-REMOVE = "remove"
-CLEAR = "clear"
-BREAKS = "breaks"
-PAUSE = "pause"
-WATCH = "watch"  # add a watch expression
-UNWATCH = "unwatch"
-THREADS = "threads"  # list the script's threads
-THREAD = "thread"  # select a stopped thread for the paused commands
+if TYPE_CHECKING:  # the result shapes: for the type checker (the agent never imports them)
+    from .. import results as R
 
-# Commands only a paused thread can serve: the reader thread queues them to it.
-CONTINUE = "continue"
-STEP = "step"
-STACK = "stack"
-FRAME = "frame"
-VARS = "vars"
-EVAL = "eval"
-LOCATION = "location"
-WATCH_VALUES = "watch_values"  # evaluate the watch expressions now, in the selected frame
-PAUSED_COMMANDS = frozenset({CONTINUE, STEP, STACK, FRAME, VARS, EVAL, LOCATION, WATCH_VALUES})
+A = TypeVar("A")  # a command's arguments: a TypedDict below
+R_ = TypeVar("R_")  # its result: a TypedDict of ``results.py``
+
+
+class Requester(Protocol):
+    """What sends a command and waits for its answer: the daemon's link to one process
+    (``AgentLink``), or a session (which also checks that it is paused, and passes
+    breakpoint edits on to the script's children)."""
+
+    def ask(
+        self,
+        command: AgentCommand[Any, Any],
+        args: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AgentCommand(Generic[A, R_]):
+    """One command of the link: its name on the wire, its arguments, where it is served.
+
+    Declared once, below.  The daemon sends one with ``P.BREAK.call(session, args)``: the
+    type checker holds ``args`` to ``A`` and the answer to ``R_``; the agent checks the
+    arguments against ``args`` and serves the command with the one method marked
+    ``@serves(P.BREAK)``.  ``paused`` commands are served by the paused thread itself
+    (they read its frames); the others by the reader thread at any time (they only edit
+    the debugger's tables).
+    """
+
+    name: str
+    args: type[A]
+    paused: bool = False
+    resumes: bool = False  # continue / step: answered, then the thread runs on
+
+    def call(self, via: Requester, args: A | None = None, timeout: float | None = None) -> R_:
+        """Send this command through ``via`` and return its answer (or raise its error)."""
+        answer: R_ = via.ask(self, cast("Mapping[str, Any] | None", args), timeout)
+        return answer
+
+    def check(self, args: dict[str, Any]) -> str | None:
+        """What is wrong with ``args`` for this command (unknown or missing keys), or None."""
+        known = self.args.__annotations__
+        unknown = sorted(set(args) - set(known))
+        if unknown:
+            return f"{self.name} takes no argument {unknown[0]!r} (it takes {sorted(known)})"
+        required: frozenset[str] = getattr(self.args, "__required_keys__", frozenset())
+        missing = sorted(k for k in required if k not in args)
+        if missing:
+            return f"{self.name} needs the argument {missing[0]!r}"
+        return None
+
+
+Handler = Callable[..., Any]
+F = TypeVar("F", bound=Handler)
+
+
+def serves(command: AgentCommand[Any, Any]) -> Callable[[F], F]:
+    """Mark the agent method that serves ``command`` (collected by :func:`handlers_of`)."""
+
+    def mark(fn: F) -> F:
+        fn.__agent_command__ = command  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def handlers_of(server: object) -> dict[str, Handler]:
+    """The ``@serves`` methods of an object, by command name: its dispatch table."""
+    names = _SERVED.get(type(server))
+    if names is None:
+        names = {}
+        for attribute in dir(type(server)):
+            command = getattr(getattr(type(server), attribute), "__agent_command__", None)
+            if isinstance(command, AgentCommand):
+                names[command.name] = attribute
+        _SERVED[type(server)] = names
+    return {command: getattr(server, attribute) for command, attribute in names.items()}
+
+
+_SERVED: dict[type, dict[str, str]] = {}  # per class: command name -> method name
+
+
+# -- arguments --------------------------------------------------------------------------------
+
+
+class NoArgs(TypedDict):
+    pass
+
+
+class ConfigureArgs(TypedDict, total=False):
+    breakpoints: list[dict[str, Any]]  # each one BreakArgs
+    watches: list[str]
+    main_file: str | None
+
+
+class RunArgs(TypedDict, total=False):
+    stop_on_entry: bool
+    run_dir: str
+    follow: bool  # debug the script's child processes too
+
+
+class BreakArgs(TypedDict, total=False):
+    """Every kind of breakpoint: a line (file, line), a function, an exception (raised /
+    uncaught / exception + types), a checkpoint filter, the non-finite tripwire."""
+
+    file: str | None
+    line: int | None
+    condition: str | None
+    hits: str | None
+    log: str | None
+    checkpoint: str | None
+    function: str | None
+    raised: list[str] | None
+    uncaught: bool | None
+    exception: str | None
+    types: list[str] | None
+    this_thread: bool
+    temporary: bool  # until's one-shot breakpoint
+    nonfinite: bool
+    max_abs: float | None
+    subnormal: bool
+    id: int  # as ``breaks`` lists it (restart and children copy those)
+    hit_count: int
+    pending: bool
+
+
+class RemoveArgs(TypedDict, total=False):
+    file: str | None
+    line: int | None
+    checkpoint: str | None
+    id: int | None
+
+
+class _Expression(TypedDict):
+    expression: str
+
+
+class WatchArgs(_Expression):
+    pass
+
+
+class UnwatchArgs(TypedDict, total=False):
+    id: int | None
+    expression: str | None
+
+
+class ThreadArgs(TypedDict):
+    number: int
+
+
+class StepArgs(TypedDict, total=False):
+    kind: str  # over | into | out (STEP_KINDS)
+    into_libraries: bool
+
+
+class StackArgs(TypedDict, total=False):
+    limit: int
+    all: bool
+
+
+class FrameArgs(TypedDict, total=False):
+    index: int | None
+    move: int
+
+
+class VarsArgs(TypedDict, total=False):
+    all: bool
+    filter: str | None
+    offset: int
+    limit: int
+
+
+class EvalArgs(_Expression, total=False):
+    timeout: float | None
+    export: str | None  # also write the value to this .npy path (eval --against)
+
+
+class WatchValuesArgs(TypedDict):
+    items: list[dict[str, Any]]  # {"id", "expression"} as ``breaks`` lists the watches
+
+
+# -- the commands: the one table both ends use --------------------------------------------------
+
+# Served on the agent's reader thread, at any time.
+CONFIGURE: AgentCommand[ConfigureArgs, R.Breakpoints] = AgentCommand("configure", ConfigureArgs)
+RUN: AgentCommand[RunArgs, dict[str, bool]] = AgentCommand("run", RunArgs)  # start the script
+BREAK: AgentCommand[BreakArgs, R.BreakpointInfo] = AgentCommand("break", BreakArgs)
+REMOVE: AgentCommand[RemoveArgs, R.BreakpointInfo] = AgentCommand("remove", RemoveArgs)
+CLEAR: AgentCommand[NoArgs, R.Removed] = AgentCommand("clear", NoArgs)
+BREAKS: AgentCommand[NoArgs, R.Breakpoints] = AgentCommand("breaks", NoArgs)
+PAUSE: AgentCommand[NoArgs, dict[str, bool]] = AgentCommand("pause", NoArgs)
+WATCH: AgentCommand[WatchArgs, R.Watches] = AgentCommand("watch", WatchArgs)
+UNWATCH: AgentCommand[UnwatchArgs, R.Watches] = AgentCommand("unwatch", UnwatchArgs)
+THREADS: AgentCommand[NoArgs, R.Threads] = AgentCommand("threads", NoArgs)
+THREAD: AgentCommand[ThreadArgs, R.State] = AgentCommand("thread", ThreadArgs)  # select one
+
+# Served only by a paused thread: the reader thread queues them to it.
+CONTINUE: AgentCommand[NoArgs, dict[str, bool]] = AgentCommand(
+    "continue", NoArgs, paused=True, resumes=True
+)
+STEP: AgentCommand[StepArgs, dict[str, bool]] = AgentCommand(
+    "step", StepArgs, paused=True, resumes=True
+)
+STACK: AgentCommand[StackArgs, R.Stack] = AgentCommand("stack", StackArgs, paused=True)
+FRAME: AgentCommand[FrameArgs, R.FrameSelected] = AgentCommand("frame", FrameArgs, paused=True)
+VARS: AgentCommand[VarsArgs, R.Variables] = AgentCommand("vars", VarsArgs, paused=True)
+EVAL: AgentCommand[EvalArgs, R.Evaluation] = AgentCommand("eval", EvalArgs, paused=True)
+LOCATION: AgentCommand[NoArgs, R.State] = AgentCommand("location", NoArgs, paused=True)
+# the watch expressions' values in the selected frame now
+WATCH_VALUES: AgentCommand[WatchValuesArgs, R.Watches] = AgentCommand(
+    "watch_values", WatchValuesArgs, paused=True
+)
+
+COMMANDS: dict[str, AgentCommand[Any, Any]] = {
+    c.name: c
+    for c in (
+        CONFIGURE, RUN, BREAK, REMOVE, CLEAR, BREAKS, PAUSE, WATCH, UNWATCH, THREADS, THREAD,
+        CONTINUE, STEP, STACK, FRAME, VARS, EVAL, LOCATION, WATCH_VALUES,
+    )
+}  # fmt: skip
+# Messages the agent puts on a paused thread's own queue (never sent over the wire).
+DETACH = "__detach__"  # the daemon is gone: run on untraced
+RELEASE = "__release__"  # another thread was selected: let this held one go
 
 STEP_KINDS = ("over", "into", "out")
 
@@ -77,6 +289,8 @@ class Hello(TypedDict, total=False):
 
 
 class Command(TypedDict):
+    """A command on the wire: ``cmd`` is an :class:`AgentCommand`'s name."""
+
     id: int
     cmd: str
     args: dict[str, Any]

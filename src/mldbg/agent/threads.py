@@ -22,6 +22,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from . import protocol as P
 from .paths import canonical_code_file, is_library_file, is_mldbg_file
 from .paused import CommandError, PausedThread, frames_from_stack
 from .stepping import StepRequest
@@ -174,13 +175,13 @@ class ThreadHolding:
         """A held thread was told to go on: the thread that stopped goes on too."""
         stopped = self.paused
         if stopped is not None:
-            stopped.queue.put({"cmd": "__release__"})
+            stopped.queue.put({"cmd": P.RELEASE})
 
     def _release_held(self) -> None:
         self.freezing = False
         self.selected_thread = None
         for held in list(self.held.values()):
-            held.queue.put({"cmd": "__release__"})
+            held.queue.put({"cmd": P.RELEASE})
 
     def target(self) -> PausedThread | None:
         """The stopped thread commands go to: the selected one, else the one that stopped."""

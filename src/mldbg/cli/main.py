@@ -502,7 +502,7 @@ def _main(argv: list[str], as_json: bool) -> int:
     else:
         from . import render
 
-        render.RENDERERS[verb.name](data)
+        render.show(verb.name, data)
     return 0
 
 

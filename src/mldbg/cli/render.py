@@ -608,7 +608,17 @@ def weight_audit(data: dict[str, Any]) -> None:
         out.print(f"({data.get('total')} problems in all: --limit N to see more)")
 
 
-# verb name -> how its answer looks to a person; a test checks every verb has one
+def plain(data: Any) -> None:
+    """A verb without a renderer of its own: its answer as indented JSON."""
+    out.print(escape(json.dumps(data, indent=2, default=str)))
+
+
+def show(verb: str, data: Any) -> None:
+    """Print a verb's answer for a person (its renderer, else :func:`plain`)."""
+    RENDERERS.get(verb, plain)(data)
+
+
+# verb name -> how its answer looks to a person (a verb missing here prints as JSON)
 RENDERERS = {
     "start": state,
     "break": breakpoint_set,
@@ -654,5 +664,5 @@ RENDERERS = {
 def to_text(verb: str, data: Any, width: int = 120) -> str:
     """What ``mldbg VERB`` would print, as plain text (for MCP's text content)."""
     with captured(width) as buffer:
-        RENDERERS[verb](data)
+        show(verb, data)
     return buffer.getvalue().rstrip("\n")

@@ -24,7 +24,7 @@ import secrets
 import socket
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -262,14 +262,17 @@ class AgentLink:
                 self._sock.close()
             self._on_close()
 
-    def send(self, cmd: str, args: dict[str, Any] | None = None) -> Future[dict[str, Any]]:
+    def send(
+        self, command: P.AgentCommand[Any, Any], args: Mapping[str, Any] | None = None
+    ) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
         if self.closed:
             future.set_exception(SessionEnded("the script is no longer running"))
             return future
         request_id = next(self._ids)
         self._pending[request_id] = future
-        data = (json.dumps({"id": request_id, "cmd": cmd, "args": args or {}}) + "\n").encode()
+        message = {"id": request_id, "cmd": command.name, "args": dict(args or {})}
+        data = (json.dumps(message) + "\n").encode()
         try:
             with self._send_lock:
                 self._sock.sendall(data)
@@ -278,14 +281,21 @@ class AgentLink:
             future.set_exception(SessionEnded("the script is no longer running"))
         return future
 
-    def request(self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
-        """Send a command and return its result, or raise what the agent said."""
-        future = self.send(cmd, args)
+    def ask(
+        self,
+        command: P.AgentCommand[Any, Any],
+        args: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Send a command and return its result, or raise what the agent said (typed
+        callers go through ``command.call(link, args)``)."""
+        timeout = 30.0 if timeout is None else timeout
+        future = self.send(command, args)
         try:
             reply = future.result(timeout)
         except FutureTimeout:
             raise AgentTimeout(
-                f"the script did not answer {cmd!r} within {timeout:.0f} s "
+                f"the script did not answer {command.name!r} within {timeout:.0f} s "
                 "(a long evaluation is still running on the paused thread)"
             ) from None
         if not reply.get("ok"):

@@ -29,8 +29,11 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
+from .. import results as R
+from ..agent import protocol as P
 from ..agent.protocol import DETACHED_FILE
 from ..errors import AgentError
 from ..names import is_session_name
@@ -129,18 +132,18 @@ class Family:
         specs = self._current_breakpoints() if ask_root else list(self.last_breakpoints)
         try:
             try:
-                link.request("configure", {"breakpoints": specs}, CONFIGURE_TIMEOUT)
+                P.CONFIGURE.call(link, {"breakpoints": specs}, CONFIGURE_TIMEOUT)
             except AgentError:  # one it cannot take (a file it cannot see): each on its own
                 for spec in specs:
                     try:
-                        link.request("break", spec, CONFIGURE_TIMEOUT)
+                        P.BREAK.call(link, cast("P.BreakArgs", spec), CONFIGURE_TIMEOUT)
                     except AgentError as exc:
                         child.log_event(
                             "child_breakpoint_refused", **spec, error=str(exc.message)[:2000]
                         )
-            run_dir = str(self.root.run.path) if self.root.run is not None else None
-            link.request(
-                "run",
+            run_dir = str(self.root.run.path) if self.root.run is not None else ""
+            P.RUN.call(
+                link,
                 {"stop_on_entry": False, "run_dir": run_dir, "follow": True},
                 CONFIGURE_TIMEOUT,
             )
@@ -158,20 +161,20 @@ class Family:
         link = self.root.link
         if link is not None and not link.closed and not self.root.ended:
             try:
-                items = link.request("breaks", None, CONFIGURE_TIMEOUT).get("breakpoints", [])
+                items = P.BREAKS.call(link, None, CONFIGURE_TIMEOUT).get("breakpoints", [])
                 self.last_breakpoints = [_spec(item) for item in items]
             except Exception:
                 pass
 
     # -- the family as a whole ---------------------------------------------------------------
 
-    def broadcast(self, cmd: str, args: dict[str, Any] | None) -> None:
+    def broadcast(self, command: P.AgentCommand[Any, Any], args: Mapping[str, Any] | None) -> None:
         """A breakpoint edit on the root reaches every connected child before the verb
         answers (so a child cannot run past a breakpoint the user already saw set); a
         child that does not answer within ``BROADCAST_WAIT`` is not waited for, and a
         child's refusal (a file it cannot see) does not fail the root's edit."""
         sent = [
-            child.link.send(cmd, args)
+            child.link.send(command, args)
             for child in self.live_children()
             if child.link is not None and not child.link.closed
         ]
@@ -246,9 +249,9 @@ class ChildSession(Session):
     # -- events ------------------------------------------------------------------------------
 
     def on_event(self, message: dict[str, Any]) -> None:
-        if message.get("event") == "finished" and isinstance(message.get("exit_code"), int):
+        if message.get("event") == P.FINISHED and isinstance(message.get("exit_code"), int):
             self.exit_code = message["exit_code"]
-        if message.get("event") == "stopped" and not self.listed:
+        if message.get("event") == P.STOPPED and not self.listed:
             self.listed = True
             self.family_of.register(self)
         self._on_event(message)
@@ -371,7 +374,7 @@ def kill_tree(pids: list[int], grace: float = KILL_GRACE) -> None:
             time.sleep(0.05)
 
 
-def _spec(item: dict[str, Any]) -> dict[str, Any]:
+def _spec(item: R.BreakpointInfo) -> dict[str, Any]:
     """A breakpoint as the agent lists it, back into what ``configure`` takes."""
     keys = ("checkpoint", "condition") if item.get("checkpoint") else _SPEC_KEYS
     return {k: item.get(k) for k in keys if item.get(k) is not None}

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from .. import budget, verbs
+from ..agent import protocol as P
 from ..errors import MldbgError
 from .sessions import SessionManager, StartRequest
 
@@ -97,25 +98,25 @@ def classic_router(manager: SessionManager) -> APIRouter:
 
     @router.post("/breakpoint")
     def breakpoint(body: ClassicBreakpoint) -> JSONResponse:
-        spec = {"file": body.file_path, "line": body.line, "condition": body.condition}
-        return _envelope("breakpoint set", lambda: default().command("break", spec))
+        spec: P.BreakArgs = {"file": body.file_path, "line": body.line, "condition": body.condition}
+        return _envelope("breakpoint set", lambda: P.BREAK.call(default(), spec))
 
     @router.post("/breakpoint/remove")
     def remove(body: ClassicBreakpoint) -> JSONResponse:
-        spec = {"file": body.file_path, "line": body.line}
-        return _envelope("breakpoint removed", lambda: default().command("remove", spec))
+        spec: P.RemoveArgs = {"file": body.file_path, "line": body.line}
+        return _envelope("breakpoint removed", lambda: P.REMOVE.call(default(), spec))
 
     @router.get("/breakpoints")
     def breakpoints() -> JSONResponse:
-        return _envelope("breakpoints", lambda: default().command("breaks"))
+        return _envelope("breakpoints", lambda: P.BREAKS.call(default()))
 
     @router.post("/breakpoints/clear")
     def clear() -> JSONResponse:
-        return _envelope("breakpoints cleared", lambda: default().command("clear"))
+        return _envelope("breakpoints cleared", lambda: P.CLEAR.call(default()))
 
     @router.post("/continue_async")
     def continue_async() -> JSONResponse:
-        return _envelope("continued", lambda: default().resume("continue", None, 0.0))
+        return _envelope("continued", lambda: default().resume(P.CONTINUE, None, 0.0))
 
     @router.post("/step/{kind}")
     def step(kind: str) -> JSONResponse:
@@ -126,7 +127,7 @@ def classic_router(manager: SessionManager) -> APIRouter:
                     code="bad_step",
                     status=404,
                 )
-            return default().resume("step", {"kind": kind}, STEP_WAIT)
+            return default().resume(P.STEP, {"kind": kind}, STEP_WAIT)
 
         return _envelope(f"stepped {kind}", run)
 
@@ -136,7 +137,7 @@ def classic_router(manager: SessionManager) -> APIRouter:
 
     @router.get("/location")
     def location() -> JSONResponse:
-        return _envelope("location", lambda: default().paused_command("location"))
+        return _envelope("location", lambda: P.LOCATION.call(default()))
 
     @router.get("/status")
     def status() -> JSONResponse:
@@ -144,7 +145,7 @@ def classic_router(manager: SessionManager) -> APIRouter:
 
     @router.get("/variables")
     def variables() -> JSONResponse:
-        return _envelope("variables", lambda: default().paused_command("vars", {"all": False}))
+        return _envelope("variables", lambda: P.VARS.call(default(), {"all": False}))
 
     @router.post("/terminate")
     def terminate() -> JSONResponse:

@@ -12,12 +12,13 @@ import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .. import store_queries
+from ..agent import protocol as P
 from ..errors import MldbgError
 from ..runs import clean_runs, mldbg_home
-from ..verbs import BY_NAME, fix
+from ..verbs import BY_NAME, VERBS, fix
 from .sessions import Session, SessionManager, StartRequest
 
 Handler = Callable[[SessionManager, "str | None", dict[str, Any]], Any]
@@ -152,13 +153,13 @@ def wait(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 @handles("continue")
 def continue_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     wait = 0.0 if a.get("no_wait") else _bounded(a.get("wait"))
-    return _session(manager, name).resume("continue", None, wait)
+    return _session(manager, name).resume(P.CONTINUE, None, wait)
 
 
 @handles("step")
 def step(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     args = {"kind": a.get("kind") or "over", "into_libraries": bool(a.get("into_libraries"))}
-    return _session(manager, name).resume("step", args, _bounded(a.get("wait")))
+    return _session(manager, name).resume(P.STEP, args, _bounded(a.get("wait")))
 
 
 @handles("pause")
@@ -169,40 +170,17 @@ def pause(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 @handles("location")
 def location(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     s = _session(manager, name)
-    result: dict[str, Any] = s.paused_command("location")
-    return {**s.snapshot(), **result}
-
-
-@handles("stack")
-def stack(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
-    args = {"limit": a.get("limit") or 30, "all": bool(a.get("all"))}
-    return _session(manager, name).paused_command("stack", args)
-
-
-@handles("frame")
-def frame(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
-    return _session(manager, name).paused_command("frame", {"index": a.get("index")})
+    return {**s.snapshot(), **P.LOCATION.call(s)}
 
 
 @handles("up")
 def up(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
-    return _session(manager, name).paused_command("frame", {"move": a.get("count") or 1})
+    return P.FRAME.call(_session(manager, name), {"move": a.get("count") or 1})
 
 
 @handles("down")
 def down(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
-    return _session(manager, name).paused_command("frame", {"move": -(a.get("count") or 1)})
-
-
-@handles("vars")
-def vars_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
-    args = {
-        "all": bool(a.get("all")),
-        "filter": a.get("filter"),
-        "offset": a.get("offset") or 0,
-        "limit": a.get("limit") or 50,
-    }
-    return _session(manager, name).paused_command("vars", args)
+    return P.FRAME.call(_session(manager, name), {"move": -(a.get("count") or 1)})
 
 
 @handles("eval")
@@ -239,16 +217,16 @@ def terminate(manager: SessionManager, name: str | None, a: dict[str, Any]) -> A
 def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     s = _session(manager, name)
     keys = ("file", "line", "condition", "hits", "log", "checkpoint", "function")
-    spec = {k: a.get(k) for k in keys}
+    spec = cast("P.BreakArgs", {k: a.get(k) for k in keys})
     for key in ("raised", "uncaught"):  # [] means every exception: keep it, drop only None
         if a.get(key) is not None:
-            spec[key] = list(a[key])
+            spec[key] = list(a[key])  # type: ignore[literal-required]
     if a.get("this_thread"):
         spec["this_thread"] = True
     for key in ("nonfinite", "max_abs", "subnormal"):  # the tripwire (agent/tripwire.py)
         if a.get(key):
-            spec[key] = a[key]
-    result: dict[str, Any] = s.command("break", spec)
+            spec[key] = a[key]  # type: ignore[literal-required]
+    result = P.BREAK.call(s, spec)
     s.log_event("breakpoint_set", **result)
     _remember(s)
     if result.get("file"):
@@ -269,16 +247,11 @@ def imported_copy_warning(s: Session, file: str) -> str | None:
     return found.get("warning")
 
 
-@handles("breaks")
-def breaks(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
-    return _session(manager, name).command("breaks")
-
-
 @handles("remove")
 def remove(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     s = _session(manager, name)
-    spec = {k: a.get(k) for k in ("file", "line", "checkpoint", "id")}
-    result: dict[str, Any] = s.command("remove", spec)
+    spec = cast("P.RemoveArgs", {k: a.get(k) for k in ("file", "line", "checkpoint", "id")})
+    result = P.REMOVE.call(s, spec)
     s.log_event("breakpoint_removed", **result)
     _remember(s)
     return result
@@ -287,7 +260,7 @@ def remove(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 @handles("clear")
 def clear(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     s = _session(manager, name)
-    result = s.command("clear")
+    result = P.CLEAR.call(s)
     _remember(s)
     return result
 
@@ -321,7 +294,7 @@ def watch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     from . import pdb_verbs
 
     s = _session(manager, name)
-    result: dict[str, Any] = s.command("watch", {"expression": a["expression"]})
+    result = P.WATCH.call(s, {"expression": a["expression"]})
     _remember(s)
     return pdb_verbs.with_values(s, result)
 
@@ -331,22 +304,16 @@ def unwatch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
     from . import pdb_verbs
 
     s = _session(manager, name)
-    result: dict[str, Any] = s.command("unwatch", pdb_verbs.unwatch_args(a))
+    result = P.UNWATCH.call(s, pdb_verbs.unwatch_args(a))
     _remember(s)
     return pdb_verbs.with_values(s, result)
-
-
-@handles("threads")
-def threads(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
-    return _session(manager, name).command("threads")
 
 
 @handles("thread")
 def thread(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     s = _session(manager, name)
     s.require_paused()
-    result: dict[str, Any] = s.command("thread", {"number": a["number"]})
-    return {**s.snapshot(), **result}
+    return {**s.snapshot(), **P.THREAD.call(s, {"number": a["number"]})}
 
 
 # -- the daemon and the run store -------------------------------------------------------------
@@ -564,6 +531,25 @@ def tensor_home(manager: SessionManager, a: dict[str, Any]) -> Path:
 def clean(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     home = store_home(manager, a)
     return clean_runs(home, a.get("keep", 10), bool(a.get("dry_run")))
+
+
+def _forward(command: P.AgentCommand[Any, Any]) -> Handler:
+    """The handler of a verb that passes its arguments on to one agent command."""
+    names = tuple(command.args.__annotations__)
+
+    def forward(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+        s = _session(manager, name)
+        args = {k: a[k] for k in names if a.get(k) is not None}
+        return s.ask(command, args)
+
+    return forward
+
+
+for _verb in VERBS:
+    if _verb.agent is not None:
+        if _verb.name in HANDLERS:
+            raise RuntimeError(f"verb {_verb.name!r} passes its arguments on: it has no handler")
+        HANDLERS[_verb.name] = _forward(_verb.agent)
 
 
 def missing_handlers() -> list[str]:

@@ -13,6 +13,8 @@ import dataclasses
 import re
 from typing import Any
 
+from .. import results as R
+from ..agent import protocol as P
 from ..errors import MldbgError
 from ..verbs import fix
 from .sessions import Session, SessionManager
@@ -21,7 +23,7 @@ _LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)$")
 _ID = re.compile(r"^#?(?P<id>\d+)$")
 
 
-def until_location(s: Session, a: dict[str, Any]) -> dict[str, Any]:
+def until_location(s: Session, a: dict[str, Any]) -> P.BreakArgs:
     """Where ``until`` runs to, as a breakpoint spec (file, line)."""
     target = (a.get("target") or "").strip()
     bp_id = a.get("id")
@@ -41,7 +43,7 @@ def until_location(s: Session, a: dict[str, Any]) -> dict[str, Any]:
                 argument="target",
             )
     if bp_id is not None:
-        for bp in s.command("breaks").get("breakpoints", []):
+        for bp in P.BREAKS.call(s).get("breakpoints", []):
             if bp.get("id") == int(bp_id):
                 if not bp.get("file") or not bp.get("line"):
                     raise MldbgError(
@@ -76,9 +78,9 @@ def until_location(s: Session, a: dict[str, Any]) -> dict[str, Any]:
 def until(s: Session, a: dict[str, Any], wait: float) -> dict[str, Any]:
     s.require_paused()
     spec = until_location(s, a)
-    bp: dict[str, Any] = s.command("break", {**spec, "temporary": True})
+    bp = P.BREAK.call(s, {**spec, "temporary": True})
     s.log_event("until", **spec)
-    state = s.resume("continue", None, wait)
+    state = s.resume(P.CONTINUE, None, wait)
     state["until"] = bp
     return state
 
@@ -86,10 +88,10 @@ def until(s: Session, a: dict[str, Any], wait: float) -> dict[str, Any]:
 def remember(s: Session) -> None:
     """Keep the session's breakpoints and watches, for a restart after it has ended."""
     with contextlib.suppress(MldbgError):
-        s.last_breaks = s.command("breaks")
+        s.last_breaks = P.BREAKS.call(s)
 
 
-def restart_specs(breaks: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def restart_specs(breaks: R.Breakpoints) -> tuple[list[dict[str, Any]], list[str]]:
     """Breakpoint specs ``configure`` accepts, from what ``breaks`` lists."""
     specs: list[dict[str, Any]] = []
     for bp in breaks.get("breakpoints", []):
@@ -112,10 +114,10 @@ def restart_specs(breaks: dict[str, Any]) -> tuple[list[dict[str, Any]], list[st
 
 def restart(manager: SessionManager, name: str, wait: float) -> dict[str, Any]:
     old = manager.get(name)
-    breaks: dict[str, Any] | None = None
+    breaks: R.Breakpoints | None = None
     if not old.ended:
         try:
-            breaks = old.command("breaks")
+            breaks = P.BREAKS.call(old)
         except MldbgError:
             breaks = None
     if breaks is None:
@@ -133,12 +135,13 @@ def restart(manager: SessionManager, name: str, wait: float) -> dict[str, Any]:
     return state
 
 
-def with_values(s: Session, result: dict[str, Any]) -> dict[str, Any]:
+def with_values(s: Session, result: R.Watches) -> R.Watches:
     """A watch set (or removed) while paused: the values now, also in the session's state."""
     if s.state != "paused":
         return result
     try:
-        values = s.paused_command("watch_values", {"items": result.get("watches", [])}, 30.0)
+        items = [dict(w) for w in result.get("watches", [])]
+        values = P.WATCH_VALUES.call(s, {"items": items}, 30.0)
     except MldbgError:
         return result
     watches = values.get("watches", [])
@@ -155,7 +158,7 @@ def with_values(s: Session, result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def unwatch_args(a: dict[str, Any]) -> dict[str, Any]:
+def unwatch_args(a: dict[str, Any]) -> P.UnwatchArgs:
     target = (a.get("target") or "").strip()
     if a.get("id") is not None:
         return {"id": int(a["id"])}

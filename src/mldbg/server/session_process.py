@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from .. import __version__, budget
+from ..agent import protocol as P
 from ..errors import MldbgError, StartFailed
 from ..runs import (
     EVENTS,
@@ -205,14 +206,14 @@ class SessionProcess:
                 backend=self.hello.get("backend"),
                 libraries=self.hello.get("libraries", {}),
             )
-            configure: dict[str, Any] = {"breakpoints": req.breakpoints}
+            configure: P.ConfigureArgs = {"breakpoints": req.breakpoints}
             if req.watches:
                 configure["watches"] = req.watches
-            link.request("configure", configure)
+            P.CONFIGURE.call(link, configure)
             with self.cond:
                 self.state = "running"
-            link.request(
-                "run",
+            P.RUN.call(
+                link,
                 {
                     "stop_on_entry": req.stop_on_entry,
                     "run_dir": str(run.path),

@@ -11,11 +11,14 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from .. import budget
+from .. import results as R_
+from ..agent import protocol as P
 from ..errors import MldbgError, NotPaused, SessionBusy, SessionEnded, SessionNotFound
 from ..names import check_session_name
 from ..runs import OUTPUT_LOG, JsonlWriter, RunDir
@@ -35,6 +38,9 @@ STOP_EXTRAS = ("watches", "note", "fix", "raised", "raised_in", "memory", "tripw
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+_FAMILY_WIDE = (P.BREAK, P.REMOVE, P.CLEAR)  # edits that apply in the script's children too
 
 
 class Session(SessionProcess):
@@ -66,13 +72,13 @@ class Session(SessionProcess):
         self.listener: AgentListener | None = None
         self.family: Any = None  # children.Family: the script's child processes
         self._main: Future[AgentLink] = Future()
-        self.last_breaks: dict[str, Any] | None = None  # for restart after the end
+        self.last_breaks: R_.Breakpoints | None = None  # for restart after the end
 
     # -- events from the debuggee -----------------------------------------------------------
 
     def _on_event(self, message: dict[str, Any]) -> None:
         kind = message.pop("event", "")
-        if kind == "stopped":
+        if kind == P.STOPPED:
             trace = message.pop("trace", None) or {}
             with self.cond:
                 self.state = "paused"
@@ -80,14 +86,14 @@ class Session(SessionProcess):
                 self.stop_seq += 1
                 self.cond.notify_all()
             self.log_event("stopped", **_brief_stop(message), **trace)
-        elif kind == "resumed":
+        elif kind == P.RESUMED:
             with self.cond:
                 if self.state == "paused":
                     self.state = "running"
                 self.cond.notify_all()
-        elif kind == "log":
+        elif kind == P.LOG:
             self.log_event("log", **message)
-        elif kind == "finished":
+        elif kind == P.FINISHED:
             self.exception = message.get("exception")
             self.log_event("finished", **message)
 
@@ -243,18 +249,25 @@ class Session(SessionProcess):
             )
         return self.link
 
-    def command(self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
-        result = self._link().request(cmd, args, timeout)
-        if self.family is not None and cmd in ("break", "remove", "clear"):
-            self.family.broadcast(cmd, args)  # the root's breakpoints apply in its children
+    def ask(
+        self,
+        command: P.AgentCommand[Any, Any],
+        args: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """One command to the script's agent (typed callers: ``P.X.call(session, args)``).
+
+        A paused command is refused unless the session is paused; a breakpoint edit
+        reaches the script's child processes too.
+        """
+        if command.paused:
+            return self.require_paused().ask(command, args, timeout or 60.0)
+        result = self._link().ask(command, args, timeout)
+        if self.family is not None and command in _FAMILY_WIDE:
+            # the root's breakpoints apply in its children
+            self.family.broadcast(command, args)
             self.family.remember()
         return result
-
-    def paused_command(
-        self, cmd: str, args: dict[str, Any] | None = None, timeout: float = 60.0
-    ) -> Any:
-        link = self.require_paused()
-        return link.request(cmd, args, timeout)
 
     def require_paused(self) -> AgentLink:
         link = self._link()
@@ -269,7 +282,10 @@ class Session(SessionProcess):
         return link
 
     def resume(
-        self, cmd: str, args: dict[str, Any] | None = None, wait: float = 0.0
+        self,
+        command: P.AgentCommand[Any, dict[str, bool]],
+        args: Mapping[str, Any] | None = None,
+        wait: float = 0.0,
     ) -> dict[str, Any]:
         """Continue or step; then wait up to ``wait`` seconds for the next stop or the end.
 
@@ -277,7 +293,7 @@ class Session(SessionProcess):
         """
         link = self._link()
         with self.cond:
-            if cmd == "continue" and self.state == "running":
+            if command is P.CONTINUE and self.state == "running":
                 seq = self.stop_seq
                 running = True
             else:
@@ -287,46 +303,47 @@ class Session(SessionProcess):
         with self.cond:
             if self.state != "paused":
                 raise NotPaused(
-                    f"session {self.name!r} is {self.state}; it can only {cmd} when paused",
+                    f"session {self.name!r} is {self.state}; it can only {command.name} when "
+                    "paused",
                     session=self.name,
                     state=self.state,
                 )
             seq = self.stop_seq
             self.state = "running"
         try:
-            link.request(cmd, args)
+            link.ask(command, args)
         except MldbgError:
             with self.cond:
                 if self.state == "running" and self.stop_seq == seq:
                     self.state = "paused"
             raise
-        self.log_event(cmd, **(args or {}))
+        self.log_event(command.name, **(args or {}))
         return self.wait(wait, after_seq=seq)
 
     def pause(self, wait: float = 5.0) -> dict[str, Any]:
         link = self._link()
         if self.state == "paused":
             # Paused already: the agent interrupts an evaluation that is still running.
-            answer = link.request("pause", None, 10.0)
+            answer = P.PAUSE.call(link, None, 10.0)
             state = self.snapshot()
             if isinstance(answer, dict) and answer.get("interrupted"):
                 state["interrupted"] = True
             return state
         seq = self.stop_seq
-        link.request("pause")
+        link.ask(P.PAUSE)
         self.log_event("pause")
         return self.wait(wait, after_seq=seq)
 
     def evaluate(
         self, expression: str, timeout: float = 30.0, export: str | None = None
-    ) -> dict[str, Any]:
+    ) -> R_.Evaluation:
         """``export``: a path the agent writes the value to (``eval --against``)."""
         shown = budget.capped(expression, budget.VALUE)
-        args: dict[str, Any] = {"expression": expression, "timeout": timeout}
+        args: P.EvalArgs = {"expression": expression, "timeout": timeout}
         if export:
             args["export"] = export
         try:
-            result = self.paused_command("eval", args, timeout + 30.0)
+            result = P.EVAL.call(self, args, timeout + 30.0)
         except MldbgError as exc:
             self.log_event("eval", expression=shown, error=exc.message, code=exc.code)
             raise

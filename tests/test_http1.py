@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from mldbg.cli.http1 import Connection, ProtocolError
+from mldbg.cli.http1 import Connection
+from mldbg.errors import HttpProtocolError
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -69,7 +70,7 @@ def test_framings_on_one_kept_alive_connection(server: tuple[str, int]) -> None:
     assert not conn.closed
     assert conn.request("POST", "/until-close", b"x", headers) == (200, b"all of it")
     assert conn.closed  # the next request must open a new connection
-    with pytest.raises(ProtocolError):
+    with pytest.raises(HttpProtocolError):
         conn.request("POST", "/length", b"x", headers)
     conn.close()
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import Api, Session, backend_params, line_of, wait_until
-from mldbg.server.children import alive, descendants
+from mldbg.server.process_tree import alive, descendants
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
 
-from .errors import MldbgError
+from .errors import MldbgError, StoreFull
 from .runs import mldbg_home
 
 WARN_GB = 1.0
@@ -22,10 +22,6 @@ MAX_GB = 10.0
 # The store-wide names first; the tensor-store names of the first release still work.
 WARN_VARIABLES = ("MLDBG_STORE_WARN_GB", "MLDBG_TENSORS_WARN_GB")
 MAX_VARIABLES = ("MLDBG_STORE_MAX_GB", "MLDBG_TENSORS_MAX_GB")
-
-
-class StoreFull(MldbgError):
-    code = "store_full"
 
 
 class StoreUsage(TypedDict):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from . import examples
+from .errors import TutorialError
 
 # -- every command the tutorial runs ------------------------------------------------------------
 # ``mldbg ...`` commands get ``--json`` added right after the verb when the tutorial checks
@@ -184,10 +185,6 @@ class Track:
     python: str
     workdir: Path
     values: dict[str, str] = field(default_factory=dict)
-
-
-class TutorialError(Exception):
-    pass
 
 
 # -- the track's files --------------------------------------------------------------------------
@@ -670,29 +667,3 @@ def tutorial(
         if track == "mlx":
             for key in EXTRA_SESSIONS:
                 run_command(prepared, key)
-
-
-def run_tutorial_cli(args: Any, as_json: bool) -> int:
-    """``mldbg tutorial``: prints as it goes, exit 1 when a step fails."""
-    from .cli import render
-
-    interactive = not args.non_interactive and sys.stdin.isatty() and not as_json
-    try:
-        result = tutorial(
-            args.track,
-            interactive=interactive,
-            workdir=args.dir,
-            say=None if as_json else (lambda text: render.out.print(text, markup=False)),
-        )
-    except TutorialError as exc:
-        payload = {"error": str(exc), "code": "bad_argument"}
-        if as_json:
-            print(json.dumps(payload))
-        else:
-            render.error(payload)
-        return 2
-    if as_json:
-        print(json.dumps(result, indent=2))
-    elif not result["ok"]:
-        render.err.print(f"[red]the tutorial stopped at step {result['failed']}[/]")
-    return 0 if result["ok"] else 1

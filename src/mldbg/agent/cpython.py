@@ -14,7 +14,7 @@
    creates its nested functions from ``co_consts``; putting an instrumented code object
    in that tuple's slot is the only way such a frame creates instrumented functions.
 
-Anything unexpected raises :class:`Unavailable` at construction, and the debugger then
+Anything unexpected raises :class:`InterpreterUnsupported` at construction, and the debugger then
 uses the plain ``settrace`` backend instead: a wrong guess here must never crash the
 script or miss a breakpoint.
 """
@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable, Iterator
 from types import CodeType, FrameType
 from typing import Any
+
+from ..errors import InterpreterUnsupported
 
 _PTR = ctypes.sizeof(ctypes.c_void_p)
 _SCAN_WORDS = 64  # the trace fields sit well inside the first 64 pointers of PyThreadState
@@ -46,10 +48,6 @@ def _no_thread_switch() -> Iterator[None]:
         sys.setswitchinterval(previous)
 
 
-class Unavailable(RuntimeError):
-    """This interpreter's internals are not the ones this module knows how to use."""
-
-
 def _probe(frame: FrameType, event: str, arg: Any) -> None:
     return None
 
@@ -63,7 +61,9 @@ class CPython:
 
     def __init__(self) -> None:
         if sys.implementation.name != "cpython" or not (3, 10) <= sys.version_info[:2] < (3, 12):
-            raise Unavailable(f"needs CPython 3.10 or 3.11, not {sys.version.split()[0]}")
+            raise InterpreterUnsupported(
+                f"needs CPython 3.10 or 3.11, not {sys.version.split()[0]}"
+            )
         try:
             api = ctypes.pythonapi
             self._set_trace = api._PyEval_SetTrace
@@ -91,7 +91,7 @@ class CPython:
             self._decref = api.Py_DecRef
             self._decref.argtypes = [ctypes.c_void_p]
         except AttributeError as exc:
-            raise Unavailable(f"this Python does not export {exc}") from None
+            raise InterpreterUnsupported(f"this Python does not export {exc}") from None
         self._interp_of, self._head, self._next, self._frame_of = interp, head, nxt, frame
         self._lock = threading.Lock()
         self._trampoline = self._find_trampoline()
@@ -112,7 +112,7 @@ class CPython:
             sys.settrace(previous)
         slots = [i for i, word in enumerate(during) if word == id(_probe)]
         if len(slots) != 1 or slots[0] < 2:
-            raise Unavailable("could not find the trace object in the thread state")
+            raise InterpreterUnsupported("could not find the trace object in the thread state")
         obj = slots[0]
         func = obj - 2
         if not (
@@ -122,7 +122,7 @@ class CPython:
             and during[func]
             and during[func] == during2[func]
         ):
-            raise Unavailable("the thread state does not have the expected trace fields")
+            raise InterpreterUnsupported("the thread state does not have the expected trace fields")
         return int(during[func])
 
     def _tstates(self) -> dict[int, int]:
@@ -195,14 +195,14 @@ def replace_const(code: CodeType, index: int, value: object) -> object:
     old value alive (it restores it later), so dropping the tuple's reference is safe.
     """
     if sys.implementation.name != "cpython":
-        raise Unavailable("constants can only be replaced in CPython")
+        raise InterpreterUnsupported("constants can only be replaced in CPython")
     consts = code.co_consts
     if not 0 <= index < len(consts):
         raise IndexError(index)
     slot = ctypes.c_void_p.from_address(id(consts) + tuple.__basicsize__ + index * _PTR)
     old = consts[index]
     if slot.value != id(old):
-        raise Unavailable("co_consts does not have the expected layout")
+        raise InterpreterUnsupported("co_consts does not have the expected layout")
     incref, decref = ctypes.pythonapi.Py_IncRef, ctypes.pythonapi.Py_DecRef
     incref.argtypes = decref.argtypes = [ctypes.c_void_p]  # as CPython() sets them: addresses
     incref(id(value))

@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any
 
 from .. import budget
+from ..errors import EvalError
 from .interrupt import EvalInterrupt
 
 
@@ -27,15 +28,6 @@ def _safe_str(value: object) -> str:
 
 
 _WRITE_THROUGH = sys.version_info >= (3, 13)  # PEP 667: frame.f_locals is a live proxy
-
-
-class EvalError(Exception):
-    """The user's code raised or did not compile; ``details`` is shown to them."""
-
-    def __init__(self, message: str, details: dict[str, Any], code: str = "eval_error") -> None:
-        super().__init__(message)
-        self.details = details
-        self.code = code  # eval_error; eval_timeout / eval_interrupted when it was cut short
 
 
 def declares_global(source: str) -> bool:

@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any
 
+from ..errors import CommandError
+
 MAX_ELEMENTS = 1 << 26  # 64M elements (256 MB as float32): larger values are not exported
 
 
@@ -30,8 +32,8 @@ def export_value(value: Any, path: str) -> dict[str, Any]:
             array = _widened(value)
         else:
             return {"written": False, "reason": "not a tensor"}
-    except _TooLarge as exc:
-        return {"written": False, "reason": str(exc)}
+    except CommandError as exc:  # too large: the reason is the whole story
+        return {"written": False, "reason": exc.message}
     except Exception as exc:
         return {"written": False, "reason": f"{type(exc).__name__}: {exc}"[:500]}
     numpy = sys.modules["numpy"]
@@ -41,14 +43,11 @@ def export_value(value: Any, path: str) -> dict[str, Any]:
     return {"written": True, "path": path}
 
 
-class _TooLarge(Exception):
-    pass
-
-
 def _check_size(count: int) -> None:
     if count > MAX_ELEMENTS:
-        raise _TooLarge(
-            f"{count} elements: over the {MAX_ELEMENTS} a side-by-side difference reads"
+        raise CommandError(
+            f"{count} elements: over the {MAX_ELEMENTS} a side-by-side difference reads",
+            "too_large",
         )
 
 

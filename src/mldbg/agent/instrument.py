@@ -48,6 +48,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import CodeType
 
+from ..errors import InstrumentError
+
 HOOK = "__mldbg_bp__"
 # Second argument of the hook: what the compiled code already decided about the line.
 ARM = 1  # turn on line tracing for this frame (a loop header, a `with` line...)
@@ -84,10 +86,6 @@ MODULE_KEY: ScopeKey = ("<module>", 0)
 # there: their lines must be hooked directly.  CO_GENERATOR | CO_COROUTINE |
 # CO_ASYNC_GENERATOR, spelled out so the agent does not import inspect at start-up.
 _SUSPENDING = 0x20 | 0x80 | 0x200
-
-
-class InstrumentError(Exception):
-    """The file cannot be instrumented (unreadable, does not compile, does not match)."""
 
 
 @dataclass

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import CodeType, FunctionType
 from typing import Any
 
-from .cpython import Unavailable
+from ..errors import InterpreterUnsupported
 from .instrument import Instrumented
 from .paths import canonical_code_file
 
@@ -67,7 +67,7 @@ class Applied:
                 continue
             try:
                 old = replace_const(holder, index, new)
-            except (Unavailable, IndexError):
+            except (InterpreterUnsupported, IndexError):
                 continue
             self.consts.append((holder, index, old, new))
 

@@ -15,14 +15,12 @@ from dataclasses import dataclass
 from types import CodeType, FrameType
 from typing import Any
 
+from ..errors import TemplateError
+
 MAX_FIELD = 1000  # characters of one field's text
 MAX_MESSAGE = 8000  # characters of a whole message
 
 _CONVERSIONS: dict[int, Any] = {ord("r"): repr, ord("s"): str, ord("a"): ascii}
-
-
-class TemplateError(ValueError):
-    """The template is not a valid f-string body."""
 
 
 @dataclass

@@ -19,6 +19,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from .. import budget
+from ..errors import CommandError
 from . import protocol as P
 from .evaluation import EvalError, FrameNamespace
 from .interrupt import EvalInterrupt, Interruptible
@@ -29,13 +30,6 @@ MAX_VARIABLES = 500
 TRACE_VARIABLES = 20  # variables recorded with each stop in the trace
 TRACE_FRAMES = 10
 TRACE_VALUE = 200
-
-
-class CommandError(Exception):
-    def __init__(self, message: str, code: str = "bad_argument", **extra: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.extra = extra
 
 
 @dataclass

@@ -39,7 +39,8 @@ from collections.abc import Iterable
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
-from .cpython import CPython, Unavailable
+from ..errors import InterpreterUnsupported
+from .cpython import CPython
 from .inline_conditions import ConditionHooks, compile_conditions, statement_starts
 from .inline_conditions import dynamo_ready as _dynamo_ready
 from .instrument import ARM, HOOK, PASSED, InstrumentError, instrument_file
@@ -52,7 +53,7 @@ from .tracer_settrace import SettraceBackend
 if TYPE_CHECKING:
     from .tracer import TracerClient
 
-__all__ = ["InstrumentBackend", "Unavailable"]
+__all__ = ["InstrumentBackend", "InterpreterUnsupported"]
 
 _AGENT_THREAD = "mldbg-agent"  # the reader thread the runner starts: never traced
 
@@ -87,7 +88,7 @@ class InstrumentBackend(SettraceBackend):
 
     def __init__(self, debugger: TracerClient) -> None:
         super().__init__(debugger)
-        self._native = CPython()  # raises Unavailable: the debugger then uses settrace
+        self._native = CPython()  # raises InterpreterUnsupported: the debugger then uses settrace
         self._global_fn = self._global
         self._hook_fn = self._hook
         self._lock = threading.RLock()

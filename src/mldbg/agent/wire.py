@@ -19,11 +19,8 @@ import threading
 import time
 from typing import Any
 
+from ..errors import LinkError
 from . import protocol as P
-
-
-class LinkError(Exception):
-    """The peer broke the protocol: a message over its size limit, or too slow to finish."""
 
 
 class LineReader:

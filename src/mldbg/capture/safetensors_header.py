@@ -11,6 +11,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from ..errors import CorruptTensorFile
+
 MAX_HEADER = 100_000_000
 # Every dtype the safetensors format defines, with its size in bits.  A name outside this
 # table is not a format mldbg cannot read yet: the header is corrupt (or not safetensors).
@@ -36,10 +38,6 @@ DTYPE_BITS = {
     "I64": 64,
     "U64": 64,
 }
-
-
-class CorruptTensorFile(ValueError):
-    """A file that is not a readable safetensors file (truncated, overwritten, not one)."""
 
 
 def read_header(path: Path) -> tuple[dict[str, Any], int]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import verbs
-from ..errors import MldbgError
+from ..errors import DaemonError, MldbgError
 from ..names import check_session_name
 from ..server.config import (
     config_dir,
@@ -44,19 +44,6 @@ HTTP_TIMEOUT = 90.0
 WAIT_SLICE = 5.0
 # Errors that a daemon started by another mldbg (an older verb table) answers.
 SKEW_CODES = ("no_such_route", "bad_argument")
-
-
-class DaemonError(MldbgError):
-    """The daemon answered with an error; its JSON body is kept whole."""
-
-    def __init__(self, payload: dict[str, Any], status: int) -> None:
-        extra = {k: v for k, v in payload.items() if k not in ("error", "code")}
-        super().__init__(
-            str(payload.get("error", "unknown error")),
-            code=str(payload.get("code", "error")),
-            status=status,
-            **extra,
-        )
 
 
 class Client:

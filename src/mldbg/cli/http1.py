@@ -5,7 +5,7 @@ package to parse headers, and ``ssl``), more than the rest of a ``mldbg eval`` c
 together, and every CLI call pays it.  The peer is always mldbg's own daemon on
 127.0.0.1 (uvicorn), answering JSON framed by ``Content-Length`` (or chunked), so an
 exchange needs only: send the request, read the status line and headers, read the body.
-Anything else (a malformed reply, a closed connection) raises :class:`ProtocolError`, an
+Anything else (a malformed reply, a closed connection) raises :class:`HttpProtocolError`, an
 ``OSError``, and the caller reconnects exactly as it does for a dropped socket.
 """
 
@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import socket
 
+from ..errors import HttpProtocolError
+
 _MAX_LINE = 65536
 _MAX_HEADERS = 100
-
-
-class ProtocolError(OSError):
-    """The reply is not the HTTP/1.1 this client expects (or the peer closed)."""
 
 
 class Connection:
@@ -36,7 +34,7 @@ class Connection:
     ) -> tuple[int, bytes]:
         """Send one request and read its whole reply: (status, body)."""
         if self.closed:
-            raise ProtocolError("the daemon closed this connection")
+            raise HttpProtocolError("the daemon closed this connection")
         payload = body or b""
         lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host}:{self.port}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
@@ -49,7 +47,7 @@ class Connection:
         status_line = self._line()
         parts = status_line.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise ProtocolError(f"not an HTTP reply: {status_line[:100]!r}")
+            raise HttpProtocolError(f"not an HTTP reply: {status_line[:100]!r}")
         status = int(parts[1])
         fields: dict[str, str] = {}
         for _ in range(_MAX_HEADERS):
@@ -58,10 +56,10 @@ class Connection:
                 break
             name, sep, value = line.decode("latin-1").partition(":")
             if not sep:
-                raise ProtocolError(f"bad header line: {line[:100]!r}")
+                raise HttpProtocolError(f"bad header line: {line[:100]!r}")
             fields[name.strip().lower()] = value.strip()
         else:
-            raise ProtocolError("too many header lines")
+            raise HttpProtocolError("too many header lines")
         if fields.get("connection", "").lower() == "close":
             self.closed = True
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
@@ -71,7 +69,7 @@ class Connection:
         length = fields.get("content-length")
         if length is not None:
             if not length.isdigit():
-                raise ProtocolError(f"bad Content-Length: {length!r}")
+                raise HttpProtocolError(f"bad Content-Length: {length!r}")
             return status, self._exactly(int(length))
         self.closed = True  # the body runs to the end of the connection
         return status, self.file.read()
@@ -80,16 +78,16 @@ class Connection:
         line = self.file.readline(_MAX_LINE + 1)
         if not line:
             self.closed = True
-            raise ProtocolError("the daemon closed the connection")
+            raise HttpProtocolError("the daemon closed the connection")
         if len(line) > _MAX_LINE:
-            raise ProtocolError("header line too long")
+            raise HttpProtocolError("header line too long")
         return line
 
     def _exactly(self, size: int) -> bytes:
         data = self.file.read(size)
         if len(data) != size:
             self.closed = True
-            raise ProtocolError(f"reply cut short ({len(data)} of {size} bytes)")
+            raise HttpProtocolError(f"reply cut short ({len(data)} of {size} bytes)")
         return data
 
     def _chunked(self) -> bytes:
@@ -99,7 +97,7 @@ class Connection:
             try:
                 size = int(size_text, 16)
             except ValueError:
-                raise ProtocolError(f"bad chunk size: {size_text[:20]!r}") from None
+                raise HttpProtocolError(f"bad chunk size: {size_text[:20]!r}") from None
             if size == 0:
                 while self._line() not in (b"\r\n", b"\n"):  # trailers
                     pass

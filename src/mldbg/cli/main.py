@@ -22,7 +22,7 @@ import sys
 from typing import Any, NoReturn
 
 from .. import verbs
-from ..errors import MldbgError
+from ..errors import MldbgError, UsageError
 from ..verbs import VERBS, Arg, Verb
 
 EXIT_ERROR = 1
@@ -34,10 +34,6 @@ USAGE_CODES = frozenset(
 TOOL_COMMANDS = ("profile", "prune", "doctor", "kill-all", "tutorial")
 
 _LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::(?P<cond>.*))?$")
-
-
-class UsageError(MldbgError):
-    code = "usage"
 
 
 class Parser(argparse.ArgumentParser):

@@ -15,14 +15,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import MldbgError
+from ..errors import MldbgError, TutorialError, UsageError
 from . import render
 
 NAMES = ("profile", "prune", "doctor", "kill-all", "tutorial")
-
-
-class UsageError(MldbgError):
-    code = "usage"
 
 
 def cmd_profile(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
@@ -158,11 +154,36 @@ def add_parsers(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("--dir", help="where to put the tutorial's files (default: a new temp dir)")
 
 
+def run_tutorial_cli(args: Any, as_json: bool) -> int:
+    """``mldbg tutorial``: prints as it goes, exit 1 when a step fails."""
+    from ..tutorial import tutorial
+    from . import render
+
+    interactive = not args.non_interactive and sys.stdin.isatty() and not as_json
+    try:
+        result = tutorial(
+            args.track,
+            interactive=interactive,
+            workdir=args.dir,
+            say=None if as_json else (lambda text: render.out.print(text, markup=False)),
+        )
+    except TutorialError as exc:
+        payload = {"error": str(exc), "code": "bad_argument"}
+        if as_json:
+            print(json.dumps(payload))
+        else:
+            render.error(payload)
+        return 2
+    if as_json:
+        print(json.dumps(result, indent=2))
+    elif not result["ok"]:
+        render.err.print(f"[red]the tutorial stopped at step {result['failed']}[/]")
+    return 0 if result["ok"] else 1
+
+
 def run(args: argparse.Namespace, as_json: bool) -> int:
     """Run one toolbox command; errors propagate to the CLI's handler."""
     if args.verb == "tutorial":  # streams its steps, exit 1 on a failed one
-        from ..tutorial import run_tutorial_cli
-
         return run_tutorial_cli(args, as_json)
     data, show = COMMANDS[args.verb](args)
     if as_json:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..capture.safetensors_header import CorruptTensorFile, read_header
+from ..errors import UnsupportedDtype
 
 _NUMPY_DTYPES = {
     "F64": "<f8",
@@ -28,13 +29,6 @@ _NUMPY_DTYPES = {
     "C64": "<c8",
 }
 _ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
-
-
-class UnsupportedDtype(TypeError):
-    """A well-formed tensor in a dtype numpy cannot hold (``F8_E8M0``, a future format).
-
-    Not a corrupt file: the pair gets an error of its own and the rest still compare.
-    """
 
 
 def numpy_dtype(name: str) -> Any:

@@ -18,17 +18,11 @@ from typing import Any
 
 from ..capture.safetensors_header import CorruptTensorFile, read_header
 from ..capture.store import CAPTURE_JSON, CAPTURES, INDEX, module_label
-from ..errors import MldbgError
+from ..errors import CompareInputError, MldbgError
 from ..runs import RunDir, read_jsonl, resolve_run, runs_root
 from . import arrays
 
 TENSOR_SUFFIXES = (".safetensors", ".npy", ".npz", ".pt")
-
-
-class CompareInputError(MldbgError):
-    """Bad input to a comparison: exit code 2, nothing compared."""
-
-    code = "bad_compare_input"
 
 
 @dataclass

@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MldbgError
+from ..interpreters import resolve_python
 from ..runs import (
     OUTPUT_LOG,
     RunDir,
@@ -62,29 +62,6 @@ class RawProfile:
     stdlib: list[str] = field(default_factory=list)
     sys_path: list[str] = field(default_factory=list)
     output_tail: str = ""
-
-
-def resolve_python(python: str | None, cwd: str) -> str:
-    """``--python``, else the active virtualenv's python, else this interpreter."""
-    if python:
-        candidate = os.path.expanduser(python)
-        if os.sep not in candidate:
-            found = shutil.which(candidate)
-            if found is None:
-                raise MldbgError(
-                    f"no interpreter named {python!r} on the PATH", code="bad_argument"
-                )
-            return found
-        candidate = os.path.join(cwd, candidate)
-        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
-            raise MldbgError(
-                f"--python {python}: no executable at {candidate}", code="file_not_found"
-            )
-        return candidate
-    venv = os.environ.get("VIRTUAL_ENV")
-    if venv and os.path.isfile(os.path.join(venv, "bin", "python")):
-        return os.path.join(venv, "bin", "python")
-    return sys.executable
 
 
 def _shim() -> str:

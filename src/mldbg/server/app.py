@@ -32,8 +32,8 @@ from ..names import SESSION_NAME_PATTERN, SESSION_NAME_RULE, check_session_name
 from ..verbs import VERBS, Arg, Verb
 from .classic import classic_router
 from .handlers import HANDLERS
+from .manager import SessionManager
 from .security import SecurityMiddleware
-from .sessions import SessionManager
 
 # Arguments every run-store verb takes from its client: where the client is, so that
 # "./.mldbg" and relative paths mean what they mean there, not in the daemon.

@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field
 from .. import budget, verbs
 from ..agent import protocol as P
 from ..errors import MldbgError
-from .sessions import SessionManager, StartRequest
+from .manager import SessionManager
+from .sessions import StartRequest
 
 DEFAULT = "default"
 STEP_WAIT = 10.0

@@ -19,7 +19,8 @@ from ..agent import protocol as P
 from ..errors import MldbgError
 from ..runs import clean_runs, mldbg_home
 from ..verbs import BY_NAME, VERBS, fix
-from .sessions import Session, SessionManager, StartRequest
+from .manager import SessionManager
+from .sessions import Session, StartRequest
 
 Handler = Callable[[SessionManager, "str | None", dict[str, Any]], Any]
 HANDLERS: dict[str, Handler] = {}
@@ -58,7 +59,7 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         )
     cwd = a.get("cwd") or os.getcwd()
     for package in a.get("require_editable") or []:
-        from ..doctor import require_editable
+        from ..interpreters import require_editable
 
         require_editable(a.get("python"), package, cwd=cwd)
     env_overrides = dict(a.get("env") or {})
@@ -238,7 +239,7 @@ def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 
 def imported_copy_warning(s: Session, file: str) -> str | None:
     """The classic "my breakpoint never hits": FILE is not the copy the script imports."""
-    from ..doctor import imported_copy
+    from ..interpreters import imported_copy
 
     try:
         found = imported_copy(s.hello.get("executable"), file, cwd=s.request.cwd)

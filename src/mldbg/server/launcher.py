@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from ..errors import StartFailed
+from .. import interpreters
+from ..errors import MldbgError, StartFailed
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _shim_dir: str | None = None
@@ -51,29 +51,12 @@ def remove_agent_path() -> None:
 
 
 def resolve_python(requested: str | None, env: Mapping[str, str], cwd: str) -> str:
-    """``--python``, else the client's active virtualenv, else the daemon's interpreter."""
-    if requested:
-        candidate = os.path.expanduser(requested)
-        if os.sep not in candidate:
-            found = shutil.which(candidate, path=env.get("PATH"))
-            if found is None:
-                raise StartFailed(
-                    f"no interpreter named {requested!r} on the PATH", argument="python"
-                )
-            return found
-        candidate = os.path.join(cwd, candidate)
-        if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
-            raise StartFailed(
-                f"--python {requested}: no executable at {candidate}", argument="python"
-            )
-        return candidate
-    venv = env.get("VIRTUAL_ENV")
-    if venv:
-        for name in ("bin/python", "Scripts/python.exe"):
-            candidate = os.path.join(venv, name)
-            if os.path.isfile(candidate):
-                return candidate
-    return sys.executable
+    """The interpreter a session runs (``interpreters.resolve_python``, with the client's
+    environment); a bad ``--python`` refuses the start."""
+    try:
+        return interpreters.resolve_python(requested, cwd, env)
+    except MldbgError as exc:
+        raise StartFailed(exc.message, argument="python") from None
 
 
 @dataclass

@@ -17,7 +17,8 @@ from .. import results as R
 from ..agent import protocol as P
 from ..errors import MldbgError
 from ..verbs import fix
-from .sessions import Session, SessionManager
+from .manager import SessionManager
+from .sessions import Session
 
 _LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)$")
 _ID = re.compile(r"^#?(?P<id>\d+)$")

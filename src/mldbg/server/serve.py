@@ -30,7 +30,7 @@ from .config import (
     write_server_info,
 )
 from .launcher import remove_agent_path
-from .sessions import SessionManager
+from .manager import SessionManager
 
 
 def serve(port: int = 0) -> None:

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any
 
 from .. import __version__, budget
 from ..agent import protocol as P
@@ -39,11 +39,9 @@ from ..store_size import check_start
 from . import live_runs
 from .agent_link import AgentLink, AgentListener
 from .launcher import LaunchSpec, check_target, resolve_python, spawn
+from .process_tree import descendants, kill_tree
 from .start_checks import check_cwd, check_python, check_request
 from .tails import read_tail_bounded
-
-if TYPE_CHECKING:
-    from .sessions import Session, SessionManager
 
 CONNECT_TIMEOUT = 60.0
 TERMINATE_GRACE = 3.0
@@ -94,7 +92,13 @@ def _discard_reserved(run: RunDir) -> None:
 
 
 class SessionProcess:
-    """The process half of a session (``sessions.Session`` is the whole)."""
+    """The process half of a session: launching it and ending it.
+
+    It knows nothing of the session built on it (``sessions.Session``) or of the manager:
+    what it needs of them (the state's condition, the run's event log, the end of the
+    run, the family of child processes it hands connections to) is declared below and
+    given by the session.
+    """
 
     # Set by Session.__init__; declared here for what this half reads and writes.
     name: str
@@ -110,7 +114,6 @@ class SessionProcess:
     events: JsonlWriter | None
     started_at: str
     home: Path | None
-    manager: SessionManager | None
     listener: AgentListener | None
     family: Any
     _main: Future[AgentLink]
@@ -146,9 +149,6 @@ class SessionProcess:
         self.home = home
         check_start(home, env)  # a store past its limit takes no new run
         run, output = _make_run_dir(home)
-        from .children import Family
-
-        self.family = Family(cast("Session", self))
         listener = AgentListener(self._on_connection, self.name)
         spec = LaunchSpec(python, cwd, env, script, req.module, list(req.args))
         try:
@@ -310,8 +310,6 @@ class SessionProcess:
         if self.family is not None and process is not None:
             # Children that left the process group (torchrun's ranks call setsid), and
             # children of children: found now, while they are still linked to the script.
-            from .children import descendants, kill_tree
-
             family = [c.pid for c in self.family.live_children() if c.pid is not None]
             tree = descendants(process.pid) if process.poll() is None else []
             if process.poll() is None:

@@ -14,13 +14,12 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .. import budget
 from .. import results as R_
 from ..agent import protocol as P
-from ..errors import MldbgError, NotPaused, SessionBusy, SessionEnded, SessionNotFound
-from ..names import check_session_name
+from ..errors import MldbgError, NotPaused, SessionEnded
 from ..runs import OUTPUT_LOG, JsonlWriter, RunDir
 from ..verbs import fix
 from . import live_runs
@@ -28,7 +27,7 @@ from .agent_link import AgentLink, AgentListener
 from .session_process import SessionProcess, StartRequest
 from .tails import read_page, read_tail, read_tail_bounded
 
-__all__ = ["ENDED", "Session", "SessionManager", "StartRequest", "read_page", "read_tail"]
+__all__ = ["ENDED", "Registry", "Session", "StartRequest", "read_page", "read_tail"]
 
 ENDED = ("exited", "crashed")
 # What some stops carry besides the fixed fields: watch values, a note (a pause that had to
@@ -41,6 +40,14 @@ def _now() -> str:
 
 
 _FAMILY_WIDE = (P.BREAK, P.REMOVE, P.CLEAR)  # edits that apply in the script's children too
+
+
+class Registry(Protocol):
+    """What a session needs of the manager that lists it (``manager.SessionManager``):
+    the sessions listed now, and a place to list a child process's session."""
+
+    def all(self) -> list[Session]: ...
+    def add_child(self, child: Session) -> None: ...
 
 
 class Session(SessionProcess):
@@ -68,7 +75,7 @@ class Session(SessionProcess):
         self.started_at = _now()
         self.home: Path | None = None
         self.recovered: dict[str, Any] | None = None  # found by a restarted daemon
-        self.manager: SessionManager | None = None  # set by the manager; children register there
+        self.manager: Registry | None = None  # set by the manager; children register there
         self.listener: AgentListener | None = None
         self.family: Any = None  # children.Family: the script's child processes
         self._main: Future[AgentLink] = Future()
@@ -405,104 +412,3 @@ def _brief_stop(stop: dict[str, Any]) -> dict[str, Any]:
         if stop.get(key):
             brief[key] = stop[key]
     return brief
-
-
-class SessionManager:
-    def __init__(self) -> None:
-        self._sessions: dict[str, Session] = {}
-        self._lock = threading.Lock()
-
-    def start(self, name: str, request: StartRequest) -> Session:
-        check_session_name(name)
-        with self._lock:
-            old = self._sessions.get(name)
-            if old is not None and not old.ended and not request.replace:
-                raise SessionBusy(
-                    f"session {name!r} is still {old.state} (pid {old.pid}); terminate it "
-                    "first, replace it, or pick another session name",
-                    session=name,
-                    fix=[fix("terminate", session=name), fix("start", session=name, replace=True)],
-                )
-            session = Session(name, request)
-            session.manager = self
-            self._sessions[name] = session
-        if old is not None and not old.ended:
-            old.terminate()
-        try:
-            session.start()
-        except BaseException:
-            if session.process is not None and not session.ended:
-                session._abort_start()  # a bug mid-start must not leave it "starting"
-            with self._lock:
-                if self._sessions.get(name) is session:
-                    # A failed start leaves no session (its error carries the run directory
-                    # and the output's tail); the previous one of this name keeps its place.
-                    if old is not None:
-                        self._sessions[name] = old
-                    else:
-                        del self._sessions[name]
-            raise
-        return session
-
-    def add_recovered(self, record: dict[str, Any]) -> None:
-        """List a session a previous daemon left behind (``live_runs.recover``), ended."""
-        name = str(record.get("session") or "")
-        try:
-            check_session_name(name)
-        except MldbgError:
-            return
-        session = Session(name, StartRequest())
-        session.run = RunDir(Path(record["run_dir"]))
-        session.pid = record.get("pid")
-        session.terminated = True
-        session.state = "crashed" if record.get("state") == "crashed" else "exited"
-        session.recovered = record
-        with self._lock:
-            if name not in self._sessions:
-                self._sessions[name] = session
-
-    def add_child(self, child: Session) -> None:
-        """List a child process's session (it stopped); it replaces an ended one of its name."""
-        with self._lock:
-            old = self._sessions.get(child.name)
-            if old is not None and not old.ended and old is not child:
-                child.name = f"{child.name}.w{child.pid}"[-64:]
-            self._sessions[child.name] = child
-
-    def get(self, name: str) -> Session:
-        with self._lock:
-            session = self._sessions.get(name)
-            if session is None:
-                live = sorted(self._sessions)
-                shown = ", ".join(live[:20]) + (
-                    f" (+{len(live) - 20} more)" if len(live) > 20 else ""
-                )
-                hint = f"sessions: {shown}" if live else "no sessions exist; start one"
-                raise SessionNotFound(
-                    f"no session named {name!r}; {hint}",
-                    sessions=live[:100],
-                    fix=[fix("sessions")] if live else [fix("start", session=name)],
-                )
-            return session
-
-    def all(self) -> list[Session]:
-        with self._lock:
-            return list(self._sessions.values())
-
-    def prune(self) -> list[str]:
-        """Forget every ended session; their run records stay in the run store."""
-        with self._lock:
-            ended = [name for name, s in self._sessions.items() if s.ended]
-            for name in ended:
-                del self._sessions[name]
-        return ended
-
-    def remove(self, name: str) -> None:
-        session = self.get(name)
-        session.terminate()
-        with self._lock:
-            self._sessions.pop(name, None)
-
-    def shutdown(self) -> None:
-        for session in self.all():
-            session.terminate()

@@ -1,0 +1,172 @@
+"""The house rules of docs/architecture.md, checked against the code.
+
+* one error tree: every exception class mldbg defines is an ``MldbgError`` (the evaluation
+  interrupt, which must get past the user's ``except Exception``, aside);
+* no import loop among mldbg's modules, and no import that runs upward through the layers
+  the architecture document's table lists.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import re
+from pathlib import Path
+
+import mldbg
+from mldbg.agent.interrupt import EvalInterrupt
+from mldbg.errors import MldbgError
+
+SRC = Path(mldbg.__file__).parent
+ARCHITECTURE = Path(__file__).parent.parent / "docs" / "architecture.md"
+
+
+def module_names() -> list[str]:
+    names = ["mldbg"]
+    for info in pkgutil.walk_packages([str(SRC)], prefix="mldbg."):
+        if info.name.rsplit(".", 1)[-1] == "__main__" or ".examples." in info.name + ".":
+            continue
+        names.append(info.name)
+    return names
+
+
+def test_every_exception_class_is_under_mldbg_error() -> None:
+    outside = []
+    for name in module_names():
+        module = importlib.import_module(name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != name or not issubclass(cls, BaseException):
+                continue
+            if not issubclass(cls, MldbgError) and not issubclass(cls, EvalInterrupt):
+                outside.append(f"{name}.{cls.__name__}")
+    assert outside == [], "define these in errors.py, under MldbgError"
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_module(name: str) -> bool:
+    path = SRC.parent / name.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of the code that can run: ``if TYPE_CHECKING:`` blocks left out."""
+    found: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+            continue
+        found.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def imports_of(path: Path) -> set[str]:
+    """The mldbg modules a file imports, at any depth of its code (lazy imports count;
+    ``from package import submodule`` imports the submodule, not the package's face)."""
+    module = module_of(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("mldbg")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("mldbg"):
+                continue
+            submodules = {f"{target}.{a.name}" for a in node.names}
+            modules = {name for name in submodules if is_module(name)}
+            found |= modules
+            if len(modules) < len(submodules):
+                found.add(target)
+    return {name for name in found if name != module}
+
+
+def graph() -> dict[str, set[str]]:
+    files = {module_of(p): p for p in SRC.rglob("*.py") if "examples" not in p.parts}
+    return {name: {t for t in imports_of(path) if t in files} for name, path in files.items()}
+
+
+def test_no_import_loop() -> None:
+    edges = graph()
+    # Tarjan's strongly connected components; a component of two or more is a loop
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                loops.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    assert loops == []
+
+
+def layers() -> list[list[str]]:
+    """The layer table of docs/architecture.md, top first: each row's module patterns."""
+    rows = []
+    for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"\| (\w[\w ]*?) \| (`.*?) \|", line)
+        if match:
+            rows.append(re.findall(r"`([\w./]+)`", match[2]))
+    assert rows, "docs/architecture.md lost its layer table"
+    return rows
+
+
+def layer_of(module: str, table: list[list[str]]) -> int | None:
+    path = module.replace(".", "/").removeprefix("mldbg/")
+    best: tuple[int, int] | None = None  # (length of the pattern, row)
+    for row, patterns in enumerate(table):
+        for pattern in patterns:
+            stem = pattern.removesuffix(".py").rstrip("/")
+            covers = path == stem or path.startswith(stem + "/")
+            if covers and (best is None or len(stem) > best[0]):
+                best = (len(stem), row)
+    return None if best is None else best[1]
+
+
+def test_every_module_is_in_a_layer_and_imports_only_downward() -> None:
+    table = layers()
+    edges = graph()
+    unplaced = sorted(m for m in edges if m != "mldbg" and layer_of(m, table) is None)
+    assert unplaced == [], "add these to the layer table of docs/architecture.md"
+    upward = []
+    for module, targets in edges.items():
+        here = layer_of(module, table)
+        for target in targets:
+            there = layer_of(target, table)
+            if here is not None and there is not None and there < here:
+                upward.append(f"{module} -> {target}")
+    assert sorted(upward) == []

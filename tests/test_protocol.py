@@ -178,3 +178,12 @@ def test_every_command_round_trips_its_declared_types(tmp_path: Path) -> None:
         listener.close()
         if process.poll() is None:
             process.kill()
+
+
+def test_serving_commands_leaves_the_protocols_digest_alone() -> None:
+    """The digest a client compares with the daemon's (``verbs.fingerprint``) covers the
+    protocol's declarations, not the dispatch cache a process fills as it serves."""
+    before = verbs.fingerprint()
+    P.handlers_of(object.__new__(CommandServer))
+    P.handlers_of(object.__new__(PausedThread))
+    assert verbs.fingerprint() == before

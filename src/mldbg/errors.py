@@ -43,10 +43,92 @@ from __future__ import annotations
 
 from typing import Any
 
+# -- error codes --
+AGENT_ERROR = "agent_error"
+AGENT_TIMEOUT = "agent_timeout"
+AMBIGUOUS_FILE = "ambiguous_file"
+AMBIGUOUS_RUN = "ambiguous_run"
+BAD_ARGUMENT = "bad_argument"
+BAD_COMPARE_INPUT = "bad_compare_input"
+BAD_CONDITION = "bad_condition"
+BAD_EXPRESSION = "bad_expression"
+BAD_HITS = "bad_hits"
+BAD_INPUT = "bad_input"
+BAD_LOG = "bad_log"
+BAD_MAP = "bad_map"
+BAD_PATH = "bad_path"
+BAD_SESSION_NAME = "bad_session_name"
+BAD_STEP = "bad_step"
+BAD_WEIGHTS_INPUT = "bad_weights_input"
+BRANCH_EXISTS = "branch_exists"
+CONFIRM = "confirm"
+CONFIRMATION_REQUIRED = "confirmation_required"
+CORRUPT_CAPTURE = "corrupt_capture"
+CORRUPT_FILE = "corrupt_file"
+CORRUPT_TENSOR_FILE = "corrupt_tensor_file"
+DAEMON_BUSY = "daemon_busy"
+DAEMON_RUNNING = "daemon_running"
+DAEMON_SKEW = "daemon_skew"
+DAEMON_START_FAILED = "daemon_start_failed"
+DAEMON_UNREACHABLE = "daemon_unreachable"
+DIRTY_TREE = "dirty_tree"
+ERROR = "error"
+EVAL_ERROR = "eval_error"
+EVAL_INTERRUPTED = "eval_interrupted"
+EVAL_TIMEOUT = "eval_timeout"
+FILE_NOT_FOUND = "file_not_found"
+GIT_FAILED = "git_failed"
+GIT_MISSING = "git_missing"
+HTTP_PROTOCOL = "http_protocol"
+INSTRUMENT_FAILED = "instrument_failed"
+INTERNAL = "internal"
+INTERPRETER_UNSUPPORTED = "interpreter_unsupported"
+LINK_BROKEN = "link_broken"
+NOT_A_GIT_REPO = "not_a_git_repo"
+NOT_A_SOURCE_FILE = "not_a_source_file"
+NOT_EDITABLE = "not_editable"
+NOT_PAUSED = "not_paused"
+NOT_SET_UP = "not_set_up"
+NO_CODE_AT_LINE = "no_code_at_line"
+NO_DAEMON = "no_daemon"
+NO_RUNS = "no_runs"
+NO_SUCH_BREAKPOINT = "no_such_breakpoint"
+NO_SUCH_CAPTURE = "no_such_capture"
+NO_SUCH_FRAME = "no_such_frame"
+NO_SUCH_FUNCTION = "no_such_function"
+NO_SUCH_RUN = "no_such_run"
+NO_SUCH_TENSOR = "no_such_tensor"
+NO_SUCH_THREAD = "no_such_thread"
+NO_SUCH_WATCH = "no_such_watch"
+OS_ERROR = "os_error"
+PROBE_FAILED = "probe_failed"
+PROFILE_FAILED = "profile_failed"
+REPO_NOT_USED = "repo_not_used"
+SCRIPT_FAILED = "script_failed"
+SESSION_BUSY = "session_busy"
+SESSION_ENDED = "session_ended"
+START_FAILED = "start_failed"
+STORE_FULL = "store_full"
+STORE_UNWRITABLE = "store_unwritable"
+TOO_LARGE = "too_large"
+TOO_LONG = "too_long"
+TOO_MANY_WATCHES = "too_many_watches"
+TUTORIAL = "tutorial"
+UNKNOWN_RUN = "unknown_run"
+UNKNOWN_SESSION = "unknown_session"
+UNKNOWN_SOURCE = "unknown_source"
+UNREADABLE = "unreadable"
+UNSUPPORTED_DTYPE = "unsupported_dtype"
+USAGE = "usage"
+WRONG_BRANCH = "wrong_branch"
+
+# What each code means is said where it is raised; the verb table lists, per verb, the
+# codes it can answer (``verbs.Verb.errors``), and clients branch on these values.
+
 
 class MldbgError(Exception):
     status = 400
-    code = "error"
+    code = ERROR
 
     def __init__(
         self, message: str, *, code: str | None = None, status: int | None = None, **extra: Any
@@ -66,44 +148,44 @@ class MldbgError(Exception):
 class UsageError(MldbgError):
     """A command line the CLI cannot run (argparse's complaint, a bad combination)."""
 
-    code = "usage"
+    code = USAGE
 
 
 class SessionNotFound(MldbgError):
     status = 404
-    code = "unknown_session"
+    code = UNKNOWN_SESSION
 
 
 class SessionBusy(MldbgError):
     status = 409
-    code = "session_busy"
+    code = SESSION_BUSY
 
 
 class NotPaused(MldbgError):
     status = 409
-    code = "not_paused"
+    code = NOT_PAUSED
 
 
 class SessionEnded(MldbgError):
     status = 409
-    code = "session_ended"
+    code = SESSION_ENDED
 
 
 class AgentError(MldbgError):
     """The debuggee refused a command (bad breakpoint, failing evaluation, ...)."""
 
     status = 400
-    code = "agent_error"
+    code = AGENT_ERROR
 
 
 class AgentTimeout(MldbgError):
     status = 504
-    code = "agent_timeout"
+    code = AGENT_TIMEOUT
 
 
 class StartFailed(MldbgError):
     status = 400
-    code = "start_failed"
+    code = START_FAILED
 
 
 class DaemonError(MldbgError):
@@ -122,19 +204,19 @@ class DaemonError(MldbgError):
 class StoreFull(MldbgError):
     """The run store is past its limit: nothing more is written (``store_size.py``)."""
 
-    code = "store_full"
+    code = STORE_FULL
 
 
 class CompareInputError(MldbgError):
     """Bad input to a comparison: exit code 2, nothing compared."""
 
-    code = "bad_compare_input"
+    code = BAD_COMPARE_INPUT
 
 
 class CorruptTensorFile(MldbgError, ValueError):
     """A file that is not a readable safetensors file (truncated, overwritten, not one)."""
 
-    code = "corrupt_tensor_file"
+    code = CORRUPT_TENSOR_FILE
 
 
 class UnsupportedDtype(MldbgError, TypeError):
@@ -143,19 +225,19 @@ class UnsupportedDtype(MldbgError, TypeError):
     Not a corrupt file: the pair gets an error of its own and the rest still compare.
     """
 
-    code = "unsupported_dtype"
+    code = UNSUPPORTED_DTYPE
 
 
 class TutorialError(MldbgError):
     """A tutorial step did not do what the tutorial says it does."""
 
-    code = "tutorial"
+    code = TUTORIAL
 
 
 class HttpProtocolError(MldbgError, OSError):
     """The reply is not the HTTP/1.1 this client expects (or the peer closed)."""
 
-    code = "http_protocol"
+    code = HTTP_PROTOCOL
 
 
 # -- raised inside the debuggee ---------------------------------------------------------------
@@ -164,7 +246,7 @@ class HttpProtocolError(MldbgError, OSError):
 class CommandError(MldbgError):
     """The agent refuses a command; ``code`` and ``extra`` travel to the daemon."""
 
-    def __init__(self, message: str, code: str = "bad_argument", **extra: Any) -> None:
+    def __init__(self, message: str, code: str = BAD_ARGUMENT, **extra: Any) -> None:
         super().__init__(message, code=code, **extra)
 
 
@@ -182,7 +264,7 @@ class EvalError(MldbgError):
     ``code``: ``eval_error``; ``eval_timeout`` / ``eval_interrupted`` when it was cut short.
     """
 
-    def __init__(self, message: str, details: dict[str, Any], code: str = "eval_error") -> None:
+    def __init__(self, message: str, details: dict[str, Any], code: str = EVAL_ERROR) -> None:
         super().__init__(message, code=code)
         self.details = details
 
@@ -190,16 +272,16 @@ class EvalError(MldbgError):
 class InstrumentError(MldbgError):
     """The file cannot be instrumented (unreadable, does not compile, does not match)."""
 
-    code = "instrument_failed"
+    code = INSTRUMENT_FAILED
 
 
 class InterpreterUnsupported(MldbgError, RuntimeError):
     """This interpreter's internals are not the ones the agent knows how to use."""
 
-    code = "interpreter_unsupported"
+    code = INTERPRETER_UNSUPPORTED
 
 
 class LinkError(MldbgError):
     """The peer broke the protocol: a message over its size limit, or too slow to finish."""
 
-    code = "link_broken"
+    code = LINK_BROKEN

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
-from .errors import MldbgError
+from .errors import BAD_ARGUMENT, FILE_NOT_FOUND, NOT_EDITABLE, PROBE_FAILED, MldbgError
 
 
 def resolve_python(requested: str | None, cwd: str, env: Mapping[str, str] | None = None) -> str:
@@ -35,7 +35,7 @@ def resolve_python(requested: str | None, cwd: str, env: Mapping[str, str] | Non
             if found is None:
                 raise MldbgError(
                     f"no interpreter named {requested!r} on the PATH",
-                    code="bad_argument",
+                    code=BAD_ARGUMENT,
                     argument="python",
                 )
             return found
@@ -43,7 +43,7 @@ def resolve_python(requested: str | None, cwd: str, env: Mapping[str, str] | Non
         if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
             raise MldbgError(
                 f"--python {requested}: no executable at {candidate}",
-                code="file_not_found",
+                code=FILE_NOT_FOUND,
                 argument="python",
             )
         return candidate
@@ -147,11 +147,11 @@ def probe(python: str, names: list[str], script: str | None = None, cwd: str | N
             cwd=cwd,
         )
     except OSError as exc:
-        raise MldbgError(f"cannot run {python}: {exc.strerror}", code="bad_argument") from None
+        raise MldbgError(f"cannot run {python}: {exc.strerror}", code=BAD_ARGUMENT) from None
     if proc.returncode != 0:
         raise MldbgError(
             f"{python} could not inspect its packages: {proc.stderr.strip()[-500:]}",
-            code="probe_failed",
+            code=PROBE_FAILED,
         )
     return json.loads(proc.stdout)
 
@@ -303,7 +303,7 @@ def require_editable(python: str | None, package: str, *, cwd: str | None = None
         raise MldbgError(
             f"{package} is not importable by {interpreter}; install your checkout with "
             f"`{interpreter} -m pip install -e PATH/TO/{package}`",
-            code="not_editable",
+            code=NOT_EDITABLE,
             package=package,
         )
     if not info["editable"]:
@@ -311,9 +311,9 @@ def require_editable(python: str | None, package: str, *, cwd: str | None = None
             f"{package} {info['version'] or ''} is imported from {info['imported_from']}, a regular "
             f"install, not an editable one; install your checkout with "
             f"`{interpreter} -m pip install -e PATH/TO/{package}`",
-            code="not_editable",
+            code=NOT_EDITABLE,
             package=package,
             imported_from=info["imported_from"],
         )
     if info["warnings"]:
-        raise MldbgError(info["warnings"][0], code="not_editable", package=package)
+        raise MldbgError(info["warnings"][0], code=NOT_EDITABLE, package=package)

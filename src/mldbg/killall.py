@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from .errors import MldbgError
+from .errors import BAD_ARGUMENT, CONFIRMATION_REQUIRED, MldbgError
 
 MAX_LISTED = 200
 CMDLINE_CHARS = 300
@@ -220,7 +220,7 @@ def find_processes(
 ) -> tuple[list[MlProcess], dict[str, int]]:
     """This user's Python processes holding ``framework`` (or either), minus protected ones."""
     if framework not in (None, "torch", "mlx"):
-        raise MldbgError(f"framework {framework!r}: use torch or mlx", code="bad_argument")
+        raise MldbgError(f"framework {framework!r}: use torch or mlx", code=BAD_ARGUMENT)
     skipped: dict[str, int] = {}
     found = _linux_processes(skipped) if os.path.isdir("/proc") else _lsof_processes(skipped)
     protected = protected_pids()
@@ -284,7 +284,7 @@ def kill_all(
     ``force``, SIGKILL for whatever is still there after ``grace_s`` seconds.
     """
     if grace_s < 0:
-        raise MldbgError("--grace must be 0 or more seconds", code="bad_argument")
+        raise MldbgError("--grace must be 0 or more seconds", code=BAD_ARGUMENT)
     processes, skipped = find_processes(framework, match)
     result: KillAllResult = {
         "dry_run": dry_run,
@@ -303,7 +303,7 @@ def kill_all(
             raise MldbgError(
                 f"{len(processes)} process(es) would get SIGTERM; nobody can be asked here "
                 "(no terminal): add --yes to do it, or --dry-run to only list them",
-                code="confirmation_required",
+                code=CONFIRMATION_REQUIRED,
                 pids=[p.pid for p in processes[:MAX_LISTED]],
             )
         if not confirm(processes):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import MldbgError
+from .errors import BAD_SESSION_NAME, MldbgError
 
 SESSION_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 _SESSION_NAME = re.compile(SESSION_NAME_PATTERN)
@@ -27,7 +27,7 @@ def check_session_name(name: object) -> str:
         shown = shown[:77] + "..."
     raise MldbgError(
         f"bad session name {shown}: use {SESSION_NAME_RULE}",
-        code="bad_session_name",
+        code=BAD_SESSION_NAME,
         argument="session",
     )
 

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .errors import AMBIGUOUS_RUN, NO_RUNS, UNKNOWN_RUN
+
 RUN_JSON = "run.json"
 OUTPUT_LOG = "output.log"
 EVENTS = "events.jsonl"
@@ -363,7 +365,7 @@ def resolve_run(home: Path, spec: str | None) -> RunDir:
         if not runs:
             raise MldbgError(
                 f"no runs under {home}; run a script with mldbg or debug_checkpoint first",
-                code="no_runs",
+                code=NO_RUNS,
             )
         return runs[-1]
     assert spec is not None
@@ -381,7 +383,7 @@ def resolve_run(home: Path, spec: str | None) -> RunDir:
     if len(matches) > 1:
         raise MldbgError(
             f"run {spec!r} is ambiguous: {', '.join(matches[:10])}",
-            code="ambiguous_run",
+            code=AMBIGUOUS_RUN,
             runs=matches,
         )
     close = get_close_matches(spec, ids, n=5, cutoff=0.3)
@@ -390,7 +392,7 @@ def resolve_run(home: Path, spec: str | None) -> RunDir:
         if close
         else ("; `mldbg runs` lists them" if ids else "")
     )
-    raise MldbgError(f"no run {spec!r} under {root}{hint}", code="unknown_run", runs=close)
+    raise MldbgError(f"no run {spec!r} under {root}{hint}", code=UNKNOWN_RUN, runs=close)
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
 
-from .errors import MldbgError, StoreFull
+from .errors import BAD_ARGUMENT, MldbgError, StoreFull
 from .runs import mldbg_home
 
 WARN_GB = 1.0
@@ -58,10 +58,10 @@ def _limit(
             value = float(raw)
         except ValueError:
             raise MldbgError(
-                f"{variable}={raw!r} is not a number of gigabytes", code="bad_argument"
+                f"{variable}={raw!r} is not a number of gigabytes", code=BAD_ARGUMENT
             ) from None
         if value < 0 or value != value:
-            raise MldbgError(f"{variable}={raw!r} must be 0 or more", code="bad_argument")
+            raise MldbgError(f"{variable}={raw!r} must be 0 or more", code=BAD_ARGUMENT)
         return int(value * 1e9)
     return int(default_gb * 1e9)
 

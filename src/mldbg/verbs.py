@@ -23,6 +23,50 @@ from typing import Any, Literal
 
 from . import results as R
 from .agent import protocol as P
+from .errors import (
+    AGENT_TIMEOUT,
+    AMBIGUOUS_FILE,
+    BAD_ARGUMENT,
+    BAD_COMPARE_INPUT,
+    BAD_CONDITION,
+    BAD_EXPRESSION,
+    BAD_HITS,
+    BAD_INPUT,
+    BAD_LOG,
+    BAD_MAP,
+    BAD_SESSION_NAME,
+    BAD_WEIGHTS_INPUT,
+    CONFIRM,
+    CORRUPT_CAPTURE,
+    CORRUPT_FILE,
+    DAEMON_UNREACHABLE,
+    EVAL_ERROR,
+    EVAL_INTERRUPTED,
+    EVAL_TIMEOUT,
+    FILE_NOT_FOUND,
+    NO_CODE_AT_LINE,
+    NO_SUCH_BREAKPOINT,
+    NO_SUCH_CAPTURE,
+    NO_SUCH_FRAME,
+    NO_SUCH_FUNCTION,
+    NO_SUCH_RUN,
+    NO_SUCH_TENSOR,
+    NO_SUCH_THREAD,
+    NO_SUCH_WATCH,
+    NOT_A_SOURCE_FILE,
+    NOT_EDITABLE,
+    NOT_PAUSED,
+    SESSION_BUSY,
+    SESSION_ENDED,
+    START_FAILED,
+    STORE_FULL,
+    STORE_UNWRITABLE,
+    TOO_LONG,
+    TOO_MANY_WATCHES,
+    UNKNOWN_SESSION,
+    UNKNOWN_SOURCE,
+    UNREADABLE,
+)
 
 REQUIRED: Any = ...  # marks an argument without a default
 
@@ -123,8 +167,8 @@ class Verb:
 
     @property
     def all_errors(self) -> tuple[str, ...]:
-        common = ("bad_argument", "too_long", "bad_session_name", "daemon_unreachable")
-        session = ("unknown_session",) if self.scope == "session" else ()
+        common = (BAD_ARGUMENT, TOO_LONG, BAD_SESSION_NAME, DAEMON_UNREACHABLE)
+        session = (UNKNOWN_SESSION,) if self.scope == "session" else ()
         return tuple(dict.fromkeys(common + session + self.errors))
 
 
@@ -162,18 +206,18 @@ CHECKPOINT_FILTER = (
 )
 
 BREAK_ERRORS = (
-    "file_not_found",
-    "not_a_source_file",
-    "no_code_at_line",
-    "bad_condition",
-    "bad_hits",
-    "bad_log",
-    "session_ended",
-    "ambiguous_file",
-    "no_such_function",
+    FILE_NOT_FOUND,
+    NOT_A_SOURCE_FILE,
+    NO_CODE_AT_LINE,
+    BAD_CONDITION,
+    BAD_HITS,
+    BAD_LOG,
+    SESSION_ENDED,
+    AMBIGUOUS_FILE,
+    NO_SUCH_FUNCTION,
 )
-PAUSED_ERRORS = ("not_paused", "session_ended", "agent_timeout")
-RESUME_ERRORS = ("not_paused", "session_ended")
+PAUSED_ERRORS = (NOT_PAUSED, SESSION_ENDED, AGENT_TIMEOUT)
+RESUME_ERRORS = (NOT_PAUSED, SESSION_ENDED)
 
 # Zero-edit capture: `start --capture NAME` records the script's models, unmodified.
 CAPTURE_ARGS = (
@@ -298,12 +342,12 @@ VERBS: tuple[Verb, ...] = (
             *CAPTURE_ARGS,
         ),
         errors=(
-            "start_failed",
-            "store_unwritable",
-            "store_full",
-            "session_busy",
-            "file_not_found",
-            "not_editable",
+            START_FAILED,
+            STORE_UNWRITABLE,
+            STORE_FULL,
+            SESSION_BUSY,
+            FILE_NOT_FOUND,
+            NOT_EDITABLE,
             *BREAK_ERRORS,
         ),
         description="Returns the session's state: `paused` with `location` (file, line, code "
@@ -406,7 +450,7 @@ VERBS: tuple[Verb, ...] = (
         method="GET",
         legacy_routes=(("GET", "breakpoints"),),
         agent=P.BREAKS,
-        errors=("session_ended",),
+        errors=(SESSION_ENDED,),
     ),
     Verb(
         "remove",
@@ -419,14 +463,14 @@ VERBS: tuple[Verb, ...] = (
             Arg("id", int, "the breakpoint's id (from break or breaks)", minimum=1),
         ),
         legacy_routes=(("POST", "breakpoints/remove"),),
-        errors=("no_such_breakpoint", "session_ended"),
+        errors=(NO_SUCH_BREAKPOINT, SESSION_ENDED),
     ),
     Verb(
         "clear",
         "remove all breakpoints",
         R.Removed,
         legacy_routes=(("POST", "breakpoints/clear"),),
-        errors=("session_ended",),
+        errors=(SESSION_ENDED,),
     ),
     Verb(
         "continue",
@@ -462,14 +506,14 @@ VERBS: tuple[Verb, ...] = (
         R.State,
         (_wait(60.0),),
         waits=True,
-        errors=("session_ended",),
+        errors=(SESSION_ENDED,),
     ),
     Verb(
         "pause",
         "stop the running script at its next line of Python",
         R.State,
         (_wait(5.0, "seconds to wait for the stop"),),
-        errors=("session_ended",),
+        errors=(SESSION_ENDED,),
     ),
     Verb("status", "the session's state", R.State, method="GET", route=""),
     Verb(
@@ -497,21 +541,21 @@ VERBS: tuple[Verb, ...] = (
         R.FrameSelected,
         (Arg("index", int, "frame number from stack", REQUIRED, minimum=0, positional=True),),
         agent=P.FRAME,
-        errors=(*PAUSED_ERRORS, "no_such_frame"),
+        errors=(*PAUSED_ERRORS, NO_SUCH_FRAME),
     ),
     Verb(
         "up",
         "select the caller's frame (past the outermost: the outermost, with a note)",
         R.FrameSelected,
         (Arg("count", int, "how many frames up", 1, minimum=1, positional=True),),
-        errors=(*PAUSED_ERRORS, "no_such_frame"),
+        errors=(*PAUSED_ERRORS, NO_SUCH_FRAME),
     ),
     Verb(
         "down",
         "select the callee's frame",
         R.FrameSelected,
         (Arg("count", int, "how many frames down", 1, minimum=1, positional=True),),
-        errors=(*PAUSED_ERRORS, "no_such_frame"),
+        errors=(*PAUSED_ERRORS, NO_SUCH_FRAME),
     ),
     Verb(
         "vars",
@@ -557,7 +601,7 @@ VERBS: tuple[Verb, ...] = (
                 "both values and their difference",
             ),
         ),
-        errors=(*PAUSED_ERRORS, "eval_error", "eval_timeout", "eval_interrupted"),
+        errors=(*PAUSED_ERRORS, EVAL_ERROR, EVAL_TIMEOUT, EVAL_INTERRUPTED),
         description="Tensors in the result are summarized (shape, dtype, device, stats); "
         "assignments change the script's variables; what the code prints is returned in `output`. "
         "An evaluation past `timeout` (or hit by `pause`) is interrupted inside the script: "
@@ -582,7 +626,7 @@ VERBS: tuple[Verb, ...] = (
             _wait(60.0),
         ),
         waits=True,
-        errors=(*RESUME_ERRORS, *BREAK_ERRORS, "no_such_breakpoint"),
+        errors=(*RESUME_ERRORS, *BREAK_ERRORS, NO_SUCH_BREAKPOINT),
         description="The one-shot breakpoint goes away at the next stop, whatever stopped. "
         "Answers like continue, with `until` the breakpoint it set.",
     ),
@@ -592,7 +636,7 @@ VERBS: tuple[Verb, ...] = (
         "watches; a new run id",
         R.State,
         (Arg("wait", float, "seconds to wait for the first stop", 30.0, minimum=0, cli=False),),
-        errors=("start_failed", *BREAK_ERRORS),
+        errors=(START_FAILED, *BREAK_ERRORS),
         description="The old run ends (terminated) and keeps its record; `restarted_from` "
         "names it.",
     ),
@@ -611,7 +655,7 @@ VERBS: tuple[Verb, ...] = (
                 max_length=ECHOED_LIMIT,
             ),
         ),
-        errors=("bad_expression", "too_many_watches", "session_ended"),
+        errors=(BAD_EXPRESSION, TOO_MANY_WATCHES, SESSION_ENDED),
     ),
     Verb(
         "unwatch",
@@ -621,7 +665,7 @@ VERBS: tuple[Verb, ...] = (
             Arg("target", str, "the watch's id (#N or N) or its expression", positional=True),
             Arg("id", int, "the watch's id", minimum=1),
         ),
-        errors=("no_such_watch", "session_ended"),
+        errors=(NO_SUCH_WATCH, SESSION_ENDED),
     ),
     Verb(
         "threads",
@@ -629,14 +673,14 @@ VERBS: tuple[Verb, ...] = (
         R.Threads,
         method="GET",
         agent=P.THREADS,
-        errors=("session_ended",),
+        errors=(SESSION_ENDED,),
     ),
     Verb(
         "thread",
         "select a paused thread (number from threads, or id) for stack, vars, eval and step",
         R.State,
         (Arg("number", int, "thread number from threads, or its id", REQUIRED, positional=True),),
-        errors=(*PAUSED_ERRORS, "no_such_thread"),
+        errors=(*PAUSED_ERRORS, NO_SUCH_THREAD),
     ),
     Verb(
         "output",
@@ -669,7 +713,7 @@ VERBS: tuple[Verb, ...] = (
         ),
         method="GET",
         store=True,
-        errors=("no_such_run",),
+        errors=(NO_SUCH_RUN,),
         description="Read back from the run's events.jsonl; works on ended sessions too.",
     ),
     Verb(
@@ -702,7 +746,7 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         method="GET",
         store=True,
-        errors=("no_such_run",),
+        errors=(NO_SUCH_RUN,),
     ),
     Verb(
         "compare-checkpoints",
@@ -725,7 +769,7 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         method="GET",
         store=True,
-        errors=("no_such_run",),
+        errors=(NO_SUCH_RUN,),
         description="Per variable: shapes, dtypes, statistics and their differences, first "
         "values side by side; one-sided names in `unpaired_a`/`unpaired_b`. Numbers, no "
         "verdict (README: compare-checkpoints).",
@@ -748,7 +792,7 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         method="GET",
         store=True,
-        errors=("unknown_source", "corrupt_file", "unreadable", "corrupt_capture"),
+        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, UNREADABLE, CORRUPT_CAPTURE),
         description="Calls whose inputs were already bad are `victims`; `first` is null when "
         "every value is finite.",
     ),
@@ -776,7 +820,7 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         method="GET",
         store=True,
-        errors=("unknown_source", "corrupt_file", "unreadable", "corrupt_capture"),
+        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, UNREADABLE, CORRUPT_CAPTURE),
         description="Per call and side: `seconds`, `self_seconds`, `in_dtypes`, `out_dtypes`; "
         "with B `dtype_differs` and `time_ratio`; `summary`: totals, slowest calls, first "
         "dtype difference.",
@@ -794,7 +838,7 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         method="GET",
         store=True,
-        errors=("no_such_run",),
+        errors=(NO_SUCH_RUN,),
     ),
     Verb(
         "compare",
@@ -842,7 +886,7 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         store=True,
         cli=False,  # the CLI streams it in-process with a progress bar (cli/compare_cmd.py)
-        errors=("bad_input", "no_such_capture"),
+        errors=(BAD_INPUT, NO_SUCH_CAPTURE),
         description="Names the first divergence: the module whose inputs agree and whose "
         "outputs differ. Failing entries first; passing ones only with passing=true.",
     ),
@@ -885,7 +929,7 @@ VERBS: tuple[Verb, ...] = (
         ),
         scope="global",
         store=True,
-        errors=("bad_compare_input", "bad_weights_input", "bad_map", "unknown_source"),
+        errors=(BAD_COMPARE_INPUT, BAD_WEIGHTS_INPUT, BAD_MAP, UNKNOWN_SOURCE),
         description="Each parameter: ok, dtype, never_loaded, layout, shape, values, missing, "
         "extra or renamed (with proposed_map).",
     ),
@@ -915,7 +959,7 @@ VERBS: tuple[Verb, ...] = (
         ),
         scope="global",
         store=True,
-        errors=("no_such_tensor", "confirm"),
+        errors=(NO_SUCH_TENSOR, CONFIRM),
     ),
     Verb(
         "clean",
@@ -957,7 +1001,11 @@ def fingerprint() -> str:
     from .agent import protocol
 
     shape = [(v.name, v.method, v.path, [(a.name, str(a.type)) for a in v.args]) for v in VERBS]
-    messages = sorted((k, _canonical(v)) for k, v in vars(protocol).items() if k.isupper())
+    # the protocol's constants: upper-case names only (``_served_by_class``, a cache the
+    # agent fills as it serves, would make a process's digest change under it)
+    messages = sorted(
+        (k, _canonical(v)) for k, v in vars(protocol).items() if k.isupper() and k[0] != "_"
+    )
     data = repr((shape, messages)).encode()
     return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
 

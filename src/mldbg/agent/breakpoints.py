@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
-from ..errors import BreakpointError
+from ..errors import (
+    BAD_ARGUMENT,
+    BAD_HITS,
+    BAD_LOG,
+    FILE_NOT_FOUND,
+    NO_CODE_AT_LINE,
+    NO_SUCH_BREAKPOINT,
+    NOT_A_SOURCE_FILE,
+    BreakpointError,
+)
 from .exception_breaks import ExceptionBreaks
 from .paths import canonical, canonical_code_file
 
@@ -36,7 +45,7 @@ def parse_hits(spec: str | int | None) -> tuple[str, int] | None:
     if not match or int(match.group(2)) < 1:
         raise BreakpointError(
             f"bad hit count {spec!r}: use N (the Nth hit), >=N (from the Nth on) or %N (every Nth)",
-            code="bad_hits",
+            code=BAD_HITS,
         )
     return (match.group(1) or "==", int(match.group(2)))
 
@@ -61,7 +70,7 @@ def compile_log_template(template: str) -> list[Any]:
         raise BreakpointError(
             f"log message {template!r} is not a valid f-string body: {exc} "
             "(write {{ and }} for literal braces)",
-            code="bad_log",
+            code=BAD_LOG,
         ) from None
 
 
@@ -96,12 +105,12 @@ def executable_lines(path: str) -> list[int]:
     except SyntaxError as exc:
         raise BreakpointError(
             f"cannot set a breakpoint in {path}: it does not compile ({exc.msg}, line {exc.lineno})",
-            code="not_a_source_file",
+            code=NOT_A_SOURCE_FILE,
             file=path,
         ) from None
     except (OSError, ValueError) as exc:
         raise BreakpointError(
-            f"cannot read {path}: {exc}", code="not_a_source_file", file=path
+            f"cannot read {path}: {exc}", code=NOT_A_SOURCE_FILE, file=path
         ) from None
     lines: set[int] = set()
     for code in _walk_codes(module):
@@ -125,26 +134,26 @@ def check_source_file(path: str) -> os.stat_result:
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise BreakpointError(f"no such file: {path}", code="file_not_found", file=path) from None
+        raise BreakpointError(f"no such file: {path}", code=FILE_NOT_FOUND, file=path) from None
     except OSError as exc:
         raise BreakpointError(
-            f"cannot set a breakpoint in {path}: {exc.strerror}", code="file_not_found", file=path
+            f"cannot set a breakpoint in {path}: {exc.strerror}", code=FILE_NOT_FOUND, file=path
         ) from None
     if stat_module.S_ISDIR(info.st_mode):
         raise BreakpointError(
-            f"{path} is a directory, not a Python file", code="not_a_source_file", file=path
+            f"{path} is a directory, not a Python file", code=NOT_A_SOURCE_FILE, file=path
         )
     if not stat_module.S_ISREG(info.st_mode):
         raise BreakpointError(
             f"{path} is not a regular file (a device, pipe or socket): breakpoints go in "
             "Python source files",
-            code="not_a_source_file",
+            code=NOT_A_SOURCE_FILE,
             file=path,
         )
     if info.st_size > MAX_SOURCE_BYTES:
         raise BreakpointError(
             f"{path} is {info.st_size} bytes: too large for a Python source file",
-            code="not_a_source_file",
+            code=NOT_A_SOURCE_FILE,
             file=path,
         )
     if not path.endswith(_SOURCE_SUFFIXES):
@@ -153,12 +162,12 @@ def check_source_file(path: str) -> os.stat_result:
                 first = fh.readline(256)
         except OSError as exc:
             raise BreakpointError(
-                f"cannot read {path}: {exc.strerror}", code="not_a_source_file", file=path
+                f"cannot read {path}: {exc.strerror}", code=NOT_A_SOURCE_FILE, file=path
             ) from None
         if not (first.startswith(b"#!") and b"python" in first):
             raise BreakpointError(
                 f"{path} is not a Python source file (no .py suffix, no python #! line)",
-                code="not_a_source_file",
+                code=NOT_A_SOURCE_FILE,
                 file=path,
             )
     return info
@@ -235,7 +244,7 @@ def make_breakpoint(
 ) -> Breakpoint:
     """Validate and build a breakpoint; raises :class:`BreakpointError` with a way forward."""
     if not file:
-        raise BreakpointError("a breakpoint needs a file (FILE:LINE)", code="bad_argument")
+        raise BreakpointError("a breakpoint needs a file (FILE:LINE)", code=BAD_ARGUMENT)
     path = canonical(file, cwd)
     if not os.path.lexists(path):
         from .locate import find_importable
@@ -243,14 +252,14 @@ def make_breakpoint(
         path = find_importable(file, cwd, path)
     if line is None or line == "" or line == 0:
         raise BreakpointError(
-            f"a breakpoint in {file} needs a line number (FILE:LINE)", code="bad_argument"
+            f"a breakpoint in {file} needs a line number (FILE:LINE)", code=BAD_ARGUMENT
         )
     try:
         line = int(line)
     except (TypeError, ValueError):
-        raise BreakpointError(f"line must be a number, not {line!r}", code="bad_argument") from None
+        raise BreakpointError(f"line must be a number, not {line!r}", code=BAD_ARGUMENT) from None
     if line < 1:
-        raise BreakpointError(f"line numbers start at 1, not {line}", code="bad_argument")
+        raise BreakpointError(f"line numbers start at 1, not {line}", code=BAD_ARGUMENT)
     lines = executable_lines(path)
     if line not in lines:
         near = nearest_lines(lines, line)
@@ -261,7 +270,7 @@ def make_breakpoint(
         )
         raise BreakpointError(
             f"{path}:{line} holds no code (blank, comment or part of a multi-line statement){hint}",
-            code="no_code_at_line",
+            code=NO_CODE_AT_LINE,
             file=path,
             line=line,
             nearest_lines=near,
@@ -317,7 +326,7 @@ def make_checkpoint_filter(name: str, condition: str | None = None) -> Checkpoin
     if not name:
         raise BreakpointError(
             "a checkpoint filter needs the checkpoint's name (a glob such as 'layer.*' works)",
-            code="bad_argument",
+            code=BAD_ARGUMENT,
         )
     condition = condition or None
     return CheckpointFilter(
@@ -364,7 +373,7 @@ class BreakpointTable:
                 known = ", ".join(self.checkpoints) or "none"
                 raise BreakpointError(
                     f"no checkpoint filter {name!r}; set filters: {known}",
-                    code="no_such_breakpoint",
+                    code=NO_SUCH_BREAKPOINT,
                 )
             return self.checkpoints.pop(name)
 
@@ -376,7 +385,7 @@ class BreakpointTable:
                 known = ", ".join(f"{b.file}:{b.line}" for b in self.all()) or "none"
                 raise BreakpointError(
                     f"no breakpoint at {path}:{line}; set breakpoints: {known[:1000]}",
-                    code="no_such_breakpoint",
+                    code=NO_SUCH_BREAKPOINT,
                 )
             bp = lines.pop(line)
             if not lines:
@@ -423,7 +432,7 @@ class BreakpointTable:
                 return item
         known = ", ".join(f"#{i.id}" for i in self.everything()[:50]) or "none"
         raise BreakpointError(
-            f"no breakpoint #{bp_id}; set breakpoints: {known}", code="no_such_breakpoint"
+            f"no breakpoint #{bp_id}; set breakpoints: {known}", code=NO_SUCH_BREAKPOINT
         )
 
     def remove_id(self, bp_id: int) -> Any:

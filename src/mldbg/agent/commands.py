@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..errors import BAD_ARGUMENT, INTERNAL, NOT_PAUSED
 from . import protocol as P
 from .breakpoints import (
     Breakpoint,
@@ -59,7 +60,7 @@ class CommandServer:
             if command is not None and problem is None:
                 problem = command.check(args)
             if command is None or problem is not None:
-                reply(self.wire, message, False, problem, None, "bad_argument")
+                reply(self.wire, message, False, problem, None, BAD_ARGUMENT)
                 continue
             if command.paused:
                 paused = debugger.target()
@@ -70,7 +71,7 @@ class CommandServer:
                         False,
                         "the script is not paused; pause it or wait for a stop",
                         None,
-                        "not_paused",
+                        NOT_PAUSED,
                     )
                 else:
                     paused.queue.put(message)
@@ -80,10 +81,10 @@ class CommandServer:
             except (BreakpointError, CommandError) as exc:
                 reply(self.wire, message, False, str(exc), exc.extra, exc.code)
             except TypeError as exc:  # an argument of the wrong type
-                reply(self.wire, message, False, f"{cmd}: {exc}", None, "bad_argument")
+                reply(self.wire, message, False, f"{cmd}: {exc}", None, BAD_ARGUMENT)
             except Exception as exc:
                 text = f"internal error in {cmd}: {type(exc).__name__}: {exc}"
-                reply(self.wire, message, False, text[:2000], None, "internal")
+                reply(self.wire, message, False, text[:2000], None, INTERNAL)
             else:
                 reply(self.wire, message, True, result)
                 if command is P.RUN:
@@ -151,7 +152,7 @@ class CommandServer:
         if not file or line is None:
             raise BreakpointError(
                 "say which breakpoint to remove: its id, a file and line, or a checkpoint name",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
             )
         bp = table.remove(file, int(line), self.debugger.cwd)
         self.debugger.backend.breakpoints_changed()
@@ -201,7 +202,7 @@ class CommandServer:
                 raise BreakpointError(
                     "a checkpoint filter takes only a name and a condition, "
                     "not a file, line, hit count or log message",
-                    code="bad_argument",
+                    code=BAD_ARGUMENT,
                 )
             return make_checkpoint_filter(spec["checkpoint"], spec.get("condition"))
         if spec.get("nonfinite") or spec.get("max_abs") is not None or spec.get("subnormal"):
@@ -228,13 +229,13 @@ class CommandServer:
         if spec.get("file") or spec.get("line") or spec.get("function"):
             raise BreakpointError(
                 "an exception breakpoint takes type names, not a file, line or function",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
             )
         mode = spec.get("exception") or ("raised" if spec.get("raised") is not None else "uncaught")
         if mode not in ("raised", "uncaught"):
             raise BreakpointError(
                 f"exception breakpoints are 'raised' or 'uncaught', not {mode!r}",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
             )
         types = spec.get("types")
         if types is None:
@@ -247,12 +248,12 @@ class CommandServer:
             raise BreakpointError(
                 "the non-finite tripwire watches every module call's outputs: it takes "
                 "--max-abs and --subnormal, not a file, line, function or condition",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
             )
         max_abs = spec.get("max_abs")
         if max_abs is not None and not (float(max_abs) >= 0 and float(max_abs) != float("inf")):
             raise BreakpointError(
-                f"max_abs must be a finite number >= 0, not {max_abs!r}", code="bad_argument"
+                f"max_abs must be a finite number >= 0, not {max_abs!r}", code=BAD_ARGUMENT
             )
         return Tripwire(
             nonfinite=spec.get("nonfinite", True) is not False,
@@ -266,7 +267,7 @@ class CommandServer:
         if spec.get("file") or spec.get("line"):
             raise BreakpointError(
                 "a function breakpoint takes a dotted name, not a file and line",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
             )
         rest = {
             "condition": spec.get("condition"),

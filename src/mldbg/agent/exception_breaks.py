@@ -22,7 +22,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BreakpointError
+from ..errors import BAD_ARGUMENT, BreakpointError
 
 # Exceptions Python raises to drive control flow, never worth a stop unless named.
 _CONTROL_FLOW = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit"})
@@ -68,7 +68,7 @@ def parse_types(types: Any) -> tuple[str, ...]:
         if not all(part.isidentifier() for part in name.split(".")):
             raise BreakpointError(
                 f"{name!r} is not an exception type name (e.g. ValueError, torch.OutOfMemoryError)",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
             )
         names.append(name)
     return tuple(dict.fromkeys(names))

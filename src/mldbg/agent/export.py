@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from ..errors import CommandError
+from ..errors import TOO_LARGE, CommandError
 
 MAX_ELEMENTS = 1 << 26  # 64M elements (256 MB as float32): larger values are not exported
 
@@ -47,7 +47,7 @@ def _check_size(count: int) -> None:
     if count > MAX_ELEMENTS:
         raise CommandError(
             f"{count} elements: over the {MAX_ELEMENTS} a side-by-side difference reads",
-            "too_large",
+            TOO_LARGE,
         )
 
 

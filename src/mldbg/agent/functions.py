@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from types import CodeType, ModuleType
 from typing import Any
 
+from ..errors import BAD_ARGUMENT, NO_SUCH_FUNCTION, NOT_A_SOURCE_FILE
 from .breakpoints import BreakpointError, executable_lines
 from .locate import search_roots
 from .paths import canonical
@@ -61,12 +62,12 @@ def check_name(name: str) -> list[str]:
     if not name.strip() or not all(p.isidentifier() for p in parts):
         raise BreakpointError(
             f"{name!r} is not a dotted name (e.g. pkg.module.Class.method or __main__.parse)",
-            code="bad_argument",
+            code=BAD_ARGUMENT,
         )
     if len(parts) < 2:
         raise BreakpointError(
             f"{name!r} names no module: write MODULE.FUNCTION (__main__.{name} for the script)",
-            code="bad_argument",
+            code=BAD_ARGUMENT,
         )
     return parts
 
@@ -111,7 +112,7 @@ def _in_file(
             tree = ast.parse(fh.read(), file)
     except (OSError, SyntaxError, ValueError) as exc:
         raise BreakpointError(
-            f"cannot read {file} to find {name}: {exc}", code="not_a_source_file", file=file
+            f"cannot read {file} to find {name}: {exc}", code=NOT_A_SOURCE_FILE, file=file
         ) from None
     node = _find(tree.body, rest)
     if node is None:
@@ -123,7 +124,7 @@ def _in_file(
             return None
         raise BreakpointError(
             f"{name}: {file} defines no {'.'.join(rest)}",
-            code="no_such_function",
+            code=NO_SUCH_FUNCTION,
             file=file,
             defined=_names(tree.body)[:30],
         )
@@ -133,7 +134,7 @@ def _in_file(
         ]
         raise BreakpointError(
             f"{name} is a class: name one of its methods ({', '.join(methods[:10]) or 'none'})",
-            code="no_such_function",
+            code=NO_SUCH_FUNCTION,
             file=file,
             methods=methods[:30],
         )

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from ..errors import EVAL_INTERRUPTED, EVAL_TIMEOUT
+
 T = TypeVar("T")
 
 _AGENT_THREAD = "mldbg-agent"  # threads of this name are the debugger's: never traced
@@ -29,7 +31,7 @@ _landed = threading.local()  # set in the thread an interrupt was raised in
 class EvalInterrupt(BaseException):
     """Raised inside evaluated code; a BaseException so ``except Exception`` lets it pass."""
 
-    code = "eval_interrupted"
+    code = EVAL_INTERRUPTED
     reason = "interrupted by pause"
 
     def __init__(self, *args: object) -> None:
@@ -38,7 +40,7 @@ class EvalInterrupt(BaseException):
 
 
 class EvalTimeout(EvalInterrupt):
-    code = "eval_timeout"
+    code = EVAL_TIMEOUT
     reason = "ran past its timeout"
 
 

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from ..errors import BreakpointError
+from ..errors import AMBIGUOUS_FILE, FILE_NOT_FOUND, BreakpointError
 
 MAX_CANDIDATES = 20
 MAX_WALK = 300_000  # directory entries looked at in step 3, in all
@@ -38,12 +38,12 @@ def find_importable(file: str, cwd: str | None, resolved: str) -> str:
     typed = os.path.expanduser(file)
     if os.path.isabs(typed) or not typed.strip():
         raise BreakpointError(
-            f"no such file: {file} (resolved to {resolved})", code="file_not_found", file=resolved
+            f"no such file: {file} (resolved to {resolved})", code=FILE_NOT_FOUND, file=resolved
         )
     tail = os.path.normpath(typed)
     if tail.startswith(".."):
         raise BreakpointError(
-            f"no such file: {file} (resolved to {resolved})", code="file_not_found", file=resolved
+            f"no such file: {file} (resolved to {resolved})", code=FILE_NOT_FOUND, file=resolved
         )
     roots = search_roots(cwd)
     for root in roots:  # 1. the copy import would load
@@ -59,7 +59,7 @@ def find_importable(file: str, cwd: str | None, resolved: str) -> str:
         raise BreakpointError(
             f"no such file: {file} (not under {cwd or os.getcwd()}, nor under the script's "
             f"import path: {', '.join(roots[:6])}{' ...' if len(roots) > 6 else ''})",
-            code="file_not_found",
+            code=FILE_NOT_FOUND,
             file=resolved,
         )
     shown = found[:MAX_CANDIDATES]
@@ -69,7 +69,7 @@ def find_importable(file: str, cwd: str | None, resolved: str) -> str:
         + ", ".join(shown)
         + more
         + "; give more of the path (e.g. torch/nn/modules/linear.py) or the full path",
-        code="ambiguous_file",
+        code=AMBIGUOUS_FILE,
         candidates=shown,
         total=len(found),
     )

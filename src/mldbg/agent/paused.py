@@ -19,7 +19,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from .. import budget
-from ..errors import CommandError
+from ..errors import INTERNAL, NO_SUCH_FRAME, NOT_PAUSED, CommandError
 from . import protocol as P
 from .evaluation import EvalError, FrameNamespace
 from .interrupt import EvalInterrupt, Interruptible
@@ -226,7 +226,7 @@ class PausedThread:
                     False,
                     budget.capped(f"internal error in {cmd}: {type(exc).__name__}: {exc}", 2000),
                     None,
-                    "internal",
+                    INTERNAL,
                 )
             else:
                 respond(message, True, result)
@@ -244,7 +244,7 @@ class PausedThread:
                     False,
                     "the script is running again; pause it first",
                     None,
-                    "not_paused",
+                    NOT_PAUSED,
                 )
 
     # -- commands ---------------------------------------------------------------------------
@@ -299,7 +299,7 @@ class PausedThread:
                 f"no frame {target}: frames are 0 (innermost) to {len(self.frames) - 1}; "
                 f"frame {self.selected} is selected"
                 + (f" ({where} reached)" if index is None else ""),
-                "no_such_frame",
+                NO_SUCH_FRAME,
                 frames=len(self.frames),
             )
         self.selected = target

@@ -93,18 +93,18 @@ def serves(command: AgentCommand[Any, Any]) -> Callable[[F], F]:
 
 def handlers_of(server: object) -> dict[str, Handler]:
     """The ``@serves`` methods of an object, by command name: its dispatch table."""
-    names = _SERVED.get(type(server))
+    names = _served_by_class.get(type(server))
     if names is None:
         names = {}
         for attribute in dir(type(server)):
             command = getattr(getattr(type(server), attribute), "__agent_command__", None)
             if isinstance(command, AgentCommand):
                 names[command.name] = attribute
-        _SERVED[type(server)] = names
+        _served_by_class[type(server)] = names
     return {command: getattr(server, attribute) for command, attribute in names.items()}
 
 
-_SERVED: dict[type, dict[str, str]] = {}  # per class: command name -> method name
+_served_by_class: dict[type, dict[str, str]] = {}  # per class: command name -> method name
 
 
 # -- arguments --------------------------------------------------------------------------------

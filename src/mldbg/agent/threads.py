@@ -22,6 +22,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from ..errors import NO_SUCH_THREAD, NOT_PAUSED
 from . import protocol as P
 from .paths import canonical_code_file, is_library_file, is_mldbg_file
 from .paused import CommandError, PausedThread, frames_from_stack
@@ -197,15 +198,15 @@ class ThreadHolding:
 
     def select_thread(self, number: int) -> dict[str, Any]:
         if self.paused is None:
-            raise CommandError("the script is not paused; pause it first", "not_paused")
+            raise CommandError("the script is not paused; pause it first", NOT_PAUSED)
         ident = resolve(int(number))
         if ident is None:
-            raise CommandError(f"no thread {number}: `threads` lists them", "no_such_thread")
+            raise CommandError(f"no thread {number}: `threads` lists them", NO_SUCH_THREAD)
         if ident != self.paused.thread.ident and ident not in self.held:
             raise CommandError(
                 f"thread {number} has not stopped (it is inside a call into C, or it was "
                 "left running by a --this-thread breakpoint)",
-                "not_paused",
+                NOT_PAUSED,
             )
         self.selected_thread = None if ident == self.paused.thread.ident else ident
         target = self.target()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any, Protocol
 
-from ..errors import BreakpointError
+from ..errors import BAD_ARGUMENT, BAD_EXPRESSION, NO_SUCH_WATCH, TOO_MANY_WATCHES, BreakpointError
 
 MAX_WATCHES = 32
 VALUE_CHARS = 300
@@ -45,7 +45,7 @@ class Watches:
     def add(self, expression: str) -> Watch:
         expression = (expression or "").strip()
         if not expression:
-            raise BreakpointError("watch needs an expression", code="bad_argument")
+            raise BreakpointError("watch needs an expression", code=BAD_ARGUMENT)
         with self.lock:
             for item in self.items.values():
                 if item.expression == expression:
@@ -53,7 +53,7 @@ class Watches:
             if len(self.items) >= MAX_WATCHES:
                 raise BreakpointError(
                     f"at most {MAX_WATCHES} watch expressions; unwatch some first",
-                    code="too_many_watches",
+                    code=TOO_MANY_WATCHES,
                 )
             try:
                 code = compile(expression, "<watch>", "eval")
@@ -61,7 +61,7 @@ class Watches:
                 message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
                 raise BreakpointError(
                     f"watch {expression!r} is not a Python expression: {message}",
-                    code="bad_expression",
+                    code=BAD_EXPRESSION,
                 ) from None
             item = Watch(next(_ids), expression, code)
             self.items[item.id] = item
@@ -80,7 +80,7 @@ class Watches:
         raise BreakpointError(
             f"no watch {('#' + str(id)) if id is not None else repr(expression)}; watches: "
             + known[:1000],
-            code="no_such_watch",
+            code=NO_SUCH_WATCH,
         )
 
     def listing(self) -> list[dict[str, Any]]:

@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from .. import verbs
-from ..errors import DaemonError, MldbgError
+from ..errors import (
+    BAD_ARGUMENT,
+    DAEMON_BUSY,
+    DAEMON_SKEW,
+    DAEMON_START_FAILED,
+    DAEMON_UNREACHABLE,
+    NO_DAEMON,
+    DaemonError,
+    MldbgError,
+)
 from ..names import check_session_name
 from ..server.config import (
     config_dir,
@@ -94,7 +103,7 @@ class Client:
                     raise MldbgError(
                         f"lost the daemon at {self.info['url']} ({exc}); run the command again "
                         "to restart it",
-                        code="daemon_unreachable",
+                        code=DAEMON_UNREACHABLE,
                     ) from None
         try:
             payload = json.loads(raw) if raw else {}
@@ -141,7 +150,7 @@ class Client:
             raise MldbgError(
                 f"{verb_name} takes no argument {unknown[0]!r}; it takes: "
                 f"{', '.join(sorted(known)) or 'nothing'}",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
                 argument=unknown[0],
             )
         values = {k: v for k, v in args.items() if v is not None}
@@ -275,7 +284,7 @@ def _wait_for_daemon(patience: float) -> dict[str, Any] | None:
         f"an mldbg daemon holds {lock_file()} but has not said where it listens after "
         f"{patience:.0f} s; it is busy or stuck. Not starting a second one: try again, or "
         "stop it (mldbg serve --stop, or kill the process holding the lock)",
-        code="daemon_busy",
+        code=DAEMON_BUSY,
         lock=str(lock_file()),
     )
 
@@ -295,9 +304,7 @@ def connect(autostart: bool = True, any_mldbg: bool = False) -> Client:
     if info is not None:
         return Client(info)
     if not autostart:
-        raise MldbgError(
-            "no mldbg daemon is running; start one with: mldbg serve", code="no_daemon"
-        )
+        raise MldbgError("no mldbg daemon is running; start one with: mldbg serve", code=NO_DAEMON)
     directory = config_dir()
     with open(directory / "server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two clients at once start one daemon, not two
@@ -329,7 +336,7 @@ def _retire(info: dict[str, Any]) -> None:
         raise MldbgError(
             f"{where} and still runs sessions {', '.join(live[:10])}: finish them with the "
             "mldbg that started them, or end them all with `mldbg serve --stop`",
-            code="daemon_skew",
+            code=DAEMON_SKEW,
             sessions=live[:10],
         )
     with contextlib.suppress(MldbgError):
@@ -368,6 +375,6 @@ def _start_daemon(directory: Path) -> dict[str, Any]:
         time.sleep(0.05)
     raise MldbgError(
         f"the mldbg daemon did not start (see {log_path})",
-        code="daemon_start_failed",
+        code=DAEMON_START_FAILED,
         log=str(log_path),
     )

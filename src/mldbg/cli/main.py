@@ -22,7 +22,7 @@ import sys
 from typing import Any, NoReturn
 
 from .. import verbs
-from ..errors import MldbgError, UsageError
+from ..errors import NO_DAEMON, MldbgError, UsageError
 from ..verbs import VERBS, Arg, Verb
 
 EXIT_ERROR = 1
@@ -409,7 +409,7 @@ def run_command(args: argparse.Namespace, as_json: bool) -> int:
             try:
                 client = connect(autostart=False, any_mldbg=True)
             except MldbgError as exc:
-                if exc.code != "no_daemon":
+                if exc.code != NO_DAEMON:
                     raise
                 # what was asked already holds: nothing to stop is not an error
                 if as_json:

@@ -27,7 +27,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
 from .. import __version__, budget, verbs
-from ..errors import MldbgError
+from ..errors import DAEMON_UNREACHABLE, INTERNAL, OS_ERROR, MldbgError
 from ..verbs import VERBS, Arg, Verb
 from .client import Client, connect
 
@@ -130,12 +130,12 @@ def _as_tool_error() -> Iterator[None]:
     except OSError as exc:
         message = f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
         raise ToolError(
-            json.dumps({"error": budget.encodable(message), "code": "os_error"})
+            json.dumps({"error": budget.encodable(message), "code": OS_ERROR})
         ) from None
     except Exception as exc:  # anything else still reaches the agent with a code
         text = f"internal error in mldbg mcp: {type(exc).__name__}: {exc} (please report it)"
         raise ToolError(
-            json.dumps({"error": budget.capped(text, budget.MESSAGE), "code": "internal"})
+            json.dumps({"error": budget.capped(text, budget.MESSAGE), "code": INTERNAL})
         ) from None
 
 
@@ -173,7 +173,7 @@ class Tools:
         try:
             return self.client.call(verb.name, session, **args)
         except MldbgError as exc:
-            if exc.code != "daemon_unreachable":
+            if exc.code != DAEMON_UNREACHABLE:
                 raise
             self._client = None  # the daemon went away: find or start it again, once
             return self.client.call(verb.name, session, **args)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import MldbgError, TutorialError, UsageError
+from ..errors import BAD_ARGUMENT, CONFIRMATION_REQUIRED, MldbgError, TutorialError, UsageError
 from . import render
 
 NAMES = ("profile", "prune", "doctor", "kill-all", "tutorial")
@@ -90,7 +90,7 @@ def cmd_kill_all(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
             confirm=ask if interactive else None,
         )
     except MldbgError as exc:
-        if exc.code == "confirmation_required":
+        if exc.code == CONFIRMATION_REQUIRED:
             raise UsageError(exc.message, code=exc.code, **exc.extra) from None
         raise
     return data, lambda r: killall.render_kill_all(r, render.out)
@@ -168,7 +168,7 @@ def run_tutorial_cli(args: Any, as_json: bool) -> int:
             say=None if as_json else (lambda text: render.out.print(text, markup=False)),
         )
     except TutorialError as exc:
-        payload = {"error": str(exc), "code": "bad_argument"}
+        payload = {"error": str(exc), "code": BAD_ARGUMENT}
         if as_json:
             print(json.dumps(payload))
         else:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import MldbgError
+from ..errors import FILE_NOT_FOUND, PROFILE_FAILED, START_FAILED, MldbgError
 from ..interpreters import resolve_python
 from ..runs import (
     OUTPUT_LOG,
@@ -105,11 +105,11 @@ def run_profiled(
     """Run ``script`` to its end under the runner; the run gets a directory in the run store."""
     cwd = os.path.abspath(cwd or os.getcwd())
     if not os.path.isdir(cwd):
-        raise MldbgError(f"working directory {cwd} does not exist", code="file_not_found")
+        raise MldbgError(f"working directory {cwd} does not exist", code=FILE_NOT_FOUND)
     script_path = os.path.join(cwd, os.path.expanduser(script))
     if not os.path.isfile(script_path):
         raise MldbgError(
-            f"no such script: {script} (looked in {cwd})", code="file_not_found", script=script
+            f"no such script: {script} (looked in {cwd})", code=FILE_NOT_FOUND, script=script
         )
     interpreter = resolve_python(python, cwd)
     base_env = dict(os.environ if env is None else env)
@@ -138,7 +138,7 @@ def run_profiled(
                 )
             except OSError as exc:
                 raise MldbgError(
-                    f"cannot run {interpreter}: {exc.strerror}", code="start_failed"
+                    f"cannot run {interpreter}: {exc.strerror}", code=START_FAILED
                 ) from None
             run = finalize_run_dir(run, Path(script_path).stem, process.pid)
             run.update_meta(
@@ -181,7 +181,7 @@ def run_profiled(
         raise MldbgError(
             f"the profiled script ended ({'signal ' + str(signal) if signal else f'exit code {returncode}'}) "
             f"before the profiler could write its counts; its output is in {run.file(OUTPUT_LOG)}",
-            code="profile_failed",
+            code=PROFILE_FAILED,
             output_tail=_tail(run.file(OUTPUT_LOG)),
             run_dir=str(run.path),
         )

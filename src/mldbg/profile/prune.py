@@ -15,7 +15,20 @@ import tempfile
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ..errors import MldbgError
+from ..errors import (
+    BAD_ARGUMENT,
+    BRANCH_EXISTS,
+    DIRTY_TREE,
+    FILE_NOT_FOUND,
+    GIT_FAILED,
+    GIT_MISSING,
+    NOT_A_GIT_REPO,
+    NOT_SET_UP,
+    REPO_NOT_USED,
+    SCRIPT_FAILED,
+    WRONG_BRANCH,
+    MldbgError,
+)
 from .collect import RawProfile, run_profiled
 
 SUFFIX = "-pruned"
@@ -87,11 +100,11 @@ def _git(top: Path | str, *args: str, env: dict[str, str] | None = None, check: 
             timeout=120,
         )
     except FileNotFoundError:
-        raise MldbgError("git is not installed (prune needs git)", code="git_missing") from None
+        raise MldbgError("git is not installed (prune needs git)", code=GIT_MISSING) from None
     if check and proc.returncode != 0:
         raise MldbgError(
             f"git {' '.join(args[:3])} failed in {top}: {proc.stderr.strip()[-500:]}",
-            code="git_failed",
+            code=GIT_FAILED,
         )
     return proc.stdout
 
@@ -99,7 +112,7 @@ def _git(top: Path | str, *args: str, env: dict[str, str] | None = None, check: 
 def _toplevel(repo: str | None) -> Path:
     path = os.path.abspath(os.path.expanduser(repo or os.getcwd()))
     if not os.path.exists(path):
-        raise MldbgError(f"{path} does not exist", code="file_not_found")
+        raise MldbgError(f"{path} does not exist", code=FILE_NOT_FOUND)
     where = path if os.path.isdir(path) else os.path.dirname(path)
     proc = subprocess.run(
         ["git", "-C", where, "rev-parse", "--show-toplevel"], capture_output=True, text=True
@@ -109,7 +122,7 @@ def _toplevel(repo: str | None) -> Path:
             f"{path} is not inside a git checkout: prune works on a library's git clone "
             "(typically the one installed with `pip install -e`); `mldbg doctor PKG` shows "
             "where a package is imported from",
-            code="not_a_git_repo",
+            code=NOT_A_GIT_REPO,
         )
     return Path(proc.stdout.strip()).resolve()
 
@@ -141,7 +154,7 @@ def _refuse_dirty(top: Path) -> None:
         raise MldbgError(
             f"{top} has uncommitted changes in {len(dirty)} file(s) ({', '.join(dirty[:5])}): "
             "commit or stash them first, so the pruned branch matches the code that ran",
-            code="dirty_tree",
+            code=DIRTY_TREE,
             files=dirty[:MAX_LISTED],
         )
 
@@ -152,14 +165,14 @@ def _branches(top: Path) -> tuple[str, str]:
     if current is None:
         raise MldbgError(
             f"{top} has a detached HEAD: check out the branch to prune from first",
-            code="bad_argument",
+            code=BAD_ARGUMENT,
         )
     source = _source_of(top, current)
     if source is not None:
         raise MldbgError(
             f"{top} has the pruned branch {current} checked out: check out {source} "
             f"(the full library) first; `mldbg prune restore` works from either",
-            code="wrong_branch",
+            code=WRONG_BRANCH,
         )
     return current, current + SUFFIX
 
@@ -226,7 +239,7 @@ def setup(repo: str) -> PruneSetupResult:
         raise MldbgError(
             f"a branch {pruned} already exists in {top} but was not made by mldbg prune: "
             "rename or delete it first",
-            code="branch_exists",
+            code=BRANCH_EXISTS,
         )
     commit = _git(top, "rev-parse", f"refs/heads/{pruned}").strip()
     return {
@@ -279,7 +292,7 @@ def run(
     if not _exists(top, pruned) or _source_of(top, pruned) != source:
         raise MldbgError(
             f"{top} has no pruned branch for {source}: run `mldbg prune setup {top}` first",
-            code="not_set_up",
+            code=NOT_SET_UP,
         )
     _refuse_dirty(top)
     raw = run_profiled(script, args, python=python, cwd=cwd)
@@ -288,7 +301,7 @@ def run(
             f"the script failed (exit code {raw.exit_code}, signal {raw.signal}); nothing was "
             f"pruned, since a failed run may not reach the code it needs. Output: "
             f"{raw.run.path / 'output.log'}",
-            code="script_failed",
+            code=SCRIPT_FAILED,
             output_tail=raw.output_tail,
             run_dir=str(raw.run.path),
         )
@@ -298,7 +311,7 @@ def run(
             f"the script imported nothing from {top}, so everything would go; is it installed "
             "editable (`pip install -e`) in the interpreter that ran? `mldbg doctor PKG` shows "
             "which copy is imported",
-            code="repo_not_used",
+            code=REPO_NOT_USED,
             run_dir=str(raw.run.path),
         )
     tracked_pruned = _tracked(top, pruned)
@@ -336,7 +349,7 @@ def _pair(top: Path) -> tuple[str, str]:
     """(source, pruned) from either branch being checked out."""
     current = _current_branch(top)
     if current is None:
-        raise MldbgError(f"{top} has a detached HEAD: check out a branch", code="bad_argument")
+        raise MldbgError(f"{top} has a detached HEAD: check out a branch", code=BAD_ARGUMENT)
     source = _source_of(top, current)
     if source is not None:
         return source, current
@@ -344,7 +357,7 @@ def _pair(top: Path) -> tuple[str, str]:
     if not _exists(top, pruned) or _source_of(top, pruned) != current:
         raise MldbgError(
             f"{top} has no pruned branch for {current}: run `mldbg prune setup {top}` first",
-            code="not_set_up",
+            code=NOT_SET_UP,
         )
     return current, pruned
 
@@ -369,7 +382,7 @@ def restore(files: list[str], *, repo: str | None = None) -> PruneRestoreResult:
     if missing:
         raise MldbgError(
             f"not in {source}: {', '.join(missing[:10])} (paths are relative to {top} or absolute)",
-            code="file_not_found",
+            code=FILE_NOT_FOUND,
             files=missing[:MAX_LISTED],
         )
     add = sorted({p for p in wanted if p not in in_pruned})

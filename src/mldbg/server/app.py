@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from typing_extensions import TypedDict
 
 from .. import __version__, budget
-from ..errors import MldbgError
+from ..errors import BAD_ARGUMENT, BAD_PATH, BAD_SESSION_NAME, INTERNAL, TOO_LONG, MldbgError
 from ..names import SESSION_NAME_PATTERN, SESSION_NAME_RULE, check_session_name
 from ..verbs import VERBS, Arg, Verb
 from .classic import classic_router
@@ -151,7 +151,7 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
             # not a directory): the caller's input, said as such, not a 500
             raise MldbgError(
                 f"{verb.name}: cannot read {exc.filename!r}: {exc.strerror or exc}",
-                code="bad_path",
+                code=BAD_PATH,
                 path=str(exc.filename),
             ) from None
 
@@ -244,7 +244,7 @@ def refuse_nul_bytes(values: dict[str, Any]) -> None:
             raise MldbgError(
                 f"{where}: contains a NUL byte (\\0), which no path, argument, environment "
                 "variable or source text can hold",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
                 argument=where,
             )
 
@@ -277,7 +277,7 @@ def refuse_oversized(verb: Verb, values: dict[str, Any]) -> None:
             where, unit, limit = found
             raise MldbgError(
                 f"{budget.capped(where, 200)}: longer than its limit of {limit} {unit}",
-                code="too_long",
+                code=TOO_LONG,
                 argument=arg.name,
                 limit=limit,
             )
@@ -332,7 +332,7 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
         )
         return SafeJSONResponse(
             status_code=500,
-            content={"error": budget.capped(message, budget.MESSAGE), "code": "internal"},
+            content={"error": budget.capped(message, budget.MESSAGE), "code": INTERNAL},
         )
 
     @app.get("/v1/health", responses=ERROR_RESPONSES)
@@ -432,7 +432,7 @@ def validation_error(errors: Any) -> dict[str, Any]:
     """pydantic's complaint as mldbg's error: which argument, what was wrong, no URLs."""
     problems = []
     argument = None
-    code = "bad_argument"
+    code = BAD_ARGUMENT
     for error in list(errors)[:10]:
         loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path")]
         name = ".".join(loc) or "request body"
@@ -440,7 +440,7 @@ def validation_error(errors: Any) -> dict[str, Any]:
         kind = error.get("type", "")
         if tuple(error.get("loc", ()))[:2] == ("path", "name"):
             # the route's own pattern refused it: said as every other edge says it
-            code = "bad_session_name"
+            code = BAD_SESSION_NAME
             shown = budget.capped(repr(error.get("input")), 80)
             text = f"bad session name {shown}: use {SESSION_NAME_RULE}"
         elif kind == "extra_forbidden":

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from .. import budget, verbs
 from ..agent import protocol as P
-from ..errors import MldbgError
+from ..errors import BAD_ARGUMENT, BAD_STEP, MldbgError
 from .manager import SessionManager
 from .sessions import StartRequest
 
@@ -81,7 +81,7 @@ def classic_router(manager: SessionManager) -> APIRouter:
                     raise MldbgError(
                         f"script_path {body.script_path!r} is relative: give an absolute path, "
                         "or `cwd` (the directory it is relative to, also the script's cwd)",
-                        code="bad_argument",
+                        code=BAD_ARGUMENT,
                         argument="cwd",
                     )
                 cwd = os.path.dirname(script)
@@ -125,7 +125,7 @@ def classic_router(manager: SessionManager) -> APIRouter:
             if kind not in ("over", "into", "out"):
                 raise MldbgError(
                     f"unknown step kind {kind!r}: use over, into or out",
-                    code="bad_step",
+                    code=BAD_STEP,
                     status=404,
                 )
             return default().resume(P.STEP, {"kind": kind}, STEP_WAIT)

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from .. import store_queries
 from ..agent import protocol as P
-from ..errors import MldbgError
+from ..errors import BAD_ARGUMENT, CONFIRM, NO_SUCH_TENSOR, MldbgError
 from ..runs import clean_runs, mldbg_home
 from ..verbs import BY_NAME, VERBS, fix
 from .manager import SessionManager
@@ -55,7 +55,7 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
     assert name is not None
     if not a.get("script") and not a.get("module"):
         raise MldbgError(
-            "give a script (a path) or a module to run", code="bad_argument", argument="script"
+            "give a script (a path) or a module to run", code=BAD_ARGUMENT, argument="script"
         )
     cwd = a.get("cwd") or os.getcwd()
     for package in a.get("require_editable") or []:
@@ -119,7 +119,7 @@ def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
         if given:
             raise MldbgError(
                 f"capture_{given[0]} needs a capture name (capture=NAME)",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
                 argument="capture",
             )
         return None
@@ -130,7 +130,7 @@ def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
             {"name": a["capture"], **{k: v for k, v in options.items() if v is not None}}
         )
     except ValueError as exc:
-        raise MldbgError(str(exc), code="bad_argument", argument="capture") from None
+        raise MldbgError(str(exc), code=BAD_ARGUMENT, argument="capture") from None
     return ENV, spec.to_env()
 
 
@@ -193,7 +193,7 @@ def eval_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
         if a["against"] == name:
             raise MldbgError(
                 "against names the session itself: give the other paused session",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
                 argument="against",
             )
         other = manager.get(a["against"])
@@ -497,19 +497,19 @@ def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
             }
         if action == "info":
             if not a.get("name"):
-                raise MldbgError("tensors info needs a name", code="bad_argument", argument="name")
+                raise MldbgError("tensors info needs a name", code=BAD_ARGUMENT, argument="name")
             return store.tensor_info(a["name"], home)
         if not a.get("name") and not a.get("yes"):
             count = len(store.list_tensors(home))
             raise MldbgError(
                 f"this deletes all {count} tensor(s) in {store.store_dir(home)}; "
                 "confirm with yes, or name the one tensor to clear",
-                code="confirm",
+                code=CONFIRM,
                 fix=[fix("tensors", action="clear", yes=True)],
             )
         return {"removed": store.clear_tensors(a.get("name"), home)}
     except (FileNotFoundError, ValueError) as exc:
-        raise MldbgError(str(exc)[:2000], code="no_such_tensor") from None
+        raise MldbgError(str(exc)[:2000], code=NO_SUCH_TENSOR) from None
 
 
 def tensor_home(manager: SessionManager, a: dict[str, Any]) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import results as R
 from ..agent import protocol as P
-from ..errors import MldbgError
+from ..errors import BAD_ARGUMENT, NO_SUCH_BREAKPOINT, MldbgError
 from ..verbs import fix
 from .manager import SessionManager
 from .sessions import Session
@@ -40,7 +40,7 @@ def until_location(s: Session, a: dict[str, Any]) -> P.BreakArgs:
         else:
             raise MldbgError(
                 f"until takes FILE:LINE, LINE (in the current file) or #ID, not {target!r}",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
                 argument="target",
             )
     if bp_id is not None:
@@ -51,18 +51,18 @@ def until_location(s: Session, a: dict[str, Any]) -> P.BreakArgs:
                         f"breakpoint #{bp_id} has no line to run to (it is a "
                         f"{'pending function' if bp.get('pending') else 'checkpoint or exception'}"
                         " breakpoint)",
-                        code="bad_argument",
+                        code=BAD_ARGUMENT,
                         argument="id",
                     )
                 return {"file": bp["file"], "line": bp["line"]}
         raise MldbgError(
             f"no breakpoint #{bp_id}",
-            code="no_such_breakpoint",
+            code=NO_SUCH_BREAKPOINT,
             fix=[fix("breaks", session=s.name)],
         )
     if line is None:
         raise MldbgError(
-            "until needs a target: FILE:LINE, LINE or #ID", code="bad_argument", argument="target"
+            "until needs a target: FILE:LINE, LINE or #ID", code=BAD_ARGUMENT, argument="target"
         )
     if not file:
         location = s.snapshot().get("location") or {}
@@ -70,7 +70,7 @@ def until_location(s: Session, a: dict[str, Any]) -> P.BreakArgs:
         if not file:
             raise MldbgError(
                 "no current file to run to a line in: give FILE:LINE",
-                code="bad_argument",
+                code=BAD_ARGUMENT,
                 argument="target",
             )
     return {"file": file, "line": int(line)}

@@ -19,7 +19,7 @@ from typing import Any
 import uvicorn
 
 from .. import __version__, verbs
-from ..errors import MldbgError
+from ..errors import DAEMON_RUNNING, MldbgError
 from . import live_runs
 from .app import create_app
 from .config import (
@@ -62,7 +62,7 @@ def serve(port: int = 0) -> None:
         raise MldbgError(
             f"another mldbg daemon is running for {config_dir()} (pid {other.get('pid', '?')}, "
             f"{other.get('url', 'url unknown')}); stop it first with: mldbg serve --stop",
-            code="daemon_running",
+            code=DAEMON_RUNNING,
             pid=other.get("pid"),
             url=other.get("url"),
         )

@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from .. import __version__, budget
 from ..agent import protocol as P
-from ..errors import MldbgError, StartFailed
+from ..errors import STORE_UNWRITABLE, MldbgError, StartFailed
 from ..runs import (
     EVENTS,
     OUTPUT_LOG,
@@ -70,7 +70,7 @@ def _make_run_dir(home: Path) -> tuple[RunDir, IO[bytes]]:
     except OSError as exc:
         raise StartFailed(
             f"cannot create the run directory under {home}: {exc}",
-            code="store_unwritable",
+            code=STORE_UNWRITABLE,
             path=str(home),
         ) from None
     try:
@@ -78,7 +78,7 @@ def _make_run_dir(home: Path) -> tuple[RunDir, IO[bytes]]:
     except OSError as exc:
         _discard_reserved(run)
         raise StartFailed(
-            f"cannot create {run.file(OUTPUT_LOG)}: {exc}", code="store_unwritable", path=str(home)
+            f"cannot create {run.file(OUTPUT_LOG)}: {exc}", code=STORE_UNWRITABLE, path=str(home)
         ) from None
     return run, os.fdopen(fd, "ab")
 
@@ -194,7 +194,7 @@ class SessionProcess:
             self._abort_start()
             raise StartFailed(
                 f"cannot write the run store under {home}: {exc}; the script was stopped",
-                code="store_unwritable",
+                code=STORE_UNWRITABLE,
                 run_dir=str(run.path),
             ) from None
         try:
@@ -229,7 +229,7 @@ class SessionProcess:
                 ) from None
             raise StartFailed(
                 f"cannot write the run store under {home}: {exc}; the script was stopped",
-                code="store_unwritable",
+                code=STORE_UNWRITABLE,
                 output_tail=tail,
                 run_dir=str(run.path),
             ) from None

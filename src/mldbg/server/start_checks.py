@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from ..errors import MldbgError, StartFailed
+from ..errors import BAD_ARGUMENT, MldbgError, StartFailed
 
 
 def bad(argument: str, message: str) -> MldbgError:
-    return MldbgError(message, code="bad_argument", argument=argument)
+    return MldbgError(message, code=BAD_ARGUMENT, argument=argument)
 
 
 def check_text(argument: str, value: str | None) -> None:

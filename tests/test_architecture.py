@@ -13,6 +13,7 @@ import importlib
 import inspect
 import pkgutil
 import re
+import sys
 from pathlib import Path
 
 import mldbg
@@ -170,3 +171,60 @@ def test_every_module_is_in_a_layer_and_imports_only_downward() -> None:
             if here is not None and there is not None and there < here:
                 upward.append(f"{module} -> {target}")
     assert sorted(upward) == []
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """What a file imports when it is imported: module-level statements (and their ``if``/
+    ``try`` blocks), ``if TYPE_CHECKING:`` blocks left out; functions' own imports not."""
+    found: set[str] = set()
+    todo: list[ast.stmt] = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If):
+            if "TYPE_CHECKING" not in ast.unparse(node.test):
+                todo += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            todo += node.body + node.orelse + node.finalbody
+            for handler in node.handlers:
+                todo += handler.body
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                module = module_of(path)
+                package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                names = {f"{target}.{a.name}" for a in node.names}
+                found |= {n for n in names if is_module(n)} | {target}
+            else:
+                found.add(node.module or "")
+    return found
+
+
+# loaded by the agent only for a capture or replay the user asked for (start --capture),
+# in a script that has torch or MLX, and numpy, already
+ON_REQUEST = ("mldbg.capture", "mldbg.compare")
+
+
+def test_what_the_agent_imports_at_start_is_standard_library_only() -> None:
+    """The debuggee's interpreter may have nothing but the standard library: every mldbg
+    module the agent may load (its imports followed, lazy ones too) imports only the
+    standard library and mldbg when it is imported; torch, MLX or numpy only inside the
+    functions that run when the script already has them."""
+    files = {module_of(p): p for p in SRC.rglob("*.py")}
+    seen: set[str] = set()
+    todo = ["mldbg.agent.runner", "mldbg.agent.__main__"]
+    foreign = []
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in files or module.startswith(ON_REQUEST):
+            continue
+        seen.add(module)
+        todo += imports_of(files[module])  # every mldbg module it may load, lazily too
+        for name in top_level_imports(files[module]):
+            top = name.split(".")[0]
+            if top != "mldbg" and top not in sys.stdlib_module_names and top != "__future__":
+                foreign.append(f"{module} imports {name}")
+    assert "mldbg.errors" in seen and foreign == []

@@ -187,3 +187,33 @@ def test_serving_commands_leaves_the_protocols_digest_alone() -> None:
     P.handlers_of(object.__new__(CommandServer))
     P.handlers_of(object.__new__(PausedThread))
     assert verbs.fingerprint() == before
+
+
+def annotation(fn: Any, what: str) -> Any:
+    """``fn``'s annotation for ``what`` (a parameter name or "return"), resolved."""
+    module = sys.modules[fn.__module__]
+    hints = typing.get_type_hints(fn, globalns={**vars(module), "R": results})
+    return hints[what]
+
+
+def test_types_bind_from_the_verb_table_to_the_wire() -> None:
+    """Each verb's result type is the one its handler returns, the one its renderer takes,
+    and (for a verb that reaches the debuggee) the one the agent's handler returns: mypy
+    then holds every one of them to the same TypedDict."""
+    from mldbg.cli import render
+
+    types = declared_types()
+    for verb in verbs.VERBS:
+        handler = handlers.HANDLERS[verb.name]
+        if verb.agent is not None:
+            assert types[verb.agent.name][1] is verb.result, verb.name
+        else:
+            assert annotation(handler, "return") is verb.result, verb.name
+        renderer = render.RENDERERS.get(verb.name)
+        if renderer is not None:
+            first = next(iter(inspect.signature(renderer).parameters))
+            assert annotation(renderer, first) is verb.result, verb.name
+    for name, fn in {**served(CommandServer), **served(PausedThread)}.items():
+        declared = types[name][1]
+        if typing.get_origin(declared) is None:  # a results TypedDict, not a plain dict
+            assert annotation(fn, "return") is declared, name

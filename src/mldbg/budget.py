@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypedDict
 
 MESSAGE = 2_000  # an error message or an exception's str()
 TRACEBACK = 8_000  # a formatted traceback: its end matters most
@@ -141,16 +141,23 @@ def shrink(record: dict[str, Any], limit: int) -> dict[str, Any]:
     return cut  # type: ignore[no-any-return]
 
 
-def page_info(
-    total: int, offset: int, shown: int, verb: str, args: dict[str, Any]
-) -> dict[str, Any]:
+class PageInfo(TypedDict, total=False):
+    """What a paged listing adds to its items (``results.Truncation``)."""
+
+    total: int
+    shown: int
+    truncated: bool
+    next: dict[str, Any]
+
+
+def page_info(total: int, offset: int, shown: int, verb: str, args: dict[str, Any]) -> PageInfo:
     """The counts every paged listing carries, and the exact call that gets the next page.
 
     ``{"total", "shown", "truncated"}`` plus, when something is left after this page,
     ``"next": {"verb": verb, "args": {...args, "offset": offset + shown}}`` (arguments that
     are None are left out, so the call reads as a person would write it).
     """
-    info: dict[str, Any] = {
+    info: PageInfo = {
         "total": total,
         "shown": shown,
         "truncated": offset + shown < total,

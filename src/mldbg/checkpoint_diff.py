@@ -14,10 +14,13 @@ import fnmatch
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import budget
 from .runs import CHECKPOINTS, RunDir, resolve_run
+
+if TYPE_CHECKING:  # the result shapes, for the type checker
+    from . import results as R
 
 MAX_RECORDS = 20_000  # records read from each run (after the name/hit filter)
 PAIR_BYTES = 8_000  # one pair in the answer, at most
@@ -33,7 +36,7 @@ def compare_runs(
     hit: int | None = None,
     offset: int = 0,
     limit: int = 20,
-) -> dict[str, Any]:
+) -> R.CheckpointPairs:
     """Pairs of records ``(checkpoint_name, hit_count)`` in run ``a``'s order."""
     run_a, run_b = resolve_run(home, a), resolve_run(home, b)
     records_a, cut_a = _records(run_a, name, hit)
@@ -46,7 +49,7 @@ def compare_runs(
     page = paired[offset : offset + limit]
     pairs = [budget.shrink(_pair(ra, rb), PAIR_BYTES) for ra, rb in page]
     args = {"a": run_a.run_id, "b": str(run_b.path), "name": name, "hit": hit, "limit": limit}
-    result: dict[str, Any] = {
+    result: R.CheckpointPairs = {
         "a": {"run_id": run_a.run_id, "path": str(run_a.path)},
         "b": {"run_id": run_b.run_id, "path": str(run_b.path)},
         "pairs": pairs,

@@ -66,16 +66,16 @@ class BreakpointInfo(TypedDict, total=False):
     subnormal: bool
 
 
-class Breakpoints(TypedDict, total=False):
-    breakpoints: list[BreakpointInfo]
-    watches: list[dict[str, Any]]
-
-
 class Watch(TypedDict, total=False):
     id: int
     expression: str
     value: str  # at a stop: the value's one line (bounded)
     error: str  # at a stop: what evaluating it raised
+
+
+class Breakpoints(TypedDict, total=False):
+    breakpoints: list[BreakpointInfo]
+    watches: list[Watch]
 
 
 class Watches(TypedDict, total=False):
@@ -212,6 +212,9 @@ class Evaluation(TypedDict, total=False):
     session: str  # with against: the session asked first
     against: dict[str, Any]
     difference: dict[str, Any]
+    # between the agent and the daemon only (removed before the answer): what eval's
+    # export wrote for --against, {"written", "path"} or {"written": false, "reason"}
+    export: dict[str, Any]
 
 
 class Output(Truncation, total=False):
@@ -317,11 +320,19 @@ class WeightAudit(Truncation, total=False):
 
 
 class TensorStore(Truncation, total=False):
+    """``list``: path, tensors, size_bytes (+ the page counts); ``clear``: removed;
+    ``info``: one tensor's own fields at the top level (name, path, size_bytes, shape,
+    dtype, metadata, or error when its file is unreadable)."""
+
     path: str
     tensors: list[dict[str, Any]]
     size_bytes: int
     removed: list[str]
-    tensor: dict[str, Any]
+    name: str
+    shape: list[int]
+    dtype: str
+    metadata: dict[str, Any]
+    error: str
 
 
 class Cleaned(TypedDict, total=False):

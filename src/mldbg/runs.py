@@ -18,9 +18,12 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import AMBIGUOUS_RUN, NO_RUNS, UNKNOWN_RUN
+
+if TYPE_CHECKING:  # the agent imports this module: standard library only at run time
+    from .results import Cleaned as _Cleaned
 
 RUN_JSON = "run.json"
 OUTPUT_LOG = "output.log"
@@ -430,7 +433,7 @@ def _alive(pid: Any) -> bool:
     return True
 
 
-def clean_runs(home: Path, keep: int, dry_run: bool = False) -> dict[str, Any]:
+def clean_runs(home: Path, keep: int, dry_run: bool = False) -> _Cleaned:
     """Remove all but the newest ``keep`` runs; a run whose process still lives is kept."""
     import shutil
 

@@ -13,7 +13,10 @@ import math
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # the result shapes, for the type checker
+    from . import results as R
 
 FIRST_VALUES = 8  # elements shown side by side where the two differ
 
@@ -85,14 +88,14 @@ def _json(value: Any) -> Any:
     return value
 
 
-def evaluate_both(first: Any, second: Any, expression: str, timeout: float) -> dict[str, Any]:
+def evaluate_both(first: Any, second: Any, expression: str, timeout: float) -> R.Evaluation:
     """``expression`` in the paused sessions ``first`` and ``second`` (server ``Session``s):
     ``first``'s answer, with ``against`` (``second``'s) and ``difference`` added."""
     scratch = Path(tempfile.mkdtemp(prefix="mldbg-side-"))  # 0700: private to this user
     try:
         a_path, b_path = scratch / "a.npy", scratch / "b.npy"
-        result: dict[str, Any] = first.evaluate(expression, timeout, export=str(a_path))
-        other: dict[str, Any] = second.evaluate(expression, timeout, export=str(b_path))
+        result = cast("dict[str, Any]", first.evaluate(expression, timeout, export=str(a_path)))
+        other = cast("dict[str, Any]", second.evaluate(expression, timeout, export=str(b_path)))
         wrote_a = (result.pop("export", None) or {}).get("written")
         wrote_b = (other.pop("export", None) or {}).get("written")
         other.pop("expression", None)
@@ -108,6 +111,6 @@ def evaluate_both(first: Any, second: Any, expression: str, timeout: float) -> d
             result["difference"] = {
                 "error": "one side is a tensor and the other is not (or too large to read)"
             }
-        return result
+        return cast("R.Evaluation", result)  # an evaluation, with against and difference
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

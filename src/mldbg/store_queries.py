@@ -12,9 +12,10 @@ from __future__ import annotations
 import fnmatch
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from . import budget
+from . import results as R
 from .runs import CHECKPOINTS, EVENTS, describe_run, list_runs, resolve_run
 
 CAPTURE_KEYS = (
@@ -27,22 +28,22 @@ CAPTURE_KEYS = (
     "tensors",
     "bytes",
 )
+T = TypeVar("T")
 RECORD_BYTES = 8_000  # one checkpoint record or trace step, at most
 
 
 def page(
-    items: list[Any], offset: int, limit: int, verb: str, args: dict[str, Any]
-) -> dict[str, Any]:
-    """``items[offset:offset+limit]`` plus the counts and the call for the next page."""
+    items: list[T], offset: int, limit: int, verb: str, args: dict[str, Any]
+) -> tuple[list[T], budget.PageInfo]:
+    """``items[offset:offset+limit]``, and the counts and the call for the next page."""
     shown = items[offset : offset + limit]
-    return {"items": shown, **budget.page_info(len(items), offset, len(shown), verb, args)}
+    return shown, budget.page_info(len(items), offset, len(shown), verb, args)
 
 
-def runs(home: Path, offset: int = 0, limit: int = 20) -> dict[str, Any]:
+def runs(home: Path, offset: int = 0, limit: int = 20) -> R.Runs:
     """Runs under ``home``, newest first."""
     found = list(reversed(list_runs(home)))
-    paged = page(found, offset, limit, "runs", {"limit": limit})
-    items = paged.pop("items")
+    items, paged = page(found, offset, limit, "runs", {"limit": limit})
     return {"home": str(home), "runs": [describe_run(r) for r in items], **paged}
 
 
@@ -53,7 +54,7 @@ def checkpoints(
     hit: int | None = None,
     offset: int = 0,
     limit: int = 20,
-) -> dict[str, Any]:
+) -> R.Checkpoints:
     """A run's checkpoint records (``run`` None: the latest), filtered by name glob and hit.
 
     Lines are parsed one at a time and only the requested page is kept, so a run with
@@ -84,17 +85,17 @@ def checkpoints(
     }
 
 
-def captures(home: Path, run: str | None = None, limit: int = 50) -> dict[str, Any]:
+def captures(home: Path, run: str | None = None, limit: int = 50) -> R.Captures:
     """The module captures of every run (or of ``run``), newest first."""
     from .compare.sources import find_captures, find_captures_in
 
     found = find_captures_in(resolve_run(home, run).path) if run else find_captures(home)
     items = [{k: c.get(k) for k in CAPTURE_KEYS} | {"path": c["path"]} for c in reversed(found)]
-    paged = page(items, 0, limit, "captures", {"run": run, "limit": len(items)})
-    return {"home": str(home), "captures": paged.pop("items"), **paged}
+    shown, paged = page(items, 0, limit, "captures", {"run": run, "limit": len(items)})
+    return {"home": str(home), "captures": shown, **paged}
 
 
-def trace(home: Path, run: str | None, last: int = 10) -> dict[str, Any]:
+def trace(home: Path, run: str | None, last: int = 10) -> R.Trace:
     """The last ``last`` stops recorded in a run's events.jsonl: where, the stack, the variables."""
     found = resolve_run(home, run)
     path = found.file(EVENTS)
@@ -107,10 +108,10 @@ def trace(home: Path, run: str | None, last: int = 10) -> dict[str, Any]:
         steps.append(_step(record))
         if len(steps) > last:
             del steps[0]
-    result: dict[str, Any] = {
+    result: R.Trace = {
         "run_id": found.run_id,
         "path": str(path),
-        "steps": steps,
+        "steps": cast("list[R.TraceStep]", steps),  # as events.jsonl recorded them
         "total": total,
         "shown": len(steps),
         "truncated": len(steps) < total,

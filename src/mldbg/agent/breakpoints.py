@@ -15,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     BAD_ARGUMENT,
@@ -29,6 +29,9 @@ from ..errors import (
 )
 from .exception_breaks import ExceptionBreaks
 from .paths import canonical, canonical_code_file
+
+if TYPE_CHECKING:
+    from .. import results as R
 
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # larger "source files" are generated data, not code
 _SOURCE_SUFFIXES = (".py", ".pyw", ".pyi")
@@ -203,8 +206,8 @@ class Breakpoint:
     function: str | None = None  # set by `break --function NAME`: the name it came from
     this_thread: bool = False  # stop only the thread that hit it, not every thread
 
-    def to_json(self) -> dict[str, Any]:
-        info: dict[str, Any] = {
+    def to_json(self) -> R.BreakpointInfo:
+        info: R.BreakpointInfo = {
             "id": self.id,
             "file": self.file,
             "line": self.line,
@@ -301,7 +304,7 @@ class CheckpointFilter:
     hit_count: int = 0
     condition_code: CodeType | None = field(default=None, repr=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> R.BreakpointInfo:
         return {
             "id": self.id,
             "checkpoint": self.name,

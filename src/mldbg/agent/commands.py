@@ -9,7 +9,7 @@ daemon hands on to its clients.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BAD_ARGUMENT, INTERNAL, NOT_PAUSED
 from . import protocol as P
@@ -26,6 +26,9 @@ from .functions import PendingFunction, check_name, resolve
 from .paused import CommandError
 from .tripwire import Tripwire
 from .wire import reply
+
+if TYPE_CHECKING:
+    from .. import results as R
 
 
 class CommandServer:
@@ -99,7 +102,7 @@ class CommandServer:
         breakpoints: list[dict[str, Any]] | None = None,
         watches: list[str] | None = None,
         main_file: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> R.Breakpoints:
         """Validate and set the start-up breakpoints all at once; any error refuses them all."""
         if main_file:
             self.debugger.main_file = main_file
@@ -118,7 +121,7 @@ class CommandServer:
         return {"running": True}
 
     @P.serves(P.BREAK)
-    def cmd_break(self, **spec: Any) -> dict[str, Any]:
+    def cmd_break(self, **spec: Any) -> R.BreakpointInfo:
         temporary = bool(spec.pop("temporary", False))
         item = self._build(spec)
         if temporary and isinstance(item, Breakpoint):
@@ -139,14 +142,14 @@ class CommandServer:
         line: int | None = None,
         checkpoint: str | None = None,
         id: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> R.BreakpointInfo:
         table = self.debugger.breakpoints
         if id is not None:
             removed = table.remove_id(int(id))
             self.debugger.backend.breakpoints_changed()
             self.debugger.watch_imports()
             self.debugger.arm_tripwire()
-            return dict(removed.to_json())
+            return removed.to_json()
         if checkpoint:
             return table.remove_checkpoint(checkpoint).to_json()
         if not file or line is None:
@@ -159,14 +162,14 @@ class CommandServer:
         return bp.to_json()
 
     @P.serves(P.CLEAR)
-    def cmd_clear(self) -> dict[str, Any]:
+    def cmd_clear(self) -> R.Removed:
         removed = self.debugger.breakpoints.clear()
         self.debugger.backend.breakpoints_changed()
         self.debugger.arm_tripwire()
         return {"removed": removed}
 
     @P.serves(P.BREAKS)
-    def cmd_breaks(self) -> dict[str, Any]:
+    def cmd_breaks(self) -> R.Breakpoints:
         table = self.debugger.breakpoints
         items = [item.to_json() for item in table.everything()]
         return {"breakpoints": items, "watches": self.debugger.watches.listing()}
@@ -176,12 +179,12 @@ class CommandServer:
         return self.debugger.request_pause()
 
     @P.serves(P.WATCH)
-    def cmd_watch(self, expression: str) -> dict[str, Any]:
+    def cmd_watch(self, expression: str) -> R.Watches:
         item = self.debugger.watches.add(expression)
         return {"watch": item.to_json(), "watches": self.debugger.watches.listing()}
 
     @P.serves(P.UNWATCH)
-    def cmd_unwatch(self, id: int | None = None, expression: str | None = None) -> dict[str, Any]:
+    def cmd_unwatch(self, id: int | None = None, expression: str | None = None) -> R.Watches:
         gone = self.debugger.watches.remove(id, expression)
         return {
             "removed": [w.to_json() for w in gone],
@@ -189,11 +192,11 @@ class CommandServer:
         }
 
     @P.serves(P.THREADS)
-    def cmd_threads(self) -> dict[str, Any]:
+    def cmd_threads(self) -> R.Threads:
         return self.debugger.threads()
 
     @P.serves(P.THREAD)
-    def cmd_thread(self, number: int) -> dict[str, Any]:
+    def cmd_thread(self, number: int) -> R.State:
         return self.debugger.select_thread(number)
 
     def _build(self, spec: dict[str, Any]) -> Any:

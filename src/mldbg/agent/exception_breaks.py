@@ -20,9 +20,12 @@ import itertools
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BAD_ARGUMENT, BreakpointError
+
+if TYPE_CHECKING:
+    from .. import results as R
 
 # Exceptions Python raises to drive control flow, never worth a stop unless named.
 _CONTROL_FLOW = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit"})
@@ -35,7 +38,7 @@ class ExceptionBreak:
     id: int = 0
     hit_count: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> R.BreakpointInfo:
         return {
             "id": self.id,
             "exception": self.mode,

@@ -28,12 +28,15 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import CodeType, ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BAD_ARGUMENT, NO_SUCH_FUNCTION, NOT_A_SOURCE_FILE
 from .breakpoints import BreakpointError, executable_lines
 from .locate import search_roots
 from .paths import canonical
+
+if TYPE_CHECKING:
+    from .. import results as R
 
 
 @dataclass
@@ -45,7 +48,7 @@ class PendingFunction:
     spec: dict[str, Any]  # condition, hits, log, this_thread: what the breakpoint will carry
     hit_count: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> R.BreakpointInfo:
         return {
             "id": self.id,
             "function": self.name,

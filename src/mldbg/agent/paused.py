@@ -16,7 +16,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import budget
 from ..errors import INTERNAL, NO_SUCH_FRAME, NOT_PAUSED, CommandError
@@ -24,6 +24,9 @@ from . import protocol as P
 from .evaluation import EvalError, FrameNamespace
 from .interrupt import EvalInterrupt, Interruptible
 from .paths import canonical_code_file, is_library_file, is_mldbg_file
+
+if TYPE_CHECKING:
+    from .. import results as R
 
 CODE_CONTEXT = 5
 MAX_VARIABLES = 500
@@ -134,36 +137,41 @@ class PausedThread:
         self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
         self._namespaces: dict[int, FrameNamespace] = {}
         self.guard = Interruptible()
-        self.watch_values: list[dict[str, Any]] = []
+        self.watch_values: list[R.Watch] = []
         self.resumed = False  # told to go on: a pause from now on is for the next stop
         self.handlers = P.handlers_of(self)  # the paused commands, by name
 
     # -- state ------------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> R.State:
         from .. import memory
 
         frame, line = self.frames[self.selected] if self.frames else (None, 0)
+        # the stop's own details (breakpoint, exception, checkpoint, tripwire...): their
+        # keys are State's, written by whoever stopped the thread
+        details = cast("R.State", self.details)
         return {
             "reason": self.reason,
-            "location": describe_frame(frame, line, code=True) if frame is not None else None,
+            "location": (
+                cast("R.Location", describe_frame(frame, line, code=True)) if frame else None
+            ),
             "frame_index": self.selected,
             "thread": {"id": self.thread.ident, "name": self.thread.name},
-            **self.details,
+            **details,
             **({"watches": self.watch_values} if self.watch_values else {}),
             "memory": memory.snapshot(),  # MLX / torch allocators and the process, at this stop
         }
 
     @P.serves(P.WATCH_VALUES)
-    def cmd_watch_values(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+    def cmd_watch_values(self, items: list[dict[str, Any]]) -> R.Watches:
         """The watch expressions' values in the selected frame now (a watch set while paused)."""
-        values = []
+        values: list[R.Watch] = []
         for item in items[:64]:
             expression = str(item.get("expression", ""))
             try:
                 code = compile(expression, "<watch>", "eval")
             except (SyntaxError, ValueError) as exc:
-                values.append({**item, "error": f"{type(exc).__name__}: {exc}"})
+                values.append({**cast("R.Watch", item), "error": f"{type(exc).__name__}: {exc}"})
                 continue
             values.append(self.watch_value(int(item.get("id", 0)), expression, code))
         self.watch_values = values
@@ -173,12 +181,12 @@ class PausedThread:
         """Interrupt the evaluation this thread is running, if any (``pause`` while paused)."""
         return self.guard.interrupt()
 
-    def watch_value(self, watch_id: int, expression: str, code: Any) -> dict[str, Any]:
+    def watch_value(self, watch_id: int, expression: str, code: Any) -> R.Watch:
         """One watch expression in the selected frame, as one bounded line, never raising."""
         from .. import summary
         from .watches import VALUE_CHARS, WATCH_TIMEOUT
 
-        item: dict[str, Any] = {"id": watch_id, "expression": expression}
+        item: R.Watch = {"id": watch_id, "expression": expression}
         try:
             frame, _ = self.frames[self.selected]
             namespace = self._namespace()
@@ -250,13 +258,13 @@ class PausedThread:
     # -- commands ---------------------------------------------------------------------------
 
     @P.serves(P.LOCATION)
-    def cmd_location(self) -> dict[str, Any]:
+    def cmd_location(self) -> R.State:
         return self.state()
 
     @P.serves(P.STACK)
-    def cmd_stack(self, limit: int = 30, all: bool = False) -> dict[str, Any]:
+    def cmd_stack(self, limit: int = 30, all: bool = False) -> R.Stack:
         """Frames innermost first; library frames hidden unless ``all`` (indices stay true)."""
-        frames: list[dict[str, Any]] = []
+        frames: list[R.Frame] = []
         hidden = 0
         for i, (f, line) in enumerate(self.frames):
             info = describe_frame(f, line, i)
@@ -264,10 +272,10 @@ class PausedThread:
             if info["library"] and not all and i != self.selected:
                 hidden += 1
                 continue
-            frames.append(info)
+            frames.append(cast("R.Frame", info))
         total = len(frames)
         shown = frames[:limit]
-        result: dict[str, Any] = {
+        result: R.Stack = {
             "frames": shown,
             "selected": self.selected,
             "hidden_library_frames": hidden,
@@ -280,7 +288,7 @@ class PausedThread:
         return result
 
     @P.serves(P.FRAME)
-    def cmd_frame(self, index: int | None = None, move: int = 0) -> dict[str, Any]:
+    def cmd_frame(self, index: int | None = None, move: int = 0) -> R.FrameSelected:
         target = self.selected + int(move) if index is None else int(index)
         note = None
         if index is None and move and self.frames and not 0 <= target < len(self.frames):
@@ -304,7 +312,7 @@ class PausedThread:
             )
         self.selected = target
         frame, line = self.frames[target]
-        result: dict[str, Any] = {
+        result: R.FrameSelected = {
             "selected": target,
             "frame": describe_frame(frame, line, target, code=True),
         }
@@ -316,7 +324,7 @@ class PausedThread:
     @P.serves(P.VARS)
     def cmd_vars(
         self, all: bool = False, filter: str | None = None, offset: int = 0, limit: int = 50
-    ) -> dict[str, Any]:
+    ) -> R.Variables:
         from .. import summary
 
         frame, line = self.frames[self.selected]
@@ -333,7 +341,7 @@ class PausedThread:
                     continue
                 matching.append((name, scope, value))
         page = matching[offset : offset + limit]
-        variables = [
+        variables: list[R.Variable] = [
             {
                 "name": name,
                 "scope": scope,
@@ -342,7 +350,7 @@ class PausedThread:
             }
             for name, scope, value in page
         ]
-        result: dict[str, Any] = {
+        result: R.Variables = {
             "frame": describe_frame(frame, line, self.selected),
             "variables": variables,
             "total": len(matching),
@@ -357,7 +365,7 @@ class PausedThread:
     @P.serves(P.EVAL)
     def cmd_eval(
         self, expression: str, timeout: float | None = 30.0, export: str | None = None
-    ) -> dict[str, Any]:
+    ) -> R.Evaluation:
         """``export``: also write the value (a tensor) to this .npy path, for ``eval
         --against`` to take the difference of two sessions' values (``export.py``)."""
         from .. import summary
@@ -381,7 +389,7 @@ class PausedThread:
         output, output_cut = budget.cap(
             printed.getvalue(), budget.EVAL_OUTPUT, "tail", dropped=printed.dropped
         )
-        result: dict[str, Any] = {
+        result: R.Evaluation = {
             "expression": budget.capped(expression, budget.VALUE),
             "result": text,
             "type": summary.type_name(value),

@@ -20,7 +20,7 @@ import sys
 import sysconfig
 import threading
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import NO_SUCH_THREAD, NOT_PAUSED
 from . import protocol as P
@@ -29,6 +29,9 @@ from .paused import CommandError, PausedThread, frames_from_stack
 from .stepping import StepRequest
 from .tracer import TracerBackend
 from .wire import Wire, reply
+
+if TYPE_CHECKING:
+    from .. import results as R
 
 AGENT_THREAD = "mldbg-agent"
 MAX_THREADS = 100
@@ -84,10 +87,10 @@ def where(ident: int, frames: dict[int, Any]) -> dict[str, Any] | None:
     return first
 
 
-def listing(stopped: int | None, held: set[int], selected: int | None) -> dict[str, Any]:
+def listing(stopped: int | None, held: set[int], selected: int | None) -> R.Threads:
     frames = sys._current_frames()
     threads = user_threads()
-    items = []
+    items: list[R.ThreadInfo] = []
     for number, (ident, thread) in enumerate(threads.items(), start=1):
         items.append(
             {
@@ -103,7 +106,7 @@ def listing(stopped: int | None, held: set[int], selected: int | None) -> dict[s
             }
         )
     shown = items[:MAX_THREADS]
-    result: dict[str, Any] = {
+    result: R.Threads = {
         "threads": shown,
         "total": len(items),
         "shown": len(shown),
@@ -192,11 +195,11 @@ class ThreadHolding:
                 return held
         return self.paused
 
-    def threads(self) -> dict[str, Any]:
+    def threads(self) -> R.Threads:
         stopped = self.paused.thread.ident if self.paused is not None else None
         return listing(stopped, set(self.held), self.selected_thread)
 
-    def select_thread(self, number: int) -> dict[str, Any]:
+    def select_thread(self, number: int) -> R.State:
         if self.paused is None:
             raise CommandError("the script is not paused; pause it first", NOT_PAUSED)
         ident = resolve(int(number))

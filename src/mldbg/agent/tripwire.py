@@ -29,9 +29,12 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .paths import canonical_code_file, is_mldbg_file
+
+if TYPE_CHECKING:
+    from .. import results as R
 
 MAX_TENSORS = 64  # tensors checked in one call's inputs or outputs
 MAX_DEPTH = 4  # nesting of tuples, lists and dicts walked into
@@ -49,7 +52,7 @@ class Tripwire:
     id: int = 0
     hit_count: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> R.BreakpointInfo:
         return {
             "id": self.id,
             "nonfinite": self.nonfinite,

@@ -11,9 +11,12 @@ import itertools
 import threading
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import BAD_ARGUMENT, BAD_EXPRESSION, NO_SUCH_WATCH, TOO_MANY_WATCHES, BreakpointError
+
+if TYPE_CHECKING:
+    from .. import results as R
 
 MAX_WATCHES = 32
 VALUE_CHARS = 300
@@ -24,7 +27,7 @@ _ids = itertools.count(1)
 class WatchEvaluator(Protocol):
     """Where watches are evaluated: the paused thread (on its own thread, in its frame)."""
 
-    def watch_value(self, watch_id: int, expression: str, code: Any) -> dict[str, Any]: ...
+    def watch_value(self, watch_id: int, expression: str, code: Any) -> R.Watch: ...
 
 
 @dataclass
@@ -33,7 +36,7 @@ class Watch:
     expression: str
     code: CodeType
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> R.Watch:
         return {"id": self.id, "expression": self.expression}
 
 
@@ -83,11 +86,11 @@ class Watches:
             code=NO_SUCH_WATCH,
         )
 
-    def listing(self) -> list[dict[str, Any]]:
+    def listing(self) -> list[R.Watch]:
         with self.lock:
             return [w.to_json() for w in self.items.values()]
 
-    def evaluate(self, paused: WatchEvaluator) -> list[dict[str, Any]]:
+    def evaluate(self, paused: WatchEvaluator) -> list[R.Watch]:
         """Every watch's value in the paused thread's selected frame (on that thread)."""
         with self.lock:
             items = list(self.items.values())

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from .. import results as R
 from .console import Table, captured, err, escape, out, plain_line
 from .console import human_size as _size
 
 __all__ = ["Table", "err", "escape", "out", "plain_line"]  # used through render by other modules
 
 
-def where(location: dict[str, Any] | None) -> str:
+def where(location: Mapping[str, Any] | None) -> str:
     if not location:
         return "?"
     return f"{location.get('file')}:{location.get('line')} in {location.get('function')}()"
 
 
-def code_block(location: dict[str, Any] | None) -> None:
+def code_block(location: Mapping[str, Any] | None) -> None:
     if not location or not location.get("code"):
         return
     current = location.get("line")
@@ -28,7 +30,7 @@ def code_block(location: dict[str, Any] | None) -> None:
         out.print(f"{marker} [{style}]{line:>5}  {escape(text)}[/]")
 
 
-def state(data: dict[str, Any]) -> None:
+def state(data: R.State) -> None:
     for warning in data.get("warnings") or []:
         err.print(f"[yellow]warning:[/] {escape(str(warning))}")
     name = data.get("session")
@@ -40,8 +42,9 @@ def state(data: dict[str, Any]) -> None:
         if thread.get("name") and thread.get("name") != "MainThread":
             head += f" [dim]thread {escape(str(thread['name']))}[/]"
         out.print(head)
-        if data.get("condition_error"):
-            out.print(f"[yellow]{escape(data['condition_error'])}[/]")
+        condition_error = data.get("condition_error")
+        if condition_error:
+            out.print(f"[yellow]{escape(condition_error)}[/]")
         exception = data.get("exception")
         if exception:
             out.print(f"[red]{escape(exception['type'])}: {escape(exception['message'])}[/]")
@@ -103,7 +106,7 @@ def state(data: dict[str, Any]) -> None:
         )
 
 
-def evaluation(data: dict[str, Any]) -> None:
+def evaluation(data: R.Evaluation) -> None:
     if data.get("output"):
         out.print(escape(data["output"].rstrip("\n")), style="dim")
     against = data.get("against")
@@ -133,7 +136,7 @@ def evaluation(data: dict[str, Any]) -> None:
         out.print(escape(text))
 
 
-def stack(data: dict[str, Any]) -> None:
+def stack(data: R.Stack) -> None:
     selected = data.get("selected", 0)
     for frame in data.get("frames", []):
         mark = "[bold green]>[/]" if frame["index"] == selected else " "
@@ -149,7 +152,7 @@ def stack(data: dict[str, Any]) -> None:
         )
 
 
-def frame(data: dict[str, Any]) -> None:
+def frame(data: R.FrameSelected) -> None:
     info = data.get("frame") or {}
     out.print(f"frame #{data.get('selected')}: {escape(where(info))}")
     if data.get("note"):
@@ -157,7 +160,7 @@ def frame(data: dict[str, Any]) -> None:
     code_block(info)
 
 
-def variables(data: dict[str, Any]) -> None:
+def variables(data: R.Variables) -> None:
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     table.add_column("name")
     table.add_column("type", style="cyan")
@@ -178,7 +181,7 @@ def variables(data: dict[str, Any]) -> None:
         )
 
 
-def breakpoints(data: dict[str, Any]) -> None:
+def breakpoints(data: R.Breakpoints) -> None:
     items = data.get("breakpoints", [])
     if not items:
         out.print("no breakpoints")
@@ -187,7 +190,7 @@ def breakpoints(data: dict[str, Any]) -> None:
         out.print(breakpoint_line(bp))
 
 
-def breakpoint_line(bp: dict[str, Any]) -> str:
+def breakpoint_line(bp: R.BreakpointInfo) -> str:
     if bp.get("checkpoint"):
         parts = [f"#{bp['id']} checkpoint {escape(bp['checkpoint'])}"]
     elif bp.get("exception"):
@@ -211,8 +214,9 @@ def breakpoint_line(bp: dict[str, Any]) -> str:
             parts.append(f"(function {escape(bp['function'])})")
         if bp.get("temporary"):
             parts.append("(one-shot)")
-    if bp.get("condition"):
-        parts.append(f"if {escape(bp['condition'])}")
+    condition = bp.get("condition")
+    if condition:
+        parts.append(f"if {escape(condition)}")
     if bp.get("hits"):
         parts.append(f"hits {escape(str(bp['hits']))}")
     if bp.get("log"):
@@ -221,7 +225,7 @@ def breakpoint_line(bp: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def sessions(data: dict[str, Any]) -> None:
+def sessions(data: R.Sessions) -> None:
     items = data.get("sessions", [])
     if not items:
         out.print("no sessions")
@@ -258,7 +262,7 @@ def sessions(data: dict[str, Any]) -> None:
     out.print(table)
 
 
-def runs(data: dict[str, Any]) -> None:
+def runs(data: R.Runs) -> None:
     items = data.get("runs", [])
     if not items:
         out.print(f"no runs under {escape(data.get('home', ''))}")
@@ -284,7 +288,7 @@ def runs(data: dict[str, Any]) -> None:
     out.print(table)
 
 
-def checkpoints(data: dict[str, Any]) -> None:
+def checkpoints(data: R.Checkpoints) -> None:
     records = data.get("checkpoints", [])
     out.print(f"[dim]{escape(data.get('path', ''))}[/]")
     if not records:
@@ -303,7 +307,7 @@ def checkpoints(data: dict[str, Any]) -> None:
         )
 
 
-def checkpoint_pairs(data: dict[str, Any]) -> None:
+def checkpoint_pairs(data: R.CheckpointPairs) -> None:
     """compare-checkpoints: per name and hit, each variable's two sides and their gap."""
     a, b = data.get("a") or {}, data.get("b") or {}
     out.print(
@@ -323,7 +327,8 @@ def checkpoint_pairs(data: dict[str, Any]) -> None:
     counts = data.get("unpaired_counts") or {}
     for side in ("a", "b"):
         if counts.get(side):
-            names = ", ".join(data.get(f"unpaired_{side}") or [])
+            unpaired = data.get("unpaired_a") if side == "a" else data.get("unpaired_b")
+            names = ", ".join(unpaired or [])
             out.print(f"[dim]only in {side.upper()} ({counts[side]}): {escape(names)}[/]")
 
 
@@ -352,7 +357,7 @@ def _pair_line(item: dict[str, Any]) -> str:
     return text
 
 
-def first_nonfinite(data: dict[str, Any]) -> None:
+def first_nonfinite(data: R.FirstNonfinite) -> None:
     first = data.get("first")
     label = (data.get("source") or {}).get("label", "")
     if not first:
@@ -377,7 +382,7 @@ def first_nonfinite(data: dict[str, Any]) -> None:
         out.print(f"[dim]{data['victims']} later call(s) received them and passed them on[/]")
 
 
-def module_rows(data: dict[str, Any]) -> None:
+def module_rows(data: R.ModuleTable) -> None:
     """module-table: one line per call, both sides' times and dtypes."""
     two = data.get("b") is not None
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -439,7 +444,7 @@ def _value_line(value: Any) -> str:
     return text if len(text) < 200 else text[:199] + "…"
 
 
-def tensors(data: dict[str, Any]) -> None:
+def tensors(data: R.TensorStore) -> None:
     items = data.get("tensors", [])
     out.print(f"[dim]{escape(data.get('path', ''))} ({_size(data.get('size_bytes', 0))})[/]")
     if not items:
@@ -461,7 +466,7 @@ def tensors(data: dict[str, Any]) -> None:
     out.print(table)
 
 
-def tensor_info(item: dict[str, Any]) -> None:
+def tensor_info(item: Mapping[str, Any]) -> None:
     out.print(
         f"[bold]{escape(item['name'])}[/]  {item.get('dtype')} {item.get('shape')}  {_size(item.get('size_bytes', 0))}"
     )
@@ -470,7 +475,7 @@ def tensor_info(item: dict[str, Any]) -> None:
         out.print(f"  {escape(key)}: {escape(str(value))}")
 
 
-def cleaned(data: dict[str, Any]) -> None:
+def cleaned(data: R.Cleaned) -> None:
     verb = "would remove" if data.get("dry_run") else "removed"
     out.print(f"{verb} {len(data['removed'])} run(s), {_size(data.get('freed_bytes', 0))}")
     for run_id in data["removed"]:
@@ -479,7 +484,7 @@ def cleaned(data: dict[str, Any]) -> None:
         out.print(f"  kept {run_id} (still running)")
 
 
-def output(data: dict[str, Any]) -> None:
+def output(data: R.Output) -> None:
     """The script's own bytes, unstyled: rich would reflow and interpret them."""
     sys.stdout.write(data["output"])
     sys.stdout.flush()
@@ -500,7 +505,7 @@ def error(payload: dict[str, Any]) -> None:
         err.print(escape(tail.rstrip()))
 
 
-def trace(data: dict[str, Any]) -> None:
+def trace(data: R.Trace) -> None:
     steps = data.get("steps", [])
     if not steps:
         out.print(f"no stops recorded in {escape(str(data.get('path')))}")
@@ -513,31 +518,31 @@ def trace(data: dict[str, Any]) -> None:
         out.print(f"[dim]{data.get('shown')} of {data.get('total')} stops: --last N shows more[/]")
 
 
-def breakpoint_set(bp: dict[str, Any]) -> None:
+def breakpoint_set(bp: R.BreakpointInfo) -> None:
     out.print("breakpoint " + breakpoint_line(bp))
     if bp.get("warning"):
         err.print(f"[yellow]warning:[/] {escape(str(bp['warning']))}")
 
 
-def breakpoint_removed(bp: dict[str, Any]) -> None:
+def breakpoint_removed(bp: R.BreakpointInfo) -> None:
     out.print(f"removed {breakpoint_line(bp)}")
 
 
-def removed_count(data: dict[str, Any]) -> None:
+def removed_count(data: R.Removed) -> None:
     out.print(f"removed {data['removed']} breakpoint(s)")
 
 
-def forgotten(data: dict[str, Any]) -> None:
+def forgotten(data: R.Forgotten) -> None:
     out.print(f"forgot session {escape(str(data.get('removed')))}")
 
 
-def sessions_listing(data: dict[str, Any]) -> None:
+def sessions_listing(data: R.Sessions) -> None:
     if data.get("pruned"):
         out.print(f"removed {len(data['pruned'])} ended session(s)")
     sessions(data)
 
 
-def tensor_store(data: dict[str, Any]) -> None:
+def tensor_store(data: R.TensorStore) -> None:
     if "name" in data and "tensors" not in data:
         tensor_info(data)
     elif "removed" in data:
@@ -546,19 +551,19 @@ def tensor_store(data: dict[str, Any]) -> None:
         tensors(data)
 
 
-def captures(data: dict[str, Any]) -> None:
+def captures(data: R.Captures) -> None:
     from . import compare_render
 
-    compare_render.captures(data)
+    compare_render.captures(dict(data))
 
 
-def compare_summary(data: dict[str, Any]) -> None:
+def compare_summary(data: R.CompareSummary) -> None:
     from . import compare_render
 
-    compare_render.show(data, show_all=True, show_inputs=True)
+    compare_render.show(dict(data), show_all=True, show_inputs=True)
 
 
-def watches(data: dict[str, Any]) -> None:
+def watches(data: R.Watches) -> None:
     if data.get("watch"):
         item = data["watch"]
         now = item.get("value", item.get("error"))
@@ -577,7 +582,7 @@ def watches(data: dict[str, Any]) -> None:
             out.print(f"  #{item['id']} {escape(str(item['expression']))}{tail}")
 
 
-def threads(data: dict[str, Any]) -> None:
+def threads(data: R.Threads) -> None:
     for t in data.get("threads", []):
         mark = "*" if t.get("selected") else " "
         status = "paused" if t.get("paused") else "running"
@@ -590,7 +595,7 @@ def threads(data: dict[str, Any]) -> None:
         out.print(f"[dim]{data.get('shown')} of {data.get('total')} threads[/]")
 
 
-def pause_state(data: dict[str, Any]) -> None:
+def pause_state(data: R.State) -> None:
     state(data)
     if data.get("state") == "running":
         out.print(
@@ -600,10 +605,10 @@ def pause_state(data: dict[str, Any]) -> None:
         )
 
 
-def weight_audit(data: dict[str, Any]) -> None:
+def weight_audit(data: R.WeightAudit) -> None:
     from ..compare.weights import render_audit
 
-    out.print(escape(render_audit(data, limit=len(data.get("problems") or []))))
+    out.print(escape(render_audit(dict(data), limit=len(data.get("problems") or []))))
     if data.get("truncated"):
         out.print(f"({data.get('total')} problems in all: --limit N to see more)")
 
@@ -619,7 +624,7 @@ def show(verb: str, data: Any) -> None:
 
 
 # verb name -> how its answer looks to a person (a verb missing here prints as JSON)
-RENDERERS = {
+RENDERERS: dict[str, Callable[[Any], None]] = {
     "start": state,
     "break": breakpoint_set,
     "breaks": breakpoints,

@@ -277,7 +277,7 @@ class ChildSession(Session):
     def start(self) -> None:  # pragma: no cover - children are adopted, never started
         raise RuntimeError("a child session is adopted from its connection, never started")
 
-    def terminate(self) -> dict[str, Any]:
+    def terminate(self) -> R.State:
         """End this child's process tree (its parent and siblings go on)."""
         if not self.ended:
             self.terminated = True

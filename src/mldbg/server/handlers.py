@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from .. import results as R
 from .. import store_queries
 from ..agent import protocol as P
 from ..errors import BAD_ARGUMENT, CONFIRM, NO_SUCH_TENSOR, MldbgError
@@ -51,7 +52,7 @@ def _session(manager: SessionManager, name: str | None) -> Session:
 
 
 @handles("start")
-def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     assert name is not None
     if not a.get("script") and not a.get("module"):
         raise MldbgError(
@@ -135,57 +136,57 @@ def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
 
 
 @handles("status")
-def status(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def status(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     return _session(manager, name).snapshot()
 
 
 @handles("forget")
-def forget(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def forget(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Forgotten:
     assert name is not None
     manager.remove(name)
     return {"removed": name}
 
 
 @handles("wait")
-def wait(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def wait(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     return _session(manager, name).wait(_bounded(a.get("wait")))
 
 
 @handles("continue")
-def continue_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def continue_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     wait = 0.0 if a.get("no_wait") else _bounded(a.get("wait"))
     return _session(manager, name).resume(P.CONTINUE, None, wait)
 
 
 @handles("step")
-def step(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def step(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     args = {"kind": a.get("kind") or "over", "into_libraries": bool(a.get("into_libraries"))}
     return _session(manager, name).resume(P.STEP, args, _bounded(a.get("wait")))
 
 
 @handles("pause")
-def pause(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def pause(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     return _session(manager, name).pause(_bounded(a.get("wait", 5.0)))
 
 
 @handles("location")
-def location(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def location(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     s = _session(manager, name)
     return {**s.snapshot(), **P.LOCATION.call(s)}
 
 
 @handles("up")
-def up(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def up(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.FrameSelected:
     return P.FRAME.call(_session(manager, name), {"move": a.get("count") or 1})
 
 
 @handles("down")
-def down(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def down(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.FrameSelected:
     return P.FRAME.call(_session(manager, name), {"move": -(a.get("count") or 1)})
 
 
 @handles("eval")
-def eval_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def eval_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Evaluation:
     timeout = float(a.get("timeout") or 30.0)
     if a.get("against"):  # the same expression in a second paused session, side by side
         from ..side_by_side import evaluate_both
@@ -202,12 +203,12 @@ def eval_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 
 
 @handles("output")
-def output(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def output(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Output:
     return _session(manager, name).output(a.get("tail"), a.get("offset"), a.get("limit") or 16384)
 
 
 @handles("terminate")
-def terminate(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def terminate(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     return _session(manager, name).terminate()
 
 
@@ -215,7 +216,7 @@ def terminate(manager: SessionManager, name: str | None, a: dict[str, Any]) -> A
 
 
 @handles("break")
-def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.BreakpointInfo:
     s = _session(manager, name)
     keys = ("file", "line", "condition", "hits", "log", "checkpoint", "function")
     spec = cast("P.BreakArgs", {k: a.get(k) for k in keys})
@@ -249,7 +250,7 @@ def imported_copy_warning(s: Session, file: str) -> str | None:
 
 
 @handles("remove")
-def remove(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def remove(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.BreakpointInfo:
     s = _session(manager, name)
     spec = cast("P.RemoveArgs", {k: a.get(k) for k in ("file", "line", "checkpoint", "id")})
     result = P.REMOVE.call(s, spec)
@@ -259,7 +260,7 @@ def remove(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 
 
 @handles("clear")
-def clear(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def clear(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Removed:
     s = _session(manager, name)
     result = P.CLEAR.call(s)
     _remember(s)
@@ -276,14 +277,14 @@ def _remember(s: Session) -> None:
 
 
 @handles("until")
-def until(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def until(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     from . import pdb_verbs
 
     return pdb_verbs.until(_session(manager, name), a, _bounded(a.get("wait")))
 
 
 @handles("restart")
-def restart(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def restart(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     from . import pdb_verbs
 
     assert name is not None
@@ -291,7 +292,7 @@ def restart(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
 
 
 @handles("watch")
-def watch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def watch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Watches:
     from . import pdb_verbs
 
     s = _session(manager, name)
@@ -301,7 +302,7 @@ def watch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 
 
 @handles("unwatch")
-def unwatch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def unwatch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Watches:
     from . import pdb_verbs
 
     s = _session(manager, name)
@@ -311,7 +312,7 @@ def unwatch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
 
 
 @handles("thread")
-def thread(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def thread(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
     s = _session(manager, name)
     s.require_paused()
     return {**s.snapshot(), **P.THREAD.call(s, {"number": a["number"]})}
@@ -321,12 +322,12 @@ def thread(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 
 
 @handles("sessions")
-def sessions(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def sessions(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Sessions:
     pruned = manager.prune() if a.get("prune") else []
     # live sessions first, then the newest: what a budget must never cut
     items = sorted(reversed(manager.all()), key=lambda s: s.ended)
     limit = 100
-    result: dict[str, Any] = {
+    result: R.Sessions = {
         "sessions": [s.snapshot() for s in items[:limit]],
         "total": len(items),
         "shown": min(len(items), limit),
@@ -355,7 +356,7 @@ def store_home(manager: SessionManager, a: dict[str, Any], session: str | None =
 
 
 @handles("trace")
-def trace(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def trace(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Trace:
     run = a.get("run")
     home = store_home(manager, a, None if run else name)
     if run is None and name is not None:
@@ -366,12 +367,12 @@ def trace(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
 
 
 @handles("runs")
-def runs(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def runs(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Runs:
     return store_queries.runs(store_home(manager, a), a.get("offset") or 0, a.get("limit") or 20)
 
 
 @handles("checkpoints")
-def checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Checkpoints:
     home = store_home(manager, a)
     run = a.get("run")
     if run is None and a.get("session"):
@@ -383,7 +384,9 @@ def checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) ->
 
 
 @handles("compare-checkpoints")
-def compare_checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def compare_checkpoints(
+    manager: SessionManager, name: str | None, a: dict[str, Any]
+) -> R.CheckpointPairs:
     from ..checkpoint_diff import compare_runs
 
     home = store_home(manager, a)
@@ -410,7 +413,7 @@ def compare_checkpoints(manager: SessionManager, name: str | None, a: dict[str, 
 
 
 @handles("nonfinite")
-def nonfinite(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def nonfinite(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.FirstNonfinite:
     from ..capture.nonfinite import first_nonfinite
 
     source = a["source"]
@@ -418,11 +421,12 @@ def nonfinite(manager: SessionManager, name: str | None, a: dict[str, Any]) -> A
     candidate = Path(base, os.path.expanduser(source))
     if candidate.exists():  # a path is the client's, as compare reads it
         source = str(candidate)
-    return first_nonfinite(source, home=store_home(manager, a))
+    # the parity package answers plain dicts: their shape is results.FirstNonfinite
+    return cast("R.FirstNonfinite", first_nonfinite(source, home=store_home(manager, a)))
 
 
 @handles("module-table")
-def module_table(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def module_table(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.ModuleTable:
     from ..capture.table import module_table as table
 
     base = a.get("client_cwd") or os.getcwd()
@@ -432,7 +436,7 @@ def module_table(manager: SessionManager, name: str | None, a: dict[str, Any]) -
             return str(Path(base, os.path.expanduser(spec)))
         return spec
 
-    return table(
+    found = table(
         local(a["a"]) or a["a"],
         local(a.get("b")),
         home=store_home(manager, a),
@@ -440,23 +444,24 @@ def module_table(manager: SessionManager, name: str | None, a: dict[str, Any]) -
         offset=a.get("offset") or 0,
         limit=a.get("limit") or 50,
     )
+    return cast("R.ModuleTable", found)
 
 
 @handles("captures")
-def captures(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def captures(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Captures:
     return store_queries.captures(store_home(manager, a), a.get("run"), a.get("limit") or 50)
 
 
 @handles("compare")
-def compare(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def compare(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.CompareSummary:
     from ..compare.answer import compare_answer
 
     home = store_home(manager, a)
-    return compare_answer(home, a, a.get("client_cwd"))
+    return cast("R.CompareSummary", compare_answer(home, a, a.get("client_cwd")))
 
 
 @handles("weights")
-def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.WeightAudit:
     from ..compare.weights import audit_weights
 
     home = store_home(manager, a)
@@ -475,11 +480,11 @@ def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
     result["problems"] = problems[:limit]
     result["total"] = len(problems)
     result["truncated"] = len(problems) > limit
-    return result
+    return cast("R.WeightAudit", result)
 
 
 @handles("tensors")
-def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.TensorStore:
     from .. import tensors as store
 
     home = tensor_home(manager, a)
@@ -488,17 +493,17 @@ def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any
         if action == "list":
             items = store.list_tensors(home)
             limit = a.get("limit") or 100
-            paged = store_queries.page(items, 0, limit, "tensors", {"limit": len(items)})
+            shown, paged = store_queries.page(items, 0, limit, "tensors", {"limit": len(items)})
             return {
                 "path": str(store.store_dir(home)),
-                "tensors": paged.pop("items"),
+                "tensors": shown,
                 "size_bytes": store.store_size(home),
                 **paged,
             }
         if action == "info":
             if not a.get("name"):
                 raise MldbgError("tensors info needs a name", code=BAD_ARGUMENT, argument="name")
-            return store.tensor_info(a["name"], home)
+            return cast("R.TensorStore", store.tensor_info(a["name"], home))
         if not a.get("name") and not a.get("yes"):
             count = len(store.list_tensors(home))
             raise MldbgError(
@@ -529,7 +534,7 @@ def tensor_home(manager: SessionManager, a: dict[str, Any]) -> Path:
 
 
 @handles("clean")
-def clean(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
+def clean(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Cleaned:
     home = store_home(manager, a)
     return clean_runs(home, a.get("keep", 10), bool(a.get("dry_run")))
 

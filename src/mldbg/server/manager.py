@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from .. import results as R
 from ..errors import MldbgError, SessionBusy, SessionNotFound
 from ..names import check_session_name
 from ..runs import RunDir
@@ -70,7 +71,7 @@ class SessionManager:
         session.pid = record.get("pid")
         session.terminated = True
         session.state = "crashed" if record.get("state") == "crashed" else "exited"
-        session.recovered = record
+        session.recovered = cast("R.Recovered", record)
         with self._lock:
             if name not in self._sessions:
                 self._sessions[name] = session

@@ -76,7 +76,7 @@ def until_location(s: Session, a: dict[str, Any]) -> P.BreakArgs:
     return {"file": file, "line": int(line)}
 
 
-def until(s: Session, a: dict[str, Any], wait: float) -> dict[str, Any]:
+def until(s: Session, a: dict[str, Any], wait: float) -> R.State:
     s.require_paused()
     spec = until_location(s, a)
     bp = P.BREAK.call(s, {**spec, "temporary": True})
@@ -113,7 +113,7 @@ def restart_specs(breaks: R.Breakpoints) -> tuple[list[dict[str, Any]], list[str
     return specs, watches
 
 
-def restart(manager: SessionManager, name: str, wait: float) -> dict[str, Any]:
+def restart(manager: SessionManager, name: str, wait: float) -> R.State:
     old = manager.get(name)
     breaks: R.Breakpoints | None = None
     if not old.ended:

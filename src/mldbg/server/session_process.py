@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .. import __version__, budget
+from .. import results as R
 from ..agent import protocol as P
 from ..errors import STORE_UNWRITABLE, MldbgError, StartFailed
 from ..runs import (
@@ -122,8 +123,8 @@ class SessionProcess:
 
         @property
         def ended(self) -> bool: ...
-        def snapshot(self) -> dict[str, Any]: ...
-        def wait(self, timeout: float, after_seq: int | None = None) -> dict[str, Any]: ...
+        def snapshot(self) -> R.State: ...
+        def wait(self, timeout: float, after_seq: int | None = None) -> R.State: ...
         def log_event(self, event: str, /, **fields: Any) -> None: ...
         def _record_end(self, code: int) -> None: ...
         def _on_event(self, message: dict[str, Any]) -> None: ...
@@ -279,7 +280,7 @@ class SessionProcess:
             if time.monotonic() > deadline:
                 raise StartFailed(f"the debuggee did not connect within {timeout:.0f} s")
 
-    def terminate(self) -> dict[str, Any]:
+    def terminate(self) -> R.State:
         """End the session whatever its state: paused, running, or a start in progress
         (with or without a process yet), so nothing is ever stuck."""
         if not self.ended:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .. import budget
 from .. import results as R_
@@ -74,7 +74,7 @@ class Session(SessionProcess):
         self.store_error: str | None = None
         self.started_at = _now()
         self.home: Path | None = None
-        self.recovered: dict[str, Any] | None = None  # found by a restarted daemon
+        self.recovered: R_.Recovered | None = None  # found by a restarted daemon
         self.manager: Registry | None = None  # set by the manager; children register there
         self.listener: AgentListener | None = None
         self.family: Any = None  # children.Family: the script's child processes
@@ -174,11 +174,11 @@ class Session(SessionProcess):
     def ended(self) -> bool:
         return self.state in ENDED
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> R_.State:
         with self.cond:
             paused = self.state == "paused"
             stop = self.stop if paused else {}
-            state: dict[str, Any] = {
+            state: R_.State = {
                 "session": self.name,
                 "state": self.state,
                 "reason": stop.get("reason"),
@@ -198,9 +198,10 @@ class Session(SessionProcess):
                 "python_version": self.hello.get("python"),
                 "backend": self.hello.get("backend"),
             }
+        extras = cast("dict[str, Any]", state)  # the stop's own fields, as the agent sent them
         for key in STOP_EXTRAS:
             if stop.get(key) is not None:
-                state[key] = stop[key]
+                extras[key] = stop[key]
         if self.store_error:
             state["store_error"] = self.store_error
         if self.recovered is not None:
@@ -229,7 +230,7 @@ class Session(SessionProcess):
             return "", False
         return read_tail_bounded(self.run.file(OUTPUT_LOG), 20, budget.OUTPUT_TAIL)
 
-    def wait(self, timeout: float, after_seq: int | None = None) -> dict[str, Any]:
+    def wait(self, timeout: float, after_seq: int | None = None) -> R_.State:
         """Wait while the script runs, up to ``timeout`` seconds, then report the state."""
         seq = self.stop_seq if after_seq is None else after_seq
         with self.cond:
@@ -293,7 +294,7 @@ class Session(SessionProcess):
         command: P.AgentCommand[Any, dict[str, bool]],
         args: Mapping[str, Any] | None = None,
         wait: float = 0.0,
-    ) -> dict[str, Any]:
+    ) -> R_.State:
         """Continue or step; then wait up to ``wait`` seconds for the next stop or the end.
 
         ``continue`` on a running script just waits: it is already doing what was asked.
@@ -327,7 +328,7 @@ class Session(SessionProcess):
         self.log_event(command.name, **(args or {}))
         return self.wait(wait, after_seq=seq)
 
-    def pause(self, wait: float = 5.0) -> dict[str, Any]:
+    def pause(self, wait: float = 5.0) -> R_.State:
         link = self._link()
         if self.state == "paused":
             # Paused already: the agent interrupts an evaluation that is still running.
@@ -361,7 +362,7 @@ class Session(SessionProcess):
 
     def output(
         self, tail: int | None = None, offset: int | None = None, limit: int = budget.OUTPUT
-    ) -> dict[str, Any]:
+    ) -> R_.Output:
         """A bounded page of the script's output: its tail (default), or ``limit`` bytes
         from ``offset``; ``next`` is the call that reads on."""
         if self.run is None:
@@ -369,7 +370,7 @@ class Session(SessionProcess):
         path = self.run.file(OUTPUT_LOG)
         if offset is not None:
             text, size, end = read_page(path, offset, limit)
-            result: dict[str, Any] = {
+            result: R_.Output = {
                 "output": text,
                 "path": str(path),
                 "size": size,

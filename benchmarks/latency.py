@@ -130,7 +130,7 @@ def main() -> int:
         script = root / "loop.py"
         script.write_text(SCRIPT)
         line = next(i for i, t in enumerate(SCRIPT.splitlines(), 1) if "stop here" in t)
-        from mldbg.cli.client import connect
+        from mldbg.client.api import connect
 
         client = connect()
         session = "latency"

@@ -100,7 +100,7 @@ def timed(work: Callable[[], Any]) -> float:
 def capture_rounds(rounds: int, home: Path) -> list[tuple[str, float, float, float]]:
     """Median seconds per forward for each configuration, with MB written per capture."""
     import mldbg
-    from mldbg import current_run
+    from mldbg.store import current_run
 
     run_ref, run_port, ref, port = build_models()
     for run in (run_ref, run_port):  # warm-up: first calls allocate and compile

@@ -205,7 +205,7 @@ def main() -> int:
         config.mkdir()
         os.environ["MLDBG_CONFIG_DIR"] = str(config)
         os.environ["MLDBG_HOME"] = str(root / ".mldbg")
-        from mldbg.cli.client import connect
+        from mldbg.client.api import connect
 
         client = connect()
         pid = int(json.loads((config / "server.json").read_text())["pid"])

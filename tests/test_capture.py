@@ -16,8 +16,8 @@ from torch import nn
 
 import mldbg
 from conftest import Session, line_of
-from mldbg import current_run
 from mldbg.compare.arrays import map_safetensors
+from mldbg.store import current_run
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ mx = pytest.importorskip("mlx.core")
 mnn = pytest.importorskip("mlx.nn")
 
 import mldbg  # noqa: E402
-from mldbg import current_run  # noqa: E402
+from mldbg.store import current_run  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

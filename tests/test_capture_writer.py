@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 import mldbg  # noqa: E402
 from conftest import wait_until  # noqa: E402
-from mldbg import current_run  # noqa: E402
 from mldbg.capture import writer as writer_module  # noqa: E402
+from mldbg.store import current_run  # noqa: E402
 
 
 @pytest.fixture

@@ -189,7 +189,7 @@ def test_parse_size() -> None:
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    from mldbg import current_run
+    from mldbg.store import current_run
 
     monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
     current_run.reset()

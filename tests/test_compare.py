@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import mldbg
-from mldbg import current_run
+from mldbg.store import current_run
 
 
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from editable_repo import EditableRepo, git, make_editable_repo
-from mldbg import doctor
 from mldbg.errors import MldbgError
+from mldbg.tools import doctor
 
 
 @pytest.fixture(scope="module")

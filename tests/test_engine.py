@@ -523,7 +523,7 @@ def test_agent_imports_only_the_standard_library(python: str) -> None:
 
     src = Path(__file__).resolve().parent.parent / "src"
     check = (
-        "import sys, mldbg, mldbg.agent.runner, mldbg.agent.debugger, mldbg.summary, mldbg.runs\n"
+        "import sys, mldbg, mldbg.agent.runner, mldbg.agent.debugger, mldbg.summary, mldbg.store.runs\n"
         "import mldbg.agent.tracer_settrace\n"
         "heavy = {'torch', 'numpy', 'mlx', 'fastapi', 'httpx', 'rich', 'pydantic'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"

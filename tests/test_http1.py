@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mldbg.cli.http1 import Connection
+from mldbg.client.http1 import Connection
 from mldbg.errors import HttpProtocolError
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mldbg import killall
+from mldbg.tools import killall
 
 torch = pytest.importorskip("torch")  # this test process holds torch too: it must be spared
 

@@ -19,8 +19,8 @@ pytest.importorskip("mlx_lm")
 pytest.importorskip("transformers")
 
 import mldbg  # noqa: E402
-from mldbg import current_run  # noqa: E402
 from mldbg.compare import Comparison  # noqa: E402
+from mldbg.store import current_run  # noqa: E402
 from parity_zoo import llama_family  # noqa: E402
 
 ATTENTION = "model.layers.0.self_attn"

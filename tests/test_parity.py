@@ -24,7 +24,7 @@ pytest.importorskip("mlx_lm")
 pytest.importorskip("transformers")
 
 import mldbg  # noqa: E402
-from mldbg import current_run  # noqa: E402
+from mldbg.store import current_run  # noqa: E402
 from parity_models import Pair, conv_pair, llama_pair, mlp_bf16_pair, torch_pair  # noqa: E402
 
 

@@ -29,7 +29,7 @@ mnn = pytest.importorskip("mlx.nn")
 from torch import nn  # noqa: E402
 
 import mldbg  # noqa: E402
-from mldbg import current_run  # noqa: E402
+from mldbg.store import current_run  # noqa: E402
 
 U32 = 2.0**-24
 HALF = 32  # sines and cosines of 32 frequencies each

@@ -41,7 +41,7 @@ pytest.importorskip("diffusers")
 pytestmark = pytest.mark.slow  # a real diffusers transformer and scheduler
 
 import mldbg  # noqa: E402
-from mldbg import current_run  # noqa: E402
+from mldbg.store import current_run  # noqa: E402
 from parity_zoo import flux  # noqa: E402
 from parity_zoo.core import to_mlx  # noqa: E402
 

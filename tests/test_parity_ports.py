@@ -40,7 +40,7 @@ pytest.importorskip("mlx_lm")
 pytest.importorskip("transformers")
 
 import mldbg  # noqa: E402
-from mldbg import current_run  # noqa: E402
+from mldbg.store import current_run  # noqa: E402
 from parity_zoo import BUGS, Case, ZooPort, all_cases, build  # noqa: E402
 from parity_zoo.core import as_numpy  # noqa: E402
 

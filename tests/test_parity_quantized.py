@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # real transformers and mlx-lm models
 
 import mldbg  # noqa: E402
-from mldbg import current_run  # noqa: E402
+from mldbg.store import current_run  # noqa: E402
 from parity_zoo import llama_family  # noqa: E402
 from parity_zoo.core import ZooPort  # noqa: E402
 

@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mldbg  # noqa: E402
-from mldbg import current_run  # noqa: E402
+from mldbg.store import current_run  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

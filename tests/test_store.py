@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import Session, line_of
-from mldbg.runs import JsonlWriter, create_run_dir, make_run_id, write_json_atomic
 from mldbg.server.sessions import Session as DaemonSession
 from mldbg.server.sessions import StartRequest
+from mldbg.store.runs import JsonlWriter, create_run_dir, make_run_id, write_json_atomic
 
 
 def test_run_ids_are_safe_and_unique(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from conftest import Api, line_of
 from mldbg import verbs
 from mldbg.cli import main as cli_main
 from mldbg.cli import render
-from mldbg.cli.client import Client
+from mldbg.client.api import Client
 from mldbg.server import handlers
 
 
@@ -171,7 +171,7 @@ def test_a_daemon_with_another_verb_table_is_named_in_the_error(daemon: dict[str
     """A daemon left running from before an upgrade answers new verbs with
     ``no_such_route``: the client, seeing its table's fingerprint differ from the one in
     server.json, says so and how to recover; with the same table it adds nothing."""
-    from mldbg.cli.client import Client, DaemonError
+    from mldbg.client.api import Client, DaemonError
 
     assert daemon["verbs"] == verbs.fingerprint()  # the daemon publishes its table's digest
     same = Client(daemon)

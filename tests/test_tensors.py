@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mldbg import debug_load, debug_save
-from mldbg.tensors import TensorStoreFull, list_tensors, read_header
+from mldbg.store.tensors import TensorStoreFull, list_tensors, read_header
 
 torch = pytest.importorskip("torch")
 mx = pytest.importorskip("mlx.core")
@@ -99,7 +99,7 @@ def test_missing_and_bad_names() -> None:
 
 
 def test_size_guard_warns_then_refuses(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
-    import mldbg.tensors as store
+    import mldbg.store.tensors as store
 
     monkeypatch.setattr(store, "_warned", False)
     monkeypatch.setenv("MLDBG_TENSORS_WARN_GB", "0.000001")  # 1 KB
@@ -244,8 +244,8 @@ def test_clear_without_arguments_asks_on_a_terminal(
 
 
 def test_guard_counts_the_whole_home(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
-    import mldbg.tensors as store
-    from mldbg import store_size
+    import mldbg.store.tensors as store
+    from mldbg.store import size as store_size
 
     monkeypatch.setattr(store, "_warned", False)
     monkeypatch.setenv("MLDBG_STORE_WARN_GB", "0.000001")  # 1 KB

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mldbg import tutorial
+from mldbg.tools import tutorial
 
 STEPS = [
     "start",

@@ -27,11 +27,11 @@ _PUBLIC = {
     "ReplayResult": "compare",
     "replay": "compare",
     "compare": "compare",
-    "debug_checkpoint": "checkpoint",
-    "debug_load": "tensors",
-    "debug_save": "tensors",
-    "debug_clear": "tensors",
-    "debug_show_all": "tensors",
+    "debug_checkpoint": "store.checkpoint",
+    "debug_load": "store.tensors",
+    "debug_save": "store.tensors",
+    "debug_clear": "store.tensors",
+    "debug_show_all": "store.tensors",
     "tripped": "agent.tripwire",
 }
 
@@ -61,9 +61,9 @@ if TYPE_CHECKING:
     from .capture.load import captured_tensor
     from .capture.nonfinite import first_nonfinite
     from .capture.table import module_table
-    from .checkpoint import debug_checkpoint
     from .compare import CompareInputError, Comparison, ReplayResult, compare, replay
-    from .tensors import debug_clear, debug_load, debug_save, debug_show_all
+    from .store.checkpoint import debug_checkpoint
+    from .store.tensors import debug_clear, debug_load, debug_save, debug_show_all
 
 
 class _Package(types.ModuleType):

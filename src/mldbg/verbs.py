@@ -5,9 +5,9 @@ spells it), its result shape (a TypedDict from ``results.py``) and the error cod
 answer.  Everything else derives from this table:
 
 * the daemon's REST routes and their OpenAPI schema (``server/app.py``),
-* the MCP tools, their input and output schemas (``cli/mcp.py``),
+* the MCP tools, their input and output schemas (``mcp/server.py``),
 * the ``mldbg`` command's parser (``cli/main.py``),
-* the typed client's argument checks (``cli/client.py``).
+* the typed client's argument checks (``client/api.py``).
 
 Adding a verb = one ``Verb(...)`` here + one handler in ``server/handlers.py`` (+ a
 renderer in ``cli/render.py`` for the human form); a verb that reaches the debugged

@@ -276,7 +276,7 @@ def test_eval_with_undecodable_bytes_is_never_a_500(
 
 
 def test_a_tensor_name_ending_in_a_newline_is_refused() -> None:
-    from mldbg.tensors import check_name
+    from mldbg.store.tensors import check_name
 
     assert check_name("layer.0") == "layer.0"
     for bad in ("layer\n", "layer\r\n", "a\nb", "\n"):

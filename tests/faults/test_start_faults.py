@@ -57,7 +57,7 @@ def test_bad_start_requests_change_nothing(
 
 def test_env_name_with_equals_through_the_typed_client(daemon, config_dir, write, tmp_path) -> None:
     """What an agent sends through MCP (``env={"A=B": ""}``) reaches the same check."""
-    from mldbg.cli.client import Client, DaemonError
+    from mldbg.client.api import Client, DaemonError
 
     script = write("ok.py", SCRIPT)
     client = Client(daemon)

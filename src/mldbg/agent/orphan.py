@@ -92,7 +92,7 @@ def end(debugger: Any, config: dict[str, Any], daemon_pid: int) -> None:
 
 
 def _record(run_dir: Path, reason: str, note: str, location: Any) -> None:
-    from ..runs import EVENTS, JsonlWriter, RunDir
+    from ..store.runs import EVENTS, JsonlWriter, RunDir
 
     fields = {
         "state": "exited",

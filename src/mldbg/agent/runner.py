@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if module is None else 1
 
     if config.get("run_dir"):
-        from .. import checkpoint
+        from ..store import checkpoint
 
         checkpoint.attach_debugger(str(config["run_dir"]), debugger.on_checkpoint)
     captures = None

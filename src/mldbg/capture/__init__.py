@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..current_run import current_run
+from ..store.current_run import current_run
 from .budget import Policy, parse_size
 from .recorder import Recorder
 from .store import CaptureDir, check_capture_name, module_label

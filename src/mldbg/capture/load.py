@@ -30,7 +30,7 @@ def captured_tensor(
     entry raises ``KeyError`` naming the closest ones.
     """
     from ..compare.sources import open_source
-    from ..runs import mldbg_home
+    from ..store.runs import mldbg_home
 
     if to is not None and to not in FRAMEWORKS:
         raise ValueError(f"to={to!r}: use 'torch', 'mlx' or 'numpy'")

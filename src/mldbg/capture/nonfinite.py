@@ -26,7 +26,7 @@ def first_nonfinite(source: str | Path, *, home: str | Path | None = None) -> di
     entry by entry in its order instead).
     """
     from ..compare.sources import open_source
-    from ..runs import mldbg_home
+    from ..store.runs import mldbg_home
 
     store = Path(home).expanduser().resolve() if home is not None else mldbg_home()
     found = open_source(str(source), store)

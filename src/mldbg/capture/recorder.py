@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..runs import PRIVATE_FILE
+from ..store.runs import PRIVATE_FILE
 from .budget import Policy
 from .flatten import Flat, flatten, flatten_call
 from .sites import call_site

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..runs import PRIVATE_DIR, JsonlWriter, RunDir, make_private_dirs, write_json_atomic
+from ..store.runs import PRIVATE_DIR, JsonlWriter, RunDir, make_private_dirs, write_json_atomic
 
 CAPTURES = "captures"
 CAPTURE_JSON = "capture.json"

@@ -35,7 +35,7 @@ def module_table(
 ) -> dict[str, Any]:
     """``{"a", "b", "rows": [...], "summary", "total", "shown", "truncated", "next"}``."""
     from ..compare.sources import CompareInputError, open_source
-    from ..runs import mldbg_home
+    from ..store.runs import mldbg_home
 
     if sort not in SORTS:
         raise CompareInputError(

@@ -12,9 +12,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .. import store_queries, verbs
+from .. import verbs
 from ..compare import CompareInputError, compare
 from ..errors import MldbgError
+from ..server import store_queries
 from ..verbs import Arg
 from . import compare_render, render
 

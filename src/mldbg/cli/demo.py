@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ..runs import mldbg_home
+from ..client.api import Client, connect
+from ..store.runs import mldbg_home
 from . import render
-from .client import Client, connect
 
 MARKER = "# demo: breakpoint"
 # The path, not an import: importing the example would load torch into the client.

@@ -46,7 +46,7 @@ class Parser(argparse.ArgumentParser):
 def parse_location(spec: str, line: str | None = None) -> tuple[str, int | None, str | None]:
     """``FILE:LINE[:COND]`` or ``FILE`` + ``LINE``; relative files are resolved here, where
     they exist, else left for the debuggee to resolve against the session's cwd."""
-    from .client import source_path
+    from ..client.api import source_path
 
     if line is not None:
         if not line.isdigit():
@@ -318,7 +318,7 @@ def verb_arguments(verb: Verb, a: argparse.Namespace) -> dict[str, Any]:
 
 def _interrupt_eval(session: str) -> None:
     """Ctrl-C on ``mldbg eval``: interrupt the evaluation inside the script (a pause does)."""
-    from .client import connect
+    from ..client.api import connect
 
     try:
         state = connect(autostart=False).call("pause", session, wait=0)
@@ -335,7 +335,7 @@ def _still_running(elapsed: float) -> None:
 
 
 def run_verb(verb: Verb, a: argparse.Namespace) -> Any:
-    from .client import connect
+    from ..client.api import connect
 
     values = verb_arguments(verb, a)
     client = connect()
@@ -404,7 +404,7 @@ def run_command(args: argparse.Namespace, as_json: bool) -> int:
 
     if args.verb == "serve":
         if args.stop:
-            from .client import connect
+            from ..client.api import connect
 
             try:
                 client = connect(autostart=False, any_mldbg=True)
@@ -428,7 +428,7 @@ def run_command(args: argparse.Namespace, as_json: bool) -> int:
         serve(args.port)
         return 0
     if args.verb == "mcp":
-        from .mcp import run_stdio
+        from ..mcp.server import run_stdio
 
         run_stdio()
         return 0

@@ -22,14 +22,14 @@ NAMES = ("profile", "prune", "doctor", "kill-all", "tutorial")
 
 
 def cmd_profile(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    from ..profile.report import profile, render_profile
+    from ..tools.profile.report import profile, render_profile
 
     data = profile(a.script, a.args, include=a.include or None, python=a.python)
     return data, lambda r: render_profile(r, render.out)
 
 
 def cmd_prune(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    from ..profile import prune
+    from ..tools.profile import prune
 
     # Options may also follow the action (`prune run --repo R SCRIPT`); the script's own
     # arguments start at the first word that is not one of these.
@@ -61,14 +61,14 @@ def cmd_prune(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
 
 
 def cmd_doctor(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    from .. import doctor
+    from ..tools import doctor
 
     data = doctor.doctor(a.packages, python=a.python)
     return data, lambda r: doctor.render_doctor(r, render.out)
 
 
 def cmd_kill_all(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
-    from .. import killall
+    from ..tools import killall
 
     framework = "torch" if a.torch_only else "mlx" if a.mlx_only else None
 
@@ -156,7 +156,7 @@ def add_parsers(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
 
 def run_tutorial_cli(args: Any, as_json: bool) -> int:
     """``mldbg tutorial``: prints as it goes, exit 1 when a step fails."""
-    from ..tutorial import tutorial
+    from ..tools.tutorial import tutorial
     from . import render
 
     interactive = not args.non_interactive and sys.stdin.isatty() and not as_json

@@ -110,7 +110,7 @@ def compare(
     replicated (README, "Ranks").
     Raises :class:`CompareInputError` for bad input (the CLI's exit code 2).
     """
-    from ..runs import mldbg_home
+    from ..store.runs import mldbg_home
     from .comparison import compare_sources
     from .mapping import load_map, parse_map
     from .sources import open_source

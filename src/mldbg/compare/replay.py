@@ -90,8 +90,8 @@ def replay(
     from ..capture import Capture, _framework
     from ..capture.recorder import Recorder
     from ..capture.store import CaptureDir, check_capture_name
-    from ..current_run import current_run
-    from ..runs import mldbg_home
+    from ..store.current_run import current_run
+    from ..store.runs import mldbg_home
     from .comparison import local_errors
     from .layout import check_layout
     from .sources import open_source

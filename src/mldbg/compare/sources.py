@@ -19,7 +19,7 @@ from typing import Any
 from ..capture.safetensors_header import CorruptTensorFile, read_header
 from ..capture.store import CAPTURE_JSON, CAPTURES, INDEX, module_label
 from ..errors import CompareInputError, MldbgError
-from ..runs import RunDir, read_jsonl, resolve_run, runs_root
+from ..store.runs import RunDir, read_jsonl, resolve_run, runs_root
 from . import arrays
 
 TENSOR_SUFFIXES = (".safetensors", ".npy", ".npz", ".pt")

@@ -78,7 +78,7 @@ def audit_weights(
     buffers as loaded), a dict of tensors (torch, MLX or numpy), or a path: a
     ``.safetensors``/``.npz``/``.pt`` file or a directory of them.  Raises
     :class:`CompareInputError` for bad input."""
-    from ..runs import mldbg_home
+    from ..store.runs import mldbg_home
 
     base = Path(home) if home is not None else mldbg_home()
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)

@@ -40,7 +40,7 @@ def server_file() -> Path:
 def write_server_info(info: dict[str, Any]) -> None:
     # Imported here: the run store module (secrets, threading...) is the daemon's; every CLI
     # command reads this config and should not pay for it.
-    from ..runs import write_json_atomic
+    from ..store.runs import write_json_atomic
 
     path = server_file()
     old_umask = os.umask(0o077)  # the temp file is born 0600: the token is never world-readable

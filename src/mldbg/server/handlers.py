@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from .. import results as R
-from .. import store_queries
 from ..agent import protocol as P
 from ..errors import BAD_ARGUMENT, CONFIRM, NO_SUCH_TENSOR, MldbgError
-from ..runs import clean_runs, mldbg_home
+from ..store.runs import clean_runs, mldbg_home
 from ..verbs import BY_NAME, VERBS, fix
+from . import store_queries
 from .manager import SessionManager
 from .sessions import Session, StartRequest
 
@@ -92,7 +92,7 @@ def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Sta
             f"no stop in the {wait:g} s start waited (start waits at most {MAX_WAIT:g} s): "
             "call wait to wait for the first breakpoint or the end"
         )
-    from ..store_size import warning
+    from ..store.size import warning
 
     with contextlib.suppress(OSError):
         env = {**(a.get("base_env") or os.environ), **(a.get("env") or {})}
@@ -387,7 +387,7 @@ def checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) ->
 def compare_checkpoints(
     manager: SessionManager, name: str | None, a: dict[str, Any]
 ) -> R.CheckpointPairs:
-    from ..checkpoint_diff import compare_runs
+    from ..store.checkpoint_diff import compare_runs
 
     home = store_home(manager, a)
     base = a.get("client_cwd") or os.getcwd()
@@ -485,7 +485,7 @@ def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.W
 
 @handles("tensors")
 def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.TensorStore:
-    from .. import tensors as store
+    from ..store import tensors as store
 
     home = tensor_home(manager, a)
     action = a.get("action") or "list"
@@ -521,7 +521,7 @@ def tensor_home(manager: SessionManager, a: dict[str, Any]) -> Path:
     """Whose tensor store a call means: ``home`` if given; else, as ``debug_save`` in that
     process would find it, the session's or the client's ``MLDBG_HOME``, else the user's
     store shared by every repository (``tensors.tensor_home``)."""
-    from .. import tensors as store
+    from ..store import tensors as store
 
     if a.get("home"):
         return store_home(manager, a)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..runs import LIVE_STATES, JsonlWriter, RunDir, write_json_atomic
+from ..store.runs import LIVE_STATES, JsonlWriter, RunDir, write_json_atomic
 from .config import config_dir
 
 LIVE_DIR = "live"

@@ -15,7 +15,7 @@ from typing import Any, cast
 from .. import results as R
 from ..errors import MldbgError, SessionBusy, SessionNotFound
 from ..names import check_session_name
-from ..runs import RunDir
+from ..store.runs import RunDir
 from ..verbs import fix
 from .children import Family
 from .sessions import Session, StartRequest

@@ -26,7 +26,7 @@ from .. import __version__, budget
 from .. import results as R
 from ..agent import protocol as P
 from ..errors import STORE_UNWRITABLE, MldbgError, StartFailed
-from ..runs import (
+from ..store.runs import (
     EVENTS,
     OUTPUT_LOG,
     JsonlWriter,
@@ -36,7 +36,7 @@ from ..runs import (
     open_private,
     reserve_run_dir,
 )
-from ..store_size import check_start
+from ..store.size import check_start
 from . import live_runs
 from .agent_link import AgentLink, AgentListener
 from .launcher import LaunchSpec, check_target, resolve_python, spawn

@@ -20,7 +20,7 @@ from .. import budget
 from .. import results as R_
 from ..agent import protocol as P
 from ..errors import MldbgError, NotPaused, SessionEnded
-from ..runs import OUTPUT_LOG, JsonlWriter, RunDir
+from ..store.runs import OUTPUT_LOG, JsonlWriter, RunDir
 from ..verbs import fix
 from . import live_runs
 from .agent_link import AgentLink, AgentListener

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ..runs import write_json_atomic
+from ...store.runs import write_json_atomic
 from .analyze import (
     COMPONENTS,
     FileStats,

@@ -27,9 +27,9 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
 from .. import __version__, budget, verbs
+from ..client.api import Client, connect
 from ..errors import DAEMON_UNREACHABLE, INTERNAL, OS_ERROR, MldbgError
 from ..verbs import VERBS, Arg, Verb
-from .client import Client, connect
 
 INSTRUCTIONS = """\
 mldbg debugs PyTorch and MLX scripts in their own process. Tools are named as the CLI's
@@ -141,7 +141,7 @@ def _as_tool_error() -> Iterator[None]:
 
 def result_text(verb: Verb, data: Any) -> str:
     """The compact human form of a result: what the CLI prints, bounded."""
-    from . import render
+    from ..cli import render
 
     if verb.name == "output" and isinstance(data, dict):
         text = str(data.get("output", ""))

@@ -1,4 +1,4 @@
-"""``python -m mldbg.profile.runner OUT.json SCRIPT [ARGS...]``: count which functions run.
+"""``python -m mldbg.tools.profile.runner OUT.json SCRIPT [ARGS...]``: count which functions run.
 
 Runs inside the profiled script's own interpreter, so it is standard library only.  It
 records how often each code object starts (a function call, a module body, a class
@@ -190,7 +190,9 @@ def _restore_environment() -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        print("usage: python -m mldbg.profile.runner OUT.json SCRIPT [ARGS...]", file=sys.stderr)
+        print(
+            "usage: python -m mldbg.tools.profile.runner OUT.json SCRIPT [ARGS...]", file=sys.stderr
+        )
         return 2
     out, script, args = argv[0], argv[1], argv[2:]
     _restore_environment()

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ..errors import (
+from ...errors import (
     BAD_ARGUMENT,
     BRANCH_EXISTS,
     DIRTY_TREE,

@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import AMBIGUOUS_RUN, NO_RUNS, UNKNOWN_RUN
+from ..errors import AMBIGUOUS_RUN, NO_RUNS, UNKNOWN_RUN
 
 if TYPE_CHECKING:  # the agent imports this module: standard library only at run time
-    from .results import Cleaned as _Cleaned
+    from ..results import Cleaned as _Cleaned
 
 RUN_JSON = "run.json"
 OUTPUT_LOG = "output.log"
@@ -358,7 +358,7 @@ def resolve_run(home: Path, spec: str | None) -> RunDir:
     """A run from ``latest`` (the default), a run id (or a unique prefix of one), or a directory."""
     from difflib import get_close_matches
 
-    from .errors import MldbgError
+    from ..errors import MldbgError
 
     if spec in (None, "", "latest"):
         link = home / "latest"

@@ -19,7 +19,8 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
-from . import current_run, summary
+from .. import summary
+from . import current_run
 from .runs import CHECKPOINTS, JsonlWriter
 
 CONTEXT_LINES = 3

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-from . import examples
-from .errors import TutorialError
+from .. import examples
+from ..errors import TutorialError
 
 # -- every command the tutorial runs ------------------------------------------------------------
 # ``mldbg ...`` commands get ``--json`` added right after the verb when the tutorial checks

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
 
-from .errors import BAD_ARGUMENT, MldbgError, StoreFull
+from ..errors import BAD_ARGUMENT, MldbgError, StoreFull
 from .runs import mldbg_home
 
 WARN_GB = 1.0

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import FILE_NOT_FOUND, PROFILE_FAILED, START_FAILED, MldbgError
-from ..interpreters import resolve_python
-from ..runs import (
+from ...errors import FILE_NOT_FOUND, PROFILE_FAILED, START_FAILED, MldbgError
+from ...interpreters import resolve_python
+from ...store.runs import (
     OUTPUT_LOG,
     RunDir,
     finalize_run_dir,
@@ -29,7 +29,7 @@ from ..runs import (
     write_json_atomic,
 )
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parents[2]  # the mldbg package
 RAW_JSON = "profile.json"
 
 
@@ -124,7 +124,7 @@ def run_profiled(
     child_env["MLDBG_PROFILE_SHIM"] = shim
     child_env["MLDBG_PROFILE_PYTHONPATH"] = original if original is not None else "__MLDBG_UNSET__"
     child_env.setdefault("MLDBG_HOME", str(home))
-    argv = [interpreter, "-m", "mldbg.profile.runner", str(raw_out), script_path, *args]
+    argv = [interpreter, "-m", "mldbg.tools.profile.runner", str(raw_out), script_path, *args]
     try:
         with open(run.file(OUTPUT_LOG), "wb") as log:
             try:

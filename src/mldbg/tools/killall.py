@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from .errors import BAD_ARGUMENT, CONFIRMATION_REQUIRED, MldbgError
+from ..errors import BAD_ARGUMENT, CONFIRMATION_REQUIRED, MldbgError
 
 MAX_LISTED = 200
 CMDLINE_CHARS = 300
@@ -106,7 +106,7 @@ def protected_pids() -> set[int]:
         protected.add(pid)
         pid = _parent(pid)
     try:
-        from .server.config import read_server_info
+        from ..server.config import read_server_info
 
         info = read_server_info()
         if info and isinstance(info.get("pid"), int):

@@ -16,11 +16,11 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import budget
+from .. import budget
 from .runs import CHECKPOINTS, RunDir, resolve_run
 
 if TYPE_CHECKING:  # the result shapes, for the type checker
-    from . import results as R
+    from .. import results as R
 
 MAX_RECORDS = 20_000  # records read from each run (after the name/hit filter)
 PAIR_BYTES = 8_000  # one pair in the answer, at most

@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from . import budget
-from . import results as R
-from .runs import CHECKPOINTS, EVENTS, describe_run, list_runs, resolve_run
+from .. import budget
+from .. import results as R
+from ..store.runs import CHECKPOINTS, EVENTS, describe_run, list_runs, resolve_run
 
 CAPTURE_KEYS = (
     "name",
@@ -87,7 +87,7 @@ def checkpoints(
 
 def captures(home: Path, run: str | None = None, limit: int = 50) -> R.Captures:
     """The module captures of every run (or of ``run``), newest first."""
-    from .compare.sources import find_captures, find_captures_in
+    from ..compare.sources import find_captures, find_captures_in
 
     found = find_captures_in(resolve_run(home, run).path) if run else find_captures(home)
     items = [{k: c.get(k) for k in CAPTURE_KEYS} | {"path": c["path"]} for c in reversed(found)]

@@ -228,4 +228,3 @@ def test_what_the_agent_imports_at_start_is_standard_library_only() -> None:
             if top != "mldbg" and top not in sys.stdlib_module_names and top != "__future__":
                 foreign.append(f"{module} imports {name}")
     assert "mldbg.errors" in seen and foreign == []
-

@@ -187,7 +187,7 @@ class Recorder:
                 return seq
         return None
 
-    # Whether leaf calls are re-run for their sensitivity (``capture(sensitivity=...)``).
+    # Whether calls are re-run for their sensitivity (``capture(sensitivity=...)``).
     sensitivity = True
 
     def wants_sensitivity(self, seq: int) -> bool:
@@ -228,7 +228,7 @@ class Recorder:
     ) -> None:
         """Record the end of call ``seq``: its outputs, or the exception it raised.
 
-        ``extra`` adds fields to the return line (``sensitivity`` of a leaf call)."""
+        ``extra`` adds fields to the return line (``sensitivity``, ``step``, ``amplification``)."""
         self._local.busy = getattr(self._local, "busy", 0) + 1
         try:
             self._exit(seq, path, output, error, extra)

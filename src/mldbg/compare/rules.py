@@ -283,6 +283,18 @@ def quantized(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     rest = _unexplained(evidence, verdict)
     if not rest or not all(r.get("quant_noise") for r in rest):
         return None
+    local = evidence.local
+    if local is None:
+        why = "only replay (mldbg.replay, local errors) can tell a bug hidden under this noise"
+    elif local.get("culprit"):
+        why = "replay's local errors decide (rule replay)"
+    else:
+        # Each port module on the reference's own inputs stayed within its own rounding
+        # and quantization: the drift is noise compounding, and replay has said so.
+        why = (
+            "replay confirms it: on the reference's own inputs every replayed module "
+            "stays within its own rounding and quantization"
+        )
     verdict.notes.append(
         {
             "name": rest[0]["name"],
@@ -293,10 +305,10 @@ def quantized(evidence: Evidence, verdict: Verdict) -> Verdict | None:
             "expected": max((r.get("expected") or 0.0) for r in rest),
             "note": (
                 "quantization noise compounding over depth: every call's output stays "
-                "within twice its inputs' error plus its own quantization, so no module "
-                "is to blame; only replay (mldbg.replay, local errors) can tell a bug "
-                "hidden under this noise"
+                f"within twice its inputs' error plus its own quantization, so no module "
+                f"is to blame; {why}"
             ),
+            "replay_checked": local is not None,
         }
     )
     verdict.rule = "quantized"

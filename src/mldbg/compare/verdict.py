@@ -30,10 +30,13 @@ judged instead against its own scale and dtype:
 * **Ill-conditioned ops** (a sine of arguments ~1000, as in every diffusion model's
   timestep embedding) turn one rounding step of their inputs into far more than ``u``
   at their outputs.  The capture measures each leaf call's sensitivity (its output's
-  relative change when its inputs move by one rounding step; ``capture.sensitivity``):
+  relative change when its inputs move by one rounding step; ``capture.sensitivity``),
+  and that of the inline work of each call one above its leaves (an attention's softmax):
   ``COND_C`` times it bounds the call's own outputs and, riding on what is computed from
-  them, every later entry (see ``_Floors``).  The larger of that floor and the rounding
-  bound is the bound; entries say when the floor set it.
+  them, every later entry (see ``_Floors``).  An ill-conditioned call also amplifies the
+  error its inputs arrive with, by its measured ``amplification`` (see ``amplified``).
+  The larger of those floors and the rounding bound is the bound; entries say when a
+  floor set it.
 
 The strict element-wise test (``|b - a| <= atol + rtol |a|``) decides only when the
 user gives ``--rtol``/``--atol``; integer and bool pairs always compare exactly.

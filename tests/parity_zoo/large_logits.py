@@ -51,9 +51,11 @@ _SCALES = {"flux": FLUX_SCALE, "sd3": SD3_SCALE}
 
 
 @functools.cache
-def reference(arch: str, dtype: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+def reference(
+    arch: str, dtype: str, seed: int = 0
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """The tiny model of ``arch`` with its logit-setting weights scaled, in ``dtype``."""
-    base, inputs = (flux if arch == "flux" else sd3).reference("float32")
+    base, inputs = (flux if arch == "flux" else sd3).reference("float32", seed)
     model: Any = copy.deepcopy(base)
     with torch.no_grad():
         for name, weight in model.named_parameters():
@@ -70,9 +72,9 @@ def reference(arch: str, dtype: str) -> tuple[torch.nn.Module, tuple[torch.Tenso
     return model, cast_inputs
 
 
-def build(arch: str, dtype: str, bug: str | None = None) -> ZooPort:
+def build(arch: str, dtype: str, bug: str | None = None, seed: int = 0) -> ZooPort:
     check_case(f"large-logits {arch}", dtype, bug, BUGS[arch])
-    ref, inputs = reference(arch, dtype)
+    ref, inputs = reference(arch, dtype, seed)
     port: Any
     if arch == "flux":
         port = flux.FluxTransformer()

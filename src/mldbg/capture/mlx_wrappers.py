@@ -146,6 +146,8 @@ def _recording_class(
         path = paths.get(id(self))
         if path is None or measuring():
             output = call(self, *args, **kwargs)
+            if path is None:  # its capture has ended
+                return output
             rounded, value = rounded_output(recorder, output)  # inside a parent's re-run
             return value if rounded else output
         quant = quantization(self)

@@ -71,6 +71,8 @@ class Recorder:
         self._below: set[int] = set()  # open calls below the depth limit (no tensors)
         # Per open call with children: how many calls deep its subtree is so far.
         self._height: dict[int, int] = {}
+        # Open calls with a child below the depth limit: not re-run (a coarse pass).
+        self._partial: set[int] = set()
         self.tensors = 0
         self.bytes = 0
         self.errors: list[str] = []
@@ -147,6 +149,8 @@ class Recorder:
             record["below_depth"] = True
             with self._lock:
                 self._below.add(seq)
+            if stack:
+                self._partial.add(stack[-1][0])
         stack.append((seq, call, path))
         spent = time.perf_counter()
         collect = (lambda: flatten_call(args, kwargs)) if self.inputs and not below else None
@@ -192,12 +196,15 @@ class Recorder:
 
     def wants_sensitivity(self, seq: int) -> bool:
         """Call ``seq`` (still open, and recorded with its tensors) is to be measured: the
-        capture measures sensitivities, and its subtree is at most ``MAX_HEIGHT`` calls
-        deep (a leaf, an attention over its projections: capture/sensitivity.py)."""
+        capture measures sensitivities, its subtree is at most ``MAX_HEIGHT`` calls deep
+        (a leaf, an attention over its projections: capture/sensitivity.py), and its
+        children are recorded too (a depth-limited pass that locates a block re-runs
+        nothing: its floors would bound entries it does not have)."""
         return (
             self.sensitivity
             and seq != SKIPPED
             and seq not in self._below
+            and seq not in self._partial
             and self._height.get(seq, 0) <= MAX_HEIGHT
         )
 
@@ -244,6 +251,7 @@ class Recorder:
         extra: Mapping[str, Any] | None,
     ) -> None:
         self._with_children.discard(seq)
+        self._partial.discard(seq)
         height = self._height.pop(seq, 0)
         stack = self._stack()
         call = 0

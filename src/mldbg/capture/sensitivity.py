@@ -16,32 +16,37 @@ change over its float outputs) and ``step``, the ``u`` it was perturbed by: thei
 is the call's measured amplification of a relative error in what it reads, which
 compare applies to the error its inputs actually arrive with.
 
-**A call with children** is measured the same way, its children included.  An
-attention whose q/k/v/out projections are ``Linear`` children computes the softmax of
-its logits, the rotary embedding, the mask and the SDPA inline (diffusers' Flux and SD3
-processors, every hand-written MLX DiT): that is where its conditioning lives, and its
-leaves' measurements cannot see it.  So the call runs once more on perturbed inputs, its
-children run again too (on whatever the perturbed inline work hands them), and every
-captured descendant's output is multiplied by ``1 +- u`` of its own dtype as it comes
-back: each implementation rounds each module's output, and the inline ops after it
-(the softmax of q.k) amplify that rounding.  What is measured is the subtree's
-sensitivity to one rounding step at each of its module boundaries: the inline work's
-own conditioning together with its children's.  The children's share is not subtracted
-but it is not counted twice either: compare takes the *largest* floor (the call's own
-or any child's; ``compare.verdict``), never a sum, and a parent's measurement includes
-what its children amplify, so it is the right floor for its outputs.  Why not hold the
-children's outputs and re-run only the inline work: the attention's output *is* its
-``to_out`` child's output, so a held child would hide the softmax's amplification, which
-flows into it.
+**A call with children** measures its inline work.  An attention whose q/k/v/out
+projections are ``Linear`` children computes the softmax of its logits, the rotary
+embedding, the mask and the SDPA inline (diffusers' Flux and SD3 processors, every
+hand-written MLX DiT): that is where its conditioning lives, and its leaves'
+measurements cannot see it.  So the call runs twice more, its children running again
+each time (unrecorded):
 
-The cost is bounded by height: a call is re-run when its subtree is at most
-``MAX_HEIGHT`` calls deep below it (an attention over its projections is 1, a block
-over its attention 2), so each op of the forward runs at most ``1 + MAX_HEIGHT`` more
-times (once for its leaf, once per measured ancestor), never once per level of a deep
-model; the root of a real model and its stacks of blocks, whose inline work is residual
-additions, are not re-run.  A module whose forward updates state outside its arguments
-(a counter on ``self``, a caching hook) is updated by the re-run too: capture with
-``sensitivity=False`` for such a model.
+* with its inputs perturbed as a leaf's are: ``amplification`` is its outputs' relative
+  change over ``step``, what a relative error in what it reads becomes at its outputs
+  (the softmax of large logits: 5 to 30; a ``Linear``: 1 to 3).  Compare applies it to
+  the error its inputs actually arrive with (``compare.verdict.amplified``).
+* with its inputs kept and every captured descendant's output multiplied by ``1 +- u``
+  of its own dtype as it returns (the forward hook's or the recording class's return
+  value): ``sensitivity`` is what one rounding step at each of its module boundaries
+  becomes through its inline ops, its own rounding.  Not its inputs' steps: those are
+  what the amplification applies to, measured (an exact timestep into a bfloat16 time
+  embedding carries no error, and one bfloat16 step of 900 would move a sine by 3.5).
+
+The children's share is not subtracted, but it is not counted twice either: compare
+takes the *largest* floor (the call's own or any child's), never a sum.  Why not hold
+the children's outputs and re-run only the inline work: an attention's output *is* its
+``to_out`` child's output, so a held child would hide the softmax whose result flows
+into it.
+
+The cost is bounded by height: a call with children is re-run when its subtree is at
+most ``MAX_HEIGHT`` (1) call deep below it and all of it is recorded (not below the
+capture's ``depth``), so each op of the forward runs at most three more times (once
+for its leaf, twice for its parent), never once per level of a deep model; blocks and
+roots, whose inline work is residual additions and modulation, are not re-run.  A module
+whose forward updates state outside its arguments (a counter on ``self``, a caching
+hook) is updated by the re-runs too: capture with ``sensitivity=False`` for such a model.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ _STATEFUL_IN_TRAINING = ("Dropout", "BatchNorm")
 SEED = 20  # the perturbation's signs: the same on every run, whatever the user's seeds
 _STATE = threading.local()
 # A call with children is re-run (children included) only when its subtree is at most
-# this many calls deep: the re-runs then cost at most this many more forwards.
+# this many calls deep: each op then runs at most 1 + 2 * MAX_HEIGHT more times.
 MAX_HEIGHT = 1
 
 

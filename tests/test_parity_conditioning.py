@@ -29,6 +29,7 @@ mnn = pytest.importorskip("mlx.nn")
 from torch import nn  # noqa: E402
 
 import mldbg  # noqa: E402
+from mldbg.compare.verdict import AMPLIFYING  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
 
 U32 = 2.0**-24
@@ -113,7 +114,10 @@ def returns(capture_path: Path) -> dict[str, dict[str, Any]]:
 
 def test_capture_measures_each_leaf_calls_sensitivity() -> None:
     """The sine of large arguments moves ~1000x more than one rounding step; a Linear
-    about one step; a call with children is not re-run (its leaves were)."""
+    about one step.  A call with children (the root: its subtree is one call deep) is
+    measured twice: its inputs perturbed (``amplification``: the sine's, through it) and
+    its descendants' outputs rounded, inputs kept (``sensitivity``: its own rounding,
+    which a sine fed an exact timestep does not amplify)."""
     ref, port = pair()
     with torch.no_grad(), mldbg.capture(ref, "ref") as cap_ref:
         ref(torch.tensor([937.0]))
@@ -123,7 +127,9 @@ def test_capture_measures_each_leaf_calls_sensitivity() -> None:
         lines = returns(cap.path)
         assert lines["time_proj"]["sensitivity"] > 100 * U32, lines["time_proj"]
         assert lines["linear_1"]["sensitivity"] < 8 * U32, lines["linear_1"]
-        assert "sensitivity" not in lines[""]  # the root has children
+        assert lines[""]["amplification"] > 100, lines[""]
+        assert lines[""]["sensitivity"] < 8 * U32, lines[""]
+        assert lines["time_proj"]["amplification"] > 100, lines["time_proj"]
     # Measuring runs nothing the capture records: one call per module, as before.
     assert cap_ref.records == 5 and cap_port.records == 5
 
@@ -202,3 +208,74 @@ def test_without_the_measurement_the_clean_port_fails_at_the_embedding() -> None
     result = mldbg.compare("ref", "port").result
     assert not result["ok"]
     assert result["first_divergence"]["module"] == "time_proj"
+
+
+class TorchSharpAttention(nn.Module):
+    """q/k/v as Linear children, the softmax of large logits inline (what diffusers'
+    attention processors do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.to_q, self.to_k, self.to_v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.to_q(x) @ self.to_k(x).transpose(-1, -2)
+        return torch.softmax(logits, dim=-1) @ self.to_v(x)
+
+
+class MLXSharpAttention(mnn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.to_q, self.to_k, self.to_v = mnn.Linear(16, 16), mnn.Linear(16, 16), mnn.Linear(16, 16)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        logits = self.to_q(x) @ self.to_k(x).transpose(0, 2, 1)
+        return mx.softmax(logits, axis=-1) @ self.to_v(x)
+
+
+class TorchBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = TorchSharpAttention()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(x)
+
+
+class MLXBlock(mnn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = MLXSharpAttention()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x + self.attn(x)
+
+
+def test_a_call_with_children_measures_its_inline_work_at_bounded_cost() -> None:
+    """The attention (children: its projections) is re-run: its amplification is the
+    inline softmax's, far beyond a Linear's; the block above it (two calls deep) is not
+    re-run; nothing the re-runs do is recorded and the model's output is unchanged."""
+    torch.manual_seed(0)
+    ref = TorchBlock().eval()
+    with torch.no_grad():  # logits of ~5 over 32 tokens: a softmax far from saturated
+        for proj in (ref.attn.to_q, ref.attn.to_k):
+            proj.weight.normal_(0.0, 0.5)
+    port = MLXBlock()
+    port.load_weights([(k, mx.array(v.detach().numpy())) for k, v in ref.state_dict().items()])
+    x = torch.randn(1, 32, 16)
+    with torch.no_grad():
+        expected = ref(x)
+        with mldbg.capture(ref, "ref") as cap_ref:
+            got = ref(x)
+    assert torch.equal(got, expected)
+    plain = port(mx.array(x.numpy()))
+    with mldbg.capture(port, "port") as cap_port:
+        again = port(mx.array(x.numpy()))
+    assert mx.array_equal(plain, again).item()
+    for cap in (cap_ref, cap_port):
+        lines = returns(cap.path)
+        assert cap.records == 5  # block, attention, three projections: nothing re-run recorded
+        attn, proj = lines["attn"], lines["attn.to_q"]
+        assert attn["amplification"] > max(AMPLIFYING, 2 * proj["amplification"]), (attn, proj)
+        assert attn["sensitivity"] > proj["sensitivity"], (attn, proj)
+        assert "sensitivity" not in lines[""] and "amplification" not in lines[""]

@@ -27,7 +27,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow  # a real diffusers transformer and scheduler
 
 import mldbg  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
-from parity_zoo import flux  # noqa: E402
+from parity_zoo import flux, vae  # noqa: E402
 from parity_zoo.core import to_mlx  # noqa: E402
 
 STEPS = 3
@@ -80,10 +80,19 @@ def port_sigmas(shift: bool) -> list[float]:
     return [float(s) for s in sigmas] + [0.0]
 
 
-def port_loop(model: Any, inputs: tuple[Any, ...], *, shift: bool) -> mx.array:
+def port_loop(
+    model: Any,
+    inputs: tuple[Any, ...],
+    *,
+    shift: bool,
+    before: Callable[[int], None] | None = None,
+) -> mx.array:
+    """The port's loop; ``before(step)`` runs ahead of each step (to plant a bug there)."""
     latents, text, pooled, _sigma, img_ids, txt_ids = inputs
     sigmas = port_sigmas(shift)
-    for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
+    for step, (sigma, following) in enumerate(zip(sigmas[:-1], sigmas[1:], strict=True)):
+        if before is not None:
+            before(step)
         velocity = model(latents, text, pooled, mx.array([sigma]), img_ids, txt_ids)  # PORT-CALL
         latents = latents + (following - sigma) * velocity
         mx.eval(latents)
@@ -357,3 +366,78 @@ def test_the_culprit_explains_the_output_even_without_the_conditioning_bound() -
     noted = {n["module"] for n in result["notes"]}
     assert "time_text_embed.time_proj" in noted, result["notes"]
     assert all("dwarfs" in n["note"] for n in result["notes"])
+
+
+# -- a denoiser loop, then the VAE decoder: two models, the last one a VAE ------------------
+
+
+def unpack_torch(latents: torch.Tensor) -> torch.Tensor:
+    """Flux's packed latents (1, 16 tokens, 16) back to the VAE's (1, 4, 8, 8) (NCHW)."""
+    side, channels = 4, flux.SIZES.in_channels // 4
+    grid = latents.view(1, side, side, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return grid.reshape(1, channels, 2 * side, 2 * side)
+
+
+def unpack_mlx(latents: mx.array) -> mx.array:
+    """The same in the port, channels-last (1, 8, 8, 4) as its decoder reads it."""
+    side, channels = 4, flux.SIZES.in_channels // 4
+    grid = latents.reshape(1, side, side, channels, 2, 2).transpose(0, 1, 4, 2, 5, 3)
+    return grid.reshape(1, 2 * side, 2 * side, channels)
+
+
+def capture_with_vae(*, vae_bug: str | None = None, denoiser_bug_at: int | None = None) -> None:
+    """diffusers' transformer and VAE decoder against the MLX ones, in one capture each:
+    three denoiser steps, then one decode.  ``denoiser_bug_at``: the port's modulation
+    bug is switched on from that step of the loop on (a step-dependent code path)."""
+    ref, inputs = flux.reference("float32")
+    port = flux.port_of(ref, "float32")
+    decoder = vae.decoder_reference()
+    decoder_port = vae.decoder_port(decoder, vae_bug)
+    with mldbg.capture({"transformer": ref, "vae": decoder}, "ref") as cap:
+        latents = reference_loop(ref, inputs)
+        with torch.no_grad():
+            decoder(unpack_torch(latents))  # REF-VAE
+    assert not cap.errors, cap.errors
+    current_run.reset()
+
+    def from_step(step: int) -> None:
+        if denoiser_bug_at is not None and step == denoiser_bug_at:
+            port.transformer_blocks[0].norm1.swap_shift_scale = True
+
+    with mldbg.capture({"transformer": port, "vae": decoder_port}, "port") as cap:
+        latents = port_loop(port, tuple(to_mlx(t) for t in inputs), shift=True, before=from_step)
+        mx.eval(decoder_port(unpack_mlx(latents)))  # PORT-VAE
+    assert not cap.errors, cap.errors
+    current_run.reset()
+
+
+def test_a_clean_pipeline_with_a_vae_stage_agrees() -> None:
+    capture_with_vae()
+    result = mldbg.compare("ref", "port").result
+    assert result["ok"], json.dumps(result["first_divergence"])[:600]
+    tops = {(e["module"], e["call"]) for e in result["entries"] if "." not in e["module"]}
+    assert tops == {("transformer", i) for i in range(STEPS)} | {("vae", 0)}
+
+
+def test_a_bug_in_the_vae_stage_is_named_with_its_model() -> None:
+    """The port's decoder upsamples bilinearly where diffusers repeats pixels: every
+    denoiser step agrees, the VAE's upsampler is named (model ``vae``, step 0)."""
+    capture_with_vae(vae_bug="upsample")
+    result = mldbg.compare("ref", "port").result
+    culprit = result["first_divergence"]
+    assert culprit["module"] == "vae.up_blocks.0.upsamplers.0", culprit
+    assert (culprit["model"], culprit["step"]) == ("vae", 0)
+    steps = [e for e in result["entries"] if e["module"] == "transformer"]
+    assert steps and all(e["ok"] for e in steps)
+
+
+def test_a_bug_in_one_denoiser_step_is_named_at_that_step() -> None:
+    """The modulation bug only from the loop's second step on: the first step agrees,
+    the culprit is the first norm of the denoiser's call 1, not the VAE downstream."""
+    capture_with_vae(denoiser_bug_at=1)
+    result = mldbg.compare("ref", "port").result
+    culprit = result["first_divergence"]
+    assert culprit["module"] == "transformer.transformer_blocks.0.norm1", culprit
+    assert (culprit["model"], culprit["step"]) == ("transformer", 1)
+    first = [e for e in result["entries"] if e["module"] == "transformer" and e["call"] == 0]
+    assert first and all(e["ok"] for e in first)

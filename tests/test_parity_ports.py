@@ -45,7 +45,7 @@ from parity_zoo import BUGS, Case, ZooPort, all_cases, build  # noqa: E402
 from parity_zoo.core import as_numpy  # noqa: E402
 
 # The VAE and the DiTs need diffusers: without it those cases skip, the others still run.
-DIFFUSERS_ARCHS = ("vae", "flux", "sd3")
+DIFFUSERS_ARCHS = ("vae", "flux", "sd3", "pixart")
 NO_DIFFUSERS = pytest.mark.skipif(
     importlib.util.find_spec("diffusers") is None, reason="diffusers is not installed"
 )

@@ -75,3 +75,31 @@ def test_a_4bit_bug_is_still_named() -> None:
     assert not result["ok"]
     assert result["first_divergence"]["module"] == z.culprit, result["first_divergence"]
     assert result["decided_by"] == "growth"
+
+
+def test_replay_clears_a_clean_4bit_port_and_names_a_4bit_bug() -> None:
+    """Judged by replay's local errors (each port module on the reference's own inputs):
+    the clean port's compounded noise is confirmed as noise (exit 0, the note says replay
+    checked it), and a real bug under 4 bits is named by the replay rule, local."""
+    clean = llama_family.build("qwen3", "float32", quantize=(4, 64), layers=LAYERS)
+    bug = llama_family.build("qwen3", "float32", "attn_scale", quantize=(4, 64), layers=LAYERS)
+    with mldbg.capture(clean.ref, "ref"):
+        clean.run_ref()
+    current_run.reset()
+    for name, z in (("clean", clean), ("bug", bug)):
+        with mldbg.capture(z.port, name):
+            z.run_port()
+        current_run.reset()
+    replayed = mldbg.replay(clean.port, "ref", name="clean-replay")
+    result = mldbg.compare("ref", "clean", replay=replayed.capture).result
+    assert result["ok"] and result["first_divergence"] is None, json.dumps(result)[:600]
+    assert result["decided_by"] == "quantized"
+    assert result["notes"][0]["replay_checked"] is True
+    assert "replay confirms" in result["notes"][0]["note"]
+
+    replayed = mldbg.replay(bug.port, "ref", name="bug-replay")
+    result = mldbg.compare("ref", "bug", replay=replayed.capture).result
+    assert not result["ok"]
+    culprit = result["first_divergence"]
+    assert culprit["module"] == bug.culprit and culprit["local"] is True, culprit
+    assert result["decided_by"] == "replay"

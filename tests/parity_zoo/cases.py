@@ -22,6 +22,8 @@ flux           diffusers FluxTransformer2DModel -> hand-    rope, modulation, ti
                written MLX (same names)
 sd3            diffusers SD3Transformer2DModel -> hand-     modulation, timestep
                written MLX (patch conv in NHWC)
+pixart         diffusers PixArtTransformer2DModel -> hand-  modulation (inline in the
+               written MLX (adaLN-single, cross-attention)  block), timestep
 qwen2-q4/-q8   transformers Qwen2 -> mlx-lm qwen2,          see QUANTIZED_BUGS
                nn.quantize 4 / 8 bits, group 32
 =============  ===========================================  ===============================
@@ -35,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import flux, gemma, gpt2, llama_family, renamed, sd3, torch_llama, vae
+from . import flux, gemma, gpt2, llama_family, pixart, renamed, sd3, torch_llama, vae
 from .core import DTYPES, UnknownCase, ZooPort
 
 QUANT_GROUP = 32
@@ -66,6 +68,7 @@ BUILDERS: dict[str, Callable[..., ZooPort]] = {
     "vae": vae.build,
     "flux": flux.build,
     "sd3": sd3.build,
+    "pixart": pixart.build,
     "qwen2-q4": _quantized(4),
     "qwen2-q8": _quantized(8),
 }
@@ -81,6 +84,7 @@ BUGS: dict[str, tuple[str, ...]] = {
     "vae": vae.BUGS,
     "flux": flux.BUGS,
     "sd3": sd3.BUGS,
+    "pixart": pixart.BUGS,
     "qwen2-q4": QUANTIZED_BUGS[4],
     "qwen2-q8": QUANTIZED_BUGS[8],
 }

@@ -180,6 +180,8 @@ class JointAttention(mnn.Module):
         self.head_dim = dim // heads
         self.text_first = text_first
         self.rope_halves = False
+        # The softmax-scale bug: 1/head_dim (a port that forgot the square root) when set.
+        self.softmax_scale = self.head_dim**-0.5
         self.to_q = mnn.Linear(dim, dim)
         self.to_k = mnn.Linear(dim, dim)
         self.to_v = mnn.Linear(dim, dim)
@@ -228,7 +230,7 @@ class JointAttention(mnn.Module):
             q = apply_rope(q, *rope, halves=self.rope_halves)
             k = apply_rope(k, *rope, halves=self.rope_halves)
         out = mx.fast.scaled_dot_product_attention(
-            _heads_first(q), _heads_first(k), _heads_first(v), scale=self.head_dim**-0.5
+            _heads_first(q), _heads_first(k), _heads_first(v), scale=self.softmax_scale
         )
         out = out.transpose(0, 2, 1, 3).reshape(*x.shape[:1], -1, self.heads * self.head_dim)
         if context is None:

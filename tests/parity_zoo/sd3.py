@@ -171,7 +171,7 @@ class SD3Transformer(mnn.Module):
         return x.reshape(B, H, W, C)
 
 
-def _port_weight(value: torch.Tensor) -> mx.array:
+def port_weight(value: torch.Tensor) -> mx.array:
     """OIHW conv kernels become OHWI; everything else moves as is."""
     return to_mlx(value.permute(0, 2, 3, 1) if value.ndim == 4 else value)
 
@@ -180,7 +180,7 @@ def build(dtype: str, bug: str | None, seed: int = 0) -> ZooPort:
     check_case("sd3", dtype, bug, BUGS)
     ref, inputs = reference(dtype, seed)
     port = SD3Transformer()
-    d.load_from(port, {k: _port_weight(v) for k, v in ref.state_dict().items()})
+    d.load_from(port, {k: port_weight(v) for k, v in ref.state_dict().items()})
     port.set_dtype(MLX_DTYPES[dtype])
     if bug == "modulation":
         for block in port.transformer_blocks:

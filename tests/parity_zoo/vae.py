@@ -189,7 +189,103 @@ class Encoder(mnn.Module):
         return self.conv_out(self.conv_act(self.conv_norm_out(x)))
 
 
-def _port_weight(value: torch.Tensor) -> mx.array:
+# -- the decoder (a pipeline's last stage) -------------------------------------------------------
+
+
+@functools.cache
+def decoder_reference(seed: int = 0) -> torch.nn.Module:
+    """The decoder of the same tiny ``AutoencoderKL`` (float32): latents (1, 4, H, W) to an
+    image (1, 3, 2H, 2W), one upsampling."""
+    from diffusers import AutoencoderKL
+
+    s = SIZES
+    gen = generator(seed + 1)
+    vae: Any = AutoencoderKL(
+        in_channels=s.in_channels,
+        out_channels=s.in_channels,
+        down_block_types=("DownEncoderBlock2D",) * len(s.block_out_channels),
+        up_block_types=("UpDecoderBlock2D",) * len(s.block_out_channels),
+        block_out_channels=s.block_out_channels,
+        layers_per_block=s.layers_per_block,
+        latent_channels=s.latent_channels,
+        norm_num_groups=s.norm_num_groups,
+        sample_size=s.sample_size,
+    )
+    decoder = vae.decoder
+    init_o1(decoder, gen)
+    return decoder.eval()
+
+
+class Upsample(mnn.Module):
+    """diffusers' Upsample2D: nearest-neighbour x2, then a 3x3 conv.  ``linear=True`` is
+    the port slip of reaching for ``nn.Upsample(mode="linear")``."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = mnn.Conv2d(channels, channels, 3, padding=1)
+        self.linear = False
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.linear:
+            x = mnn.Upsample(scale_factor=2.0, mode="linear", align_corners=False)(x)
+        else:
+            x = mx.repeat(mx.repeat(x, 2, axis=1), 2, axis=2)
+        return self.conv(x)
+
+
+class UpBlock(mnn.Module):
+    def __init__(self, cin: int, cout: int, upsample: bool) -> None:
+        super().__init__()
+        self.resnets = [
+            ResnetBlock(cin if i == 0 else cout, cout) for i in range(SIZES.layers_per_block + 1)
+        ]
+        if upsample:
+            self.upsamplers = [Upsample(cout)]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        for resnet in self.resnets:
+            x = resnet(x)
+        for up in self.get("upsamplers", []):
+            x = up(x)
+        return x
+
+
+class Decoder(mnn.Module):
+    """diffusers' VAE ``Decoder`` in NHWC: conv_in, mid block, up blocks (widest first),
+    GroupNorm, SiLU, conv_out."""
+
+    def __init__(self, s: Sizes = SIZES) -> None:
+        super().__init__()
+        widest_first = list(reversed(s.block_out_channels))
+        self.conv_in = mnn.Conv2d(s.latent_channels, widest_first[0], 3, padding=1)
+        self.mid_block = MidBlock(widest_first[0])
+        self.up_blocks = [
+            UpBlock(widest_first[max(i - 1, 0)], c, upsample=i < len(widest_first) - 1)
+            for i, c in enumerate(widest_first)
+        ]
+        self.conv_norm_out = _group_norm(widest_first[-1])
+        self.conv_act = mnn.SiLU()
+        self.conv_out = mnn.Conv2d(widest_first[-1], s.in_channels, 3, padding=1)
+
+    def __call__(self, z: mx.array) -> mx.array:
+        x = self.mid_block(self.conv_in(z))
+        for block in self.up_blocks:
+            x = block(x)
+        return self.conv_out(self.conv_act(self.conv_norm_out(x)))
+
+
+def decoder_port(ref: torch.nn.Module, bug: str | None = None) -> Decoder:
+    """The MLX decoder with ``ref``'s weights; ``bug="upsample"`` plants the linear
+    upsampling in ``up_blocks.0.upsamplers.0``."""
+    port = Decoder()
+    port.load_weights([(k, port_weight(v)) for k, v in ref.state_dict().items()])
+    port.eval()
+    if bug == "upsample":
+        port.up_blocks[0].upsamplers[0].linear = True
+    return port
+
+
+def port_weight(value: torch.Tensor) -> mx.array:
     """OIHW conv kernels become OHWI; everything else moves as is."""
     return to_mlx(value.permute(0, 2, 3, 1) if value.ndim == 4 else value)
 
@@ -222,7 +318,7 @@ def build(dtype: str = "float32", bug: str | None = None, *, seed: int = 0) -> Z
     check_case("vae", dtype, bug, BUGS)
     ref, image = reference(dtype, seed)
     port = Encoder(SIZES)
-    port.load_weights([(k, _port_weight(v)) for k, v in ref.state_dict().items()])
+    port.load_weights([(k, port_weight(v)) for k, v in ref.state_dict().items()])
     port.eval()
     if bug == "groupnorm_groups":
         norm = port.down_blocks[1].resnets[0].norm2

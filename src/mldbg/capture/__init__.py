@@ -397,8 +397,9 @@ def capture(
     only module ``within`` and what it contains, in full.  ``background`` (default: on
     for full torch captures) writes files from a writer thread with bounded memory.
     ``sensitivity`` (default on) re-runs each leaf call once on inputs perturbed by one
-    rounding step, so compare can bound ill-conditioned ops (README, "How a verdict is
-    reached"); ``sensitivity=False`` saves that time and leaves such ops unexcused.
+    rounding step, and each call one call above its leaves twice (its inline work: an
+    attention's softmax), so compare can bound ill-conditioned ops (README, "How a verdict
+    is reached"); ``sensitivity=False`` saves that time and leaves such ops unexcused.
     ``ops`` (globs on module paths) also records the framework operations inside those
     modules (torch functions, ``mx.*`` / ``mx.fast.*`` calls), for compare to say which
     operation inside a culprit first diverges.

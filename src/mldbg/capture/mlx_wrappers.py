@@ -24,7 +24,7 @@ from typing import Any
 
 from .recorder import Recorder
 from .safetensors_header import header_entries
-from .sensitivity import measure_mlx, measuring
+from .sensitivity import measure_mlx, measuring, rounded_output
 
 _LAYER = "_mldbg_capture_layer"
 
@@ -145,7 +145,11 @@ def _recording_class(
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         path = paths.get(id(self))
         if path is None or measuring():
-            return call(self, *args, **kwargs)
+            output = call(self, *args, **kwargs)
+            if path is None:  # its capture has ended
+                return output
+            rounded, value = rounded_output(recorder, output)  # inside a parent's re-run
+            return value if rounded else output
         quant = quantization(self)
         seq = recorder.enter(
             path, original.__name__, args, kwargs, {"quant": quant} if quant else None
@@ -155,7 +159,9 @@ def _recording_class(
         except BaseException as exc:
             recorder.exit(seq, path, None, exc)
             raise
-        extra = recorder.sensitivity_of(seq, lambda: measure_mlx(self, call, args, kwargs, output))
+        extra = recorder.sensitivity_of(
+            seq, lambda parent: measure_mlx(self, call, args, kwargs, output, recorder, parent)
+        )
         recorder.exit(seq, path, output, None, extra)
         return output
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .recorder import SKIPPED, Recorder
+from .sensitivity import measuring
 from .store import module_label
 
 OP_CLASS_PREFIX = "op:"
@@ -123,7 +124,7 @@ class OpScope:
         return not frames
 
     def active(self) -> bool:
-        return bool(self._frames()) and not self.recorder.busy()
+        return bool(self._frames()) and not self.recorder.busy() and not measuring()
 
     def record(self, name: str, function: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Run ``function`` as an operation of the innermost wanted call, recorded."""

@@ -18,6 +18,7 @@ from typing import Any
 from ..store.runs import PRIVATE_FILE
 from .budget import Policy
 from .flatten import Flat, flatten, flatten_call
+from .sensitivity import MAX_HEIGHT
 from .sites import call_site
 from .store import INDEX, CaptureDir, entry_name, module_label
 
@@ -68,6 +69,10 @@ class Recorder:
         self._calls: dict[str, int] = {}
         self._with_children: set[int] = set()  # calls during which another call started
         self._below: set[int] = set()  # open calls below the depth limit (no tensors)
+        # Per open call with children: how many calls deep its subtree is so far.
+        self._height: dict[int, int] = {}
+        # Open calls with a child below the depth limit: not re-run (a coarse pass).
+        self._partial: set[int] = set()
         self.tensors = 0
         self.bytes = 0
         self.errors: list[str] = []
@@ -144,6 +149,8 @@ class Recorder:
             record["below_depth"] = True
             with self._lock:
                 self._below.add(seq)
+            if stack:
+                self._partial.add(stack[-1][0])
         stack.append((seq, call, path))
         spent = time.perf_counter()
         collect = (lambda: flatten_call(args, kwargs)) if self.inputs and not below else None
@@ -184,33 +191,39 @@ class Recorder:
                 return seq
         return None
 
-    # Whether leaf calls are re-run for their sensitivity (``capture(sensitivity=...)``).
+    # Whether calls are re-run for their sensitivity (``capture(sensitivity=...)``).
     sensitivity = True
 
     def wants_sensitivity(self, seq: int) -> bool:
-        """Call ``seq`` (still open, and recorded with its tensors) is a leaf, to be
-        measured: it started no other call, and the capture measures sensitivities."""
+        """Call ``seq`` (still open, and recorded with its tensors) is to be measured: the
+        capture measures sensitivities, its subtree is at most ``MAX_HEIGHT`` calls deep
+        (a leaf, an attention over its projections: capture/sensitivity.py), and its
+        children are recorded too (a depth-limited pass that locates a block re-runs
+        nothing: its floors would bound entries it does not have)."""
         return (
             self.sensitivity
             and seq != SKIPPED
-            and seq not in self._with_children
             and seq not in self._below
+            and seq not in self._partial
+            and self._height.get(seq, 0) <= MAX_HEIGHT
         )
 
     def sensitivity_of(
-        self, seq: int, measure: Callable[[], float | None]
+        self, seq: int, measure: Callable[[bool], dict[str, float] | None]
     ) -> dict[str, Any] | None:
-        """The return line's ``sensitivity`` field for call ``seq``: ``measure()`` (a re-run
-        of the call) when it is a leaf the capture measures, else None.  The re-run is the
-        capture's work, not the model's: its time is kept out of the call's ``seconds``."""
+        """The return line's ``sensitivity`` fields for call ``seq``: ``measure(with
+        children)`` (re-runs of the call, its children included) when the capture
+        measures it, else None.  The
+        re-run is the capture's work, not the model's: its time is kept out of the call's
+        ``seconds``."""
         if not self.wants_sensitivity(seq):
             return None
         since = time.perf_counter()
         try:
-            found = measure()
+            found = measure(seq in self._with_children)
         finally:
             self._charge(since)
-        return None if found is None else {"sensitivity": found}
+        return found  # {"sensitivity", "step"}, or None
 
     def exit(
         self,
@@ -222,7 +235,7 @@ class Recorder:
     ) -> None:
         """Record the end of call ``seq``: its outputs, or the exception it raised.
 
-        ``extra`` adds fields to the return line (``sensitivity`` of a leaf call)."""
+        ``extra`` adds fields to the return line (``sensitivity``, ``step``, ``amplification``)."""
         self._local.busy = getattr(self._local, "busy", 0) + 1
         try:
             self._exit(seq, path, output, error, extra)
@@ -238,6 +251,8 @@ class Recorder:
         extra: Mapping[str, Any] | None,
     ) -> None:
         self._with_children.discard(seq)
+        self._partial.discard(seq)
+        height = self._height.pop(seq, 0)
         stack = self._stack()
         call = 0
         for i in range(len(stack) - 1, -1, -1):
@@ -245,6 +260,9 @@ class Recorder:
                 call = stack[i][1]
                 del stack[i:]
                 break
+        if stack:  # its parent's subtree is at least one call deeper
+            parent = stack[-1][0]
+            self._height[parent] = max(self._height.get(parent, 0), height + 1)
         if seq == SKIPPED:
             return
         with self._lock:

@@ -14,7 +14,7 @@ from typing import Any
 
 from .recorder import Recorder
 from .safetensors_header import header_entries
-from .sensitivity import measure_torch, measuring
+from .sensitivity import measure_torch, measuring, rounded_output
 
 
 def prepare(model: Any) -> Any:
@@ -164,10 +164,13 @@ def _hook(
         # The exception being handled around this call (a call inside an `except` block).
         handled_at_entry[seq] = sys.exc_info()[1]
 
-    def after(_module: Any, _args: Any, _kwargs: Any, output: Any) -> None:
-        seq = recorder.open_seq(path) if live[0] and not measuring() else None
+    def after(_module: Any, _args: Any, _kwargs: Any, output: Any) -> Any:
+        if live[0] and measuring():  # inside a parent's re-run: its output rounded
+            rounded, value = rounded_output(recorder, output)
+            return value if rounded else None
+        seq = recorder.open_seq(path) if live[0] else None
         if seq is None:
-            return
+            return None
         handled = handled_at_entry.pop(seq, None)
         # When the forward raises, torch calls always_call hooks inside its `except` block:
         # an exception other than the one handled at entry is the forward's own.
@@ -176,9 +179,12 @@ def _hook(
         extra = (
             None
             if error is not None
-            else recorder.sensitivity_of(seq, lambda: measure_torch(module, _args, _kwargs, output))
+            else recorder.sensitivity_of(
+                seq, lambda parent: measure_torch(module, _args, _kwargs, output, recorder, parent)
+            )
         )
         recorder.exit(seq, path, output, error, extra)
+        return None
 
     # Under torch.compile the hooks run eagerly (a graph break), not traced: they write files.
     before, after = _eager(torch, before), _eager(torch, after)

@@ -7,6 +7,7 @@ is the documented JSON shape (README, "mldbg compare").
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,8 @@ from .rules import first_divergence
 from .sources import CompareInputError, Source
 from .verdict import (
     NO_FLOOR,
+    Depths,
+    amplified,
     depths,
     exact_scale,
     expected_error,
@@ -350,11 +353,52 @@ def judge(
 ) -> None:
     """Decide each entry's ``ok``: the element-wise test when tolerances were given or the
     dtypes are exact, else the scale-aware test against the expected error at its depth
-    (``local``: the depth is the call's own subtree, as for a replayed call)."""
-    depth_of = depths(a, quantized)
+    (``local``: the depth is the call's own subtree, as for a replayed call).
+
+    An ill-conditioned call may amplify the error its inputs arrive with (``verdict.
+    amplified``), but only an error that is itself explained: a call's inputs must pass
+    before their error widens its bound, or a bug's error would excuse everything
+    downstream of it.  Passing inputs can make the next amplifying call's inputs pass
+    (two attentions in a row), so the entries are judged again until that set stops
+    growing (each round adds calls, so at most one round per call; in practice a few)."""
+    errors = _input_errors(results)
+    explained: set[tuple[str, int]] = set()
+    for _round in range(len(a.calls) + 1):
+        floors = amplified(a.calls, {k: e for k, e in errors.items() if k in explained})
+        _judge_entries(a, results, quantized, depths(a, quantized, floors), strict, local)
+        passing = _inputs_passing(results) & errors.keys()
+        if passing <= explained:
+            return
+        explained |= passing
+
+
+def _inputs_passing(results: list[dict[str, Any]]) -> set[tuple[str, int]]:
+    """The calls whose compared inputs all pass, with no quantization noise among them:
+    that noise has its own allowance, measured over whole quantized models with
+    whatever their attentions make of it (``verdict.QUANT_C``), and is not rounding."""
+    seen: dict[tuple[str, int], bool] = {}
+    for result in results:
+        if result.get("role") != "in" or result.get("module") is None:
+            continue
+        key = (result["module"], result["call"])
+        clean = bool(result.get("ok")) and not result.get("quant_noise")
+        seen[key] = seen.get(key, True) and clean
+    return {key for key, ok in seen.items() if ok}
+
+
+def _judge_entries(
+    a: Source,
+    results: list[dict[str, Any]],
+    quantized: dict[Any, float],
+    depth_of: Depths,
+    strict: bool,
+    local: bool,
+) -> None:
     for position, result in enumerate(results):
-        elementwise = result.get("ok")
+        # The element-wise verdict as the metrics gave it (kept when judged again).
+        elementwise = result["elementwise_ok"] if "elementwise_ok" in result else result.get("ok")
         result["elementwise_ok"] = elementwise
+        result.pop("conditioning", None)
         u = unit_roundoff(result.get("dtype_a") or "", result.get("dtype_b") or "")
         key = (result["module"], result["call"]) if result.get("module") is not None else None
         own = None
@@ -385,6 +429,10 @@ def judge(
                 "from": f"{floor.source[0]}#{floor.source[1]}",
                 "sensitivity": floor.sensitivity,
             }
+            if floor.amplification is not None:
+                # ... by how much that call amplifies the error its inputs arrived with.
+                result["conditioning"]["amplification"] = floor.amplification
+                result["conditioning"]["input_rel_rms"] = floor.input_rel_rms
         if own is not None and result["role"] == "out":
             # Its own rounding and, for a quantized module, its own quantization; the
             # noise of quantized submodules shows in their outputs, not here.
@@ -401,6 +449,22 @@ def judge(
             continue
         result["test"] = "scale"
         result["ok"] = result["scale_ok"]
+
+
+def _input_errors(results: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+    """Per call, the worst measured relative RMS error of its float inputs."""
+    found: dict[tuple[str, int], float] = {}
+    for result in results:
+        error = result.get("rel_rms")
+        if result.get("role") != "in" or result.get("module") is None:
+            continue
+        if unit_roundoff(result.get("dtype_a") or "", result.get("dtype_b") or "") is None:
+            continue  # integer ids, masks: compared exactly, no relative error to amplify
+        if not isinstance(error, int | float) or not math.isfinite(error):
+            continue
+        key = (result["module"], result["call"])
+        found[key] = max(found.get(key, 0.0), float(error))
+    return found
 
 
 def _nothing_paired(

@@ -61,9 +61,16 @@ class Call:
     start_order: int = 0  # position of its start / end in the capture's event order
     end_order: int | None = None
     quant: dict[str, Any] | None = None  # {"bits", "group_size", "mode"} of a quantized module
-    # Relative output change of a leaf call under a one-rounding-step input perturbation
-    # (measured at capture time, ``capture.sensitivity``); None when not measured.
+    # Relative output change of a call (its children included) under a one-rounding-step
+    # perturbation of what it reads (measured at capture time, ``capture.sensitivity``); None when not measured.
     sensitivity: float | None = None
+    # The relative step ``u`` its inputs were perturbed by for that measurement; the ratio
+    # ``sensitivity / step`` is how much the call amplifies a relative error it reads.
+    step: float | None = None
+    # How many times a relative error in its inputs comes out larger (measured with its
+    # inputs perturbed by ``step``; for a call with children ``sensitivity`` is measured
+    # apart, with its inputs kept and its descendants' outputs rounded).
+    amplification: float | None = None
     site: str | None = None  # "file:line" of the script line that made a top-level call
 
 
@@ -299,6 +306,12 @@ def _add_record(
         sensitivity = record.get("sensitivity")
         if isinstance(sensitivity, int | float) and math.isfinite(sensitivity):
             known.sensitivity = float(sensitivity)
+            step = record.get("step")
+            if isinstance(step, int | float) and math.isfinite(step) and step > 0:
+                known.step = float(step)
+            gain = record.get("amplification")
+            if isinstance(gain, int | float) and math.isfinite(gain):
+                known.amplification = float(gain)
         call = known
         role = "out"
     file = record.get("file")

@@ -30,10 +30,13 @@ judged instead against its own scale and dtype:
 * **Ill-conditioned ops** (a sine of arguments ~1000, as in every diffusion model's
   timestep embedding) turn one rounding step of their inputs into far more than ``u``
   at their outputs.  The capture measures each leaf call's sensitivity (its output's
-  relative change when its inputs move by one rounding step; ``capture.sensitivity``):
+  relative change when its inputs move by one rounding step; ``capture.sensitivity``),
+  and that of the inline work of each call one above its leaves (an attention's softmax):
   ``COND_C`` times it bounds the call's own outputs and, riding on what is computed from
-  them, every later entry (see ``_Floors``).  The larger of that floor and the rounding
-  bound is the bound; entries say when the floor set it.
+  them, every later entry (see ``_Floors``).  An ill-conditioned call also amplifies the
+  error its inputs arrive with, by its measured ``amplification`` (see ``amplified``).
+  The larger of those floors and the rounding bound is the bound; entries say when a
+  floor set it.
 
 The strict element-wise test (``|b - a| <= atol + rtol |a|``) decides only when the
 user gives ``--rtol``/``--atol``; integer and bool pairs always compare exactly.
@@ -111,11 +114,15 @@ def rounding_bound(u: float, depth: int) -> float:
 @dataclass(frozen=True)
 class Floor:
     """The error an ill-conditioned call leaves on everything after it: ``bound`` (a
-    relative RMS error), set by call ``source`` whose measured ``sensitivity`` it is."""
+    relative RMS error), set by call ``source`` whose measured ``sensitivity`` it is.
+    ``amplification`` and ``input_rel_rms`` are set when the bound is the call's measured
+    amplification of the error its inputs arrived with (see :func:`amplified`)."""
 
     bound: float = 0.0
     source: tuple[str, int] | None = None
     sensitivity: float = 0.0
+    amplification: float | None = None
+    input_rel_rms: float | None = None
 
 
 NO_FLOOR = Floor()
@@ -138,9 +145,14 @@ class Depths:
     cond_inside: dict[tuple[str, int], Floor] = field(default_factory=dict)
 
 
-def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
+def depths(
+    source: Source,
+    quantized: dict[tuple[str, int], float],
+    amplified: dict[tuple[str, int], Floor] | None = None,
+) -> Depths:
     """Op-chain depths of every call of ``source`` (the reference); ``quantized`` maps
-    the reference calls whose port counterpart is quantized to their expected error."""
+    the reference calls whose port counterpart is quantized to their expected error;
+    ``amplified`` the floors of calls that amplify their inputs' error (:func:`amplified`)."""
     calls = source.calls
     by_seq = {c.seq: key for key, c in calls.items()}
     children: dict[int, list[int]] = {}
@@ -156,7 +168,7 @@ def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
         if k in calls
     )
     result = Depths()
-    floors = _Floors(calls)
+    floors = _Floors(calls, amplified or {})
     for key, call in calls.items():
         end = call.end_order if call.end_order is not None else 1 << 62
         result.before[key] = bisect.bisect_left(ends, call.start_order)
@@ -164,9 +176,13 @@ def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
         start = call.start_order or 0
         result.quant_before[key] = _quant_noise(q for e, q in quant_ends if e < start)
         result.quant_through[key] = _quant_noise(q for e, q in quant_ends if e <= end)
-        result.cond_before[key] = floors.ended_before(call.start_order)
-        result.cond_through[key] = floors.ended_by(end)
+        # A call's ancestors compute inline what their children read (the softmax whose
+        # output an attention's ``to_out`` projects): their own floors bound it too.
+        around = floors.around(call, calls, by_seq)
+        result.cond_before[key] = _larger(floors.ended_before(call.start_order), around)
+        result.cond_through[key] = _larger(floors.through(key, call, end), around)
     # Leaves and quantized calls inside each subtree (a call counts itself when a leaf).
+    measured_inside: dict[tuple[str, int], Floor] = {}
     for key, call in sorted(calls.items(), key=lambda kv: -kv[1].depth):
         kids = [by_seq[s] for s in children.get(call.seq, [])]
         result.leaves[key] = sum(result.leaves[k] for k in kids) if kids else 1
@@ -175,56 +191,162 @@ def depths(source: Source, quantized: dict[tuple[str, int], float]) -> Depths:
         if own:
             inside.append(own)
         result.quant_inside[key] = _quant_noise(inside) if inside else 0.0
-        result.cond_inside[key] = max(
-            [floors.own(key), *(result.cond_inside[k] for k in kids)], key=lambda f: f.bound
-        )
+        # Its own floors and what its descendants measured (not what they amplified:
+        # a call is judged by its own inputs, see ``_Floors``).
+        below = [measured_inside[k] for k in kids]
+        measured_inside[key] = max([floors.measured(key), *below], key=lambda f: f.bound)
+        result.cond_inside[key] = max([floors.own(key), *below], key=lambda f: f.bound)
     return result
 
 
 COND_C = 2.0  # bound on the difference two clean implementations show, in sensitivities
 
 
+AMPLIFYING = COND_C * GROWTH  # see ``amplified``
+
+
+def amplification(call: Call) -> float | None:
+    """How many times a relative error in what ``call`` reads comes out larger at its
+    outputs, as measured at capture time (``sensitivity / step``); None when unmeasured."""
+    if call.amplification is not None:
+        return call.amplification
+    if call.sensitivity is None or not call.step:
+        return None
+    return call.sensitivity / call.step
+
+
+def amplified(
+    calls: dict[tuple[str, int], Call], input_errors: dict[tuple[str, int], float]
+) -> dict[tuple[str, int], Floor]:
+    """The floors of calls that amplify the error their inputs actually arrive with.
+
+    A call's measured sensitivity bounds what *its own rounding* of its operands makes
+    of them (``COND_C * sensitivity``).  An ill-conditioned call also multiplies the
+    difference its inputs already carry: an attention whose logits are large turns a
+    1e-5 difference in its input (an upstream timestep embedding's, itself explained)
+    into 1e-4 at its output.  Its measured amplification ``a`` (its outputs' relative
+    change when its inputs move by one ``step``, over that step) is that factor, so ``a
+    * (its inputs' relative error)`` is what the inputs explain at its outputs, on top
+    of the ``sensitivity`` its own rounding explains (for a call with children measured
+    apart, inputs kept, descendants' outputs rounded): ``COND_C * (sensitivity + a *
+    error)`` bounds its outputs and, riding on what is computed from them, what comes
+    after.  Only calls with ``a > AMPLIFYING`` get such a floor: a relative error passed
+    on about unchanged is what the rounding bound and the growth rule (which grants every
+    call ``GROWTH x`` its inputs' error) already model, and one random draw of signs
+    measures ``a`` within about ``COND_C x`` (a ``Linear`` on random weights measures 1 to
+    3; an attention over large logits 5 to 30): a call amplifies when even the low end of
+    its measurement, ``a / COND_C``, is beyond ``GROWTH``.  Floors of calls that merely
+    pass errors on would otherwise ratchet every bound up by ``COND_C x`` per call.  ``input_errors`` are the measured relative RMS errors of
+    each call's inputs (the worst one).  The error is the *measured* one, not a bound:
+    an ill-conditioned call is not excused for more than its inputs actually brought."""
+    found: dict[tuple[str, int], Floor] = {}
+    for key, error in input_errors.items():
+        call = calls.get(key)
+        if call is None:
+            continue
+        factor = amplification(call)
+        if factor is None or factor <= AMPLIFYING or not error or not math.isfinite(error):
+            continue
+        own = call.sensitivity or 0.0
+        found[key] = Floor(
+            COND_C * (own + factor * error),
+            key,
+            own,
+            amplification=factor,
+            input_rel_rms=error,
+        )
+    return found
+
+
 class _Floors:
     """Conditioning floors of a capture's calls, looked up by event order.
 
-    A leaf call with a measured sensitivity ``s`` (``capture.sensitivity``: its output's
-    relative change when its inputs move by one rounding step) may differ between two
-    clean implementations by about ``s`` each way: ``COND_C * s`` bounds it (measured:
-    the sinusoidal timestep embedding of a tiny Flux differs by 0.55 s between PyTorch
-    and MLX in float32).  That difference then rides on everything computed from it, as
-    quantization noise does, and it does not grow where the ops after it are well
-    conditioned (measured on the same Flux: every later module within 1.2x of it), so
-    the floor of a call is the largest one that ended before it."""
+    A call with a measured sensitivity ``s`` (``capture.sensitivity``: its output's
+    relative change when what it reads moves by one rounding step) may differ between
+    two clean implementations by about ``s`` each way: ``COND_C * s`` bounds it
+    (measured: the sinusoidal timestep embedding of a tiny Flux differs by 0.55 s
+    between PyTorch and MLX in float32).  That difference then rides on everything
+    computed from it, as quantization noise does, and it does not grow where the ops
+    after it are well conditioned (measured on the same Flux: every later module within
+    1.2x of it), so the floor of a call is the largest one that ended before it.
 
-    def __init__(self, calls: dict[tuple[str, int], Call]) -> None:
-        never = 1 << 62
-        self._own = {
+    An *amplified* floor (:func:`amplified`: a call's amplification of the error its
+    inputs arrived with) rides on what comes after it the same way, but never on the
+    call's ancestors: an ancestor is judged by its own inputs.  Otherwise a bug inside an
+    attention's inline softmax would be excused by its own ``to_out`` child, which merely
+    amplifies the bug's error it reads."""
+
+    def __init__(
+        self, calls: dict[tuple[str, int], Call], amplified: dict[tuple[str, int], Floor]
+    ) -> None:
+        self._measured = {
             key: Floor(COND_C * c.sensitivity, key, c.sensitivity)
             for key, c in calls.items()
             if c.sensitivity
         }
+        self._amplified = {k: f for k, f in amplified.items() if k in calls}
+        self._by_measured = _Running(calls, self._measured)
+        self._by_amplified = _Running(calls, self._amplified)
+
+    def measured(self, key: tuple[str, int]) -> Floor:
+        return self._measured.get(key, NO_FLOOR)
+
+    def own(self, key: tuple[str, int]) -> Floor:
+        return _larger(self.measured(key), self._amplified.get(key, NO_FLOOR))
+
+    def around(
+        self,
+        call: Call,
+        calls: dict[tuple[str, int], Call],
+        by_seq: dict[int, tuple[str, int]],
+    ) -> Floor:
+        """The largest own floor of ``call``'s ancestors (their inline work feeds it)."""
+        best = NO_FLOOR
+        parent = call.parent
+        while parent is not None and parent in by_seq:
+            key = by_seq[parent]
+            best = _larger(best, self.own(key))
+            parent = calls[key].parent
+        return best
+
+    def ended_before(self, order: int) -> Floor:
+        return _larger(self._by_measured.before(order), self._by_amplified.before(order))
+
+    def through(self, key: tuple[str, int], call: Call, end: int) -> Floor:
+        """What bounds ``call``'s outputs: measured floors that ended by its end, its own,
+        and amplified ones that ended before it started (not its descendants')."""
+        return _larger(
+            _larger(self._by_measured.by(end), self._by_amplified.before(call.start_order)),
+            self._amplified.get(key, NO_FLOOR),
+        )
+
+
+class _Running:
+    """The largest of some calls' floors that ended before / by a point of the order."""
+
+    def __init__(self, calls: dict[tuple[str, int], Call], own: dict[tuple[str, int], Floor]):
+        never = 1 << 62
         ordered = sorted(
-            (never if calls[k].end_order is None else int(calls[k].end_order or 0), k)
-            for k in self._own
+            (never if calls[k].end_order is None else int(calls[k].end_order or 0), k) for k in own
         )
         self._ends = [end for end, _ in ordered]
         self._running: list[Floor] = []
         best = NO_FLOOR
         for _, key in ordered:
-            if self._own[key].bound > best.bound:
-                best = self._own[key]
+            best = _larger(best, own[key])
             self._running.append(best)
 
-    def own(self, key: tuple[str, int]) -> Floor:
-        return self._own.get(key, NO_FLOOR)
-
-    def ended_before(self, order: int) -> Floor:
+    def before(self, order: int) -> Floor:
         found = bisect.bisect_left(self._ends, order)
         return self._running[found - 1] if found else NO_FLOOR
 
-    def ended_by(self, order: int) -> Floor:
+    def by(self, order: int) -> Floor:
         found = bisect.bisect_right(self._ends, order)
         return self._running[found - 1] if found else NO_FLOOR
+
+
+def _larger(a: Floor, b: Floor) -> Floor:
+    return b if b.bound > a.bound else a
 
 
 def _quant_noise(errors: Iterable[float]) -> float:
@@ -294,8 +416,11 @@ def rel(value: Any) -> float:
 __all__ = [
     "Call",
     "Depths",
+    "AMPLIFYING",
     "Floor",
     "NO_FLOOR",
+    "amplification",
+    "amplified",
     "depths",
     "exact_scale",
     "expected_error",

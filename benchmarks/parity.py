@@ -109,17 +109,22 @@ def capture_rounds(rounds: int, home: Path) -> list[tuple[str, float, float, flo
 
     times: dict[str, list[float]] = {}
     written: dict[str, float] = {}
+    off = {"sensitivity": False}
     # (label, forward, model, capture options or None for the plain forward)
     configs: list[tuple[str, Callable[[], Any], Any, dict[str, Any] | None]] = [
         ("torch  plain", run_ref, ref, None),
-        ("torch  capture outputs", run_ref, ref, {"inputs": False}),
-        ("torch  capture inputs+outputs", run_ref, ref, {"inputs": True}),
-        ("torch  in+out, written inline", run_ref, ref, {"inputs": True, "background": False}),
-        ("torch  summary in+out", run_ref, ref, {"inputs": True, "mode": "summary"}),
+        ("torch  outputs", run_ref, ref, {"inputs": False, **off}),
+        ("torch  inputs+outputs", run_ref, ref, {"inputs": True, **off}),
+        ("torch  outputs, sensitivity", run_ref, ref, {"inputs": False}),
+        ("torch  inputs+outputs, sensitivity", run_ref, ref, {"inputs": True}),
+        ("torch  in+out, written inline", run_ref, ref, {"background": False, **off}),
+        ("torch  summary in+out", run_ref, ref, {"mode": "summary", **off}),
         ("mlx    plain", run_port, port, None),
-        ("mlx    capture outputs", run_port, port, {"inputs": False}),
-        ("mlx    capture inputs+outputs", run_port, port, {"inputs": True}),
-        ("mlx    summary in+out", run_port, port, {"inputs": True, "mode": "summary"}),
+        ("mlx    outputs", run_port, port, {"inputs": False, **off}),
+        ("mlx    inputs+outputs", run_port, port, {"inputs": True, **off}),
+        ("mlx    inputs+outputs, sensitivity", run_port, port, {"inputs": True}),
+        ("mlx    in+out, written inline", run_port, port, {"background": False, **off}),
+        ("mlx    summary in+out", run_port, port, {"mode": "summary", **off}),
     ]
     for round_no in range(rounds):
         order = configs[round_no % len(configs) :] + configs[: round_no % len(configs)]
@@ -143,6 +148,25 @@ def capture_rounds(rounds: int, home: Path) -> list[tuple[str, float, float, flo
         base = statistics.median(times[label.split()[0].ljust(7) + "plain"])
         rows.append((label, median, median / base, written.get(label, 0.0)))
     return rows
+
+
+# Issue 24's targets: (row, the most a capture may cost, as a multiple of the plain forward).
+CAPTURE_TARGETS = [
+    ("torch  outputs", 1.5),
+    ("torch  inputs+outputs", 2.0),
+    ("torch  outputs, sensitivity", 1.5),
+    ("torch  inputs+outputs, sensitivity", 2.0),
+]
+COMPARE_TARGET = 0.5  # compare's GB/s over the plain numpy pass's, at least
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (5 min: {five:.1f}) on {os.cpu_count()} cores"
 
 
 PEAK = """
@@ -262,14 +286,16 @@ def main() -> int:
             f"Llama hidden {LLAMA['hidden_size']}, {LLAMA['num_hidden_layers']} layers, "
             f"{TOKENS} tokens, float32, one CPU thread for torch; {rounds} interleaved rounds"
         )
+        print(f"machine: {load()} at the start")
         rows = capture_rounds(rounds, home)
         print(
-            f"\n{'configuration':34} {'s/forward':>10} {'x plain':>8} {'MB written':>11} {'MB/s':>8}"
+            f"\n{'configuration (sensitivity: re-run of leaves)':44} {'s/forward':>10} "
+            f"{'x plain':>8} {'MB written':>11} {'MB/s':>8}"
         )
         for label, seconds, ratio, mb in rows:
             rate = f"{mb / seconds:8.0f}" if mb else f"{'':>8}"
             written = f"{mb:11.1f}" if mb else f"{'':>11}"
-            print(f"{label:34} {seconds:10.4f} {ratio:8.2f} {written} {rate}")
+            print(f"{label:44} {seconds:10.4f} {ratio:8.2f} {written} {rate}")
 
         elements = (1 << 24) if args.quick else (1 << 26)  # 64 MB or 256 MB per tensor
         tensors = 4
@@ -286,6 +312,18 @@ def main() -> int:
         print(
             f"throughput: compare {gb / big['seconds']:.2f} GB/s, "
             f"plain numpy pass over the same files {gb / plain:.2f} GB/s ({plain:.1f} s)"
+        )
+        ratios = {label: ratio for label, _, ratio, _ in rows}
+        print(f"\ntargets (issue 24), this run; machine: {load()} at the end")
+        for label, most in CAPTURE_TARGETS:
+            got = ratios[label]
+            print(
+                f"  capture {label:44} {got:5.2f}x plain, at most {most:.1f}x: {verdict(got <= most)}"
+            )
+        speed = plain / big["seconds"]
+        print(
+            f"  {'compare over the plain numpy pass':52} {speed:5.2f}x, "
+            f"at least {COMPARE_TARGET:.1f}x: {verdict(speed >= COMPARE_TARGET)}"
         )
         if big["compared"] != tensors or big["ok"]:
             print("error: the big comparison did not see what was written", file=sys.stderr)

@@ -103,3 +103,101 @@ def test_background_capture_under_a_tight_bound(
     seqs = [r["seq"] for r in index(cap.path) if r["event"] == "call"]
     assert seqs == sorted(seqs)
     assert all((cap.path / r["file"]).exists() for r in index(cap.path) if r.get("file"))
+
+
+def test_mlx_background_capture_writes_the_inline_bytes(home: Path) -> None:
+    """MLX arrays are evaluated and exported on the model's thread, written on the
+    writer's: the files are byte for byte those of an inline capture, for lazy inputs,
+    bfloat16, a transposed (non-contiguous) output, a numpy input and a float64 array
+    (skipped with the same reason), and other tools read them."""
+    mx = pytest.importorskip("mlx.core")
+    mnn = pytest.importorskip("mlx.nn")
+    np = pytest.importorskip("numpy")
+    from safetensors.torch import load_file
+
+    class Mixed(mnn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = mnn.Linear(8, 8)
+            self.half = mnn.Linear(8, 8)
+            self.half.set_dtype(mx.bfloat16)
+
+        def __call__(self, x: object, extra: object) -> tuple[object, ...]:
+            y = self.lin(x * 2 + 1)  # a lazy input: evaluated for the capture, not before
+            return y.T, self.half(y.astype(mx.bfloat16)), extra, mx.ones((2,), dtype=mx.float64)
+
+    class Outer(mnn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Mixed()
+
+        def __call__(self, x: object) -> object:
+            return self.inner(x, np.arange(6, dtype=np.int32).reshape(2, 3))
+
+    mx.random.seed(0)
+    model = Outer()
+    x = mx.random.normal((4, 8))
+    with mldbg.capture(model, "inline", background=False) as inline:
+        model(x)
+    with mldbg.capture(model, "queued") as queued:
+        model(x)
+    assert queued.background and not inline.background
+    strip = ("file", "site", "seconds", "sensitivity")
+    lines_a = [{k: v for k, v in r.items() if k not in strip} for r in index(inline.path)]
+    lines_b = [{k: v for k, v in r.items() if k not in strip} for r in index(queued.path)]
+    assert lines_a == lines_b
+    files = sorted(p.name for p in inline.path.glob("*.safetensors"))
+    assert files == sorted(p.name for p in queued.path.glob("*.safetensors")) and files
+    for name in files:
+        assert (inline.path / name).read_bytes() == (queued.path / name).read_bytes(), name
+    out = next(r for r in index(queued.path) if r["event"] == "return" and r["seq"] == 1)
+    assert out["tensors"]["inner#0.out.1"]["dtype"] == "BF16"
+    assert "float64" in out["skipped"]["inner#0.out.3"]
+    loaded = load_file(str(queued.path / out["file"]))  # the safetensors package reads it
+    y = model.inner.lin(x * 2 + 1)
+    np.testing.assert_array_equal(loaded["out.0"].numpy(), np.array(y.T))
+    np.testing.assert_array_equal(
+        loaded["out.2"].numpy(), np.arange(6, dtype=np.int32).reshape(2, 3)
+    )
+    half = mx.load(str(queued.path / out["file"]))["out.1"]  # and MLX, bfloat16 included
+    assert half.dtype == mx.bfloat16
+    np.testing.assert_array_equal(
+        np.array(half.view(mx.uint16)),
+        np.array(model.inner.half(y.astype(mx.bfloat16)).view(mx.uint16)),
+    )
+
+
+class Shared(torch.nn.Module):
+    """One tensor fed to several calls, changed in place between two of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        first = self.b(h)  # h is a's output and b's input: one copy serves both
+        h.add_(1)  # ... but c must get h as it is now
+        return first + self.c(h)
+
+
+def test_a_shared_copy_is_never_stale(home: Path) -> None:
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = Shared()
+    x = torch.randn(4, 8)
+    with torch.no_grad(), mldbg.capture(model, "shared") as cap:
+        model(x)
+    assert cap._recorder is not None and cap._recorder.snapshot.shared >= 1
+    files = {
+        name: load_file(str(cap.path / r["file"]))  # the safetensors package reads them
+        for r in index(cap.path)
+        if r.get("file")
+        for name in r["tensors"]
+    }
+    with torch.no_grad():
+        h = model.a(x)
+    torch.testing.assert_close(files["a#0.out"]["out"], h, rtol=0, atol=0)
+    torch.testing.assert_close(files["b#0.in.0"]["in.0"], h, rtol=0, atol=0)
+    torch.testing.assert_close(files["c#0.in.0"]["in.0"], h + 1, rtol=0, atol=0)

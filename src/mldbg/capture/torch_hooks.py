@@ -7,9 +7,7 @@ also when the forward raises, so the record of that call is closed with the erro
 
 from __future__ import annotations
 
-import collections
 import sys
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -315,48 +313,15 @@ def snapshot(value: Any) -> Any:
     return copy
 
 
-SHARED_COPIES = 8  # recent copies a snapshotter hands out again (see Snapshotter)
+def snapshotter() -> Callable[[Any], Any]:
+    """The background writer's hand-off: a copy of every tensor, every time.
 
-
-class Snapshotter:
-    """:func:`snapshot`, with one copy per tensor for the calls that pass it along.
-
-    With inputs recorded, one tensor is often several calls' value: a layer's output is
-    the next layer's input, and ``q_proj``, ``k_proj`` and ``v_proj`` all get the same
-    normalized states.  The same tensor object at the same version (torch bumps a
-    tensor's ``_version``, shared with its views, on every in-place change) has the same
-    values, so its copy is reused.  Only the last ``SHARED_COPIES`` are remembered, by a
-    weak reference to the tensor, so nothing is kept alive for long; inference-mode
-    tensors keep no version and are always copied.
-    """
-
-    def __init__(self) -> None:
-        self._recent: collections.OrderedDict[int, tuple[Any, int, Any]] = collections.OrderedDict()
-        self.shared = 0  # copies handed out again (reported by the benchmark)
-
-    def __call__(self, value: Any) -> Any:
-        try:
-            version = int(value._version)
-            ref = weakref.ref(value)
-        except Exception:  # an inference tensor, a numpy array: no version to trust
-            return snapshot(value)
-        key = id(value)
-        found = self._recent.get(key)
-        if found is not None and found[0]() is value and found[1] == version:
-            self._recent.move_to_end(key)
-            self.shared += 1
-            return found[2]
-        copy = snapshot(value)
-        self._recent[key] = (ref, version, copy)
-        self._recent.move_to_end(key)
-        while len(self._recent) > SHARED_COPIES:
-            self._recent.popitem(last=False)
-        return copy
-
-
-def snapshotter() -> Snapshotter:
-    """A capture's own snapshot function (its memory of recent copies dies with it)."""
-    return Snapshotter()
+    One copy per tensor per call, even when calls pass one tensor along (a layer's
+    output is the next one's input).  Reusing a copy while the tensor's ``_version`` is
+    unchanged looked safe and is not: writes that bypass the dispatcher (a collective's
+    in-place all-reduce, a Triton or custom kernel, a numpy view of the tensor) leave
+    the version as it was, and the capture would show the value from before them."""
+    return snapshot
 
 
 _DTYPES: dict[Any, str | None] = {}

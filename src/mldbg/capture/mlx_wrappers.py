@@ -183,8 +183,10 @@ def settle(output: Any) -> None:
 class Prepared:
     """An MLX array made ready to write: evaluated, its bytes seen through numpy.
 
-    MLX computes lazily and its graph is not for sharing between threads, so everything
-    MLX does happens on the model's thread: evaluating the array (which the model's own
+    MLX computes lazily and its graph is not for sharing between threads (a stream
+    belongs to the thread that made it: evaluating a lazy array on another one fails,
+    ml-explore/mlx#3529, and ``mx.save_safetensors`` evaluates), so everything MLX does
+    happens on the model's thread: evaluating the array (which the model's own
     ``mx.eval`` would do anyway) and exporting its memory as a numpy array, which copies
     nothing (``bfloat16``, which numpy lacks, through a ``uint16`` view).  MLX arrays are
     never changed in place, so that view stays what the call computed; the writer thread

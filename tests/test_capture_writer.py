@@ -205,3 +205,43 @@ def test_each_call_is_captured_as_it_saw_a_shared_tensor(home: Path) -> None:
     torch.testing.assert_close(files["b#0.in.0"]["in.0"], h, rtol=0, atol=0)
     torch.testing.assert_close(files["c#0.in.0"]["in.0"], h + 1, rtol=0, atol=0)
     torch.testing.assert_close(files["d#0.in.0"]["in.0"], (h + 1) * 2, rtol=0, atol=0)
+
+
+class EveryDtype(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        pairs = x.reshape(-1, 2).contiguous()
+        return (
+            x.sum(),  # 0-d
+            x[:0],  # empty
+            x.to(torch.bfloat16),
+            x > 0,
+            x.to(torch.float8_e4m3fn),
+            torch.view_as_complex(pairs),
+            x.t(),  # not contiguous
+            (x * 100).to(torch.int16),
+        )
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_every_dtype_reads_back_through_safetensors(home: Path, background: bool) -> None:
+    """The files are written from the tensors' memory (safetensors_writer), not by the
+    safetensors package: it must read them back exactly, 0-d, empty, bf16, fp8, complex
+    and non-contiguous tensors included."""
+    from safetensors.torch import load_file
+
+    model = EveryDtype()
+    x = torch.randn(4, 2)
+    with mldbg.capture(model, "dtypes", background=background) as cap:
+        expected = model(x)
+    (line,) = [r for r in index(cap.path) if r["event"] == "return"]
+    assert not line.get("skipped") and cap.errors == []
+    loaded = load_file(str(cap.path / line["file"]))
+    assert len(loaded) == len(expected)
+    for i, want in enumerate(expected):
+        got = loaded[f"out.{i}"]
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(bits(got), bits(want))
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous().reshape(-1).view(torch.uint8)

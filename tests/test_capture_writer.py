@@ -142,6 +142,8 @@ def test_mlx_background_capture_writes_the_inline_bytes(home: Path) -> None:
     with mldbg.capture(model, "queued") as queued:
         model(x)
     assert queued.background and not inline.background
+    # A summary is computed with MLX operations: on the model's thread, whatever is asked.
+    assert not mldbg.capture(model, "s", mode="summary", background=True).background
     strip = ("file", "site", "seconds", "sensitivity")
     lines_a = [{k: v for k, v in r.items() if k not in strip} for r in index(inline.path)]
     lines_b = [{k: v for k, v in r.items() if k not in strip} for r in index(queued.path)]

@@ -398,7 +398,8 @@ def capture(
     most that deep (0: the model's own call); ``budget`` (bytes, or ``"1GB"``) caps what
     tensor files may take, skipping (and reporting) what does not fit; ``within`` records
     only module ``within`` and what it contains, in full.  ``background`` (default: on
-    for full torch captures) writes files from a writer thread with bounded memory.
+    for full captures; MLX summaries stay inline) writes files from a writer thread with
+    bounded memory.
     ``sensitivity`` (default on) re-runs each leaf call once on inputs perturbed by one
     rounding step, so compare can bound ill-conditioned ops (README, "How a verdict is
     reached"); ``sensitivity=False`` saves that time and leaves such ops unexcused.

@@ -221,6 +221,7 @@ class EveryDtype(torch.nn.Module):
             torch.view_as_complex(pairs),
             x.t(),  # not contiguous
             (x * 100).to(torch.int16),
+            torch.view_as_complex(pairs).conj(),  # a lazy conjugate: resolved, not skipped
         )
 
 
@@ -228,7 +229,7 @@ class EveryDtype(torch.nn.Module):
 def test_every_dtype_reads_back_through_safetensors(home: Path, background: bool) -> None:
     """The files are written from the tensors' memory (safetensors_writer), not by the
     safetensors package: it must read them back exactly, 0-d, empty, bf16, fp8, complex
-    and non-contiguous tensors included."""
+    non-contiguous and conjugate views included."""
     from safetensors.torch import load_file
 
     model = EveryDtype()
@@ -246,4 +247,4 @@ def test_every_dtype_reads_back_through_safetensors(home: Path, background: bool
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
+    return tensor.resolve_conj().contiguous().reshape(-1).view(torch.uint8)

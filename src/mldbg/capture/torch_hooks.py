@@ -218,32 +218,45 @@ def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]],
     """Write torch tensors (numpy arrays too) to ``tmp`` exactly: dtype kept, moved to CPU.
 
     Each tensor goes to the file as a view of its memory (``safetensors_writer``: one
-    ``writev``, the GIL released); a dtype without a safetensors name there goes through
-    ``safetensors.torch.save_file`` instead, whole file, as before."""
+    ``writev``, the GIL released, no copy of a CPU tensor that is already contiguous);
+    a tensor that cannot be viewed so is skipped alone, with the reason.  A dtype without
+    a safetensors name there sends the whole file through ``safetensors.torch.save_file``.
+    """
     import torch
 
     ready: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for key, value in tensors.items():
         try:
-            ready[key] = _cpu_copy(torch, value)
+            ready[key] = _writable(torch, value)[0]
         except Exception as exc:
             skipped[key] = f"{type(exc).__name__}: {exc}"
     if not ready:
         return {}, skipped
     names = _safetensors_names(torch)
-    if sys.byteorder == "little" and all(t.dtype in names for t in ready.values()):
-        from .safetensors_writer import write_buffers
+    if sys.byteorder != "little" or not all(t.dtype in names for t in ready.values()):
+        from safetensors.torch import save_file
 
-        entries = [
-            (key, names[t.dtype], list(t.shape), t.reshape(-1).view(torch.uint8).numpy())
-            for key, t in ready.items()
-        ]
-        return write_buffers(tmp, entries), skipped
-    from safetensors.torch import save_file
+        save_file({key: _owned(t) for key, t in ready.items()}, str(tmp))
+        return header_entries(tmp), skipped
+    from .safetensors_writer import write_buffers
 
-    save_file(ready, str(tmp))
-    return header_entries(tmp), skipped
+    entries = []
+    for key, tensor in ready.items():
+        try:
+            raw = tensor.reshape(-1).view(torch.uint8).numpy()
+        except Exception as exc:  # a tensor subclass without plain memory: skipped alone
+            skipped[key] = f"{type(exc).__name__}: {exc}"
+            continue
+        entries.append((key, names[tensor.dtype], list(tensor.shape), raw))
+    if not entries:
+        return {}, skipped
+    return write_buffers(tmp, entries), skipped
+
+
+def _owned(tensor: Any) -> Any:
+    """A tensor that owns its whole storage (``safetensors.torch`` refuses shared memory)."""
+    return tensor.clone()
 
 
 _NAMES: dict[Any, str] = {}
@@ -276,12 +289,13 @@ def _safetensors_names(torch: Any) -> dict[Any, str]:
     return _NAMES
 
 
-def _cpu_copy(torch: Any, value: Any) -> Any:
-    """A dense CPU tensor that owns its whole storage (safetensors refuses shared memory)."""
+def _writable(torch: Any, value: Any) -> tuple[Any, bool]:
+    """``value`` as a dense, contiguous CPU tensor, and whether it still shares the
+    memory of ``value`` (no copy was needed); raises for what cannot be captured."""
     if not isinstance(value, torch.Tensor):
         import numpy as np
 
-        value = torch.from_numpy(np.ascontiguousarray(value))
+        value = torch.from_numpy(np.ascontiguousarray(value))  # shares the array's memory
     tensor = value.detach()
     if tensor.layout != torch.strided:
         raise TypeError(f"{tensor.layout} tensors are not captured")
@@ -290,27 +304,23 @@ def _cpu_copy(torch: Any, value: Any) -> Any:
     unsupported = _unsupported_dtype(torch, tensor.dtype)
     if unsupported:
         raise TypeError(unsupported)
-    if getattr(value, _OWNED, False):  # snapshot()'s copy: already dense, CPU and ours
-        return tensor
-    tensor = tensor.cpu().contiguous()
-    if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-        tensor = tensor.clone()
-    elif tensor.data_ptr() == value.data_ptr() and value.device.type == "cpu":
-        tensor = tensor.clone()  # the caller's own memory: another entry may alias it
-    return tensor
-
-
-_OWNED = "_mldbg_owned_copy"
+    tensor = tensor.cpu().contiguous().resolve_conj().resolve_neg()
+    try:
+        shared = tensor.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
+    except Exception:  # no storage to ask (a quantized original): assume the worst
+        shared = True
+    return tensor, shared
 
 
 def snapshot(value: Any) -> Any:
     """A CPU copy of ``value`` the background writer can write later (the model may change
-    its own tensors in place meanwhile); raises for what cannot be captured."""
+    its own tensors in place meanwhile); raises for what cannot be captured.  Moving to
+    the CPU or making contiguous already copies: only a tensor still sharing the model's
+    memory is cloned."""
     import torch
 
-    copy = _cpu_copy(torch, value)
-    setattr(copy, _OWNED, True)
-    return copy
+    tensor, shared = _writable(torch, value)
+    return tensor.clone() if shared else tensor
 
 
 def snapshotter() -> Callable[[Any], Any]:

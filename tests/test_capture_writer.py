@@ -228,7 +228,7 @@ class EveryDtype(torch.nn.Module):
 @pytest.mark.parametrize("background", [True, False])
 def test_every_dtype_reads_back_through_safetensors(home: Path, background: bool) -> None:
     """The files are written from the tensors' memory (safetensors_writer), not by the
-    safetensors package: it must read them back exactly, 0-d, empty, bf16, fp8, complex
+    safetensors package: it must read them back exactly, 0-d, empty, bf16, fp8, complex,
     non-contiguous and conjugate views included."""
     from safetensors.torch import load_file
 

@@ -817,7 +817,7 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "shards",
                 dict[str, int | str],
-                "b names ranks' captures (tp@rank*): {glob: dim or 'sum'} gathers them",
+                "gather b's ranks (b=tp@rank*): {glob: dim or 'sum'}",
                 cli=False,  # the CLI's compare (cli/compare_cmd.py) does not pass it yet
                 max_items=SHARD_RULES_LIMIT,
             ),

@@ -222,6 +222,7 @@ class EveryDtype(torch.nn.Module):
             x.t(),  # not contiguous
             (x * 100).to(torch.int16),
             torch.view_as_complex(pairs).conj(),  # a lazy conjugate: resolved, not skipped
+            (x[0, 0] / 2).expand(1),  # stride 0, "contiguous" to torch: a diffusers timestep
         )
 
 
@@ -229,7 +230,7 @@ class EveryDtype(torch.nn.Module):
 def test_every_dtype_reads_back_through_safetensors(home: Path, background: bool) -> None:
     """The files are written from the tensors' memory (safetensors_writer), not by the
     safetensors package: it must read them back exactly, 0-d, empty, bf16, fp8, complex,
-    non-contiguous and conjugate views included."""
+    non-contiguous, conjugate and expanded views included."""
     from safetensors.torch import load_file
 
     model = EveryDtype()
@@ -247,4 +248,5 @@ def test_every_dtype_reads_back_through_safetensors(home: Path, background: bool
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.resolve_conj().contiguous().reshape(-1).view(torch.uint8)
+    dense = torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor)  # unit strides
+    return dense.reshape(-1).view(torch.uint8)

@@ -244,7 +244,7 @@ def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]],
     entries = []
     for key, tensor in ready.items():
         try:
-            raw = tensor.reshape(-1).view(torch.uint8).numpy()
+            raw = _flat(torch, tensor).view(torch.uint8).numpy()
         except Exception as exc:  # a tensor subclass without plain memory: skipped alone
             skipped[key] = f"{type(exc).__name__}: {exc}"
             continue
@@ -252,6 +252,16 @@ def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]],
     if not entries:
         return {}, skipped
     return write_buffers(tmp, entries), skipped
+
+
+def _flat(torch: Any, tensor: Any) -> Any:
+    """``tensor`` as one row of elements with a unit stride.  torch calls a one-element
+    tensor contiguous whatever its stride, so an expanded scalar (``t.expand(1)``, stride
+    0: diffusers' timestep) survives ``contiguous()``, ``reshape`` and ``clone`` as is."""
+    flat = tensor.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    return flat
 
 
 def _owned(tensor: Any) -> Any:

@@ -11,10 +11,16 @@ Why it is built this way:
   and on its mlx-lm port with the same weights.  Configurations alternate within each
   round and the table shows medians, because this machine is shared and noisy.
 * Capture writes every module's tensors to disk, so the table also shows how many
-  megabytes one forward writes and at what rate: most of the cost is the write.  Full
-  torch captures write from a background thread (``written inline`` is the same capture
-  without it, side by side); a capture's time includes waiting for its last file.
-  ``summary`` rows are the coarse pass (statistics and an 8 KB sketch per tensor).
+  megabytes one forward writes and at what rate.  Full captures write from a background
+  thread (``written inline`` is the same capture without it, side by side); a capture's
+  time includes waiting for its last file.  ``summary`` rows are the coarse pass
+  (statistics and an 8 KB sketch per tensor).
+* The sensitivity re-run (each leaf call once more on perturbed inputs, on by default)
+  is a second pass over every leaf, so each capture is timed with it (``sensitivity``
+  rows) and without it: the write's cost and the verdict's are told apart.
+* The last lines hold issue 24's targets against this run's numbers (met / NOT met),
+  with the machine's load average at the start and the end: on a shared machine a
+  ratio is only as good as the quiet it was measured in.
 * ``mldbg compare`` promises to stream: memory-map one pair at a time and reduce it in
   chunks.  The benchmark compares two large safetensors files in a child process and
   reports its peak resident memory next to the size of the data, which is the evidence
@@ -91,13 +97,23 @@ def build_models() -> tuple[Callable[[], Any], Callable[[], Any], Any, Any]:
     return run_ref, run_port, ref, port
 
 
-def timed(work: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    work()
-    return time.perf_counter() - start
+class Clocks:
+    """Wall time, the model thread's CPU time and the whole process's (every thread:
+    the writer's too) over a block.  On a shared machine the wall clock says what this
+    run cost; the model thread's CPU says what the capture puts on the critical path
+    (what wall time becomes with a spare core for the writer); the process's says how
+    much work the capture adds in all."""
+
+    def __enter__(self) -> Clocks:
+        self.start = (time.perf_counter(), time.thread_time(), time.process_time())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        end = (time.perf_counter(), time.thread_time(), time.process_time())
+        self.wall, self.thread, self.process = (b - a for a, b in zip(self.start, end, strict=True))
 
 
-def capture_rounds(rounds: int, home: Path) -> list[tuple[str, float, float, float]]:
+def capture_rounds(rounds: int, home: Path) -> list[dict[str, Any]]:
     """Median seconds per forward for each configuration, with MB written per capture."""
     import mldbg
     from mldbg.store import current_run
@@ -109,40 +125,75 @@ def capture_rounds(rounds: int, home: Path) -> list[tuple[str, float, float, flo
 
     times: dict[str, list[float]] = {}
     written: dict[str, float] = {}
+    off = {"sensitivity": False}
     # (label, forward, model, capture options or None for the plain forward)
     configs: list[tuple[str, Callable[[], Any], Any, dict[str, Any] | None]] = [
         ("torch  plain", run_ref, ref, None),
-        ("torch  capture outputs", run_ref, ref, {"inputs": False}),
-        ("torch  capture inputs+outputs", run_ref, ref, {"inputs": True}),
-        ("torch  in+out, written inline", run_ref, ref, {"inputs": True, "background": False}),
-        ("torch  summary in+out", run_ref, ref, {"inputs": True, "mode": "summary"}),
+        ("torch  outputs", run_ref, ref, {"inputs": False, **off}),
+        ("torch  inputs+outputs", run_ref, ref, {"inputs": True, **off}),
+        ("torch  outputs, sensitivity", run_ref, ref, {"inputs": False}),
+        ("torch  inputs+outputs, sensitivity", run_ref, ref, {"inputs": True}),
+        ("torch  in+out, written inline", run_ref, ref, {"background": False, **off}),
+        ("torch  summary in+out", run_ref, ref, {"mode": "summary", **off}),
         ("mlx    plain", run_port, port, None),
-        ("mlx    capture outputs", run_port, port, {"inputs": False}),
-        ("mlx    capture inputs+outputs", run_port, port, {"inputs": True}),
-        ("mlx    summary in+out", run_port, port, {"inputs": True, "mode": "summary"}),
+        ("mlx    outputs", run_port, port, {"inputs": False, **off}),
+        ("mlx    inputs+outputs", run_port, port, {"inputs": True, **off}),
+        ("mlx    inputs+outputs, sensitivity", run_port, port, {"inputs": True}),
+        ("mlx    in+out, written inline", run_port, port, {"background": False, **off}),
+        ("mlx    summary in+out", run_port, port, {"mode": "summary", **off}),
     ]
     for round_no in range(rounds):
         order = configs[round_no % len(configs) :] + configs[: round_no % len(configs)]
         for label, run, model, options in order:
             if options is None:
-                seconds = timed(run)
+                with Clocks() as clocks:
+                    run()
             else:
                 current_run.reset()
-                start = time.perf_counter()
-                with mldbg.capture(model, f"bench{round_no}", **options) as cap:
+                with Clocks() as clocks, mldbg.capture(model, f"b{round_no}", **options) as cap:
                     run()
-                seconds = time.perf_counter() - start  # the capture's end included: all written
+                # (the capture's end is inside the clocks: every file written)
                 if cap.errors:
                     raise SystemExit(f"capture failed: {cap.errors[:3]}")
                 written[label] = cap.bytes / 1e6
-            times.setdefault(label, []).append(seconds)
+            times.setdefault(label, []).append((clocks.wall, clocks.thread, clocks.process))
     current_run.reset()
     rows = []
     for label, _, _, _ in configs:
-        median = statistics.median(times[label])
-        base = statistics.median(times[label.split()[0].ljust(7) + "plain"])
-        rows.append((label, median, median / base, written.get(label, 0.0)))
+        plain = label.split()[0].ljust(7) + "plain"
+        median = [statistics.median(t[i] for t in times[label]) for i in range(3)]
+        base = [statistics.median(t[i] for t in times[plain]) for i in range(3)]
+        ratios = [m / b if b else float("nan") for m, b in zip(median, base, strict=True)]
+        rows.append(
+            {
+                "label": label,
+                "seconds": median[0],
+                "ratio": ratios[0],
+                "thread_ratio": ratios[1],
+                "process_ratio": ratios[2],
+                "mb": written.get(label, 0.0),
+            }
+        )
     return rows
+
+
+# Issue 24's targets: (row, the most a capture may cost, as a multiple of the plain forward).
+CAPTURE_TARGETS = [
+    ("torch  outputs", 1.5),
+    ("torch  inputs+outputs", 2.0),
+    ("torch  outputs, sensitivity", 1.5),
+    ("torch  inputs+outputs, sensitivity", 2.0),
+]
+COMPARE_TARGET = 0.5  # compare's GB/s over the plain numpy pass's, at least
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (5 min: {five:.1f}) on {os.cpu_count()} cores"
 
 
 PEAK = """
@@ -262,14 +313,26 @@ def main() -> int:
             f"Llama hidden {LLAMA['hidden_size']}, {LLAMA['num_hidden_layers']} layers, "
             f"{TOKENS} tokens, float32, one CPU thread for torch; {rounds} interleaved rounds"
         )
+        print(f"machine: {load()} at the start")
         rows = capture_rounds(rounds, home)
         print(
-            f"\n{'configuration':34} {'s/forward':>10} {'x plain':>8} {'MB written':>11} {'MB/s':>8}"
+            f"\n{'configuration (sensitivity: re-run of leaves)':38} {'s/forward':>9} "
+            f"{'x plain':>7} {'model CPU':>9} {'all CPU':>7} {'MB':>6} {'MB/s':>6}"
         )
-        for label, seconds, ratio, mb in rows:
-            rate = f"{mb / seconds:8.0f}" if mb else f"{'':>8}"
-            written = f"{mb:11.1f}" if mb else f"{'':>11}"
-            print(f"{label:34} {seconds:10.4f} {ratio:8.2f} {written} {rate}")
+        for row in rows:
+            mb = row["mb"]
+            rate = f"{mb / row['seconds']:6.0f}" if mb else f"{'':>6}"
+            written = f"{mb:6.1f}" if mb else f"{'':>6}"
+            # MLX computes on its own threads: its model thread's CPU time says nothing.
+            thread = "-" if row["label"].startswith("mlx") else f"{row['thread_ratio']:.2f}"
+            print(
+                f"{row['label']:38} {row['seconds']:9.4f} {row['ratio']:7.2f} "
+                f"{thread:>9} {row['process_ratio']:7.2f} {written} {rate}"
+            )
+        print(
+            "(x plain: wall time; model CPU: the model thread's CPU time (torch computes on "
+            "it), all CPU: every thread's; each over the plain forward's)"
+        )
 
         elements = (1 << 24) if args.quick else (1 << 26)  # 64 MB or 256 MB per tensor
         tensors = 4
@@ -286,6 +349,19 @@ def main() -> int:
         print(
             f"throughput: compare {gb / big['seconds']:.2f} GB/s, "
             f"plain numpy pass over the same files {gb / plain:.2f} GB/s ({plain:.1f} s)"
+        )
+        by_label = {row["label"]: row for row in rows}
+        print(f"\ntargets (issue 24), this run; machine: {load()} at the end")
+        for label, most in CAPTURE_TARGETS:
+            row = by_label[label]
+            print(
+                f"  capture {label:36} {row['ratio']:5.2f}x plain, at most {most:.1f}x: "
+                f"{verdict(row['ratio'] <= most)} (model thread's CPU: {row['thread_ratio']:.2f}x)"
+            )
+        speed = plain / big["seconds"]
+        print(
+            f"  {'compare over the plain numpy pass':44} {speed:5.2f}x, "
+            f"at least {COMPARE_TARGET:.1f}x: {verdict(speed >= COMPARE_TARGET)}"
         )
         if big["compared"] != tensors or big["ok"]:
             print("error: the big comparison did not see what was written", file=sys.stderr)

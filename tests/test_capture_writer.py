@@ -103,3 +103,150 @@ def test_background_capture_under_a_tight_bound(
     seqs = [r["seq"] for r in index(cap.path) if r["event"] == "call"]
     assert seqs == sorted(seqs)
     assert all((cap.path / r["file"]).exists() for r in index(cap.path) if r.get("file"))
+
+
+def test_mlx_background_capture_writes_the_inline_bytes(home: Path) -> None:
+    """MLX arrays are evaluated and exported on the model's thread, written on the
+    writer's: the files are byte for byte those of an inline capture, for lazy inputs,
+    bfloat16, a transposed (non-contiguous) output, a numpy input and a float64 array
+    (skipped with the same reason), and other tools read them."""
+    mx = pytest.importorskip("mlx.core")
+    mnn = pytest.importorskip("mlx.nn")
+    np = pytest.importorskip("numpy")
+    from safetensors.torch import load_file
+
+    class Mixed(mnn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = mnn.Linear(8, 8)
+            self.half = mnn.Linear(8, 8)
+            self.half.set_dtype(mx.bfloat16)
+
+        def __call__(self, x: object, extra: object) -> tuple[object, ...]:
+            y = self.lin(x * 2 + 1)  # a lazy input: evaluated for the capture, not before
+            return y.T, self.half(y.astype(mx.bfloat16)), extra, mx.ones((2,), dtype=mx.float64)
+
+    class Outer(mnn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Mixed()
+
+        def __call__(self, x: object) -> object:
+            return self.inner(x, np.arange(6, dtype=np.int32).reshape(2, 3))
+
+    mx.random.seed(0)
+    model = Outer()
+    x = mx.random.normal((4, 8))
+    with mldbg.capture(model, "inline", background=False) as inline:
+        model(x)
+    with mldbg.capture(model, "queued") as queued:
+        model(x)
+    assert queued.background and not inline.background
+    # A summary is computed with MLX operations: on the model's thread, whatever is asked.
+    assert not mldbg.capture(model, "s", mode="summary", background=True).background
+    strip = ("file", "site", "seconds", "sensitivity")
+    lines_a = [{k: v for k, v in r.items() if k not in strip} for r in index(inline.path)]
+    lines_b = [{k: v for k, v in r.items() if k not in strip} for r in index(queued.path)]
+    assert lines_a == lines_b
+    files = sorted(p.name for p in inline.path.glob("*.safetensors"))
+    assert files == sorted(p.name for p in queued.path.glob("*.safetensors")) and files
+    for name in files:
+        assert (inline.path / name).read_bytes() == (queued.path / name).read_bytes(), name
+    out = next(r for r in index(queued.path) if r["event"] == "return" and r["seq"] == 1)
+    assert out["tensors"]["inner#0.out.1"]["dtype"] == "BF16"
+    assert "float64" in out["skipped"]["inner#0.out.3"]
+    loaded = load_file(str(queued.path / out["file"]))  # the safetensors package reads it
+    y = model.inner.lin(x * 2 + 1)
+    np.testing.assert_array_equal(loaded["out.0"].numpy(), np.array(y.T))
+    np.testing.assert_array_equal(
+        loaded["out.2"].numpy(), np.arange(6, dtype=np.int32).reshape(2, 3)
+    )
+    half = mx.load(str(queued.path / out["file"]))["out.1"]  # and MLX, bfloat16 included
+    assert half.dtype == mx.bfloat16
+    np.testing.assert_array_equal(
+        np.array(half.view(mx.uint16)),
+        np.array(model.inner.half(y.astype(mx.bfloat16)).view(mx.uint16)),
+    )
+
+
+class Shared(torch.nn.Module):
+    """One tensor fed to several calls, changed in place between them: by torch (its
+    version counter moves) and behind its back (a numpy view: the counter stays, as for
+    a collective's all-reduce or a custom kernel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = (torch.nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        first = self.b(h)
+        h.add_(1)
+        second = self.c(h)
+        h.numpy()[:] *= 2  # untracked: h._version does not move
+        return first + second + self.d(h)
+
+
+def test_each_call_is_captured_as_it_saw_a_shared_tensor(home: Path) -> None:
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = Shared()
+    x = torch.randn(4, 8)
+    with torch.no_grad(), mldbg.capture(model, "shared") as cap:
+        model(x)
+    files = {
+        name: load_file(str(cap.path / r["file"]))  # the safetensors package reads them
+        for r in index(cap.path)
+        if r.get("file")
+        for name in r["tensors"]
+    }
+    with torch.no_grad():
+        h = model.a(x)
+    torch.testing.assert_close(files["a#0.out"]["out"], h, rtol=0, atol=0)
+    torch.testing.assert_close(files["b#0.in.0"]["in.0"], h, rtol=0, atol=0)
+    torch.testing.assert_close(files["c#0.in.0"]["in.0"], h + 1, rtol=0, atol=0)
+    torch.testing.assert_close(files["d#0.in.0"]["in.0"], (h + 1) * 2, rtol=0, atol=0)
+
+
+class EveryDtype(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        pairs = x.reshape(-1, 2).contiguous()
+        return (
+            x.sum(),  # 0-d
+            x[:0],  # empty
+            x.to(torch.bfloat16),
+            x > 0,
+            x.to(torch.float8_e4m3fn),
+            torch.view_as_complex(pairs),
+            x.t(),  # not contiguous
+            (x * 100).to(torch.int16),
+            torch.view_as_complex(pairs).conj(),  # a lazy conjugate: resolved, not skipped
+            (x[0, 0] / 2).expand(1),  # stride 0, "contiguous" to torch: a diffusers timestep
+        )
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_every_dtype_reads_back_through_safetensors(home: Path, background: bool) -> None:
+    """The files are written from the tensors' memory (safetensors_writer), not by the
+    safetensors package: it must read them back exactly, 0-d, empty, bf16, fp8, complex,
+    non-contiguous, conjugate and expanded views included."""
+    from safetensors.torch import load_file
+
+    model = EveryDtype()
+    x = torch.randn(4, 2)
+    with mldbg.capture(model, "dtypes", background=background) as cap:
+        expected = model(x)
+    (line,) = [r for r in index(cap.path) if r["event"] == "return"]
+    assert not line.get("skipped") and cap.errors == []
+    loaded = load_file(str(cap.path / line["file"]))
+    assert len(loaded) == len(expected)
+    for i, want in enumerate(expected):
+        got = loaded[f"out.{i}"]
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(bits(got), bits(want))
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    dense = torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor)  # unit strides
+    return dense.reshape(-1).view(torch.uint8)

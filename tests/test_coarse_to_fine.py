@@ -23,6 +23,8 @@ import mldbg  # noqa: E402
 from conftest import Api, Session, wait_until  # noqa: E402
 from mldbg.capture.budget import parse_size  # noqa: E402
 from mldbg.capture.sketch import SKETCH_SIZE, estimate, summarize_numpy, summarize_torch  # noqa: E402
+from mldbg.cli import compare_render  # noqa: E402
+from mldbg.cli.console import captured  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "coarse_to_fine_scripts"
 GB = 10**9
@@ -70,6 +72,12 @@ def test_deep_model_culprit_found_within_1gb_in_two_runs_of_each_script(
         assert all(e["estimated"]["method"] == "sketch" for e in first.entries)
         narrow = first.result["narrow"]
         assert narrow["within_a"] == narrow["within_b"] == f"blocks.{deep_model.BUGGY_BLOCK}"
+        with captured(width=300) as buffer:  # the human answer says where to look next
+            compare_render.show(first.result)
+        assert (
+            f"next: capture both scripts again in full inside the culprit only: mldbg start --capture NAME --capture-within blocks.{deep_model.BUGGY_BLOCK}"
+            in buffer.getvalue()
+        )
         # Run 2 of each script: in full, inside that block only.
         fine = {"capture_within": narrow["within_a"], "capture_budget": "1GB"}
         run_captured(sessions[2], "deep_reference.py", capture="ref-fine", **fine)

@@ -19,6 +19,8 @@ pytest.importorskip("mlx_lm")
 pytest.importorskip("transformers")
 
 import mldbg  # noqa: E402
+from mldbg.cli import compare_render  # noqa: E402
+from mldbg.cli.console import captured  # noqa: E402
 from mldbg.compare import Comparison  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
 from parity_zoo import llama_family  # noqa: E402
@@ -68,6 +70,23 @@ def test_ops_name_the_rope_rotation_inside_the_attention(home: Path) -> None:
     assert first["class_b"] == "fast.rope"
     assert first["class_a"] == "add"  # q * cos + rotate_half(q) * sin, the rotated queries
     assert first["rel_rms"] > 100 * first["expected"]
+    # The human answer says it too, in a few lines: the operation, its closest counterpart.
+    text = rendered(result.result)
+    line = next(x for x in text.splitlines() if "first diverging operation" in x)
+    assert f"operations inside {ATTENTION}#0" in line and first["op_b"] in line
+    wrong = next(x for x in text.splitlines() if "✗" in x)
+    assert "fast.rope" in wrong and first["closest_a"] in wrong and "(add)" in wrong
+    # Bounded: a comparison with operations in many module calls lists a few of them.
+    many = {**result.result, "ops": [{**item, "name": f"m{i}#0"} for i in range(10)]}
+    text = rendered(many)
+    assert text.count("operations inside") == compare_render.OP_CALLS_SHOWN
+    assert "operations of 6 more module calls in --json" in text
+
+
+def rendered(result: dict) -> str:  # type: ignore[type-arg]
+    with captured(width=300) as buffer:
+        compare_render.show(result)
+    return buffer.getvalue()
 
 
 def test_ops_of_a_clean_port_all_have_a_counterpart(home: Path) -> None:
@@ -81,3 +100,7 @@ def test_ops_of_a_clean_port_all_have_a_counterpart(home: Path) -> None:
         "fast.scaled_dot_product_attention",
     ]
     assert all(op["ok"] for op in item["ops"])
+    text = rendered(result.result)
+    assert f"operations inside {ATTENTION}#0 (3 in B" in text
+    assert "each of B's has a counterpart in A within rounding" in text
+    assert "diverging operation" not in text

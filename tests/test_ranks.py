@@ -15,6 +15,8 @@ pytest.importorskip("torch")
 
 import mldbg  # noqa: E402
 from conftest import Api, Session, wait_until  # noqa: E402
+from mldbg import verbs  # noqa: E402
+from mldbg.compare import CompareInputError, gather  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "ranks_scripts" / "tp_mlp.py"
 # Megatron-style split: fc1 column parallel, fc2 row parallel (partial sums before the
@@ -76,3 +78,30 @@ def test_tensor_parallel_ranks_gathered_and_compared(api: Api, tmp_path: Path) -
     # Without declaring the split, the shapes say what is wrong.
     unsplit = mldbg.compare("ref", "tp@rank0", home=home)
     assert "shapes differ" in unsplit.entry("fc1#0.out")["error"]
+
+    # The same through the daemon (REST; MCP's tool is derived from the same declaration).
+    body = {"a": "ref", "b": "bug@rank*", "shards": SHARDS, "home": str(home)}
+    answer = api.post("/v1/compare", body)
+    assert answer["b"]["kind"] == "gathered" and answer["first_divergence"]["module"] == "fc1"
+    too_many = {f"rule{i}": 0 for i in range(verbs.SHARD_RULES_LIMIT + 1)}
+    refused = api.post("/v1/compare", {**body, "shards": too_many}, expect=400)
+    assert refused["code"] == "too_long" and refused["limit"] == verbs.SHARD_RULES_LIMIT
+
+
+def test_shard_rules_are_checked(tmp_path: Path) -> None:
+    home = tmp_path / ".mldbg"
+    too_many = {f"rule{i}": 0 for i in range(verbs.SHARD_RULES_LIMIT + 1)}
+    for shards, words in (
+        (too_many, "more than the limit of 100"),
+        ({"fc1#*": "concat"}, r"takes a dimension \(an integer\) or 'sum'"),
+        ({"": 0}, "keys are globs"),
+    ):
+        with pytest.raises(CompareInputError, match=words) as caught:
+            mldbg.compare("ref", "tp@rank*", shards=shards, home=home)
+        assert caught.value.code == "bad_shards"
+    # The Python API checks the limits the verb table declares for the daemon.
+    declared = verbs.get("compare").arg("shards")
+    assert (declared.max_items, declared.max_length) == (
+        gather.SHARD_RULES_LIMIT,
+        gather.PATTERN_LIMIT,
+    )

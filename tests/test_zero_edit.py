@@ -22,6 +22,8 @@ pytest.importorskip("mlx_lm")
 
 import mldbg  # noqa: E402
 from conftest import Api, Session, wait_until  # noqa: E402
+from mldbg.cli import compare_render  # noqa: E402
+from mldbg.cli.console import captured  # noqa: E402
 from mldbg.compare import CompareInputError  # noqa: E402
 from mldbg.compare.weights import audit_weights  # noqa: E402
 
@@ -96,6 +98,11 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     assert hint["module"] == "model.layers.0.self_attn" and "--capture-weights" in hint["hint"]
     (inside,) = buggy.result["ops"]
     assert inside["first_divergence"]["class_b"] == "fast.rope"
+    with captured(width=300) as buffer:  # the human answer shows both next steps
+        compare_render.show(buggy.result)
+    text = buffer.getvalue()
+    assert "weights: model.layers.0.self_attn" in text and "--capture-weights" in text
+    assert "first diverging operation" in text and "fast.rope" in text
 
     # The parameters each model had at its first call, audited by capture name.
     audit = audit_weights("ref", "port", home=home)

@@ -80,6 +80,7 @@ ECHOED_LIMIT = 2_000  # text repeated at every stop: a watch, a condition, a log
 CODE_LIMIT = 100_000  # code to run: an evaluation
 ENV_LIMIT = 131_072  # an environment variable or a script argument (Linux's MAX_ARG_STRLEN)
 ITEMS_LIMIT = 1_000  # entries of a list or mapping argument
+SHARD_RULES_LIMIT = 100  # compare's shards: split rules, one per sharded tensor family
 
 
 @dataclass(frozen=True)
@@ -868,6 +869,13 @@ VERBS: tuple[Verb, ...] = (
                 choices=("auto", "NCHW", "NHWC"),
             ),
             Arg("replay", str, "a replay capture (mldbg.replay): show local errors, blame by them"),
+            Arg(
+                "shards",
+                dict[str, int | str],
+                "gather b's ranks (b=tp@rank*): {glob: dim or 'sum'}",
+                cli=False,  # the CLI's compare (cli/compare_cmd.py) does not pass it yet
+                max_items=SHARD_RULES_LIMIT,
+            ),
             Arg("html", str, "also write a self-contained HTML report here", kind="path"),
             Arg("passing", bool, "also list the entries that agree", False, flag="--all"),
             Arg("inputs", bool, "also list input entries", False),

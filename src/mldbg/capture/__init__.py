@@ -103,13 +103,16 @@ class Capture:
         self.policy = Policy(mode=mode, depth=depth, budget=parse_size(budget))  # checked
         self.within = within
         self.ops = _patterns(ops, "ops")
-        # Off the critical path by default where it pays: full torch captures (MLX arrays
-        # are evaluated as they are recorded; summaries are small).
         self.sensitivity = sensitivity
+        # Off the critical path by default where it pays: full captures (summaries are
+        # small).  An MLX summary is computed with MLX operations, which stay on the
+        # model's thread: it is always written inline.
         self.background = (
-            background
+            False
+            if self.framework == "mlx" and self.policy.mode == "summary"
+            else background
             if background is not None
-            else self.framework == "torch" and self.policy.mode == "full"
+            else self.policy.mode == "full"
         )
         if within is not None:
             self.include = _within(self._backend(), self._target, within)
@@ -187,7 +190,7 @@ class Capture:
         self.path = self._directory.path
         self.name = self._directory.name
         writer = None
-        if self.background and getattr(backend, "snapshot", None) is not None:
+        if self.background:
             from .writer import BackgroundWriter
 
             writer = BackgroundWriter()
@@ -199,7 +202,7 @@ class Capture:
             self.policy,
             backend.summarize,
             writer,
-            getattr(backend, "snapshot", None),
+            backend.snapshotter(),
             settle=getattr(backend, "settle", None),
         )
         self._recorder.sensitivity = self.sensitivity
@@ -395,7 +398,8 @@ def capture(
     most that deep (0: the model's own call); ``budget`` (bytes, or ``"1GB"``) caps what
     tensor files may take, skipping (and reporting) what does not fit; ``within`` records
     only module ``within`` and what it contains, in full.  ``background`` (default: on
-    for full torch captures) writes files from a writer thread with bounded memory.
+    for full captures; MLX summaries stay inline) writes files from a writer thread with
+    bounded memory.
     ``sensitivity`` (default on) re-runs each leaf call once on inputs perturbed by one
     rounding step, and each call one call above its leaves twice (its inline work: an
     attention's softmax), so compare can bound ill-conditioned ops (README, "How a verdict

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from .recorder import Recorder
-from .safetensors_header import header_entries
 from .sensitivity import measure_mlx, measuring, rounded_output
 
 _LAYER = "_mldbg_capture_layer"
@@ -187,37 +186,115 @@ def settle(output: Any) -> None:
     mx.eval(output)
 
 
+class Prepared:
+    """An MLX array made ready to write: evaluated, its bytes seen through numpy.
+
+    MLX computes lazily and its graph is not for sharing between threads (a stream
+    belongs to the thread that made it: evaluating a lazy array on another one fails,
+    ml-explore/mlx#3529, and ``mx.save_safetensors`` evaluates), so everything MLX does
+    happens on the model's thread: evaluating the array (which the model's own
+    ``mx.eval`` would do anyway) and exporting its memory as a numpy array, which copies
+    nothing (``bfloat16``, which numpy lacks, through a ``uint16`` view).  MLX arrays are
+    never changed in place, so that view stays what the call computed; the writer thread
+    touches only numpy and the file.
+    """
+
+    __slots__ = ("array", "dtype", "nbytes", "shape")
+
+    def __init__(self, value: Any) -> None:
+        import mlx.core as mx
+        import numpy as np
+
+        if not isinstance(value, mx.array):
+            if not type(value).__module__.startswith("numpy"):
+                raise TypeError(f"{type(value).__module__}.{type(value).__name__} in an MLX model")
+            value = mx.array(value)  # a copy: the script may change its numpy array later
+        unsupported = _unsupported_dtype(mx, value.dtype)
+        if unsupported:
+            raise TypeError(unsupported)
+        name = _safetensors_name(value.dtype)
+        if name is None:
+            raise TypeError(f"{value.dtype} has no safetensors name here")
+        exported = value.view(mx.uint16) if value.dtype == mx.bfloat16 else value
+        mx.eval(exported)
+        self.array = np.asarray(exported)
+        self.dtype = name
+        self.shape = list(value.shape)
+        self.nbytes = int(value.nbytes)
+
+
+class Unwritable:
+    """What the writer gets for a value that could not be prepared: the reason only, so
+    the writer thread never touches the MLX array (it skips the value with that reason,
+    the one an inline capture gives)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def snapshotter() -> Callable[[Any], Prepared | Unwritable]:
+    """The background writer's hand-off, taken on the model's thread."""
+
+    def prepare(value: Any) -> Prepared | Unwritable:
+        try:
+            return Prepared(value)
+        except Exception as exc:
+            return Unwritable(f"{type(exc).__name__}: {exc}")
+
+    return prepare
+
+
 def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Evaluate and write MLX arrays (numpy arrays too) to ``tmp`` with their dtypes.
 
     A value that cannot be stored (a float64 array, an object array) is skipped alone.
+    Values the background writer hands over arrive already :class:`Prepared`; an inline
+    capture prepares them here, so both write the same bytes.
     """
-    import mlx.core as mx
+    import numpy as np
 
-    ready: dict[str, Any] = {}
+    from .safetensors_writer import write_buffers
+
+    entries = []
     skipped: dict[str, str] = {}
     for key, value in tensors.items():
+        if isinstance(value, Unwritable):
+            skipped[key] = value.reason
+            continue
         try:
-            if not isinstance(value, mx.array):
-                if not type(value).__module__.startswith("numpy"):
-                    skipped[key] = (
-                        f"{type(value).__module__}.{type(value).__name__} in an MLX model"
-                    )
-                    continue
-                value = mx.array(value)
-            unsupported = _unsupported_dtype(mx, value.dtype)
+            ready = value if isinstance(value, Prepared) else Prepared(value)
         except Exception as exc:
             skipped[key] = f"{type(exc).__name__}: {exc}"
             continue
-        if unsupported:
-            skipped[key] = unsupported
-        else:
-            ready[key] = value
-    if not ready:
+        raw = np.ascontiguousarray(ready.array).reshape(-1).view(np.uint8)
+        entries.append((key, ready.dtype, ready.shape, raw))
+    if not entries:
         return {}, skipped
-    mx.eval(list(ready.values()))
-    mx.save_safetensors(str(tmp), ready)
-    return header_entries(tmp), skipped
+    return write_buffers(tmp, entries), skipped
+
+
+_NAMES = {
+    "bool": "BOOL",
+    "uint8": "U8",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
+    "int8": "I8",
+    "int16": "I16",
+    "int32": "I32",
+    "int64": "I64",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float32": "F32",
+    "float64": "F64",
+    "complex64": "C64",
+}
+
+
+def _safetensors_name(dtype: Any) -> str | None:
+    return _NAMES.get(str(dtype).rsplit(".", 1)[-1])
 
 
 _DTYPES: dict[Any, str | None] = {}

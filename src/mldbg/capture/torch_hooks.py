@@ -221,29 +221,97 @@ def _tensors_in(value: Any, torch: Any, depth: int) -> list[Any]:
 
 
 def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Write torch tensors (numpy arrays too) to ``tmp`` exactly: dtype kept, moved to CPU."""
+    """Write torch tensors (numpy arrays too) to ``tmp`` exactly: dtype kept, moved to CPU.
+
+    Each tensor goes to the file as a view of its memory (``safetensors_writer``: one
+    ``writev``, the GIL released, no copy of a CPU tensor that is already contiguous);
+    a tensor that cannot be viewed so is skipped alone, with the reason.  A dtype without
+    a safetensors name there sends the whole file through ``safetensors.torch.save_file``.
+    """
     import torch
-    from safetensors.torch import save_file
 
     ready: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for key, value in tensors.items():
         try:
-            ready[key] = _cpu_copy(torch, value)
+            ready[key] = _writable(torch, value)[0]
         except Exception as exc:
             skipped[key] = f"{type(exc).__name__}: {exc}"
     if not ready:
         return {}, skipped
-    save_file(ready, str(tmp))
-    return header_entries(tmp), skipped
+    names = _safetensors_names(torch)
+    if sys.byteorder != "little" or not all(t.dtype in names for t in ready.values()):
+        from safetensors.torch import save_file
+
+        save_file({key: _owned(t) for key, t in ready.items()}, str(tmp))
+        return header_entries(tmp), skipped
+    from .safetensors_writer import write_buffers
+
+    entries = []
+    for key, tensor in ready.items():
+        try:
+            raw = _flat(torch, tensor).view(torch.uint8).numpy()
+        except Exception as exc:  # a tensor subclass without plain memory: skipped alone
+            skipped[key] = f"{type(exc).__name__}: {exc}"
+            continue
+        entries.append((key, names[tensor.dtype], list(tensor.shape), raw))
+    if not entries:
+        return {}, skipped
+    return write_buffers(tmp, entries), skipped
 
 
-def _cpu_copy(torch: Any, value: Any) -> Any:
-    """A dense CPU tensor that owns its whole storage (safetensors refuses shared memory)."""
+def _flat(torch: Any, tensor: Any) -> Any:
+    """``tensor`` as one row of elements with a unit stride.  torch calls a one-element
+    tensor contiguous whatever its stride, so an expanded scalar (``t.expand(1)``, stride
+    0: diffusers' timestep) survives ``contiguous()``, ``reshape`` and ``clone`` as is."""
+    flat = tensor.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    return flat
+
+
+def _owned(tensor: Any) -> Any:
+    """A tensor that owns its whole storage (``safetensors.torch`` refuses shared memory)."""
+    return tensor.clone()
+
+
+_NAMES: dict[Any, str] = {}
+
+
+def _safetensors_names(torch: Any) -> dict[Any, str]:
+    """Torch dtype -> safetensors dtype name, for the dtypes this torch has."""
+    if not _NAMES:
+        for attr, name in (
+            ("float64", "F64"),
+            ("float32", "F32"),
+            ("float16", "F16"),
+            ("bfloat16", "BF16"),
+            ("int64", "I64"),
+            ("int32", "I32"),
+            ("int16", "I16"),
+            ("int8", "I8"),
+            ("uint8", "U8"),
+            ("uint16", "U16"),
+            ("uint32", "U32"),
+            ("uint64", "U64"),
+            ("bool", "BOOL"),
+            ("complex64", "C64"),
+            ("float8_e4m3fn", "F8_E4M3"),
+            ("float8_e5m2", "F8_E5M2"),
+        ):
+            dtype = getattr(torch, attr, None)
+            if dtype is not None:
+                _NAMES[dtype] = name
+    return _NAMES
+
+
+def _writable(torch: Any, value: Any) -> tuple[Any, bool]:
+    """``value`` as a dense, contiguous CPU tensor, and whether it still shares the
+    memory of ``value`` (no copy was needed); raises for what cannot be captured."""
     if not isinstance(value, torch.Tensor):
         import numpy as np
 
-        value = torch.from_numpy(np.ascontiguousarray(value))
+        value = torch.from_numpy(np.ascontiguousarray(value))  # shares the array's memory
     tensor = value.detach()
     if tensor.layout != torch.strided:
         raise TypeError(f"{tensor.layout} tensors are not captured")
@@ -252,27 +320,34 @@ def _cpu_copy(torch: Any, value: Any) -> Any:
     unsupported = _unsupported_dtype(torch, tensor.dtype)
     if unsupported:
         raise TypeError(unsupported)
-    if getattr(value, _OWNED, False):  # snapshot()'s copy: already dense, CPU and ours
-        return tensor
-    tensor = tensor.cpu().contiguous()
-    if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-        tensor = tensor.clone()
-    elif tensor.data_ptr() == value.data_ptr() and value.device.type == "cpu":
-        tensor = tensor.clone()  # the caller's own memory: another entry may alias it
-    return tensor
-
-
-_OWNED = "_mldbg_owned_copy"
+    tensor = tensor.cpu().contiguous().resolve_conj().resolve_neg()
+    try:
+        shared = tensor.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
+    except Exception:  # no storage to ask (a quantized original): assume the worst
+        shared = True
+    return tensor, shared
 
 
 def snapshot(value: Any) -> Any:
     """A CPU copy of ``value`` the background writer can write later (the model may change
-    its own tensors in place meanwhile); raises for what cannot be captured."""
+    its own tensors in place meanwhile); raises for what cannot be captured.  Moving to
+    the CPU or making contiguous already copies: only a tensor still sharing the model's
+    memory is cloned."""
     import torch
 
-    copy = _cpu_copy(torch, value)
-    setattr(copy, _OWNED, True)
-    return copy
+    tensor, shared = _writable(torch, value)
+    return tensor.clone() if shared else tensor
+
+
+def snapshotter() -> Callable[[Any], Any]:
+    """The background writer's hand-off: a copy of every tensor, every time.
+
+    One copy per tensor per call, even when calls pass one tensor along (a layer's
+    output is the next one's input).  Reusing a copy while the tensor's ``_version`` is
+    unchanged looked safe and is not: writes that bypass the dispatcher (a collective's
+    in-place all-reduce, a Triton or custom kernel, a numpy view of the tensor) leave
+    the version as it was, and the capture would show the value from before them."""
+    return snapshot
 
 
 _DTYPES: dict[Any, str | None] = {}

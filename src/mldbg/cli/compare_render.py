@@ -223,9 +223,68 @@ def _verdict(result: dict[str, Any]) -> None:
         _print_whereabouts(culprit)
     else:
         out.print("[bold red]diverges[/]")
+    _print_next_steps(result)
 
 
 NOTES_SHOWN = 5
+OP_CALLS_SHOWN = 4  # module calls whose operations are summed up (all are in --json)
+OPS_BEFORE = 2  # agreeing operations shown before the first diverging one
+
+
+def _print_next_steps(result: dict[str, Any]) -> None:
+    """What to look at next: the culprit's parameters (``weights_hint``), a full capture
+    inside it after a coarse pass (``narrow``), the operation inside it that diverges
+    (``ops``).  Each is one line or a few; the JSON has them whole."""
+    audit = result.get("weights_hint")
+    if audit:
+        out.print(f"  [yellow]weights:[/] {escape(str(audit.get('hint')))}")
+    narrow = result.get("narrow")
+    if narrow:
+        out.print(f"  [yellow]next:[/] {escape(str(narrow.get('hint')))}")
+    items = list(result.get("ops") or [])
+    items.sort(key=lambda item: item.get("first_divergence") is None)  # diverging first
+    for item in items[:OP_CALLS_SHOWN]:
+        _print_ops(item)
+    if len(items) > OP_CALLS_SHOWN:
+        out.print(
+            f"  [dim]… operations of {len(items) - OP_CALLS_SHOWN} more module calls in --json[/]"
+        )
+
+
+def _print_ops(item: dict[str, Any]) -> None:
+    """One module call's operations, B's aligned with A's by value (``compare.ops``)."""
+    ops = item.get("ops") or []
+    head = (
+        f"  operations inside {escape(str(item.get('name')))} "
+        f"({item.get('ops_b')} in B, {item.get('ops_a')} in A"
+        + (f"; the first {len(ops)} listed in --json" if item.get("truncated") else "")
+        + ")"
+    )
+    first = item.get("first_divergence")
+    if first is None:
+        unmatched = sum(1 for op in ops if op.get("ok") is None)
+        tail = f"; {unmatched} with no same-sized operation in A" if unmatched else ""
+        out.print(f"{head}: [green]each of B's has a counterpart in A within rounding[/]{tail}")
+        return
+    out.print(f"{head}: [bold red]first diverging operation {escape(str(first['op_b']))}[/]")
+    at = next((i for i, op in enumerate(ops) if op.get("op_b") == first["op_b"]), len(ops))
+    for op in [*ops[max(0, at - OPS_BEFORE) : at], first]:
+        _print_op(op, op is first)
+
+
+def _print_op(op: dict[str, Any], diverges: bool) -> None:
+    closest = op.get("closest_a")
+    if closest is None:
+        counterpart = "no operation of A holds as many elements"
+    else:
+        counterpart = (
+            f"closest in A {escape(str(closest))} ({escape(str(op.get('class_a')))}): "
+            f"relative error {number(op.get('rel_rms'))}, bound {number(op.get('expected'))}"
+        )
+    mark = "[red]✗[/]" if diverges else "[green]✓[/]"
+    out.print(
+        f"    {mark} {escape(str(op.get('class_b')))} {escape(str(op.get('op_b')))}: {counterpart}"
+    )
 
 
 def _print_whereabouts(culprit: dict[str, Any]) -> None:

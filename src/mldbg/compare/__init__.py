@@ -125,6 +125,10 @@ def compare(
     from .layout import check_layout
 
     check_layout(layout)
+    if shards is not None:  # bad rules are bad input, whatever the captures
+        from .gather import check_shards
+
+        check_shards(shards)
     source_a = open_source(_spec(a), base)
     if shards is not None:
         from .gather import open_gathered

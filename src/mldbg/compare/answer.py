@@ -44,6 +44,7 @@ def compare_answer(home: Path, args: dict[str, Any], client_cwd: str | None) -> 
         replay=args.get("replay"),
         html=local(args.get("html")) if args.get("html") else None,
         home=home,
+        shards=args.get("shards"),
     ).result
     answer = bounded(
         result,

@@ -28,6 +28,11 @@ from typing import Any
 
 from .sources import CompareInputError, Entry, Source, find_captures, open_capture
 
+# The limits on ``shards`` the verb table declares for the daemon (verbs.SHARD_RULES_LIMIT,
+# verbs.TEXT_LIMIT; a test holds them equal), checked here for the Python API too.
+SHARD_RULES_LIMIT = 100
+PATTERN_LIMIT = 4_096
+
 
 @dataclass
 class _Split:
@@ -54,10 +59,25 @@ class GatheredSource(Source):
 
 
 def check_shards(shards: Mapping[str, Any]) -> dict[str, int | str]:
+    """The rules, checked: at most ``SHARD_RULES_LIMIT``, each a glob and a dimension
+    or ``"sum"``."""
+    if not isinstance(shards, Mapping):
+        raise CompareInputError(
+            "shards: a mapping of globs to a dimension or 'sum'", code="bad_shards"
+        )
+    if len(shards) > SHARD_RULES_LIMIT:
+        raise CompareInputError(
+            f"shards: {len(shards)} rules, more than the limit of {SHARD_RULES_LIMIT}",
+            code="bad_shards",
+        )
     rules: dict[str, int | str] = {}
     for pattern, rule in shards.items():
-        if not isinstance(pattern, str) or not pattern:
-            raise CompareInputError("shards: keys are globs on entry names or module paths")
+        if not isinstance(pattern, str) or not pattern or len(pattern) > PATTERN_LIMIT:
+            raise CompareInputError(
+                f"shards: keys are globs on entry names or module paths, 1 to {PATTERN_LIMIT} "
+                "characters",
+                code="bad_shards",
+            )
         if rule == "sum" or (isinstance(rule, int) and not isinstance(rule, bool)):
             rules[pattern] = rule
         else:

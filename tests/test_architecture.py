@@ -228,3 +228,53 @@ def test_what_the_agent_imports_at_start_is_standard_library_only() -> None:
             if top != "mldbg" and top not in sys.stdlib_module_names and top != "__future__":
                 foreign.append(f"{module} imports {name}")
     assert "mldbg.errors" in seen and foreign == []
+
+
+# callables whose positional argument at this index is an error code
+CODE_POSITION = {"CommandError": 1, "BreakpointError": 1, "EvalError": 2, "reply": 5, "respond": 4}
+
+
+def literal_codes(tree: ast.AST) -> list[ast.Constant]:
+    """String literals where an error code goes: ``code=``, a refusal's code argument, a
+    ``"code":`` entry, a class's ``code =``."""
+
+    def literal(node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    found: list[ast.Constant] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            found += [k.value for k in node.keywords if k.arg == "code" and literal(k.value)]  # type: ignore[misc]
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            index = CODE_POSITION.get(name or "")
+            if index is not None and len(node.args) > index and literal(node.args[index]):
+                found.append(node.args[index])  # type: ignore[arg-type]
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if literal(key) and key.value == "code" and literal(value):  # type: ignore[union-attr]
+                    found.append(value)  # type: ignore[arg-type]
+        elif (
+            isinstance(node, ast.Assign)
+            and literal(node.value)
+            and [getattr(t, "id", None) for t in node.targets] == ["code"]
+        ):
+            found.append(node.value)  # type: ignore[arg-type]
+    return found
+
+
+def test_error_codes_are_named_constants_the_verb_table_documents() -> None:
+    import mldbg.errors as E
+    from mldbg import verbs
+
+    defined = {v for k, v in vars(E).items() if k.isupper() and isinstance(v, str)}
+    literals = []
+    for path in SRC.rglob("*.py"):
+        if path.name == "errors.py":
+            continue
+        for node in literal_codes(ast.parse(path.read_text(encoding="utf-8"))):
+            literals.append(f"{path.relative_to(SRC)}:{node.lineno}: {node.value!r}")
+    assert literals == [], "raise with the constants of errors.py"
+    for verb in verbs.VERBS:
+        unknown = set(verb.all_errors) - defined
+        assert not unknown, f"{verb.name} documents codes errors.py does not define: {unknown}"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,21 @@ def test_tensor_parallel_ranks_gathered_and_compared(api: Api, tmp_path: Path) -
     too_many = {f"rule{i}": 0 for i in range(verbs.SHARD_RULES_LIMIT + 1)}
     refused = api.post("/v1/compare", {**body, "shards": too_many}, expect=400)
     assert refused["code"] == "too_long" and refused["limit"] == verbs.SHARD_RULES_LIMIT
+
+    # And from the command line: one --shards GLOB=DIM (or GLOB=sum) per rule.
+    rules = [arg for glob, how in SHARDS.items() for arg in ("--shards", f"{glob}={how}")]
+    env = {**os.environ, "MLDBG_HOME": str(home)}
+
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "mldbg", "compare", "--json", *args]
+        return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    found = command("ref", "bug@rank*", *rules)
+    assert found.returncode == 1, found.stderr
+    assert json.loads(found.stdout)["first_divergence"]["module"] == "fc1"
+    assert command("ref", "tp@rank*", *rules).returncode == 0
+    bad = command("ref", "tp@rank*", "--shards", "fc1#*")  # no =DIM
+    assert bad.returncode == 2 and json.loads(bad.stdout)["code"] == "bad_shards", bad.stdout
 
 
 def test_shard_rules_are_checked(tmp_path: Path) -> None:

@@ -873,7 +873,6 @@ VERBS: tuple[Verb, ...] = (
                 "shards",
                 dict[str, int | str],
                 "gather b's ranks (b=tp@rank*): {glob: dim or 'sum'}",
-                cli=False,  # the CLI's compare (cli/compare_cmd.py) does not pass it yet
                 max_items=SHARD_RULES_LIMIT,
             ),
             Arg("html", str, "also write a self-contained HTML report here", kind="path"),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import budget
+from ..errors import BAD_ARGUMENT
 
 SORTS = ("order", "time", "self", "ratio")
 ROW_BYTES = 2_000
@@ -38,9 +39,7 @@ def module_table(
     from ..store.runs import mldbg_home
 
     if sort not in SORTS:
-        raise CompareInputError(
-            f"sort {sort!r}: use one of {', '.join(SORTS)}", code="bad_argument"
-        )
+        raise CompareInputError(f"sort {sort!r}: use one of {', '.join(SORTS)}", code=BAD_ARGUMENT)
     store = Path(home).expanduser().resolve() if home is not None else mldbg_home()
     side_a = _calls(open_source(str(a), store))
     side_b = _calls(open_source(str(b), store)) if b is not None else None

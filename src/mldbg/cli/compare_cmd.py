@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import verbs
 from ..compare import CompareInputError, compare
-from ..errors import MldbgError
+from ..errors import BAD_SHARDS, MldbgError
 from ..server import store_queries
 from ..verbs import Arg
 from . import compare_render, render
@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser, add_arg: Callable[[Any, Arg], None
             continue
         if arg.name == "map":  # a file here; REST and MCP also take the map inline
             p.add_argument("--map", metavar="FILE", help=arg.help)
+        elif arg.name == "shards":  # GLOB=DIM or GLOB=sum, once per rule
+            p.add_argument(
+                "--shards", action="append", default=[], metavar="GLOB=DIM|sum", help=arg.help
+            )
         elif arg.name == "layout":  # NCHW/nhwc/Auto: any case
             p.add_argument(
                 "--layout",
@@ -51,8 +55,24 @@ def add_arguments(p: argparse.ArgumentParser, add_arg: Callable[[Any, Arg], None
     )
 
 
+def parse_shards(rules: list[str]) -> dict[str, int | str] | None:
+    """``--shards 'layers.*.mlp.*=0' --shards '*.o_proj.bias=sum'``: the rules ``compare``
+    takes as ``shards`` (a dimension to concatenate along, or ``sum``)."""
+    shards: dict[str, int | str] = {}
+    for rule in rules:
+        glob, sep, how = rule.rpartition("=")
+        if not sep or not glob:
+            raise CompareInputError(
+                f"--shards {rule!r}: give GLOB=DIM (a dimension) or GLOB=sum", code=BAD_SHARDS
+            )
+        how = how.strip()
+        shards[glob] = int(how) if how.lstrip("-").isdigit() else how
+    return shards or None
+
+
 def run_compare(args: argparse.Namespace, as_json: bool) -> int:
     try:
+        shards = parse_shards(args.shards)
         with compare_render.progress_bar(enabled=sys.stderr.isatty()) as progress:
             comparison = compare(
                 args.a,
@@ -62,6 +82,7 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
                 map=args.map,
                 layout=args.layout,
                 replay=args.replay,
+                shards=shards,
                 html=args.html,
                 progress=progress,
             )

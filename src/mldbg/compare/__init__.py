@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import BAD_TOLERANCE
 from .replay import ReplayResult, replay  # standard library only at import
 from .sources import CompareInputError
 
@@ -118,7 +119,7 @@ def compare(
     for option, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise CompareInputError(
-                f"{option} must be a finite number, 0 or more, not {value}", code="bad_tolerance"
+                f"{option} must be a finite number, 0 or more, not {value}", code=BAD_TOLERANCE
             )
     base = Path(home) if home is not None else mldbg_home()
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)

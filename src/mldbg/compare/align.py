@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from ..errors import BAD_MAP
 from .mapping import NameMap, split_name
 from .sources import CompareInputError, Entry, Source
 
@@ -52,7 +53,7 @@ def align(a: Source, b: Source, names: NameMap) -> Alignment:
             raise CompareInputError(
                 f"the map sends {b_by_name[mapped].name!r} and {entry.name!r} of {b.label} "
                 f"both to {mapped!r}; make the rules tell them apart, or ignore one",
-                code="bad_map",
+                code=BAD_MAP,
             )
         b_by_name[mapped] = entry
     if len(a_entries) == 1 and len(b_by_name) == 1:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..capture.safetensors_header import CorruptTensorFile
 from ..capture.store import ROOT
+from ..errors import CORRUPT_FILE, NOTHING_COMPARABLE, NOTHING_PAIRED, UNREADABLE
 from . import metrics
 from .align import Alignment, Pair, align
 from .arrays import UnsupportedDtype
@@ -58,7 +59,7 @@ def compare_sources(
     if not alignment.pairs:
         extra: dict[str, Any] = {"proposed_map": proposal} if proposal else {}
         raise CompareInputError(
-            _nothing_paired(a, b, alignment, proposal), code="nothing_paired", **extra
+            _nothing_paired(a, b, alignment, proposal), code=NOTHING_PAIRED, **extra
         )
     layouts = Layouts(a, b, alignment, layout)
     results = []
@@ -88,7 +89,7 @@ def compare_sources(
         raise CompareInputError(
             f"nothing could be compared: {first['name']}: {first['error']}"
             + (f" (and {len(results) - 1} more)" if len(results) > 1 else ""),
-            code="nothing_comparable",
+            code=NOTHING_COMPARABLE,
         )
     verdict = first_divergence(
         a,
@@ -544,10 +545,10 @@ def _compare_pair(
         result.update(_empty_metrics(), error=str(exc), ok=False)
         return result
     except CorruptTensorFile as exc:
-        raise CompareInputError(str(exc), code="corrupt_file") from None
+        raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
     except OSError as exc:
         raise CompareInputError(
-            f"cannot read {exc.filename or ea.file}: {exc.strerror}", code="unreadable"
+            f"cannot read {exc.filename or ea.file}: {exc.strerror}", code=UNREADABLE
         ) from None
     if unit_axes:
         array_b = array_b.reshape(tuple(ea.shape))

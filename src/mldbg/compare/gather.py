@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import BAD_SHARDS, UNKNOWN_SOURCE
 from .sources import CompareInputError, Entry, Source, find_captures, open_capture
 
 # The limits on ``shards`` the verb table declares for the daemon (verbs.SHARD_RULES_LIMIT,
@@ -63,12 +64,12 @@ def check_shards(shards: Mapping[str, Any]) -> dict[str, int | str]:
     or ``"sum"``."""
     if not isinstance(shards, Mapping):
         raise CompareInputError(
-            "shards: a mapping of globs to a dimension or 'sum'", code="bad_shards"
+            "shards: a mapping of globs to a dimension or 'sum'", code=BAD_SHARDS
         )
     if len(shards) > SHARD_RULES_LIMIT:
         raise CompareInputError(
             f"shards: {len(shards)} rules, more than the limit of {SHARD_RULES_LIMIT}",
-            code="bad_shards",
+            code=BAD_SHARDS,
         )
     rules: dict[str, int | str] = {}
     for pattern, rule in shards.items():
@@ -76,14 +77,14 @@ def check_shards(shards: Mapping[str, Any]) -> dict[str, int | str]:
             raise CompareInputError(
                 f"shards: keys are globs on entry names or module paths, 1 to {PATTERN_LIMIT} "
                 "characters",
-                code="bad_shards",
+                code=BAD_SHARDS,
             )
         if rule == "sum" or (isinstance(rule, int) and not isinstance(rule, bool)):
             rules[pattern] = rule
         else:
             raise CompareInputError(
                 f"shards: {pattern!r} takes a dimension (an integer) or 'sum', not {rule!r}",
-                code="bad_shards",
+                code=BAD_SHARDS,
             )
     return rules
 
@@ -98,7 +99,7 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
     if not newest:
         raise CompareInputError(
             f"no captures match {spec!r} (ranks are captured as NAME@rank0, NAME@rank1, …)",
-            code="unknown_source",
+            code=UNKNOWN_SOURCE,
         )
     ranked = sorted(newest.values(), key=lambda m: (_rank_of(m), str(m["name"])))
     ranks = [open_capture(str(m["name"]), Path(m["path"])) for m in ranked]
@@ -127,7 +128,7 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
             if part is None:
                 raise CompareInputError(
                     f"{entry.name} is split over the ranks but {source.label} lacks it",
-                    code="bad_shards",
+                    code=BAD_SHARDS,
                 )
             parts.append((source, part))
         shape = list(entry.shape)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..errors import BAD_LAYOUT
 from . import metrics
 from .align import Alignment, Pair
 from .sources import CompareInputError, Source
@@ -36,7 +37,7 @@ def check_layout(layout: str | None) -> str:
     raise CompareInputError(
         f"unknown layout {layout!r}: use NCHW (B is channels-first like PyTorch), "
         "NHWC (B is channels-last like MLX) or auto",
-        code="bad_layout",
+        code=BAD_LAYOUT,
     )
 
 

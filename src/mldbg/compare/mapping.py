@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import BAD_MAP
 from .sources import CompareInputError
 
 _ENTRY = re.compile(r"^(?P<module>.*)#(?P<call>\d+)\.(?P<key>(?:in|out)(?:\..*)?)$")
@@ -47,7 +48,7 @@ class NameMap:
             except (re.error, IndexError) as exc:  # the replacement is only parsed on a match
                 raise CompareInputError(
                     f"map: bad replacement {replacement!r} for {pattern.pattern!r}: {exc}",
-                    code="bad_map",
+                    code=BAD_MAP,
                 ) from None
         return name
 
@@ -62,36 +63,34 @@ def load_map(path: str | os.PathLike[str] | None) -> NameMap:
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CompareInputError(f"map file {file} does not exist", code="bad_map") from None
+        raise CompareInputError(f"map file {file} does not exist", code=BAD_MAP) from None
     except (OSError, ValueError) as exc:
-        raise CompareInputError(
-            f"map file {file} is not valid JSON: {exc}", code="bad_map"
-        ) from None
+        raise CompareInputError(f"map file {file} is not valid JSON: {exc}", code=BAD_MAP) from None
     return parse_map(data, str(file))
 
 
 def parse_map(data: Any, where: str = "map") -> NameMap:
     if not isinstance(data, dict):
         raise CompareInputError(
-            f"{where}: expected an object with rename / regex / ignore", code="bad_map"
+            f"{where}: expected an object with rename / regex / ignore", code=BAD_MAP
         )
     unknown = set(data) - {"rename", "regex", "ignore"}
     if unknown:
         raise CompareInputError(
             f"{where}: unknown key(s) {', '.join(sorted(unknown))}; use rename, regex, ignore",
-            code="bad_map",
+            code=BAD_MAP,
         )
     rename = data.get("rename") or {}
     if not isinstance(rename, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in rename.items()
     ):
-        raise CompareInputError(f"{where}: rename must map names to names", code="bad_map")
+        raise CompareInputError(f"{where}: rename must map names to names", code=BAD_MAP)
     rules = data.get("regex") or []
     if isinstance(rules, dict):
         rules = list(rules.items())
     if not isinstance(rules, list):
         raise CompareInputError(
-            f"{where}: regex takes a list of [pattern, replacement] rules", code="bad_map"
+            f"{where}: regex takes a list of [pattern, replacement] rules", code=BAD_MAP
         )
     compiled = []
     for rule in rules:
@@ -101,19 +100,19 @@ def parse_map(data: Any, where: str = "map") -> NameMap:
             and all(isinstance(s, str) for s in rule)
         ):
             raise CompareInputError(
-                f"{where}: each regex rule is [pattern, replacement], not {rule!r}", code="bad_map"
+                f"{where}: each regex rule is [pattern, replacement], not {rule!r}", code=BAD_MAP
             )
         try:
             compiled.append((re.compile(rule[0]), rule[1]))
         except re.error as exc:
             raise CompareInputError(
-                f"{where}: bad regex {rule[0]!r}: {exc}", code="bad_map"
+                f"{where}: bad regex {rule[0]!r}: {exc}", code=BAD_MAP
             ) from None
     ignore = data.get("ignore") or []
     if isinstance(ignore, str):
         ignore = [ignore]
     if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
-        raise CompareInputError(f"{where}: ignore takes glob patterns", code="bad_map")
+        raise CompareInputError(f"{where}: ignore takes glob patterns", code=BAD_MAP)
     return NameMap(dict(rename), compiled, list(ignore))
 
 

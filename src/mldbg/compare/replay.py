@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import NO_INPUTS, NO_ROOT_INPUTS, NOT_A_CAPTURE
 from .mapping import NameMap, load_map, parse_map, split_name
 from .sources import CompareInputError, Entry, Source
 
@@ -105,12 +106,12 @@ def replay(
         raise CompareInputError(
             f"{source.label} is not a capture of module calls: replay needs one made with "
             "mldbg.capture(model, NAME) (inputs included)",
-            code="not_a_capture",
+            code=NOT_A_CAPTURE,
         )
     if not any(e.role == "in" for e in source.entries):
         raise CompareInputError(
             f"{source.label} was captured without inputs (inputs=False): nothing to replay",
-            code="no_inputs",
+            code=NO_INPUTS,
         )
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)
     framework = _framework(port_model)
@@ -250,7 +251,7 @@ class _Player:
             raise CompareInputError(
                 f"{self.source.label} holds no inputs of the model itself (<root>#0.in…): "
                 "capture the whole model to replay it",
-                code="no_root_inputs",
+                code=NO_ROOT_INPUTS,
             )
         forward = model.forward if self.framework == "torch" else model.__call__
         try:

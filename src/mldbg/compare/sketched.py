@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..capture.sketch import ACCURACY, estimate, summarize_numpy
+from ..errors import UNREADABLE
 from .sources import CompareInputError, Entry, Source
 
 _NONE = (
@@ -64,7 +65,7 @@ def compare_summaries(
         numbers = estimate(sketch_a, sketch_b, stats_a, stats_b)
     except OSError as exc:
         raise CompareInputError(
-            f"cannot read {exc.filename or ea.file}: {exc.strerror}", code="unreadable"
+            f"cannot read {exc.filename or ea.file}: {exc.strerror}", code=UNREADABLE
         ) from None
     except (ValueError, TypeError) as exc:
         result.update(

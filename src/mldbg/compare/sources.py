@@ -18,7 +18,20 @@ from typing import Any
 
 from ..capture.safetensors_header import CorruptTensorFile, read_header
 from ..capture.store import CAPTURE_JSON, CAPTURES, INDEX, module_label
-from ..errors import CompareInputError, MldbgError
+from ..errors import (
+    AMBIGUOUS_CAPTURE,
+    AMBIGUOUS_RUN,
+    CORRUPT_CAPTURE,
+    CORRUPT_FILE,
+    NO_CAPTURES,
+    NO_TENSORS,
+    NOT_TENSORS,
+    UNKNOWN_CAPTURE,
+    UNKNOWN_SOURCE,
+    UNREADABLE,
+    CompareInputError,
+    MldbgError,
+)
 from ..store.runs import RunDir, read_jsonl, resolve_run, runs_root
 from . import arrays
 
@@ -108,10 +121,10 @@ def open_source(spec: str, home: Path) -> Source:
     try:
         return _open_source(spec, home)
     except CorruptTensorFile as exc:
-        raise CompareInputError(str(exc), code="corrupt_file") from None
+        raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
     except OSError as exc:
         raise CompareInputError(
-            f"cannot read {exc.filename or spec}: {exc.strerror}", code="unreadable"
+            f"cannot read {exc.filename or spec}: {exc.strerror}", code=UNREADABLE
         ) from None
 
 
@@ -123,7 +136,7 @@ def _open_source(spec: str, home: Path) -> Source:
         except CompareInputError as exc:
             # A folder named like a capture (``ref/`` beside the script) must not hide it.
             found = [c for c in find_captures(home) if c["name"] == spec]
-            if exc.code not in ("no_tensors", "not_tensors") or not found:
+            if exc.code not in (NO_TENSORS, NOT_TENSORS) or not found:
                 raise
             source = open_capture(spec, Path(found[-1]["path"]))
             source.warnings.append(
@@ -144,7 +157,7 @@ def _open_source(spec: str, home: Path) -> Source:
     try:
         run = resolve_run(home, spec)
     except MldbgError as exc:
-        if exc.code == "ambiguous_run":
+        if exc.code == AMBIGUOUS_RUN:
             raise CompareInputError(exc.message) from None
         run = None
     if run is not None:
@@ -155,7 +168,7 @@ def _open_source(spec: str, home: Path) -> Source:
     )
     raise CompareInputError(
         f"{spec!r} is not a file, a directory, a capture name or a run id ({known})",
-        code="unknown_source",
+        code=UNKNOWN_SOURCE,
         captures=names[:50],
     )
 
@@ -180,18 +193,18 @@ def _capture_in_run(spec: str, run: RunDir, name: str | None) -> Source:
             raise CompareInputError(
                 f"run {run.run_id} has no capture named {name!r}"
                 + _listing(find_captures_in(run.path)),
-                code="unknown_capture",
+                code=UNKNOWN_CAPTURE,
             )
     if not captures:
         raise CompareInputError(
             f"run {run.run_id} has no captures: record one with `with mldbg.capture(model, NAME):`",
-            code="no_captures",
+            code=NO_CAPTURES,
         )
     if len(captures) > 1 and name is None:
         raise CompareInputError(
             f"run {run.run_id} has several captures; name one as {run.run_id}/NAME"
             + _listing(captures),
-            code="ambiguous_capture",
+            code=AMBIGUOUS_CAPTURE,
         )
     return open_capture(spec, Path(captures[-1]["path"]))
 
@@ -269,7 +282,7 @@ def open_capture(spec: str, directory: Path) -> Source:
         except (KeyError, TypeError, ValueError) as exc:
             raise CompareInputError(
                 f"{index} has a corrupt record ({exc}): {json.dumps(record)[:200]}",
-                code="corrupt_capture",
+                code=CORRUPT_CAPTURE,
             ) from None
     return source
 
@@ -352,7 +365,7 @@ def _directory_source(spec: str, directory: Path) -> Source:
         raise CompareInputError(
             f"{directory} holds no .safetensors, .npy, .npz or .pt files "
             "(and is not a capture or a run)",
-            code="no_tensors",
+            code=NO_TENSORS,
         )
     source = Source(spec, "directory", directory, str(directory))
     for file in files:
@@ -367,7 +380,7 @@ def _file_source(spec: str, path: Path) -> Source:
         raise CompareInputError(
             f"{path} is not a tensor file: compare takes .safetensors, .npy, .npz or .pt files, "
             "directories of them, capture names and run ids",
-            code="not_tensors",
+            code=NOT_TENSORS,
         )
     source = Source(spec, "file", path, str(path))
     _add_file(source, path, path.stem)

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import BAD_WEIGHTS_INPUT
 from .mapping import NameMap, load_map, parse_map
 from .sources import CompareInputError, Entry, Source, find_captures, open_source
 
@@ -105,7 +106,7 @@ def collect(value: Any, home: Path, role: str) -> Params:
     raise CompareInputError(
         f"{role}: give a torch or MLX module, a dict of tensors, or a .safetensors/.npz/.pt "
         f"file or directory, not {type(value).__name__}",
-        code="bad_weights_input",
+        code=BAD_WEIGHTS_INPUT,
     )
 
 
@@ -147,7 +148,7 @@ def _capture_weights(spec: str, home: Path) -> Path | None:
         raise CompareInputError(
             f"capture {spec!r} holds no parameters: capture with --capture-weights "
             "(or save them and give the file)",
-            code="bad_weights_input",
+            code=BAD_WEIGHTS_INPUT,
         )
     return None
 

@@ -91,6 +91,8 @@ def _too_long(arg: verbs.Arg) -> Any:
         return [text]
     if shape.startswith("dict[str, str]"):
         return {"K": text}
+    if shape.startswith("dict"):  # a mapping whose keys are the texts (compare's shards)
+        return {text: 0}
     return text
 
 

@@ -140,11 +140,13 @@ class Session(SessionProcess):
                     )
                 except OSError as exc:
                     self.store_error = f"could not update {self.run.file('run.json')}: {exc}"
+            # Before anyone hears "ended": a daemon shutting down waits for that, then exits,
+            # and must not leave the run registered as live for the next daemon to "recover".
+            if self.pid is not None:
+                live_runs.unregister(self.pid)
             self.state = state
             self.stop = {}
             self.cond.notify_all()
-        if self.pid is not None:
-            live_runs.unregister(self.pid)
         if self.link is not None:
             self.link.close()
         if self.listener is not None:

@@ -423,7 +423,7 @@ def test_a_child_that_never_gets_in_says_so(tmp_path: Any) -> None:
 def test_the_parent_says_when_a_child_runs_undebugged(session: Session, write: Any) -> None:
     """What a detached child wrote (previous test) is in its parent's state and in
     ``sessions``, as a count and the last few, and in the CLI's rendering."""
-    from mldbg.cli import render
+    from mldbg.text import render
 
     script = write("parent.py", "x = 1\n")
     state = session.start(script)

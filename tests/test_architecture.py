@@ -139,7 +139,7 @@ def layers() -> list[list[str]]:
     """The layer table of docs/architecture.md, top first: each row's module patterns."""
     rows = []
     for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines():
-        match = re.match(r"\| (\w[\w ]*?) \| (`.*?) \|", line)
+        match = re.match(r"\| (\w[\w -]*?) \| (`.*?) \|", line)
         if match:
             rows.append(re.findall(r"`([\w./]+)`", match[2]))
     assert rows, "docs/architecture.md lost its layer table"

@@ -23,8 +23,8 @@ import mldbg  # noqa: E402
 from conftest import Api, Session, wait_until  # noqa: E402
 from mldbg.capture.budget import parse_size  # noqa: E402
 from mldbg.capture.sketch import SKETCH_SIZE, estimate, summarize_numpy, summarize_torch  # noqa: E402
-from mldbg.cli import compare_render  # noqa: E402
-from mldbg.cli.console import captured  # noqa: E402
+from mldbg.text import compare as compare_render  # noqa: E402
+from mldbg.text.console import captured  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "coarse_to_fine_scripts"
 GB = 10**9

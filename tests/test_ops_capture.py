@@ -19,10 +19,10 @@ pytest.importorskip("mlx_lm")
 pytest.importorskip("transformers")
 
 import mldbg  # noqa: E402
-from mldbg.cli import compare_render  # noqa: E402
-from mldbg.cli.console import captured  # noqa: E402
 from mldbg.compare import Comparison  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
+from mldbg.text import compare as compare_render  # noqa: E402
+from mldbg.text.console import captured  # noqa: E402
 from parity_zoo import llama_family  # noqa: E402
 
 ATTENTION = "model.layers.0.self_attn"

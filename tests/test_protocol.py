@@ -200,7 +200,7 @@ def test_types_bind_from_the_verb_table_to_the_wire() -> None:
     """Each verb's result type is the one its handler returns, the one its renderer takes,
     and (for a verb that reaches the debuggee) the one the agent's handler returns: mypy
     then holds every one of them to the same TypedDict."""
-    from mldbg.cli import render
+    from mldbg.text import render
 
     types = declared_types()
     for verb in verbs.VERBS:

@@ -20,9 +20,9 @@ from mcp.client.stdio import StdioServerParameters
 from conftest import Api, line_of
 from mldbg import verbs
 from mldbg.cli import main as cli_main
-from mldbg.cli import render
 from mldbg.client.api import Client
 from mldbg.server import handlers
+from mldbg.text import render
 
 
 def test_every_verb_has_a_handler_and_prints_for_a_person() -> None:

@@ -101,20 +101,20 @@ def one_line(memory: dict[str, Any]) -> str:
     mlx = memory.get("mlx")
     if mlx:
         parts.append(
-            f"mlx ({mlx.get('device')}) active {_size(mlx['active_bytes'])} peak "
-            f"{_size(mlx['peak_bytes'])} cache {_size(mlx['cache_bytes'])}"
+            f"mlx ({mlx.get('device')}) active {human_size(mlx['active_bytes'])} peak "
+            f"{human_size(mlx['peak_bytes'])} cache {human_size(mlx['cache_bytes'])}"
         )
     torch = memory.get("torch") or {}
     if torch.get("cuda"):
         c = torch["cuda"]
         parts.append(
-            f"cuda:{c['device']} allocated {_size(c['allocated_bytes'])} peak "
-            f"{_size(c['peak_bytes'])} reserved {_size(c['reserved_bytes'])}"
+            f"cuda:{c['device']} allocated {human_size(c['allocated_bytes'])} peak "
+            f"{human_size(c['peak_bytes'])} reserved {human_size(c['reserved_bytes'])}"
         )
     if torch.get("mps"):
         m = torch["mps"]
         parts.append(
-            f"mps allocated {_size(m['allocated_bytes'])} driver {_size(m['driver_bytes'])}"
+            f"mps allocated {human_size(m['allocated_bytes'])} driver {human_size(m['driver_bytes'])}"
         )
     if "torch" in memory and not torch:
         parts.append("torch (cpu: no allocator of its own)")
@@ -122,12 +122,14 @@ def one_line(memory: dict[str, Any]) -> str:
     if process and "rss_bytes" in process:
         peak = process.get("peak_rss_bytes")
         parts.append(
-            f"rss {_size(process['rss_bytes'])}" + (f" (peak {_size(peak)})" if peak else "")
+            f"rss {human_size(process['rss_bytes'])}"
+            + (f" (peak {human_size(peak)})" if peak else "")
         )
     return " · ".join(parts)
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
+    """Bytes as people read them: ``512 B``, ``1.5 MB``."""
     value = float(n)
     for unit in ("B", "KB", "MB", "GB"):
         if value < 1024 or unit == "GB":

@@ -284,7 +284,7 @@ class ModuleTable(Truncation, total=False):
     a: dict[str, Any]  # the sources, as compare describes them
     b: dict[str, Any] | None
     # [{module, call, class, depth, a: {seconds, self_seconds, in_dtypes, out_dtypes},
-    #   b: {...} | None, dtype_differs, time_ratio}] (capture/table.py)
+    #   b: {...} | None, dtype_differs, time_ratio}] (compare/table.py)
     rows: list[dict[str, Any]]
     summary: dict[str, Any]
 

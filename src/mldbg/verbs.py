@@ -10,7 +10,7 @@ answer.  Everything else derives from this table:
 * the typed client's argument checks (``client/api.py``).
 
 Adding a verb = one ``Verb(...)`` here + one handler in ``server/handlers.py`` (+ a
-renderer in ``cli/render.py`` for the human form); a verb that reaches the debugged
+renderer in ``text/render.py`` for the human form); a verb that reaches the debugged
 process and only passes its arguments on names its agent command (``agent=P.X``) instead
 of a handler, and the agent serves it (``docs/architecture.md``, "Adding a verb").  This module is imported by the CLI on
 every call, so it imports nothing heavier than ``typing``.

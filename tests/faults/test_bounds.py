@@ -15,8 +15,8 @@ from pydantic import TypeAdapter
 
 from conftest import Api
 from mldbg import budget, verbs
-from mldbg.cli import render
 from mldbg.server.app import MAX_ANSWER, bound_answer
+from mldbg.text import render
 
 
 def _crashed(index: int) -> dict[str, Any]:

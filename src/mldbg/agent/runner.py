@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint.attach_debugger(str(config["run_dir"]), debugger.on_checkpoint)
     captures = None
     if os.environ.get("MLDBG_CAPTURE"):  # start --capture: loaded only when asked
-        from ..capture import zero_edit
+        from .. import zero_edit
 
         try:
             captures = zero_edit.install_from_environment()

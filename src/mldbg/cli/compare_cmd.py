@@ -16,8 +16,9 @@ from .. import verbs
 from ..compare import CompareInputError, compare
 from ..errors import BAD_SHARDS, MldbgError
 from ..server import store_queries
+from ..text import compare as compare_render
+from ..text import render
 from ..verbs import Arg
-from . import compare_render, render
 
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 

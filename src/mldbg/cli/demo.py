@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 
 from ..client.api import Client, connect
 from ..store.runs import mldbg_home
-from . import render
+from ..text import render
 
 MARKER = "# demo: breakpoint"
 # The path, not an import: importing the example would load torch into the client.

@@ -329,7 +329,7 @@ def _interrupt_eval(session: str) -> None:
 
 
 def _still_running(elapsed: float) -> None:
-    from . import render
+    from ..text import render
 
     render.err.print(f"[dim]still running ({elapsed:.0f} s)…[/]")
 
@@ -393,14 +393,14 @@ def emit_error(exc: MldbgError, as_json: bool) -> None:
     if as_json:
         print(json.dumps(payload, indent=2, default=str))
     else:
-        from . import render
+        from ..text import render
 
         render.error(payload)
 
 
 def run_command(args: argparse.Namespace, as_json: bool) -> int:
     """The commands that are not verbs of the table."""
-    from . import render
+    from ..text import render
 
     if args.verb == "serve":
         if args.stop:
@@ -496,7 +496,7 @@ def _main(argv: list[str], as_json: bool) -> int:
     if as_json:
         print(json.dumps(data, indent=2, default=str))
     else:
-        from . import render
+        from ..text import render
 
         render.show(verb.name, data)
     return 0

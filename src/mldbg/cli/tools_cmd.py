@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import BAD_ARGUMENT, CONFIRMATION_REQUIRED, MldbgError, TutorialError, UsageError
-from . import render
+from ..text import render
 
 NAMES = ("profile", "prune", "doctor", "kill-all", "tutorial")
 
@@ -156,8 +156,8 @@ def add_parsers(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
 
 def run_tutorial_cli(args: Any, as_json: bool) -> int:
     """``mldbg tutorial``: prints as it goes, exit 1 when a step fails."""
+    from ..text import render
     from ..tools.tutorial import tutorial
-    from . import render
 
     interactive = not args.non_interactive and sys.stdin.isatty() and not as_json
     try:

@@ -141,7 +141,7 @@ def _as_tool_error() -> Iterator[None]:
 
 def result_text(verb: Verb, data: Any) -> str:
     """The compact human form of a result: what the CLI prints, bounded."""
-    from ..cli import render
+    from ..text import render
 
     if verb.name == "output" and isinstance(data, dict):
         text = str(data.get("output", ""))

@@ -212,6 +212,7 @@ class AgentLink:
         self._ids = itertools.count(1)
         self.closed = False
         self.error: str | None = None  # why the daemon cut the link, if it did
+        self._drained = threading.Event()  # every message the debuggee sent was handled
 
     @property
     def pid(self) -> int | None:
@@ -261,6 +262,13 @@ class AgentLink:
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._on_close()
+            self._drained.set()
+
+    def drained(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the debuggee's last messages to be handled
+        (its connection reaches its end when its process does, unless a child it forked
+        still holds the socket): what a process said before it exited is not lost."""
+        return self._drained.wait(timeout)
 
     def send(
         self, command: P.AgentCommand[Any, Any], args: Mapping[str, Any] | None = None

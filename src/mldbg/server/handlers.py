@@ -124,7 +124,7 @@ def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
                 argument="capture",
             )
         return None
-    from ..capture.zero_edit import ENV, Spec
+    from ..zero_edit import ENV, Spec
 
     try:
         spec = Spec.parse(
@@ -414,7 +414,7 @@ def compare_checkpoints(
 
 @handles("nonfinite")
 def nonfinite(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.FirstNonfinite:
-    from ..capture.nonfinite import first_nonfinite
+    from ..compare.nonfinite import first_nonfinite
 
     source = a["source"]
     base = a.get("client_cwd") or os.getcwd()
@@ -427,7 +427,7 @@ def nonfinite(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R
 
 @handles("module-table")
 def module_table(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.ModuleTable:
-    from ..capture.table import module_table as table
+    from ..compare.table import module_table as table
 
     base = a.get("client_cwd") or os.getcwd()
 

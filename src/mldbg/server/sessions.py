@@ -39,6 +39,9 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
+# After the process exits, how long its last messages may take to be read (its link is
+# read on another thread); longer only when a child it forked still holds the socket.
+LAST_WORDS_WAIT = 2.0
 _FAMILY_WIDE = (P.BREAK, P.REMOVE, P.CLEAR)  # edits that apply in the script's children too
 
 
@@ -111,6 +114,9 @@ class Session(SessionProcess):
     def _watch(self) -> None:
         assert self.process is not None
         code = self.process.wait()
+        link = self.link
+        if link is not None:  # the `finished` event (the uncaught exception) first
+            link.drained(LAST_WORDS_WAIT)
         self._record_end(code)
 
     def _record_end(self, code: int) -> None:

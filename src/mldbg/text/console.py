@@ -78,16 +78,6 @@ out: Any = _LazyConsole(highlight=False, soft_wrap=True)
 err: Any = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
-def human_size(n: int) -> str:
-    """Bytes as people read them: ``512 B``, ``1.5 MB``."""
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
 _CAPTURE_LOCK = threading.Lock()
 
 

@@ -35,8 +35,8 @@ def module_table(
     limit: int = 50,
 ) -> dict[str, Any]:
     """``{"a", "b", "rows": [...], "summary", "total", "shown", "truncated", "next"}``."""
-    from ..compare.sources import CompareInputError, open_source
     from ..store.runs import mldbg_home
+    from .sources import CompareInputError, open_source
 
     if sort not in SORTS:
         raise CompareInputError(f"sort {sort!r}: use one of {', '.join(SORTS)}", code=BAD_ARGUMENT)

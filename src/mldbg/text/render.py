@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import results as R
+from ..memory import human_size as _size
 from .console import Table, captured, err, escape, out, plain_line
-from .console import human_size as _size
 
 __all__ = ["Table", "err", "escape", "out", "plain_line"]  # used through render by other modules
 
@@ -552,13 +552,13 @@ def tensor_store(data: R.TensorStore) -> None:
 
 
 def captures(data: R.Captures) -> None:
-    from . import compare_render
+    from . import compare as compare_render
 
     compare_render.captures(dict(data))
 
 
 def compare_summary(data: R.CompareSummary) -> None:
-    from . import compare_render
+    from . import compare as compare_render
 
     compare_render.show(dict(data), show_all=True, show_inputs=True)
 

@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
 
-from .budget import check_mode, parse_size
-from .store import check_capture_name
+from .capture.budget import check_mode, parse_size
+from .capture.store import check_capture_name
 
 ENV = "MLDBG_CAPTURE"
 MAX_MODELS = 64  # models (captures) one process may open; more are run uncaptured
@@ -205,7 +205,7 @@ class Tracker:
             return model if model.open else None
 
     def _open(self, module: Any, name: str) -> Any:
-        from . import Capture
+        from .capture import Capture
 
         spec = self.spec
         try:
@@ -237,7 +237,7 @@ class Tracker:
     def _replay(self, model: _Model) -> None:
         """``mldbg.replay`` of this model on its reference capture (``REF``, ``REF.2``… for
         the second and later models), written as the capture ``NAME`` (``NAME.2``…)."""
-        from ..compare.replay import replay
+        from .compare.replay import replay
 
         assert self.spec.replay is not None
         suffix = model.name[len(self.spec.name) :]  # "", ".2", ...

@@ -42,9 +42,10 @@ def test_full_disk_is_reported_not_fatal(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         writer.append({"event": "x"})
     session = DaemonSession("disk", StartRequest(script="x.py"))
-    session.events = writer
-    session.log_event("stopped", line=3)  # must not raise
-    assert "could not write /dev/full" in str(session.store_error)
+    session.log.open(Path("/dev/full"))
+    session.log.event("stopped", line=3)  # must not raise
+    assert "could not write /dev/full" in str(session.log.error)
+    assert "could not write /dev/full" in session.snapshot()["store_error"]
 
 
 def test_unwritable_run_store_refuses_to_start(session: Session, write) -> None:

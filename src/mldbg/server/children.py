@@ -135,7 +135,7 @@ class Family:
                     try:
                         P.BREAK.call(link, cast("P.BreakArgs", spec), CONFIGURE_TIMEOUT)
                     except AgentError as exc:
-                        child.log_event(
+                        child.log.event(
                             "child_breakpoint_refused", **spec, error=str(exc.message)[:2000]
                         )
             run_dir = str(self.root.run.path) if self.root.run is not None else ""
@@ -145,7 +145,7 @@ class Family:
                 CONFIGURE_TIMEOUT,
             )
         except Exception as exc:
-            child.log_event("child_start_failed", error=str(exc)[:2000])
+            child.log.event("child_start_failed", error=str(exc)[:2000])
 
     def _current_breakpoints(self) -> list[dict[str, Any]]:
         """Ask the root's agent (it may have changed since the start); else the last known."""
@@ -238,7 +238,7 @@ class ChildSession(Session):
         self.hello = link.hello
         self.pid = link.pid
         self.run = root.run
-        self.events = root.events  # one events.jsonl per run; records carry the session
+        self.log.join(root.log)  # one events.jsonl per run; records carry the session
         self.home = root.home
         self.state = "running"
         self.listed = False
@@ -263,7 +263,7 @@ class ChildSession(Session):
             self.state = "exited"
             self.stop = {}
             self.cond.notify_all()
-        self.log_event("ended", state="exited", pid=self.pid, terminated=self.terminated)
+        self.log.event("ended", state="exited", pid=self.pid, terminated=self.terminated)
         self.family_of.forget(self)
         if self.link is not None:
             self.link.close()

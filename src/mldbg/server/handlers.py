@@ -229,7 +229,7 @@ def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Br
         if a.get(key):
             spec[key] = a[key]  # type: ignore[literal-required]
     result = P.BREAK.call(s, spec)
-    s.log_event("breakpoint_set", **result)
+    s.log.event("breakpoint_set", **result)
     _remember(s)
     if result.get("file"):
         warning = imported_copy_warning(s, result["file"])
@@ -254,7 +254,7 @@ def remove(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Br
     s = _session(manager, name)
     spec = cast("P.RemoveArgs", {k: a.get(k) for k in ("file", "line", "checkpoint", "id")})
     result = P.REMOVE.call(s, spec)
-    s.log_event("breakpoint_removed", **result)
+    s.log.event("breakpoint_removed", **result)
     _remember(s)
     return result
 

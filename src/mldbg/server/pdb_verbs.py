@@ -80,7 +80,7 @@ def until(s: Session, a: dict[str, Any], wait: float) -> R.State:
     s.require_paused()
     spec = until_location(s, a)
     bp = P.BREAK.call(s, {**spec, "temporary": True})
-    s.log_event("until", **spec)
+    s.log.event("until", **spec)
     state = s.resume(P.CONTINUE, None, wait)
     state["until"] = bp
     return state

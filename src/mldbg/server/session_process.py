@@ -29,7 +29,6 @@ from ..errors import STORE_UNWRITABLE, MldbgError, StartFailed
 from ..store.runs import (
     EVENTS,
     OUTPUT_LOG,
-    JsonlWriter,
     RunDir,
     finalize_run_dir,
     mldbg_home,
@@ -41,6 +40,7 @@ from . import live_runs
 from .agent_link import AgentLink, AgentListener
 from .launcher import LaunchSpec, check_target, resolve_python, spawn
 from .process_tree import descendants, kill_tree
+from .run_log import RunLog
 from .start_checks import check_cwd, check_python, check_request
 from .tails import read_tail_bounded
 
@@ -112,7 +112,7 @@ class SessionProcess:
     process: subprocess.Popen[bytes] | None
     link: AgentLink | None
     run: RunDir | None
-    events: JsonlWriter | None
+    log: RunLog  # the session's lines of events.jsonl
     started_at: str
     home: Path | None
     listener: AgentListener | None
@@ -125,7 +125,6 @@ class SessionProcess:
         def ended(self) -> bool: ...
         def snapshot(self) -> R.State: ...
         def wait(self, timeout: float, after_seq: int | None = None) -> R.State: ...
-        def log_event(self, event: str, /, **fields: Any) -> None: ...
         def _record_end(self, code: int) -> None: ...
         def _on_event(self, message: dict[str, Any]) -> None: ...
         def _on_link_closed(self) -> None: ...
@@ -189,7 +188,7 @@ class SessionProcess:
             )
             self.run = run = finalize_run_dir(run, stem, process.pid)
             live_runs.register(self.name, process.pid, run.path)
-            self.events = JsonlWriter(run.file(EVENTS))
+            self.log.open(run.file(EVENTS))
             run.update_meta(run_id=run.run_id)
         except OSError as exc:  # a full disk, or the store taken away: stop, and say so
             self._abort_start()
@@ -234,7 +233,7 @@ class SessionProcess:
                 output_tail=tail,
                 run_dir=str(run.path),
             ) from None
-        self.log_event("started", pid=process.pid, python=python, backend=self.hello.get("backend"))
+        self.log.event("started", pid=process.pid, python=python, backend=self.hello.get("backend"))
         with contextlib.suppress(OSError):  # `mldbg runs` shows it live, not "starting"
             run.update_meta(state="running")
         threading.Thread(target=self._watch, name=f"mldbg-watch-{self.name}", daemon=True).start()

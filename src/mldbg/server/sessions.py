@@ -20,10 +20,11 @@ from .. import budget
 from .. import results as R_
 from ..agent import protocol as P
 from ..errors import MldbgError, NotPaused, SessionEnded
-from ..store.runs import OUTPUT_LOG, JsonlWriter, RunDir
+from ..store.runs import OUTPUT_LOG, RunDir
 from ..verbs import fix
 from . import live_runs
 from .agent_link import AgentLink, AgentListener
+from .run_log import RunLog
 from .session_process import SessionProcess, StartRequest
 from .tails import read_page, read_tail, read_tail_bounded
 
@@ -73,8 +74,7 @@ class Session(SessionProcess):
         self.process: subprocess.Popen[bytes] | None = None
         self.link: AgentLink | None = None
         self.run: RunDir | None = None
-        self.events: JsonlWriter | None = None
-        self.store_error: str | None = None
+        self.log = RunLog(lambda: self.name)  # the session's lines of events.jsonl
         self.started_at = _now()
         self.home: Path | None = None
         self.recovered: R_.Recovered | None = None  # found by a restarted daemon
@@ -95,17 +95,17 @@ class Session(SessionProcess):
                 self.stop = message
                 self.stop_seq += 1
                 self.cond.notify_all()
-            self.log_event("stopped", **_brief_stop(message), **trace)
+            self.log.event("stopped", **_brief_stop(message), **trace)
         elif kind == P.RESUMED:
             with self.cond:
                 if self.state == "paused":
                     self.state = "running"
                 self.cond.notify_all()
         elif kind == P.LOG:
-            self.log_event("log", **message)
+            self.log.event("log", **message)
         elif kind == P.FINISHED:
             self.exception = message.get("exception")
-            self.log_event("finished", **message)
+            self.log.event("finished", **message)
 
     def _on_link_closed(self) -> None:
         with self.cond:
@@ -132,7 +132,7 @@ class Session(SessionProcess):
                 self.exit_code = code
                 state = "exited"
             # The records first: whoever hears "ended" may read run.json at once.
-            self.log_event("ended", state=state, exit_code=self.exit_code, signal=self.signal)
+            self.log.event("ended", state=state, exit_code=self.exit_code, signal=self.signal)
             if self.run is not None:
                 try:
                     self.run.update_meta(
@@ -145,7 +145,7 @@ class Session(SessionProcess):
                         output_tail=self.output_tail()[0],
                     )
                 except OSError as exc:
-                    self.store_error = f"could not update {self.run.file('run.json')}: {exc}"
+                    self.log.error = f"could not update {self.run.file('run.json')}: {exc}"
             # Before anyone hears "ended": a daemon shutting down waits for that, then exits,
             # and must not leave the run registered as live for the next daemon to "recover".
             if self.pid is not None:
@@ -160,21 +160,7 @@ class Session(SessionProcess):
                 self.listener.close()
             else:  # children it left behind may still be starting: they can still connect
                 self.family.close_when_idle(self.listener)
-        if self.events is not None:
-            self.events.close()
-
-    # -- the run's event log ----------------------------------------------------------------
-
-    def log_event(self, event: str, /, **fields: Any) -> None:
-        """Append to events.jsonl; a full disk is reported in the state, never fatal."""
-        if self.events is None:
-            return
-        try:
-            self.events.append(
-                {"time": time.time(), **fields, "event": event, "session": self.name}
-            )
-        except (OSError, ValueError) as exc:
-            self.store_error = f"could not write {self.events.path}: {exc}"
+        self.log.close()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -210,8 +196,8 @@ class Session(SessionProcess):
         for key in STOP_EXTRAS:
             if stop.get(key) is not None:
                 extras[key] = stop[key]
-        if self.store_error:
-            state["store_error"] = self.store_error
+        if self.log.error:
+            state["store_error"] = self.log.error
         if self.recovered is not None:
             state["recovered"] = self.recovered
         state["parent"] = getattr(self, "parent", None)  # set on child processes' sessions
@@ -333,7 +319,7 @@ class Session(SessionProcess):
                 if self.state == "running" and self.stop_seq == seq:
                     self.state = "paused"
             raise
-        self.log_event(command.name, **(args or {}))
+        self.log.event(command.name, **(args or {}))
         return self.wait(wait, after_seq=seq)
 
     def pause(self, wait: float = 5.0) -> R_.State:
@@ -347,7 +333,7 @@ class Session(SessionProcess):
             return state
         seq = self.stop_seq
         link.ask(P.PAUSE)
-        self.log_event("pause")
+        self.log.event("pause")
         return self.wait(wait, after_seq=seq)
 
     def evaluate(
@@ -361,9 +347,9 @@ class Session(SessionProcess):
         try:
             result = P.EVAL.call(self, args, timeout + 30.0)
         except MldbgError as exc:
-            self.log_event("eval", expression=shown, error=exc.message, code=exc.code)
+            self.log.event("eval", expression=shown, error=exc.message, code=exc.code)
             raise
-        self.log_event(
+        self.log.event(
             "eval", expression=shown, result=result.get("result"), type=result.get("type")
         )
         return result

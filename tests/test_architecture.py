@@ -71,30 +71,33 @@ def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     return found
 
 
+def imported_by(path: Path, node: ast.ImportFrom) -> set[str]:
+    """The modules one ``from ... import`` of ``path`` loads: ``from package import
+    submodule`` loads the submodule, any other name the module it comes from."""
+    if node.level:
+        module = module_of(path)
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        base = package.split(".")
+        base = base[: len(base) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    submodules = {f"{target}.{a.name}" for a in node.names}
+    modules = {name for name in submodules if is_module(name)}
+    return modules | ({target} if len(modules) < len(submodules) else set())
+
+
 def imports_of(path: Path) -> set[str]:
     """The mldbg modules a file imports, at any depth of its code (lazy imports count;
     ``from package import submodule`` imports the submodule, not the package's face)."""
-    module = module_of(path)
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found: set[str] = set()
     for node in runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("mldbg")}
+            found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if not target.startswith("mldbg"):
-                continue
-            submodules = {f"{target}.{a.name}" for a in node.names}
-            modules = {name for name in submodules if is_module(name)}
-            found |= modules
-            if len(modules) < len(submodules):
-                found.add(target)
-    return {name for name in found if name != module}
+            found |= imported_by(path, node)
+    module = module_of(path)
+    return {name for name in found if name.startswith("mldbg") and name != module}
 
 
 def graph() -> dict[str, set[str]]:
@@ -190,16 +193,7 @@ def top_level_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                module = module_of(path)
-                package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-                names = {f"{target}.{a.name}" for a in node.names}
-                found |= {n for n in names if is_module(n)} | {target}
-            else:
-                found.add(node.module or "")
+            found |= imported_by(path, node)
     return found
 
 

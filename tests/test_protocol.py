@@ -46,11 +46,8 @@ def declared_types() -> dict[str, tuple[Any, Any]]:
 
 
 def served(cls: type) -> dict[str, Any]:
-    return {
-        fn.__agent_command__.name: fn
-        for fn in vars(cls).values()
-        if isinstance(getattr(fn, "__agent_command__", None), P.AgentCommand)
-    }
+    """The dispatch table the agent builds for an object of ``cls`` (its bound methods)."""
+    return P.handlers_of(object.__new__(cls))
 
 
 def test_every_command_is_served_once_where_its_declaration_says() -> None:
@@ -67,7 +64,7 @@ def test_every_command_is_served_once_where_its_declaration_says() -> None:
 def test_each_handler_takes_exactly_its_declared_arguments() -> None:
     for name, fn in {**served(CommandServer), **served(PausedThread)}.items():
         declared = set(P.COMMANDS[name].args.__annotations__)
-        params = list(inspect.signature(fn).parameters.values())[1:]  # past self
+        params = list(inspect.signature(fn).parameters.values())
         if any(p.kind is p.VAR_KEYWORD for p in params):
             continue  # takes the whole spec (break); the declaration is checked on arrival
         assert {p.name for p in params} == declared, name

@@ -272,3 +272,31 @@ def test_error_codes_are_named_constants_the_verb_table_documents() -> None:
     for verb in verbs.VERBS:
         unknown = set(verb.all_errors) - defined
         assert not unknown, f"{verb.name} documents codes errors.py does not define: {unknown}"
+
+
+def test_a_session_holds_its_process_half_which_knows_nothing_of_it() -> None:
+    """Sessions by composition: ``SessionProcess`` is held, not inherited; it imports and
+    names no session, family or manager, and reaches its session only through the
+    ``ProcessObserver`` callbacks, each of which ``Session`` implements with the same
+    parameters."""
+    from mldbg.server import session_process, sessions
+
+    path = SRC / "server" / "session_process.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported = {
+        node.module or ""
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)  # TYPE_CHECKING blocks included
+    }
+    assert not imported & {"sessions", "children", "manager"}, imported
+    named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert not named & {"Session", "ChildSession", "Family", "SessionManager"}, named
+    assert session_process.SessionProcess not in sessions.Session.__mro__
+
+    observer = session_process.ProcessObserver
+    callbacks = [n for n, f in vars(observer).items() if inspect.isfunction(f) and n[0] != "_"]
+    assert {"on_exit", "on_connected", "on_connection"} <= set(callbacks)
+    for name in callbacks:
+        wanted = inspect.signature(getattr(observer, name))
+        implemented = inspect.signature(getattr(sessions.Session, name))
+        assert list(implemented.parameters) == list(wanted.parameters), name

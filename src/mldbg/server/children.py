@@ -287,10 +287,6 @@ class ChildSession(Session):
             self.mark_ended()
         return self.snapshot()
 
-    def _kill(self) -> None:
-        if self.pid is not None:
-            kill_tree([self.pid])
-
 
 # -- processes --------------------------------------------------------------------------------
 

@@ -46,8 +46,7 @@ class SessionManager:
         try:
             session.start()
         except BaseException:
-            if session.process is not None and not session.ended:
-                session._abort_start()  # a bug mid-start must not leave it "starting"
+            session.abort_start()  # a bug mid-start must not leave it "starting"
             with self._lock:
                 if self._sessions.get(name) is session:
                     # A failed start leaves no session (its error carries the run directory

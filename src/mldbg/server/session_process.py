@@ -20,10 +20,9 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 from .. import __version__, budget
-from .. import results as R
 from ..agent import protocol as P
 from ..errors import STORE_UNWRITABLE, MldbgError, StartFailed
 from ..store.runs import (
@@ -92,47 +91,63 @@ def _discard_reserved(run: RunDir) -> None:
         run.path.rmdir()
 
 
-class SessionProcess:
-    """The process half of a session: launching it and ending it.
+class ProcessObserver(Protocol):
+    """What a launch tells the session built on it (``sessions.Session``), and the one thing
+    it asks: callbacks, so that this half holds no state of the session's and names no
+    class of the daemon's."""
 
-    It knows nothing of the session built on it (``sessions.Session``) or of the manager:
-    what it needs of them (the state's condition, the run's event log, the end of the
-    run, the family of child processes it hands connections to) is declared below and
-    given by the session.
+    def on_run(self, home: Path, run: RunDir) -> None:
+        """The run's store and directory: reserved, then again under its real name."""
+
+    def on_spawned(self, pid: int) -> None:
+        """The script's process exists."""
+
+    def on_connected(self, link: AgentLink) -> None:
+        """The script's agent proved the secret; the observer starts reading its link."""
+
+    def on_running(self) -> None:
+        """Configured; the script is told to run next."""
+
+    def on_connection(self, link: AgentLink) -> None:
+        """A later authenticated connection: a child process, or the script after an
+        ``os.exec*`` of Python (same pid)."""
+
+    def on_exit(self, code: int) -> None:
+        """The script's process ended with ``code`` (negative: the signal)."""
+
+    def other_processes(self) -> list[int]:
+        """Processes of the run outside the script's tree that ending it must end too
+        (children that left its process group)."""
+        ...
+
+
+class SessionProcess:
+    """The process half of a session: launching the script and ending its process tree.
+
+    It owns what it creates (the run directory's reservation, the listener, the process,
+    the watcher of its exit) and reports to its :class:`ProcessObserver`; it reads none
+    of the session's state.  ``stop`` and a start in progress agree through the launch's
+    own lock: a stopped launch never spawns.
     """
 
-    # Set by Session.__init__; declared here for what this half reads and writes.
-    name: str
-    request: StartRequest
-    cond: threading.Condition
-    state: str
-    pid: int | None
-    terminated: bool
-    hello: dict[str, Any]
-    process: subprocess.Popen[bytes] | None
-    link: AgentLink | None
-    run: RunDir | None
-    log: RunLog  # the session's lines of events.jsonl
-    started_at: str
-    home: Path | None
-    listener: AgentListener | None
-    family: Any
-    _main: Future[AgentLink]
-
-    if TYPE_CHECKING:  # the state half's methods this half calls
-
-        @property
-        def ended(self) -> bool: ...
-        def snapshot(self) -> R.State: ...
-        def wait(self, timeout: float, after_seq: int | None = None) -> R.State: ...
-        def _record_end(self, code: int) -> None: ...
-        def _on_event(self, message: dict[str, Any]) -> None: ...
-        def _on_link_closed(self) -> None: ...
-        def _watch(self) -> None: ...
+    def __init__(
+        self, name: str, request: StartRequest, log: RunLog, observer: ProcessObserver
+    ) -> None:
+        self.name = name
+        self.request = request
+        self.log = log  # the run's events.jsonl, opened here once the run has its name
+        self.observer = observer
+        self.process: subprocess.Popen[bytes] | None = None
+        self.listener: AgentListener | None = None
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._main: Future[AgentLink] = Future()
 
     # -- start ------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, started_at: str) -> None:
+        """Check the request, reserve the run, spawn the script, and see it connected,
+        configured and running; any failure ends what began and raises ``StartFailed``."""
         req = self.request
         # Everything the request can get wrong is refused before anything is created.
         check_request(
@@ -146,17 +161,16 @@ class SessionProcess:
         python = resolve_python(req.python, env, cwd)
         check_python(python)
         home = mldbg_home(cwd, env)
-        self.home = home
         check_start(home, env)  # a store past its limit takes no new run
         run, output = _make_run_dir(home)
         listener = AgentListener(self._on_connection, self.name)
         spec = LaunchSpec(python, cwd, env, script, req.module, list(req.args))
         try:
-            with self.cond:  # a terminate now either comes first (no process) or sees it
-                if self.terminated:
+            with self._lock:  # a stop now either comes first (no process) or sees it
+                if self._stopped:
                     raise StartFailed(f"session {self.name!r} was terminated while starting")
                 process = spawn(spec, listener.address, listener.token, output)
-                self.process, self.pid, self.listener = process, process.pid, listener
+                self.process, self.listener = process, listener
             # Known to a next daemon from the first moment (the run dir renamed below is
             # found again by the pid in its name).
             live_runs.register(self.name, process.pid, run.path)
@@ -168,8 +182,9 @@ class SessionProcess:
             raise StartFailed(f"cannot run {python}: {exc}", argument="python") from None
         finally:
             output.close()  # the child holds its own copy of the descriptor
+        self.observer.on_spawned(process.pid)
+        self.observer.on_run(home, run)
         stem = Path(script).stem if script else (req.module or "module").rsplit(".", 1)[-1]
-        self.run = run
         try:
             # What is known before the run gets its real name is written first, so a daemon
             # killed between the rename and the next write still leaves a run.json that says
@@ -183,35 +198,35 @@ class SessionProcess:
                 python=python,
                 pid=process.pid,
                 state="starting",
-                started_at=self.started_at,
+                started_at=started_at,
                 mldbg_version=__version__,
             )
-            self.run = run = finalize_run_dir(run, stem, process.pid)
+            run = finalize_run_dir(run, stem, process.pid)
+            self.observer.on_run(home, run)
             live_runs.register(self.name, process.pid, run.path)
             self.log.open(run.file(EVENTS))
             run.update_meta(run_id=run.run_id)
         except OSError as exc:  # a full disk, or the store taken away: stop, and say so
-            self._abort_start()
+            self.abort()
             raise StartFailed(
                 f"cannot write the run store under {home}: {exc}; the script was stopped",
                 code=STORE_UNWRITABLE,
                 run_dir=str(run.path),
             ) from None
         try:
-            self.link = link = self._await_main(process, CONNECT_TIMEOUT)
-            self.hello = link.hello
-            link.start(self._on_event, self._on_link_closed)
+            link = self._await_main(process, CONNECT_TIMEOUT)
+            self.observer.on_connected(link)
+            hello = link.hello
             run.update_meta(
-                python_version=self.hello.get("python"),
-                backend=self.hello.get("backend"),
-                libraries=self.hello.get("libraries", {}),
+                python_version=hello.get("python"),
+                backend=hello.get("backend"),
+                libraries=hello.get("libraries", {}),
             )
             configure: P.ConfigureArgs = {"breakpoints": req.breakpoints}
             if req.watches:
                 configure["watches"] = req.watches
             P.CONFIGURE.call(link, configure)
-            with self.cond:
-                self.state = "running"
+            self.observer.on_running()
             P.RUN.call(
                 link,
                 {
@@ -221,7 +236,7 @@ class SessionProcess:
                 },
             )
         except (MldbgError, OSError) as exc:
-            self._abort_start()
+            self.abort()
             tail = read_tail_bounded(run.file(OUTPUT_LOG), 20, budget.OUTPUT_TAIL)[0]
             if isinstance(exc, MldbgError):
                 raise StartFailed(
@@ -233,34 +248,31 @@ class SessionProcess:
                 output_tail=tail,
                 run_dir=str(run.path),
             ) from None
-        self.log.event("started", pid=process.pid, python=python, backend=self.hello.get("backend"))
+        self.log.event("started", pid=process.pid, python=python, backend=hello.get("backend"))
         with contextlib.suppress(OSError):  # `mldbg runs` shows it live, not "starting"
             run.update_meta(state="running")
         threading.Thread(target=self._watch, name=f"mldbg-watch-{self.name}", daemon=True).start()
 
-    def _abort_start(self) -> None:
-        """A start that failed after its process began: end it, and record how it ended."""
-        self._kill()
-        if self.process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(10)
-            self._record_end(self.process.returncode if self.process.returncode is not None else -9)
+    def _watch(self) -> None:
+        assert self.process is not None
+        self.observer.on_exit(self.process.wait())
+
+    def abort(self) -> None:
+        """A start that failed after its process began: end it, and report how it ended."""
+        process = self.process
+        if process is None:
+            return
+        self.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10)
+        self.observer.on_exit(process.returncode if process.returncode is not None else -9)
 
     def _on_connection(self, link: AgentLink) -> None:
-        """An authenticated connection: the script itself (first), or one of its children."""
+        """An authenticated connection: the script itself (first), or a later one."""
         if not link.hello.get("child") and not self._main.done():
             self._main.set_result(link)
-        elif self.family is not None and self._main.done() and link.pid == self.pid:
-            # the script replaced itself (os.exec* of python): same process, same session
-            old, self.link = self.link, link
-            if old is not None:
-                old.close()
-            link.start(self._on_event, self._on_link_closed)
-            self.family.configure_later(self, link, ask_root=False)
-        elif self.family is not None:
-            self.family.adopt(link)
         else:
-            link.close()
+            self.observer.on_connection(link)
 
     def _await_main(self, process: subprocess.Popen[bytes], timeout: float) -> AgentLink:
         """The script's own connection; fail fast if its interpreter dies first."""
@@ -279,45 +291,30 @@ class SessionProcess:
             if time.monotonic() > deadline:
                 raise StartFailed(f"the debuggee did not connect within {timeout:.0f} s")
 
-    def terminate(self) -> R.State:
-        """End the session whatever its state: paused, running, or a start in progress
-        (with or without a process yet), so nothing is ever stuck."""
-        if not self.ended:
-            with self.cond:
-                self.terminated = True
-                process = self.process
-            if process is None:  # a start still checking its request: it will not spawn now
-                with self.cond:
-                    if not self.ended:
-                        self.state = "exited"
-                        self.cond.notify_all()
-                return self.snapshot()
-            self._kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(TERMINATE_GRACE * 2)
-            self.wait(TERMINATE_GRACE)
-            if not self.ended and process.returncode is not None:
-                self._record_end(process.returncode)  # no watcher yet: a start in progress
-        elif self.family is not None:
-            self.family.closed = True
-            if self.listener is not None:
-                self.listener.close()
-            self.family.end_all()  # the script ended, children it left behind may not have
-        return self.snapshot()
+    # -- end --------------------------------------------------------------------------------
 
-    def _kill(self) -> None:
+    def stop(self) -> subprocess.Popen[bytes] | None:
+        """No process may start from now on; the one that did, if any (to be killed)."""
+        with self._lock:
+            self._stopped = True
+            return self.process
+
+    def kill(self) -> None:
+        """End the script's whole process tree: its process group, every descendant
+        (found while they are still linked to it), and the observer's other processes."""
         process = self.process
-        if self.family is not None and process is not None:
+        if process is None:
+            return
+        others = self.observer.other_processes()
+        if others or process.poll() is None:
             # Children that left the process group (torchrun's ranks call setsid), and
             # children of children: found now, while they are still linked to the script.
-            family = [c.pid for c in self.family.live_children() if c.pid is not None]
             tree = descendants(process.pid) if process.poll() is None else []
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(process.pid, signal.SIGTERM)
-            kill_tree([p for p in dict.fromkeys(tree + family) if p != process.pid])
-            self.family.end_all()
-        if process is None or process.poll() is not None:
+            kill_tree([p for p in dict.fromkeys(tree + others) if p != process.pid])
+        if process.poll() is not None:
             return
         for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE), (signal.SIGKILL, TERMINATE_GRACE)):
             try:
@@ -332,3 +329,7 @@ class SessionProcess:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+    def close_listener(self) -> None:
+        if self.listener is not None:
+            self.listener.close()

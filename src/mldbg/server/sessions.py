@@ -7,25 +7,25 @@ status read never races with a stop.  Commands that resume the script mark the s
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
-from concurrent.futures import Future
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 from .. import budget
 from .. import results as R_
 from ..agent import protocol as P
-from ..errors import MldbgError, NotPaused, SessionEnded
+from ..errors import MldbgError, NotPaused, SessionEnded, StartFailed
 from ..store.runs import OUTPUT_LOG, RunDir
 from ..verbs import fix
 from . import live_runs
 from .agent_link import AgentLink, AgentListener
 from .run_log import RunLog
-from .session_process import SessionProcess, StartRequest
+from .session_process import TERMINATE_GRACE, SessionProcess, StartRequest
 from .tails import read_page, read_tail, read_tail_bounded
 
 __all__ = ["ENDED", "Registry", "Session", "StartRequest", "read_page", "read_tail"]
@@ -54,9 +54,30 @@ class Registry(Protocol):
     def add_child(self, child: Session) -> None: ...
 
 
-class Session(SessionProcess):
+class ChildProcesses(Protocol):
+    """What a session needs of its script's child processes (``children.Family``, which
+    the manager gives it): adopting their connections, listing them, reaching and ending
+    them."""
+
+    closed: bool  # terminated: no process of the run may connect any more
+
+    def adopt(self, link: AgentLink) -> None: ...
+    def configure_later(self, session: Session, link: AgentLink, ask_root: bool) -> None: ...
+    def live_children(self) -> Sequence[Session]: ...
+    def detached(self) -> dict[str, Any] | None: ...
+    def broadcast(
+        self, command: P.AgentCommand[Any, Any], args: Mapping[str, Any] | None
+    ) -> None: ...
+    def remember(self) -> None: ...
+    def close_when_idle(self, listener: AgentListener) -> None: ...
+    def end_all(self) -> None: ...
+
+
+class Session:
     """One named session: its state from the debuggee's events, and the commands sent to
-    it; launching and ending its process is :class:`SessionProcess`'s half."""
+    it.  Its process is a :class:`SessionProcess` it holds (a root session's; a child
+    process's session and one a restarted daemon found have none), which reports through
+    the ``on_*`` callbacks below and knows nothing else of the session."""
 
     def __init__(self, name: str, request: StartRequest) -> None:
         self.name = name
@@ -71,7 +92,6 @@ class Session(SessionProcess):
         self.exception: dict[str, Any] | None = None
         self.terminated = False
         self.hello: dict[str, Any] = {}
-        self.process: subprocess.Popen[bytes] | None = None
         self.link: AgentLink | None = None
         self.run: RunDir | None = None
         self.log = RunLog(lambda: self.name)  # the session's lines of events.jsonl
@@ -79,10 +99,95 @@ class Session(SessionProcess):
         self.home: Path | None = None
         self.recovered: R_.Recovered | None = None  # found by a restarted daemon
         self.manager: Registry | None = None  # set by the manager; children register there
-        self.listener: AgentListener | None = None
-        self.family: Any = None  # children.Family: the script's child processes
-        self._main: Future[AgentLink] = Future()
+        self.family: ChildProcesses | None = (
+            None  # the script's child processes (set by the manager)
+        )
+        self.launch: SessionProcess | None = None  # the script's process, once started
         self.last_breaks: R_.Breakpoints | None = None  # for restart after the end
+
+    # -- the process: start, and what it reports (session_process.ProcessObserver) -----------
+
+    def start(self) -> None:
+        """Launch the script (``StartFailed`` if it cannot be, the session then ended)."""
+        with self.cond:
+            if self.terminated:
+                raise StartFailed(f"session {self.name!r} was terminated while starting")
+            self.launch = launch = SessionProcess(self.name, self.request, self.log, self)
+        launch.start(self.started_at)
+
+    def abort_start(self) -> None:
+        """End a start that failed in an unexpected way, so it is never left "starting"."""
+        if self.launch is not None and not self.ended:
+            self.launch.abort()
+
+    def on_run(self, home: Path, run: RunDir) -> None:
+        self.home, self.run = home, run
+
+    def on_spawned(self, pid: int) -> None:
+        with self.cond:
+            self.pid = pid
+
+    def on_connected(self, link: AgentLink) -> None:
+        self.link, self.hello = link, link.hello
+        link.start(self._on_event, self._on_link_closed)
+
+    def on_running(self) -> None:
+        with self.cond:
+            self.state = "running"
+
+    def on_connection(self, link: AgentLink) -> None:
+        """A child process of the script, or the script itself after an ``os.exec*``."""
+        if self.family is None:
+            link.close()
+        elif link.pid == self.pid:
+            # the script replaced itself (os.exec* of python): same process, same session
+            old, self.link = self.link, link
+            if old is not None:
+                old.close()
+            link.start(self._on_event, self._on_link_closed)
+            self.family.configure_later(self, link, ask_root=False)
+        else:
+            self.family.adopt(link)
+
+    def on_exit(self, code: int) -> None:
+        link = self.link
+        if link is not None:  # the `finished` event (the uncaught exception) first
+            link.drained(LAST_WORDS_WAIT)
+        self._record_end(code)
+
+    def other_processes(self) -> list[int]:
+        if self.family is None:
+            return []
+        return [c.pid for c in self.family.live_children() if c.pid is not None]
+
+    def terminate(self) -> R_.State:
+        """End the session whatever its state: paused, running, or a start in progress
+        (with or without a process yet), so nothing is ever stuck."""
+        if not self.ended:
+            with self.cond:
+                self.terminated = True
+                launch = self.launch
+            process = launch.stop() if launch is not None else None
+            if launch is None or process is None:  # a start still checking its request
+                with self.cond:
+                    if not self.ended:
+                        self.state = "exited"
+                        self.cond.notify_all()
+                return self.snapshot()
+            launch.kill()
+            if self.family is not None:
+                self.family.end_all()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(TERMINATE_GRACE * 2)
+            self.wait(TERMINATE_GRACE)
+            if not self.ended and process.returncode is not None:
+                self._record_end(process.returncode)  # no watcher yet: a start in progress
+        elif self.family is not None:
+            self.family.closed = True
+            if self.launch is not None:
+                self.launch.close_listener()
+            self.family.end_all()  # the script ended, children it left behind may not have
+        return self.snapshot()
 
     # -- events from the debuggee -----------------------------------------------------------
 
@@ -110,14 +215,6 @@ class Session(SessionProcess):
     def _on_link_closed(self) -> None:
         with self.cond:
             self.cond.notify_all()
-
-    def _watch(self) -> None:
-        assert self.process is not None
-        code = self.process.wait()
-        link = self.link
-        if link is not None:  # the `finished` event (the uncaught exception) first
-            link.drained(LAST_WORDS_WAIT)
-        self._record_end(code)
 
     def _record_end(self, code: int) -> None:
         with self.cond:
@@ -155,11 +252,12 @@ class Session(SessionProcess):
             self.cond.notify_all()
         if self.link is not None:
             self.link.close()
-        if self.listener is not None:
+        listener = self.launch.listener if self.launch is not None else None
+        if listener is not None:
             if self.terminated or self.family is None:
-                self.listener.close()
+                listener.close()
             else:  # children it left behind may still be starting: they can still connect
-                self.family.close_when_idle(self.listener)
+                self.family.close_when_idle(listener)
         self.log.close()
 
     # -- state ------------------------------------------------------------------------------

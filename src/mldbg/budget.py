@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, TypedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypedDict, TypeVar, cast
+
+if TYPE_CHECKING:  # the call's shape, for the type checker (the agent never imports it)
+    from .results import Call
 
 MESSAGE = 2_000  # an error message or an exception's str()
 TRACEBACK = 8_000  # a formatted traceback: its end matters most
@@ -54,7 +58,7 @@ def _escape_surrogate(match: re.Match[str]) -> str:
     return f"\\u{point:04x}"
 
 
-def encodable(value: Any) -> Any:
+def encodable(value: object) -> object:
     """``value`` with every string (keys too) encodable as UTF-8.
 
     Python text can hold lone surrogates: ``os.fsdecode(b"caf\\xe9.txt")`` is how a
@@ -76,14 +80,14 @@ def encodable(value: Any) -> Any:
     return value
 
 
-def _size(value: Any) -> int:
+def _size(value: object) -> int:
     return len(json.dumps(value, default=str))
 
 
 MIN_ITEM = 512  # a list item is never cut below this: below it, fewer items are kept
 
 
-def _fit(value: Any, limit: int, path: str, cuts: dict[str, dict[str, int]]) -> Any:
+def _fit(value: object, limit: int, path: str, cuts: dict[str, dict[str, int]]) -> object:
     """``value`` cut to about ``limit`` bytes of JSON, keeping its type: a string keeps a
     marked head, a list its items (each cut to its share, and only as many as fit), a dict
     its keys (the largest values cut first).  Each list that lost items is noted in
@@ -97,7 +101,7 @@ def _fit(value: Any, limit: int, path: str, cuts: dict[str, dict[str, int]]) -> 
         if not value:
             return value
         share = max(limit // len(value), MIN_ITEM)
-        kept: list[Any] = []
+        kept: list[object] = []
         used = 2
         for index, item in enumerate(value):
             room = min(share, limit - used)
@@ -124,7 +128,10 @@ def _fit(value: Any, limit: int, path: str, cuts: dict[str, dict[str, int]]) -> 
     return value  # a number, a bool, None: nothing to cut
 
 
-def shrink(record: dict[str, Any], limit: int) -> dict[str, Any]:
+Record = TypeVar("Record", bound=Mapping[str, object])
+
+
+def shrink(record: Record, limit: int) -> Record:
     """``record`` as it is, or, if its JSON is over ``limit`` bytes, cut to fit without
     changing its shape: every value keeps its type (a list of sessions stays a list of
     session states, each cut to its share, and only as many as fit), so whatever reads
@@ -134,11 +141,14 @@ def shrink(record: dict[str, Any], limit: int) -> dict[str, Any]:
     if _size(record) <= limit:
         return record
     cuts: dict[str, dict[str, int]] = {}
-    cut = _fit(record, limit - 256, "", cuts)
+    cut = _fit(dict(record), limit - 256, "", cuts)
+    assert isinstance(cut, dict)  # a dict is cut to a dict
     cut["truncated"] = True
     if cuts:
         cut["cut"] = dict(list(cuts.items())[:8])
-    return cut  # type: ignore[no-any-return]
+    # the same keys, each value of its own type (only shorter), and ``truncated``/``cut``,
+    # which every record that may be cut declares
+    return cast("Record", cut)
 
 
 class PageInfo(TypedDict, total=False):
@@ -147,10 +157,12 @@ class PageInfo(TypedDict, total=False):
     total: int
     shown: int
     truncated: bool
-    next: dict[str, Any]
+    next: Call
 
 
-def page_info(total: int, offset: int, shown: int, verb: str, args: dict[str, Any]) -> PageInfo:
+def page_info(
+    total: int, offset: int, shown: int, verb: str, args: Mapping[str, object]
+) -> PageInfo:
     """The counts every paged listing carries, and the exact call that gets the next page.
 
     ``{"total", "shown", "truncated"}`` plus, when something is left after this page,

@@ -41,6 +41,7 @@ The hierarchy::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 # -- error codes --
@@ -154,7 +155,9 @@ class MldbgError(Exception):
             self.status = status
         self.extra = extra
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
+        """``{"error", "code"}`` and whatever else the error carries (its ``fix``: a list of
+        ``results.Call``; the values it names)."""
         return {"error": self.message, "code": self.code, **self.extra}
 
 
@@ -204,7 +207,7 @@ class StartFailed(MldbgError):
 class DaemonError(MldbgError):
     """The daemon answered with an error; its JSON body is kept whole."""
 
-    def __init__(self, payload: dict[str, Any], status: int) -> None:
+    def __init__(self, payload: Mapping[str, object], status: int) -> None:
         extra = {k: v for k, v in payload.items() if k not in ("error", "code")}
         super().__init__(
             str(payload.get("error", "unknown error")),
@@ -277,7 +280,7 @@ class EvalError(MldbgError):
     ``code``: ``eval_error``; ``eval_timeout`` / ``eval_interrupted`` when it was cut short.
     """
 
-    def __init__(self, message: str, details: dict[str, Any], code: str = EVAL_ERROR) -> None:
+    def __init__(self, message: str, details: dict[str, object], code: str = EVAL_ERROR) -> None:
         super().__init__(message, code=code)
         self.details = details
 

@@ -15,13 +15,23 @@ from typing import Any
 from typing_extensions import NotRequired, TypedDict
 
 
+class Call(TypedDict):
+    """A call to make next, as every surface words it (a CLI command, an MCP tool call):
+    the one that gets the rest of a cut answer (``next``), or that fixes an error
+    (``fix``).  Built by ``verbs.fix`` and ``budget.page_info``; arguments left out are
+    None."""
+
+    verb: str
+    args: dict[str, object]  # JSON values, passed back as they are
+
+
 class Truncation(TypedDict, total=False):
     """Present wherever an answer was cut to its budget: what was left out, how to get it."""
 
     truncated: bool
     total: int
     shown: int
-    next: dict[str, Any]  # the call that gets the rest: {"verb", "args"}
+    next: Call  # the call that gets the rest
 
 
 class Location(TypedDict, total=False):
@@ -118,6 +128,21 @@ class Recovered(TypedDict, total=False):
     store_error: str
 
 
+class DetachedChild(TypedDict):
+    """A child process that could not reach the daemon and runs undebugged, as it wrote
+    in the run's detached.jsonl."""
+
+    pid: int | None
+    ppid: int | None
+    reason: str | None
+    time: float | None
+
+
+class DetachedChildren(TypedDict):
+    total: int
+    last: list[DetachedChild]  # the last five
+
+
 class State(TypedDict, total=False):
     session: str
     state: str  # starting | running | paused | exited | crashed
@@ -145,8 +170,8 @@ class State(TypedDict, total=False):
     warnings: NotRequired[list[str]]
     parent: NotRequired[str | None]  # a child process's session: the one that started it
     paused_children: NotRequired[list[str]]  # the run's child sessions paused now (at most 20)
-    # children that could not reach the daemon and run undebugged: {"total", "last": [...]}
-    detached_children: NotRequired[dict[str, Any]]
+    # children that could not reach the daemon and run undebugged
+    detached_children: NotRequired[DetachedChildren]
     watches: NotRequired[list[Watch]]  # every watch expression, evaluated at this stop
     note: NotRequired[str]  # e.g. a pause that had to stop in library code
     fix: NotRequired[list[dict[str, Any]]]  # calls that help from here (step out)
@@ -228,13 +253,30 @@ class Forgotten(TypedDict):
     removed: str
 
 
+class TraceLocation(TypedDict):
+    """Where a recorded stop was: None where the record does not say."""
+
+    file: str | None
+    line: int | None
+    function: str | None
+    code: list[list[object]] | None  # [line number, text] around the line
+
+
 class TraceStep(TypedDict, total=False):
-    time: float
-    event: str
-    reason: str
-    location: dict[str, Any]
-    stack: list[dict[str, Any]]
-    variables: list[dict[str, Any]]
+    """One stop of a run, as its events.jsonl recorded it."""
+
+    time: float | None  # None only where the record lacks it
+    event: str | None
+    reason: str | None
+    location: TraceLocation
+    stack: list[dict[str, object]]  # the frames as ``stack`` gave them then
+    variables: list[dict[str, object]]  # the variables as ``vars`` gave them then
+    exception: dict[str, object]  # as the stop said them, where it had them
+    breakpoint: dict[str, object]
+    checkpoint: dict[str, object]
+    condition_error: str
+    truncated: bool  # cut to its budget (budget.shrink), with what was cut
+    cut: dict[str, dict[str, int]]
 
 
 class Trace(Truncation, total=False):
@@ -248,28 +290,158 @@ class Sessions(Truncation, total=False):
     pruned: list[str]
 
 
+class RunMeta(TypedDict, total=False):
+    """A run's run.json: written by the daemon as it starts and ends the script, by the
+    script itself without the debugger (``current_run``), by the agent when its daemon
+    went away (``ended_reason``), by the profiler; every field optional."""
+
+    run_id: str
+    kind: str  # plain (no debugger) | profile; absent for a debug session
+    session: str
+    script: str | None
+    module: str | None  # python -m
+    argv: list[str]
+    cwd: str
+    python: str
+    python_version: str | None
+    backend: str | None
+    libraries: dict[str, object]  # name -> version, as the agent found them
+    mldbg_version: str
+    pid: int
+    state: str  # starting | running | paused | exited | crashed
+    started_at: str
+    ended_at: str
+    exit_code: int | None
+    signal: str | int | None
+    terminated: bool
+    exception: dict[str, object] | None  # the uncaught exception, as the stop said it
+    output_tail: str
+    ended_reason: str | None  # daemon_lost, ...
+    ended_note: str
+    paused_at: object  # where the script was paused when its daemon went away
+    store_error: str
+
+
+class RunRecord(TypedDict):
+    """One run of the store, as ``runs`` lists it (``store.runs.describe_run``): what its
+    run.json says, and what the directory holds."""
+
+    run_id: str
+    path: str
+    state: str | None
+    script: str | None  # the script's path, or the module run with -m
+    started_at: str | None
+    ended_at: str | None
+    exit_code: int | None
+    signal: str | int | None  # a session names it (SIGKILL), a profile run numbers it
+    size_bytes: int
+    checkpoints: int  # records in checkpoints.jsonl
+
+
 class Runs(Truncation, total=False):
     home: str
-    runs: list[dict[str, Any]]
+    runs: list[RunRecord]
+
+
+class CodeContext(TypedDict):
+    """The lines around a checkpoint, by line number."""
+
+    start_line: int
+    end_line: int
+    lines: dict[str, str]
+
+
+class CheckpointRecord(TypedDict, total=False):
+    """One line of a run's checkpoints.jsonl (``store.checkpoint.debug_checkpoint``)."""
+
+    checkpoint_name: str
+    hit_count: int
+    timestamp: str  # ISO 8601 with the local offset
+    timestamp_unix: float
+    location: Location
+    code_context: CodeContext
+    # name -> a tensor summary (shape, dtype, stats, preview, ...) or {type, value, repr}
+    variables: dict[str, dict[str, object]]
+    values: dict[str, object]  # the first release's shape: tensors summarized, plain values bare
+    metadata: object  # what the script passed as metadata=, as JSON, or None
+    truncated: bool  # cut to its budget (budget.shrink), with what was cut
+    cut: dict[str, dict[str, int]]
 
 
 class Checkpoints(Truncation, total=False):
     run_id: str
     path: str
-    checkpoints: list[dict[str, Any]]
+    checkpoints: list[CheckpointRecord]
     unreadable_lines: int
 
 
+class RunRef(TypedDict):
+    """A run of the store, by id and directory."""
+
+    run_id: str
+    path: str
+
+
+class VariableComparison(TypedDict, total=False):
+    """One variable in both runs' records (``store.checkpoint_diff``): ``kind`` tensor
+    (shapes, dtypes, statistics and their differences, the previews side by side), value
+    (``a``, ``b``, ``equal``, and ``b_minus_a`` for numbers) or mismatch (a tensor on one
+    side only)."""
+
+    kind: str  # tensor | value | mismatch
+    note: str
+    a: object  # a plain value as recorded
+    b: object
+    equal: bool
+    b_minus_a: float | str  # "nan"/"inf" when not finite
+    shape_a: object  # as each record says it (a list of ints)
+    shape_b: object
+    shape_match: bool
+    dtype_a: object
+    dtype_b: object
+    stats_a: dict[str, object] | None
+    stats_b: dict[str, object] | None
+    stats_b_minus_a: dict[str, float | str]
+    stats_max_rel: float
+    nan_a: object
+    nan_b: object
+    inf_a: object
+    inf_b: object
+    preview_a: list[object]
+    preview_b: list[object]
+    preview_max_abs: float | str
+
+
+class CheckpointPair(TypedDict, total=False):
+    """A checkpoint name and hit found in both runs, variable by variable."""
+
+    checkpoint_name: str | None  # None only for a record that lacks it
+    hit_count: int | None
+    location_a: Location | None
+    location_b: Location | None
+    variables: dict[str, VariableComparison]
+    only_a: list[str]  # variables one record has and the other not
+    only_b: list[str]
+    truncated: bool  # cut to its budget (budget.shrink), with what was cut
+    cut: dict[str, dict[str, int]]
+
+
+class RecordsCut(TypedDict):
+    """Which run had more records than are read (``read``), after the name/hit filter."""
+
+    a: bool
+    b: bool
+    read: int
+
+
 class CheckpointPairs(Truncation, total=False):
-    a: dict[str, Any]  # {run_id, path}
-    b: dict[str, Any]
-    # [{checkpoint_name, hit_count, location_a, location_b, variables: {name: {kind, ...}},
-    #   only_a, only_b}] (checkpoint_diff.py)
-    pairs: list[dict[str, Any]]
+    a: RunRef
+    b: RunRef
+    pairs: list[CheckpointPair]
     unpaired_a: list[str]  # "name#hit" in one run only (50 shown)
     unpaired_b: list[str]
     unpaired_counts: dict[str, int]
-    records_cut: dict[str, Any]
+    records_cut: RecordsCut
 
 
 class FirstNonfinite(TypedDict, total=False):
@@ -289,9 +461,23 @@ class ModuleTable(Truncation, total=False):
     summary: dict[str, Any]
 
 
+class CaptureRecord(TypedDict, total=False):
+    """One module capture, as ``captures`` lists it: what its capture.json says."""
+
+    name: str | None
+    run_id: str | None
+    framework: str | None
+    model_class: str | None
+    state: str | None  # capturing | complete | ... | "unreadable capture.json"
+    records: int | None
+    tensors: int | None
+    bytes: int | None
+    path: str
+
+
 class Captures(Truncation, total=False):
     home: str
-    captures: list[dict[str, Any]]
+    captures: list[CaptureRecord]
 
 
 class CompareSummary(Truncation, total=False):
@@ -319,19 +505,40 @@ class WeightAudit(Truncation, total=False):
     proposed_map: dict[str, Any] | None
 
 
+class TensorHeader(TypedDict):
+    """What a safetensors file's header says of its tensor (``store.tensors.read_header``)."""
+
+    dtype: str | None
+    shape: list[int] | None
+    metadata: dict[str, str]
+
+
+class TensorRecord(TypedDict, total=False):
+    """One tensor of the ``debug_save`` store: its file, and its header's fields (or
+    ``error`` when the file is unreadable)."""
+
+    name: str
+    path: str
+    size_bytes: int
+    dtype: str | None
+    shape: list[int] | None
+    metadata: dict[str, str]
+    error: str
+
+
 class TensorStore(Truncation, total=False):
     """``list``: path, tensors, size_bytes (+ the page counts); ``clear``: removed;
     ``info``: one tensor's own fields at the top level (name, path, size_bytes, shape,
     dtype, metadata, or error when its file is unreadable)."""
 
     path: str
-    tensors: list[dict[str, Any]]
+    tensors: list[TensorRecord]
     size_bytes: int
     removed: list[str]
     name: str
-    shape: list[int]
-    dtype: str
-    metadata: dict[str, Any]
+    shape: list[int] | None
+    dtype: str | None
+    metadata: dict[str, str]
     error: str
 
 

@@ -990,7 +990,7 @@ def get(name: str) -> Verb:
     return BY_NAME[name]
 
 
-def fix(verb: str, **args: Any) -> dict[str, Any]:
+def fix(verb: str, **args: object) -> R.Call:
     """A call that fixes or continues an error, worded by each surface (CLI flag, MCP tool)."""
     return {"verb": verb, "args": {k: v for k, v in args.items() if v is not None}}
 

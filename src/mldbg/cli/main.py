@@ -21,6 +21,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
+from .. import results as R
 from .. import verbs
 from ..errors import NO_DAEMON, MldbgError, UsageError
 from ..verbs import VERBS, Arg, Verb
@@ -352,14 +353,15 @@ def run_verb(verb: Verb, a: argparse.Namespace) -> Any:
     return client.call(verb.name, None, **values)
 
 
-def hint(fixes: list[dict[str, Any]] | None) -> str | None:
-    """The commands that fix an error, as one would type them."""
-    if not fixes:
+def hint(fixes: object) -> str | None:
+    """The commands that fix an error (its ``fix``, a list of ``results.Call``), as one
+    would type them."""
+    if not fixes or not isinstance(fixes, list):
         return None
     return "; or ".join(cli_command(f) for f in fixes[:3])
 
 
-def cli_command(fix: dict[str, Any]) -> str:
+def cli_command(fix: R.Call) -> str:
     verb = verbs.BY_NAME.get(str(fix.get("verb")))
     args = dict(fix.get("args") or {})
     words = ["mldbg", str(fix.get("verb"))]

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 from ..errors import BAD_ARGUMENT, CONFIRMATION_REQUIRED, MldbgError, TutorialError, UsageError
 from ..text import render
@@ -21,14 +21,23 @@ from ..text import render
 NAMES = ("profile", "prune", "doctor", "kill-all", "tutorial")
 
 
-def cmd_profile(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+@dataclass(frozen=True)
+class Report:
+    """What a toolbox command found: its typed result as JSON (``--json``), and how a
+    person sees it (the result's own renderer)."""
+
+    data: object
+    show: Callable[[], None]
+
+
+def cmd_profile(a: argparse.Namespace) -> Report:
     from ..tools.profile.report import profile, render_profile
 
     data = profile(a.script, a.args, include=a.include or None, python=a.python)
-    return data, lambda r: render_profile(r, render.out)
+    return Report(data, lambda: render_profile(data, render.out))
 
 
-def cmd_prune(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+def cmd_prune(a: argparse.Namespace) -> Report:
     from ..tools.profile import prune
 
     # Options may also follow the action (`prune run --repo R SCRIPT`); the script's own
@@ -46,7 +55,7 @@ def cmd_prune(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
     if a.action == "setup":
         if len(a.rest) != 1:
             raise UsageError("mldbg prune setup REPO")
-        data: Any = prune.setup(a.rest[0])
+        data: prune.PruneResult = prune.setup(a.rest[0])
     elif a.action == "run":
         if not a.rest:
             raise UsageError("mldbg prune run [--repo REPO] [--dry-run] SCRIPT [ARGS...]")
@@ -57,17 +66,17 @@ def cmd_prune(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
         data = prune.restore(a.rest, repo=a.repo)
     else:
         data = prune.status(a.repo or (a.rest[0] if a.rest else None))
-    return data, lambda r: prune.render_prune(r, render.out)
+    return Report(data, lambda: prune.render_prune(data, render.out))
 
 
-def cmd_doctor(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+def cmd_doctor(a: argparse.Namespace) -> Report:
     from ..tools import doctor
 
     data = doctor.doctor(a.packages, python=a.python)
-    return data, lambda r: doctor.render_doctor(r, render.out)
+    return Report(data, lambda: doctor.render_doctor(data, render.out))
 
 
-def cmd_kill_all(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
+def cmd_kill_all(a: argparse.Namespace) -> Report:
     from ..tools import killall
 
     framework = "torch" if a.torch_only else "mlx" if a.mlx_only else None
@@ -93,10 +102,10 @@ def cmd_kill_all(a: argparse.Namespace) -> tuple[Any, Callable[[Any], None]]:
         if exc.code == CONFIRMATION_REQUIRED:
             raise UsageError(exc.message, code=exc.code, **exc.extra) from None
         raise
-    return data, lambda r: killall.render_kill_all(r, render.out)
+    return Report(data, lambda: killall.render_kill_all(data, render.out))
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], tuple[Any, Callable[[Any], None]]]] = {
+COMMANDS: dict[str, Callable[[argparse.Namespace], Report]] = {
     "profile": cmd_profile,
     "prune": cmd_prune,
     "doctor": cmd_doctor,
@@ -154,7 +163,7 @@ def add_parsers(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("--dir", help="where to put the tutorial's files (default: a new temp dir)")
 
 
-def run_tutorial_cli(args: Any, as_json: bool) -> int:
+def run_tutorial_cli(args: argparse.Namespace, as_json: bool) -> int:
     """``mldbg tutorial``: prints as it goes, exit 1 when a step fails."""
     from ..text import render
     from ..tools.tutorial import tutorial
@@ -185,9 +194,9 @@ def run(args: argparse.Namespace, as_json: bool) -> int:
     """Run one toolbox command; errors propagate to the CLI's handler."""
     if args.verb == "tutorial":  # streams its steps, exit 1 on a failed one
         return run_tutorial_cli(args, as_json)
-    data, show = COMMANDS[args.verb](args)
+    report = COMMANDS[args.verb](args)
     if as_json:
-        print(json.dumps(data, indent=2, default=str))
+        print(json.dumps(report.data, indent=2, default=str))
     else:
-        show(data)
+        report.show()
     return 0

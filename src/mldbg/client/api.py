@@ -21,10 +21,11 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import results as R
 from .. import verbs
 from ..errors import (
     BAD_ARGUMENT,
@@ -38,6 +39,7 @@ from ..errors import (
 )
 from ..names import check_session_name
 from ..server.config import (
+    ServerInfo,
     config_dir,
     daemon_lock_held,
     lock_file,
@@ -58,7 +60,7 @@ SKEW_CODES = ("no_such_route", "bad_argument")
 class Client:
     """A connection to the daemon described by ``info`` (``url`` and ``token``)."""
 
-    def __init__(self, info: dict[str, Any]) -> None:
+    def __init__(self, info: ServerInfo) -> None:
         self.info = info
         parsed = urllib.parse.urlsplit(info["url"])
         self.host = parsed.hostname or "127.0.0.1"
@@ -86,7 +88,11 @@ class Client:
         self._local.conn = None
 
     def request(
-        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        params: Mapping[str, object] | None = None,
     ) -> Any:
         """One HTTP exchange; a stale kept-alive connection is reopened once."""
         query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
@@ -137,8 +143,9 @@ class Client:
 
     # -- verbs ----------------------------------------------------------------------------------
 
-    def call(self, verb_name: str, session: str | None = None, /, **args: Any) -> Any:
+    def call(self, verb_name: str, session: str | None = None, /, **args: object) -> Any:
         """Call a verb of the table; ``session`` for session verbs (default ``default``).
+        Its answer is the verb's result type (``verb.result``).
 
         Positional-only, so a run-store verb's own ``session`` argument (whose store to
         read) travels in ``args`` and never collides with it.
@@ -155,10 +162,11 @@ class Client:
             )
         values = {k: v for k, v in args.items() if v is not None}
         for arg in verb.args:
-            if arg.kind == "path" and isinstance(values.get(arg.name), str):
-                values[arg.name] = _absolute(values[arg.name])
-            elif arg.kind == "source" and isinstance(values.get(arg.name), str):
-                values[arg.name] = source_path(values[arg.name])
+            value = values.get(arg.name)
+            if arg.kind == "path" and isinstance(value, str):
+                values[arg.name] = _absolute(value)
+            elif arg.kind == "source" and isinstance(value, str):
+                values[arg.name] = source_path(value)
         if verb.scope == "session":
             name = check_session_name("default" if session is None else session)
             path = verb.path.replace("{name}", urllib.parse.quote(name, safe=""))
@@ -184,15 +192,15 @@ class Client:
         max_wait: float,
         still_running: Callable[[float], None] | None = None,
         /,
-        **args: Any,
-    ) -> Any:
+        **args: object,
+    ) -> R.State:
         """A waiting verb (continue, step, wait) for up to ``max_wait`` s, as short calls.
 
         Each HTTP call waits at most ``WAIT_SLICE`` s server-side, so ``still_running
         (elapsed)`` hears about a long wait in between and the connection never idles long.
         """
         started = time.monotonic()
-        data: dict[str, Any] = self.call(
+        data: R.State = self.call(
             verb_name, session, **args, wait=min(WAIT_SLICE, max(max_wait, 0.0))
         )
         while data.get("state") == "running":
@@ -206,7 +214,7 @@ class Client:
         return data
 
 
-def _query_value(value: Any) -> Any:
+def _query_value(value: object) -> object:
     if isinstance(value, bool):
         return "true" if value else "false"
     return value
@@ -226,7 +234,7 @@ def source_path(file: str) -> str:
 # -- finding (or starting) the daemon ---------------------------------------------------------
 
 
-def _pid_alive(info: dict[str, Any]) -> bool:
+def _pid_alive(info: ServerInfo) -> bool:
     try:
         os.kill(int(info["pid"]), 0)
     except PermissionError:
@@ -236,7 +244,7 @@ def _pid_alive(info: dict[str, Any]) -> bool:
     return True
 
 
-def _healthy(info: dict[str, Any], timeout: float = 3.0) -> bool:
+def _healthy(info: ServerInfo, timeout: float = 3.0) -> bool:
     if not _pid_alive(info):
         return False
     try:
@@ -251,7 +259,7 @@ def _healthy(info: dict[str, Any], timeout: float = 3.0) -> bool:
         return False
 
 
-def _find_daemon() -> dict[str, Any] | None:
+def _find_daemon() -> ServerInfo | None:
     """The live daemon's description, or None if there is none.
 
     The daemon's lock (``config.daemon_lock_held``) says whether one lives; its
@@ -270,7 +278,7 @@ def _find_daemon() -> dict[str, Any] | None:
     return None
 
 
-def _wait_for_daemon(patience: float) -> dict[str, Any] | None:
+def _wait_for_daemon(patience: float) -> ServerInfo | None:
     """A daemon holds the lock but cannot be found yet (it is starting): wait for it."""
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
@@ -314,7 +322,7 @@ def connect(autostart: bool = True, any_mldbg: bool = False) -> Client:
         return Client(_start_daemon(directory))
 
 
-def _retire(info: dict[str, Any]) -> None:
+def _retire(info: ServerInfo) -> None:
     """Stop a daemon started by another mldbg (see ``verbs.fingerprint``) if none of its
     sessions is live; with live sessions, refuse rather than strand them."""
     stale = Client(info)
@@ -348,7 +356,7 @@ def _retire(info: dict[str, Any]) -> None:
     print(f"mldbg: {where}; it had no live session and was replaced", file=sys.stderr)
 
 
-def _start_daemon(directory: Path) -> dict[str, Any]:
+def _start_daemon(directory: Path) -> ServerInfo:
     import subprocess  # only here: a command that finds the daemon running never pays for it
 
     log_path = directory / "server.log"

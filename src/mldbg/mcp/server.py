@@ -106,9 +106,10 @@ def _signature(verb: Verb) -> inspect.Signature:
     return inspect.Signature(params, return_annotation=Annotated[CallToolResult, verb.result])
 
 
-def tool_hint(fixes: list[dict[str, Any]] | None) -> str | None:
-    """The tool calls that fix an error, as an agent would make them."""
-    if not fixes:
+def tool_hint(fixes: object) -> str | None:
+    """The tool calls that fix an error (its ``fix``, a list of ``results.Call``), as an
+    agent would make them."""
+    if not fixes or not isinstance(fixes, list):
         return None
     calls = []
     for fix in fixes[:3]:

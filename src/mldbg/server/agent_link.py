@@ -27,13 +27,15 @@ import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from ..agent import protocol as P
 from ..agent.wire import LineReader, LinkError
 from ..errors import AgentError, AgentTimeout, SessionEnded
 
 EventHandler = Callable[[dict[str, Any]], None]
+A = TypeVar("A")  # a command's arguments (``protocol.AgentCommand``)
+R_ = TypeVar("R_")  # its result
 # HTTP statuses of the agent's error codes that are not plain bad input (400)
 _STATUS = {"not_paused": 409, "internal": 500}
 HANDSHAKE_TIMEOUT = 5.0  # the secret and the hello must both arrive within this
@@ -102,7 +104,9 @@ class AgentListener:
                 slots = self._slots[uid] = threading.BoundedSemaphore(MAX_HANDSHAKES)
             return slots
 
-    def _handshake(self, sock: socket.socket, peer: Any, slots: threading.BoundedSemaphore) -> None:
+    def _handshake(
+        self, sock: socket.socket, peer: object, slots: threading.BoundedSemaphore
+    ) -> None:
         try:
             reader = LineReader(sock, P.MAX_LINE, idle=None, partial=MESSAGE_DEADLINE)
             try:
@@ -271,7 +275,7 @@ class AgentLink:
         return self._drained.wait(timeout)
 
     def send(
-        self, command: P.AgentCommand[Any, Any], args: Mapping[str, Any] | None = None
+        self, command: P.AgentCommand[A, R_], args: Mapping[str, object] | None = None
     ) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
         if self.closed:
@@ -291,10 +295,10 @@ class AgentLink:
 
     def ask(
         self,
-        command: P.AgentCommand[Any, Any],
-        args: Mapping[str, Any] | None = None,
+        command: P.AgentCommand[A, R_],
+        args: Mapping[str, object] | None = None,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> R_:
         """Send a command and return its result, or raise what the agent said (typed
         callers go through ``command.call(link, args)``)."""
         timeout = 30.0 if timeout is None else timeout
@@ -312,7 +316,7 @@ class AgentLink:
             raise AgentError(
                 str(reply.get("error")), code=code, status=_STATUS.get(code, 400), **extra
             )
-        return reply.get("result")
+        return cast("R_", reply.get("result"))  # what the command declares it answers
 
     def close(self) -> None:
         self.closed = True

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anyio.to_thread
@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from typing_extensions import TypedDict
 
 from .. import __version__, budget
+from .. import results as R
 from ..errors import BAD_ARGUMENT, BAD_PATH, BAD_SESSION_NAME, INTERNAL, TOO_LONG, MldbgError
 from ..names import SESSION_NAME_PATTERN, SESSION_NAME_RULE, check_session_name
 from ..verbs import VERBS, Arg, Verb
@@ -57,9 +58,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 class ErrorBody(TypedDict, total=False):
     error: str
     code: str
-    argument: str
-    fix: list[dict[str, Any]]
+    argument: str | None  # None: a request with nothing to name
+    fix: list[R.Call]  # the calls that fix it
     hint: str
+    problems: list[str]  # a malformed request: what was wrong with each argument
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -82,7 +84,7 @@ class SafeJSONResponse(JSONResponse):
     them as visible escapes (``\\xff``, ``budget.encodable``), so no surface downstream (the
     CLI's terminal, the MCP server's stdout) meets a string it cannot write."""
 
-    def render(self, content: Any) -> bytes:
+    def render(self, content: object) -> bytes:
         try:
             return super().render(content)
         except UnicodeEncodeError:
@@ -94,7 +96,7 @@ def verb_args(verb: Verb) -> tuple[Arg, ...]:
     return verb.args + (CONTEXT_ARGS if verb.store else ())
 
 
-def _field(arg: Arg, strict: bool = False) -> tuple[Any, Any]:
+def _field(arg: Arg, strict: bool = False) -> tuple[object, object]:
     """An argument as a pydantic field.  ``strict`` (JSON bodies): a boolean is never
     taken for a number or a number for a boolean (``"wait": false`` was a wait of 0 s);
     query strings stay lax, they are all text."""
@@ -218,7 +220,7 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
     return endpoint
 
 
-def _nul_at(value: Any, where: str) -> str | None:
+def _nul_at(value: object, where: str) -> str | None:
     if isinstance(value, str):
         return where if "\0" in value else None
     if isinstance(value, dict):
@@ -234,7 +236,7 @@ def _nul_at(value: Any, where: str) -> str | None:
     return None
 
 
-def refuse_nul_bytes(values: dict[str, Any]) -> None:
+def refuse_nul_bytes(values: Mapping[str, object]) -> None:
     """No argument of any verb may hold a NUL byte: no path, argv entry, environment
     variable or Python source can carry one, and deep in the OS it surfaces as a
     ``ValueError`` (a 500).  Refused here, for every verb, naming where it was."""
@@ -249,7 +251,7 @@ def refuse_nul_bytes(values: dict[str, Any]) -> None:
             )
 
 
-def _oversized(value: Any, arg: Arg, where: str) -> tuple[str, str, int] | None:
+def _oversized(value: object, arg: Arg, where: str) -> tuple[str, str, int] | None:
     """The first place in ``value`` over ``arg``'s limits: (where, what, limit)."""
     if isinstance(value, str):
         return (where, "characters", arg.max_length) if len(value) > arg.max_length else None
@@ -266,7 +268,7 @@ def _oversized(value: Any, arg: Arg, where: str) -> tuple[str, str, int] | None:
     return None
 
 
-def refuse_oversized(verb: Verb, values: dict[str, Any]) -> None:
+def refuse_oversized(verb: Verb, values: Mapping[str, object]) -> None:
     """Every text an agent sends is bounded at the door (``Arg.max_length`` and
     ``max_items``, documented in the verb table), so nothing unbounded is stored, echoed
     into every state and event, or listed.  The error names the place and the limit, and
@@ -283,7 +285,7 @@ def refuse_oversized(verb: Verb, values: dict[str, Any]) -> None:
             )
 
 
-def bound_answer(data: Any) -> Any:
+def bound_answer(data: object) -> object:
     """Verbs keep their own budgets; this catches what one forgot, before it leaves."""
     return budget.shrink(data, MAX_ANSWER) if isinstance(data, dict) else data
 
@@ -344,7 +346,7 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
         if recovered:
             answer["recovered"] = recovered[:50]
             answer["recovered_total"] = len(recovered)
-        return bound_answer(answer)  # type: ignore[no-any-return]
+        return budget.shrink(answer, MAX_ANSWER)
 
     @app.post("/v1/shutdown", responses=ERROR_RESPONSES)
     def shutdown() -> dict[str, Any]:
@@ -428,7 +430,7 @@ def _document_every_answer(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def validation_error(errors: Any) -> dict[str, Any]:
+def validation_error(errors: Any) -> ErrorBody:
     """pydantic's complaint as mldbg's error: which argument, what was wrong, no URLs."""
     problems = []
     argument = None

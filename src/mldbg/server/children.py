@@ -27,7 +27,7 @@ import json
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from .. import results as R
 from ..agent import protocol as P
@@ -37,6 +37,9 @@ from ..names import is_session_name
 from .agent_link import AgentLink, AgentListener
 from .process_tree import KILL_GRACE, kill_tree
 from .sessions import ENDED, Session, StartRequest
+
+A = TypeVar("A")  # a command's arguments (``protocol.AgentCommand``)
+Result = TypeVar("Result")  # its result
 
 CONFIGURE_TIMEOUT = 15.0
 DETACHED_KEYS = ("pid", "ppid", "reason", "time")
@@ -53,9 +56,9 @@ class Family:
         self.lock = threading.Lock()
         self.closed = False  # terminated: no process of the run may connect any more
         self.last_breakpoints: list[dict[str, Any]] = [dict(b) for b in root.request.breakpoints]
-        self._detached: tuple[int, dict[str, Any] | None] = (0, None)  # (file size, summary)
+        self._detached: tuple[int, R.DetachedChildren | None] = (0, None)  # (file size, summary)
 
-    def detached(self) -> dict[str, Any] | None:
+    def detached(self) -> R.DetachedChildren | None:
         """Children that could not reach the daemon and run undebugged (they say so in
         the run directory, ``protocol.DETACHED_FILE``): ``{"total", "last": [{"pid",
         "ppid", "reason", "time"}]}`` (the last five), or None."""
@@ -68,14 +71,18 @@ class Family:
         except OSError:
             return None
         if size != self._detached[0]:
-            records = []
+            records: list[R.DetachedChild] = []
             with contextlib.suppress(OSError), open(path, "rb") as fh:
                 for line in fh.read(1 << 20).splitlines():
                     with contextlib.suppress(ValueError):
                         record = json.loads(line)
-                        if isinstance(record, dict):
-                            records.append({k: record.get(k) for k in DETACHED_KEYS})
-            summary = {"total": len(records), "last": records[-5:]} if records else None
+                        if isinstance(record, dict):  # as agent/follow.py writes it
+                            records.append(
+                                cast("R.DetachedChild", {k: record.get(k) for k in DETACHED_KEYS})
+                            )
+            summary: R.DetachedChildren | None = (
+                {"total": len(records), "last": records[-5:]} if records else None
+            )
             self._detached = (size, summary)
         return self._detached[1]
 
@@ -112,7 +119,8 @@ class Family:
             name = f"{root}.rank{int(rank)}"
             if name not in taken:
                 return name
-        parent = self.children.get(hello.get("ppid"))  # type: ignore[arg-type]
+        ppid = hello.get("ppid")
+        parent = self.children.get(ppid) if isinstance(ppid, int) else None
         base = parent.name if parent is not None else root
         name = f"{base}.w{pid}"
         return name if is_session_name(name) else f"{root}.w{pid}"[-64:]
@@ -165,7 +173,9 @@ class Family:
 
     # -- the family as a whole ---------------------------------------------------------------
 
-    def broadcast(self, command: P.AgentCommand[Any, Any], args: Mapping[str, Any] | None) -> None:
+    def broadcast(
+        self, command: P.AgentCommand[A, Result], args: Mapping[str, object] | None
+    ) -> None:
         """A breakpoint edit on the root reaches every connected child before the verb
         answers (so a child cannot run past a breakpoint the user already saw set); a
         child that does not answer within ``BROADCAST_WAIT`` is not waited for, and a

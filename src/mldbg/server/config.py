@@ -19,10 +19,27 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TypedDict, cast
 
 SERVER_JSON = "server.json"
 DAEMON_LOCK = "daemon.lock"
+
+
+class _DaemonAddress(TypedDict):
+    url: str  # http://127.0.0.1:PORT
+    token: str  # the bearer token every request carries
+    pid: int
+
+
+class ServerInfo(_DaemonAddress, total=False):
+    """How clients find and trust the daemon: server.json, and the lock file's copy (a
+    description without ``url``, ``token`` and ``pid`` is not used)."""
+
+    host: str
+    port: int
+    version: str  # the mldbg that started it
+    verbs: str  # verbs.fingerprint() of that mldbg
+    started_at: str
 
 
 def config_dir() -> Path:
@@ -37,7 +54,7 @@ def server_file() -> Path:
     return config_dir() / SERVER_JSON
 
 
-def write_server_info(info: dict[str, Any]) -> None:
+def write_server_info(info: ServerInfo) -> None:
     # Imported here: the run store module (secrets, threading...) is the daemon's; every CLI
     # command reads this config and should not pay for it.
     from ..store.runs import write_json_atomic
@@ -51,13 +68,20 @@ def write_server_info(info: dict[str, Any]) -> None:
     os.chmod(path, 0o600)
 
 
-def read_server_info() -> dict[str, Any] | None:
+def read_server_info() -> ServerInfo | None:
     try:
         with open(server_file(), encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and {"url", "token", "pid"} <= data.keys() else None
+    return _described(data)
+
+
+def _described(data: object) -> ServerInfo | None:
+    """``data`` if it describes a daemon (it has the url, token and pid), else None."""
+    if isinstance(data, dict) and {"url", "token", "pid"} <= data.keys():
+        return cast("ServerInfo", data)  # as the daemon wrote it
+    return None
 
 
 def remove_server_info(pid: int) -> None:
@@ -72,7 +96,7 @@ def lock_file() -> Path:
     return config_dir() / DAEMON_LOCK
 
 
-def acquire_daemon_lock(info: dict[str, Any], patience: float = 2.0) -> IO[str] | None:
+def acquire_daemon_lock(info: ServerInfo, patience: float = 2.0) -> IO[str] | None:
     """Take the config directory's daemon lock for this process's lifetime, or None if
     another daemon holds it.  Clients probe it with brief shared locks, hence the retries.
     The returned file must stay open: closing it (or dying) releases the lock."""
@@ -115,10 +139,10 @@ def daemon_lock_held() -> bool:
     return False
 
 
-def read_lock_info() -> dict[str, Any] | None:
+def read_lock_info() -> ServerInfo | None:
     """The description the lock's holder wrote (the same as server.json's)."""
     try:
         data = json.loads(lock_file().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and {"url", "token", "pid"} <= data.keys() else None
+    return _described(data)

@@ -22,13 +22,25 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
+from .. import results as R
 from ..store.runs import LIVE_STATES, JsonlWriter, RunDir, write_json_atomic
 from .config import config_dir
 
 LIVE_DIR = "live"
 DAEMON_LOST = "daemon_lost"
+
+
+class LiveEntry(TypedDict):
+    """One file of the registry, as ``register`` writes it."""
+
+    session: str
+    pid: int
+    start_time: str | None  # process_start_time
+    run_dir: str
+    daemon_pid: int
+    registered_at: float
 
 
 def _live_dir() -> Path:
@@ -63,7 +75,7 @@ def process_start_time(pid: int) -> str | None:
 
 def register(session: str, pid: int, run_dir: Path) -> None:
     """Note a live debuggee; a failure to write is not fatal (recovery is best effort)."""
-    entry = {
+    entry: LiveEntry = {
         "session": session,
         "pid": pid,
         "start_time": process_start_time(pid),
@@ -87,7 +99,7 @@ def unregister(pid: int) -> None:
         (_live_dir() / f"{pid}.json").unlink()
 
 
-def _same_process(entry: dict[str, Any]) -> bool:
+def _same_process(entry: LiveEntry) -> bool:
     """Is the debuggee of ``entry`` still running (the same process, not a reused pid)?"""
     try:
         pid = int(entry["pid"])
@@ -118,7 +130,7 @@ def _end_process_group(pid: int) -> None:
         time.sleep(0.02)
 
 
-def recover() -> list[dict[str, Any]]:
+def recover() -> list[R.Recovered]:
     """What the daemons before this one left behind: ended, finalised, and reported.
 
     Returns one record per debuggee: ``session``, ``pid``, ``run_dir``, ``run_id``, the
@@ -131,7 +143,7 @@ def recover() -> list[dict[str, Any]]:
         names = sorted(os.listdir(directory))
     except OSError:
         return []
-    found: list[dict[str, Any]] = []
+    found: list[R.Recovered] = []
     for name in names:
         path = directory / name
         if not name.endswith(".json"):
@@ -144,7 +156,7 @@ def recover() -> list[dict[str, Any]]:
             continue
         if not isinstance(entry, dict) or entry.get("daemon_pid") == os.getpid():
             continue
-        found.append(_recover_one(entry))
+        found.append(_recover_one(cast("LiveEntry", entry)))  # as register wrote it
         with contextlib.suppress(OSError):
             path.unlink()
     return found
@@ -162,7 +174,7 @@ def _renamed(path: Path, pid: int) -> Path:
     return path
 
 
-def _recover_one(entry: dict[str, Any]) -> dict[str, Any]:
+def _recover_one(entry: LiveEntry) -> R.Recovered:
     pid = int(entry.get("pid") or 0)
     how = "vanished"
     if pid and _same_process(entry):
@@ -177,7 +189,7 @@ def _recover_one(entry: dict[str, Any]) -> dict[str, Any]:
             "ended_now": "it was still running when the next daemon started, which ended it",
             "vanished": "it was gone when the next daemon started (killed with the daemon?)",
         }.get(how, "")
-        fields = {
+        fields: dict[str, object] = {  # of results.RunMeta
             "state": "exited",
             "terminated": True,
             "ended_reason": DAEMON_LOST,
@@ -194,8 +206,9 @@ def _recover_one(entry: dict[str, Any]) -> dict[str, Any]:
             )
             writer.close()
         except OSError as exc:
-            meta = {**meta, **fields, "store_error": f"could not finalise run.json: {exc}"}
-    return {
+            error = f"could not finalise run.json: {exc}"
+            meta = cast("R.RunMeta", {**meta, **fields, "store_error": error})
+    recovered: R.Recovered = {
         "session": entry.get("session"),
         "pid": pid,
         "run_dir": str(run.path),
@@ -203,5 +216,7 @@ def _recover_one(entry: dict[str, Any]) -> dict[str, Any]:
         "state": meta.get("state"),
         "ended_reason": meta.get("ended_reason"),
         "found": how,
-        **({"store_error": meta["store_error"]} if meta.get("store_error") else {}),
     }
+    if meta.get("store_error"):
+        recovered["store_error"] = meta["store_error"]
+    return recovered

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, cast
 
 from .. import results as R
 from ..errors import MldbgError, SessionBusy, SessionNotFound
@@ -58,7 +57,7 @@ class SessionManager:
             raise
         return session
 
-    def add_recovered(self, record: dict[str, Any]) -> None:
+    def add_recovered(self, record: R.Recovered) -> None:
         """List a session a previous daemon left behind (``live_runs.recover``), ended."""
         name = str(record.get("session") or "")
         try:
@@ -70,7 +69,7 @@ class SessionManager:
         session.pid = record.get("pid")
         session.terminated = True
         session.state = "crashed" if record.get("state") == "crashed" else "exited"
-        session.recovered = cast("R.Recovered", record)
+        session.recovered = record
         with self._lock:
             if name not in self._sessions:
                 self._sessions[name] = session

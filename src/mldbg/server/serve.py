@@ -14,7 +14,6 @@ import signal
 import socket
 import time
 from types import FrameType
-from typing import Any
 
 import uvicorn
 
@@ -23,6 +22,7 @@ from ..errors import DAEMON_RUNNING, MldbgError
 from . import live_runs
 from .app import create_app
 from .config import (
+    ServerInfo,
     acquire_daemon_lock,
     config_dir,
     read_lock_info,
@@ -45,7 +45,7 @@ def serve(port: int = 0) -> None:
     host, bound_port = sock.getsockname()
     token = secrets.token_urlsafe(32)
     url = f"http://{host}:{bound_port}"
-    info: dict[str, Any] = {
+    info: ServerInfo = {
         "url": url,
         "host": host,
         "port": bound_port,
@@ -58,13 +58,17 @@ def serve(port: int = 0) -> None:
     lock = acquire_daemon_lock(info)
     if lock is None:
         sock.close()
-        other = read_lock_info() or {}
+        other = read_lock_info()
+        held_pid = other["pid"] if other is not None else None
+        held_url = other["url"] if other is not None else None
         raise MldbgError(
-            f"another mldbg daemon is running for {config_dir()} (pid {other.get('pid', '?')}, "
-            f"{other.get('url', 'url unknown')}); stop it first with: mldbg serve --stop",
+            f"another mldbg daemon is running for {config_dir()} (pid "
+            f"{'?' if held_pid is None else held_pid}, "
+            f"{'url unknown' if held_url is None else held_url}); "
+            "stop it first with: mldbg serve --stop",
             code=DAEMON_RUNNING,
-            pid=other.get("pid"),
-            url=other.get("url"),
+            pid=held_pid,
+            url=held_url,
         )
     manager = SessionManager()
     recovered = live_runs.recover()

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from .. import budget
 from .. import results as R_
@@ -27,6 +27,9 @@ from .agent_link import AgentLink, AgentListener
 from .run_log import RunLog
 from .session_process import TERMINATE_GRACE, SessionProcess, StartRequest
 from .tails import read_page, read_tail, read_tail_bounded
+
+A = TypeVar("A")  # a command's arguments (``protocol.AgentCommand``)
+Result = TypeVar("Result")  # its result
 
 __all__ = ["ENDED", "Registry", "Session", "StartRequest", "read_page", "read_tail"]
 
@@ -64,9 +67,9 @@ class ChildProcesses(Protocol):
     def adopt(self, link: AgentLink) -> None: ...
     def configure_later(self, session: Session, link: AgentLink, ask_root: bool) -> None: ...
     def live_children(self) -> Sequence[Session]: ...
-    def detached(self) -> dict[str, Any] | None: ...
+    def detached(self) -> R_.DetachedChildren | None: ...
     def broadcast(
-        self, command: P.AgentCommand[Any, Any], args: Mapping[str, Any] | None
+        self, command: P.AgentCommand[A, Result], args: Mapping[str, object] | None
     ) -> None: ...
     def remember(self) -> None: ...
     def close_when_idle(self, listener: AgentListener) -> None: ...
@@ -351,10 +354,10 @@ class Session:
 
     def ask(
         self,
-        command: P.AgentCommand[Any, Any],
-        args: Mapping[str, Any] | None = None,
+        command: P.AgentCommand[A, Result],
+        args: Mapping[str, object] | None = None,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> Result:
         """One command to the script's agent (typed callers: ``P.X.call(session, args)``).
 
         A paused command is refused unless the session is paused; a breakpoint edit
@@ -383,8 +386,8 @@ class Session:
 
     def resume(
         self,
-        command: P.AgentCommand[Any, dict[str, bool]],
-        args: Mapping[str, Any] | None = None,
+        command: P.AgentCommand[A, dict[str, bool]],
+        args: Mapping[str, object] | None = None,
         wait: float = 0.0,
     ) -> R_.State:
         """Continue or step; then wait up to ``wait`` seconds for the next stop or the end.

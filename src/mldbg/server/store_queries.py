@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -29,11 +30,12 @@ CAPTURE_KEYS = (
     "bytes",
 )
 T = TypeVar("T")
+Record = TypeVar("Record", R.CheckpointRecord, R.TraceStep)
 RECORD_BYTES = 8_000  # one checkpoint record or trace step, at most
 
 
 def page(
-    items: list[T], offset: int, limit: int, verb: str, args: dict[str, Any]
+    items: list[T], offset: int, limit: int, verb: str, args: dict[str, object]
 ) -> tuple[list[T], budget.PageInfo]:
     """``items[offset:offset+limit]``, and the counts and the call for the next page."""
     shown = items[offset : offset + limit]
@@ -62,7 +64,7 @@ def checkpoints(
     """
     found = resolve_run(home, run)
     path = found.file(CHECKPOINTS)
-    kept: list[dict[str, Any]] = []
+    kept: list[R.CheckpointRecord] = []
     total = bad = 0
     for record in _records(path):
         if record is None:
@@ -73,7 +75,7 @@ def checkpoints(
         if hit is not None and record.get("hit_count") != hit:
             continue
         if offset <= total < offset + limit:
-            kept.append(_bounded_record(record))
+            kept.append(_bounded_record(cast("R.CheckpointRecord", record)))
         total += 1
     args = {"run": found.run_id, "name": name, "hit": hit, "limit": limit}
     return {
@@ -90,7 +92,10 @@ def captures(home: Path, run: str | None = None, limit: int = 50) -> R.Captures:
     from ..compare.sources import find_captures, find_captures_in
 
     found = find_captures_in(resolve_run(home, run).path) if run else find_captures(home)
-    items = [{k: c.get(k) for k in CAPTURE_KEYS} | {"path": c["path"]} for c in reversed(found)]
+    items = [
+        cast("R.CaptureRecord", {k: c.get(k) for k in CAPTURE_KEYS} | {"path": c["path"]})
+        for c in reversed(found)  # capture.json's fields, as the capture wrote them
+    ]
     shown, paged = page(items, 0, limit, "captures", {"run": run, "limit": len(items)})
     return {"home": str(home), "captures": shown, **paged}
 
@@ -99,7 +104,7 @@ def trace(home: Path, run: str | None, last: int = 10) -> R.Trace:
     """The last ``last`` stops recorded in a run's events.jsonl: where, the stack, the variables."""
     found = resolve_run(home, run)
     path = found.file(EVENTS)
-    steps: list[dict[str, Any]] = []
+    steps: list[R.TraceStep] = []
     total = 0
     for record in _records(path):
         if record is None or record.get("event") != "stopped":
@@ -111,7 +116,7 @@ def trace(home: Path, run: str | None, last: int = 10) -> R.Trace:
     result: R.Trace = {
         "run_id": found.run_id,
         "path": str(path),
-        "steps": cast("list[R.TraceStep]", steps),  # as events.jsonl recorded them
+        "steps": steps,
         "total": total,
         "shown": len(steps),
         "truncated": len(steps) < total,
@@ -121,8 +126,9 @@ def trace(home: Path, run: str | None, last: int = 10) -> R.Trace:
     return result
 
 
-def _step(record: dict[str, Any]) -> dict[str, Any]:
-    step = {
+def _step(record: dict[str, Any]) -> R.TraceStep:
+    """A stop as events.jsonl recorded it (``Session``'s "stopped" event)."""
+    step: R.TraceStep = {
         "time": record.get("time"),
         "event": record.get("event"),
         "reason": record.get("reason"),
@@ -135,13 +141,18 @@ def _step(record: dict[str, Any]) -> dict[str, Any]:
         "stack": record.get("stack") or [],
         "variables": record.get("variables") or [],
     }
-    for key in ("exception", "breakpoint", "checkpoint", "condition_error"):
-        if record.get(key):
-            step[key] = record[key]
+    if record.get("exception"):
+        step["exception"] = record["exception"]
+    if record.get("breakpoint"):
+        step["breakpoint"] = record["breakpoint"]
+    if record.get("checkpoint"):
+        step["checkpoint"] = record["checkpoint"]
+    if record.get("condition_error"):
+        step["condition_error"] = record["condition_error"]
     return _bounded_record(step)
 
 
-def _records(path: Path) -> Any:
+def _records(path: Path) -> Iterator[dict[str, Any] | None]:
     """Each line's record, or None for a line that cannot be read (a kill can cut one short)."""
     try:
         fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
@@ -159,5 +170,5 @@ def _records(path: Path) -> Any:
             yield record if isinstance(record, dict) else None
 
 
-def _bounded_record(record: dict[str, Any]) -> dict[str, Any]:
+def _bounded_record(record: Record) -> Record:
     return budget.shrink(record, RECORD_BYTES)

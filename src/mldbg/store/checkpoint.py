@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import summary
 from . import current_run
 from .runs import CHECKPOINTS, JsonlWriter
+
+if TYPE_CHECKING:  # the record's shape, for the type checker (the script never imports it)
+    from .. import results as R
 
 CONTEXT_LINES = 3
 REPR_CHARS = 200
@@ -53,7 +56,7 @@ class _Recorder:
             self.hits[name] = count
             return count
 
-    def append(self, record: Mapping[str, Any]) -> str:
+    def append(self, record: R.CheckpointRecord) -> str:
         with self.lock:
             if self.writer is None:
                 self.writer = JsonlWriter(current_run.current_run().file(CHECKPOINTS))
@@ -69,7 +72,7 @@ def attach_debugger(run_dir: str, pause_hook: PauseHook | None) -> None:
     _recorder.attach(run_dir, pause_hook)
 
 
-def _json_value(value: object, force: bool = False) -> Any:
+def _json_value(value: object, force: bool = False) -> object:
     """Tensors become summaries; JSON-able plain values are kept as they are."""
     if summary.is_tensor(value):
         return _tensor_summary(value, force)
@@ -93,7 +96,7 @@ def _json_value(value: object, force: bool = False) -> Any:
 _DTYPE_PREFIX = {"torch": "torch.", "mlx": "mlx.core.", "numpy": "numpy."}
 
 
-def _tensor_summary(value: object, force: bool = False) -> dict[str, Any]:
+def _tensor_summary(value: object, force: bool = False) -> dict[str, object]:
     """The summary, plus ``dtype_qualified`` (``torch.float32``, ``mlx.core.bfloat16``).
 
     The short ``dtype`` alone cannot say which framework's dtype it is, and scripts that
@@ -107,7 +110,7 @@ def _tensor_summary(value: object, force: bool = False) -> dict[str, Any]:
     return record
 
 
-def _variable(value: object, force: bool = False) -> dict[str, Any]:
+def _variable(value: object, force: bool = False) -> dict[str, object]:
     """One entry of ``variables``: a tensor summary, or ``{"type", "value"}`` for anything else.
 
     Every entry is an object with ``type``, so recipes can select ``.variables.NAME.value``
@@ -115,12 +118,16 @@ def _variable(value: object, force: bool = False) -> dict[str, Any]:
     """
     if summary.is_tensor(value):
         return _tensor_summary(value, force)
-    plain = _json_value(value)
     text = summary.safe_repr(value, REPR_CHARS)
     if _is_summary(value):
         # Not a JSON value: its summary's scalar value, else its bounded repr, stands in.
-        return {"type": plain["type"], "value": plain.get("value", plain["repr"]), "repr": text}
-    return {"type": summary.type_name(value), "value": plain, "repr": text}
+        described = summary.summarize(value)  # what _json_value would give
+        return {
+            "type": described["type"],
+            "value": described.get("value", described["repr"]),
+            "repr": text,
+        }
+    return {"type": summary.type_name(value), "value": _json_value(value), "repr": text}
 
 
 def _is_summary(value: object) -> bool:
@@ -140,7 +147,7 @@ def _iso(now: float) -> str:
     return datetime.fromtimestamp(now).astimezone().isoformat(timespec="microseconds")
 
 
-def _code_context(frame: FrameType, line: int) -> dict[str, Any]:
+def _code_context(frame: FrameType, line: int) -> R.CodeContext:
     file = frame.f_code.co_filename
     start = max(1, line - CONTEXT_LINES)
     lines = {}
@@ -154,7 +161,11 @@ def _code_context(frame: FrameType, line: int) -> dict[str, Any]:
 
 
 def debug_checkpoint(
-    name: str, *, skip: bool = False, metadata: Mapping[str, Any] | None = None, **variables: Any
+    name: str,
+    *,
+    skip: bool = False,
+    metadata: Mapping[str, object] | None = None,
+    **variables: object,
 ) -> None:
     """Record ``variables`` (default: the caller's local tensors) under ``name``.
 
@@ -176,7 +187,7 @@ def debug_checkpoint(
     hit = _recorder.next_hit(name)
     line = frame.f_lineno
     now = time.time()
-    record = {
+    record: R.CheckpointRecord = {
         "checkpoint_name": name,
         "hit_count": hit,
         "timestamp": _iso(now),

@@ -14,18 +14,29 @@ import fnmatch
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from .. import budget
 from .runs import CHECKPOINTS, RunDir, resolve_run
 
 if TYPE_CHECKING:  # the result shapes, for the type checker
+    from typing import TypeGuard
+
     from .. import results as R
 
 MAX_RECORDS = 20_000  # records read from each run (after the name/hit filter)
 PAIR_BYTES = 8_000  # one pair in the answer, at most
 UNPAIRED_SHOWN = 50
 STATS = ("min", "max", "mean", "std")
+
+
+class _Record(TypedDict, total=False):
+    """What pairing keeps of a checkpoint record (``results.CheckpointRecord``)."""
+
+    checkpoint_name: str
+    hit_count: int
+    variables: dict[str, dict[str, object]] | None
+    location: R.Location | None
 
 
 def compare_runs(
@@ -63,8 +74,8 @@ def compare_runs(
     return result
 
 
-def _records(run: RunDir, name: str | None, hit: int | None) -> tuple[list[dict[str, Any]], bool]:
-    kept: list[dict[str, Any]] = []
+def _records(run: RunDir, name: str | None, hit: int | None) -> tuple[list[_Record], bool]:
+    kept: list[_Record] = []
     try:
         fh = open(run.file(CHECKPOINTS), encoding="utf-8", errors="replace")  # noqa: SIM115
     except (FileNotFoundError, NotADirectoryError):
@@ -83,24 +94,27 @@ def _records(run: RunDir, name: str | None, hit: int | None) -> tuple[list[dict[
                 continue
             if len(kept) >= MAX_RECORDS:
                 return kept, True
-            kept.append(
-                {
-                    k: record.get(k)
-                    for k in ("checkpoint_name", "hit_count", "variables", "location")
-                }
+            kept.append(  # as debug_checkpoint wrote it
+                cast(
+                    "_Record",
+                    {
+                        k: record.get(k)
+                        for k in ("checkpoint_name", "hit_count", "variables", "location")
+                    },
+                )
             )
     return kept, False
 
 
-def _key(record: dict[str, Any]) -> tuple[str, Any]:
+def _key(record: _Record) -> tuple[str, int | None]:
     return str(record.get("checkpoint_name")), record.get("hit_count")
 
 
-def _label(record: dict[str, Any]) -> str:
+def _label(record: _Record) -> str:
     return f"{record.get('checkpoint_name')}#{record.get('hit_count')}"
 
 
-def _pair(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def _pair(a: _Record, b: _Record) -> R.CheckpointPair:
     vars_a = a.get("variables") or {}
     vars_b = b.get("variables") or {}
     compared = {n: _variable(vars_a[n], vars_b[n]) for n in vars_a if n in vars_b}
@@ -115,21 +129,26 @@ def _pair(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _variable(a: Any, b: Any) -> dict[str, Any]:
+def _variable(a: object, b: object) -> R.VariableComparison:
     if _is_tensor(a) and _is_tensor(b):
         return _tensors(a, b)
     if _is_tensor(a) or _is_tensor(b):
         return {"kind": "mismatch", "note": "a tensor on one side only"}
     value_a, value_b = _plain(a), _plain(b)
-    out: dict[str, Any] = {"kind": "value", "a": value_a, "b": value_b, "equal": value_a == value_b}
+    out: R.VariableComparison = {
+        "kind": "value",
+        "a": value_a,
+        "b": value_b,
+        "equal": value_a == value_b,
+    }
     if _number(value_a) and _number(value_b):
         out["b_minus_a"] = _finite(float(value_b) - float(value_a))
     return out
 
 
-def _tensors(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    stats_a, stats_b = a.get("stats") or {}, b.get("stats") or {}
-    out: dict[str, Any] = {
+def _tensors(a: dict[str, object], b: dict[str, object]) -> R.VariableComparison:
+    stats_a, stats_b = _mapping(a.get("stats")), _mapping(b.get("stats"))
+    out: R.VariableComparison = {
         "kind": "tensor",
         "shape_a": a.get("shape"),
         "shape_b": b.get("shape"),
@@ -145,18 +164,19 @@ def _tensors(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         x, y = stats_a.get(key), stats_b.get(key)
         if not (_number(x) and _number(y)):
             continue
-        delta = float(y) - float(x)  # type: ignore[arg-type]
+        delta = float(y) - float(x)
         deltas[key] = _finite(delta)
-        scale = max(abs(float(x)), abs(float(y)))  # type: ignore[arg-type]
+        scale = max(abs(float(x)), abs(float(y)))
         if math.isfinite(delta) and scale > 0:
             relative.append(abs(delta) / scale)
     if deltas:
         out["stats_b_minus_a"] = deltas
         out["stats_max_rel"] = max(relative) if relative else 0.0
-    for key in ("nan", "inf"):
-        if stats_a.get(key) or stats_b.get(key):
-            out[f"{key}_a"], out[f"{key}_b"] = stats_a.get(key, 0), stats_b.get(key, 0)
-    preview_a, preview_b = a.get("preview") or [], b.get("preview") or []
+    if stats_a.get("nan") or stats_b.get("nan"):
+        out["nan_a"], out["nan_b"] = stats_a.get("nan", 0), stats_b.get("nan", 0)
+    if stats_a.get("inf") or stats_b.get("inf"):
+        out["inf_a"], out["inf_b"] = stats_a.get("inf", 0), stats_b.get("inf", 0)
+    preview_a, preview_b = _sequence(a.get("preview")), _sequence(b.get("preview"))
     shared = [
         (x, y) for x, y in zip(preview_a, preview_b, strict=False) if _number(x) and _number(y)
     ]
@@ -168,15 +188,25 @@ def _tensors(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _is_tensor(value: Any) -> bool:
+def _is_tensor(value: object) -> TypeGuard[dict[str, object]]:
     return isinstance(value, dict) and "shape" in value and "dtype" in value
 
 
-def _plain(value: Any) -> Any:
+def _mapping(value: object) -> dict[str, object]:
+    """A record's object (statistics), or {} where it holds none."""
+    return value if isinstance(value, dict) else {}
+
+
+def _sequence(value: object) -> list[object]:
+    """A record's list (a preview), or [] where it holds none."""
+    return value if isinstance(value, list) else []
+
+
+def _plain(value: object) -> object:
     return value.get("value", value.get("repr")) if isinstance(value, dict) else value
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

@@ -18,11 +18,12 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import AMBIGUOUS_RUN, NO_RUNS, UNKNOWN_RUN
 
 if TYPE_CHECKING:  # the agent imports this module: standard library only at run time
+    from .. import results as R
     from ..results import Cleaned as _Cleaned
 
 RUN_JSON = "run.json"
@@ -92,7 +93,7 @@ def make_run_id(stem: str, pid: int, when: float | None = None) -> str:
     return f"{safe}-{stamp}-{pid}"
 
 
-def write_json_atomic(path: Path, data: Any, reserve: int = 0) -> None:
+def write_json_atomic(path: Path, data: object, reserve: int = 0) -> None:
     """Write JSON beside the target and rename it into place: readers never see half a file.
 
     ``reserve`` bytes of trailing spaces (valid JSON whitespace) keep room in the file for
@@ -121,7 +122,7 @@ FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 META_RESERVE = 24_576
 
 
-def rewrite_in_place(path: Path, data: Any) -> bool:
+def rewrite_in_place(path: Path, data: object) -> bool:
     """Overwrite ``path`` within its current size (no new blocks needed on a full disk).
 
     The last resort when the atomic write fails for want of space: not atomic (a crash in
@@ -155,7 +156,7 @@ class JsonlWriter:
         self._fd: int | None = self._open()
         self._torn = False  # the last write was cut short: start the next on a new line
 
-    def append(self, record: Mapping[str, Any]) -> None:
+    def append(self, record: Mapping[str, object]) -> None:
         line = json.dumps(record, default=str, allow_nan=False, ensure_ascii=False)
         # A lone surrogate (undecodable bytes in a file name, say) is written as its JSON
         # escape, ``\udcff``: the line stays valid JSON and reads back the same string.
@@ -204,20 +205,21 @@ class RunDir:
     def file(self, name: str) -> Path:
         return self.path / name
 
-    def read_meta(self) -> dict[str, Any]:
+    def read_meta(self) -> R.RunMeta:
+        """run.json as the processes of the run wrote it ({} when absent or unreadable)."""
         try:
             with open(self.file(RUN_JSON), encoding="utf-8") as fh:
                 data = json.load(fh)
         except (OSError, ValueError):
             return {}
-        return data if isinstance(data, dict) else {}
+        return cast("R.RunMeta", data) if isinstance(data, dict) else {}
 
-    def update_meta(self, **fields: Any) -> dict[str, Any]:
-        """Merge fields into run.json (write-then-rename, so it is always whole; on a full
-        disk, rewritten in place within the room kept for that)."""
+    def update_meta(self, **fields: object) -> R.RunMeta:
+        """Merge fields (those of ``results.RunMeta``) into run.json (write-then-rename, so
+        it is always whole; on a full disk, rewritten in place within the room kept for
+        that)."""
         with self._meta_lock:
-            meta = self.read_meta()
-            meta.update(fields)
+            meta = cast("R.RunMeta", {**self.read_meta(), **fields})
             path = self.file(RUN_JSON)
             try:
                 write_json_atomic(path, meta, reserve=META_RESERVE)
@@ -330,7 +332,7 @@ def list_runs(home: Path) -> list[RunDir]:
     )
 
 
-def describe_run(run: RunDir) -> dict[str, Any]:
+def describe_run(run: RunDir) -> R.RunRecord:
     meta = run.read_meta()
     return {
         "run_id": run.run_id,
@@ -425,7 +427,9 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
 LIVE_STATES = ("starting", "running", "paused")
 
 
-def _alive(pid: Any) -> bool:
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int | str):  # run.json as written holds an int
+        return False
     try:
         os.kill(int(pid), 0)
     except (OSError, TypeError, ValueError):

@@ -26,10 +26,13 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import size as _store
 from .runs import PRIVATE_FILE, ignore_in_git, make_private_dirs, mldbg_home
+
+if TYPE_CHECKING:  # the listing's shapes, for the type checker (scripts never import them)
+    from .. import results as R
 
 SUFFIX = ".safetensors"
 KEY = "tensor"
@@ -321,7 +324,7 @@ def _load_numpy(name: str, path: Path) -> Any:
     return array.astype(dtype, copy=True)  # native byte order, writable, owns its memory
 
 
-def debug_show_all(*, print_table: bool = True) -> list[dict[str, Any]]:
+def debug_show_all(*, print_table: bool = True) -> list[R.TensorRecord]:
     """Every stored tensor (name, dtype, shape, size, framework, when saved); printed too."""
     items = list_tensors()
     if print_table:
@@ -370,7 +373,7 @@ def _interactive() -> bool:
         return False
 
 
-def read_header(path: Path) -> dict[str, Any]:
+def read_header(path: Path) -> R.TensorHeader:
     """dtype, shape and metadata from a safetensors header, without reading the data."""
     with open(path, "rb") as fh:
         raw = fh.read(8)
@@ -390,15 +393,15 @@ def read_header(path: Path) -> dict[str, Any]:
     }
 
 
-def tensor_info(name: str, home: Path | None = None) -> dict[str, Any]:
+def tensor_info(name: str, home: Path | None = None) -> R.TensorRecord:
     path = _path(name, home)
     if not path.exists():
         raise FileNotFoundError(f"no tensor named {name!r} in {path.parent}")
     return _describe(path)
 
 
-def _describe(path: Path) -> dict[str, Any]:
-    info: dict[str, Any] = {
+def _describe(path: Path) -> R.TensorRecord:
+    info: R.TensorRecord = {
         "name": path.name[: -len(SUFFIX)],
         "path": str(path),
         "size_bytes": path.stat().st_size,
@@ -410,7 +413,7 @@ def _describe(path: Path) -> dict[str, Any]:
     return info
 
 
-def list_tensors(home: Path | None = None) -> list[dict[str, Any]]:
+def list_tensors(home: Path | None = None) -> list[R.TensorRecord]:
     directory = store_dir(home)
     if not directory.is_dir():
         return []

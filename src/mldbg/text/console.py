@@ -11,10 +11,11 @@ import io
 import sys
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
 
 class _LazyConsole:
@@ -43,7 +44,7 @@ class _LazyConsole:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._made(), name)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         # ``out.width = 240`` must reach the console, not stick to this wrapper
         if name.startswith("_"):
             object.__setattr__(self, name, value)
@@ -57,25 +58,29 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def Table(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - rich's Table, imported when used
-    from rich.table import Table as RichTable
+if not TYPE_CHECKING:  # rich's Table to the type checker; imported when first used
 
-    return RichTable(*args, **kwargs)
+    def Table(*args, **kwargs):  # noqa: N802
+        from rich.table import Table as RichTable
+
+        return RichTable(*args, **kwargs)
 
 
 def plain_line(text: str) -> None:
     """Print ``text`` as it is (no markup, no emoji codes): without rich while ``out`` is
     the process's own console and rich is not loaded yet."""
-    target: Any = out
-    if isinstance(target, _LazyConsole) and target._console is None and target._redirect is None:
+    if _out._console is None and _out._redirect is None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     else:
-        target.print(escape(text))
+        out.print(escape(text))
 
 
-out: Any = _LazyConsole(highlight=False, soft_wrap=True)
-err: Any = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+_out = _LazyConsole(highlight=False, soft_wrap=True)
+_err = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+# what renderers print to: each a rich Console to them (every attribute is the console's)
+out = cast("Console", _out)
+err = cast("Console", _err)
 
 
 _CAPTURE_LOCK = threading.Lock()
@@ -90,8 +95,8 @@ def captured(width: int = 120) -> Iterator[io.StringIO]:
     with _CAPTURE_LOCK:
         buffer = io.StringIO()
         console = Console(file=buffer, width=width, no_color=True, highlight=False, soft_wrap=True)
-        out._redirect = err._redirect = console
+        _out._redirect = _err._redirect = console
         try:
             yield buffer
         finally:
-            out._redirect = err._redirect = None
+            _out._redirect = _err._redirect = None

@@ -14,17 +14,19 @@ from .console import Table, captured, err, escape, out, plain_line
 __all__ = ["Table", "err", "escape", "out", "plain_line"]  # used through render by other modules
 
 
-def where(location: Mapping[str, Any] | None) -> str:
+def where(location: Mapping[str, object] | None) -> str:
     if not location:
         return "?"
     return f"{location.get('file')}:{location.get('line')} in {location.get('function')}()"
 
 
-def code_block(location: Mapping[str, Any] | None) -> None:
-    if not location or not location.get("code"):
+def code_block(location: Mapping[str, object] | None) -> None:
+    """The lines around a stop (``Location.code``: [number, text] pairs), the current one marked."""
+    code = location.get("code") if location else None
+    if not code or not isinstance(code, list):
         return
-    current = location.get("line")
-    for line, text in location["code"]:
+    current = location.get("line") if location else None
+    for line, text in code:
         marker = "[bold green]->[/]" if line == current else "  "
         style = "bold" if line == current else "dim"
         out.print(f"{marker} [{style}]{line:>5}  {escape(text)}[/]")
@@ -96,13 +98,13 @@ def state(data: R.State) -> None:
     if paused:
         shown = ", ".join(paused[:5]) + (f" (+{len(paused) - 5} more)" if len(paused) > 5 else "")
         out.print(f"[yellow]paused child processes:[/] {escape(shown)} [dim](-s NAME)[/]")
-    detached = data.get("detached_children") or {}
+    detached = data.get("detached_children")
     if detached:
-        last = (detached.get("last") or [{}])[-1]
+        last = detached["last"][-1] if detached["last"] else None
         out.print(
-            f"[red]{detached.get('total')} child process(es) run undebugged[/] "
-            f"(could not reach the debugger; last: pid {last.get('pid')}: "
-            f"{escape(str(last.get('reason')))})"
+            f"[red]{detached['total']} child process(es) run undebugged[/] "
+            f"(could not reach the debugger; last: pid {last and last['pid']}: "
+            f"{escape(str(last and last['reason']))})"
         )
 
 
@@ -123,7 +125,7 @@ def evaluation(data: R.Evaluation) -> None:
         out.print(f"difference: {escape(str(shown))}")
     else:
 
-        def g(value: Any) -> str:
+        def g(value: object) -> str:
             return f"{value:.4g}" if isinstance(value, float) else str(value)
 
         text = (
@@ -174,10 +176,11 @@ def variables(data: R.Variables) -> None:
         )
     out.print(table)
     if data.get("truncated"):
-        nxt = (data.get("next") or {}).get("args", {})
+        call = data.get("next")
+        offset = call["args"].get("offset", "") if call else ""
         out.print(
             f"[dim]{data.get('shown')} of {data.get('total')} variables shown: "
-            f"--offset {nxt.get('offset', '')} for more, --filter GLOB to narrow[/]"
+            f"--offset {offset} for more, --filter GLOB to narrow[/]"
         )
 
 
@@ -309,9 +312,9 @@ def checkpoints(data: R.Checkpoints) -> None:
 
 def checkpoint_pairs(data: R.CheckpointPairs) -> None:
     """compare-checkpoints: per name and hit, each variable's two sides and their gap."""
-    a, b = data.get("a") or {}, data.get("b") or {}
+    a, b = data.get("a"), data.get("b")
     out.print(
-        f"[bold]A[/] {escape(str(a.get('run_id')))}  [bold]B[/] {escape(str(b.get('run_id')))}"
+        f"[bold]A[/] {escape(str(a and a['run_id']))}  [bold]B[/] {escape(str(b and b['run_id']))}"
     )
     if not data.get("pairs"):
         out.print("no checkpoint name and hit is in both runs")
@@ -332,8 +335,8 @@ def checkpoint_pairs(data: R.CheckpointPairs) -> None:
             out.print(f"[dim]only in {side.upper()} ({counts[side]}): {escape(names)}[/]")
 
 
-def _pair_line(item: dict[str, Any]) -> str:
-    def g(value: Any) -> str:
+def _pair_line(item: R.VariableComparison) -> str:
+    def g(value: object) -> str:
         return f"{value:.4g}" if isinstance(value, float) else str(value)
 
     if item.get("kind") == "value":
@@ -341,8 +344,7 @@ def _pair_line(item: dict[str, Any]) -> str:
         return f"{g(item.get('a'))} vs {g(item.get('b'))} ({same})"
     if item.get("kind") != "tensor":
         return str(item.get("note", ""))
-    shape_a = "×".join(map(str, item.get("shape_a") or []))
-    shape_b = "×".join(map(str, item.get("shape_b") or []))
+    shape_a, shape_b = _dims(item.get("shape_a")), _dims(item.get("shape_b"))
     text = f"{item.get('dtype_a')}[{shape_a}] vs {item.get('dtype_b')}[{shape_b}]"
     if not item.get("shape_match"):
         text += " SHAPES DIFFER"
@@ -355,6 +357,11 @@ def _pair_line(item: dict[str, Any]) -> str:
     if item.get("note"):
         text += f" ({item['note']})"
     return text
+
+
+def _dims(shape: object) -> str:
+    """A recorded shape as ``2×3``; "" where the record has none."""
+    return "×".join(map(str, shape)) if isinstance(shape, list | tuple) else ""
 
 
 def first_nonfinite(data: R.FirstNonfinite) -> None:
@@ -392,7 +399,7 @@ def module_rows(data: R.ModuleTable) -> None:
     for column in columns:
         table.add_column(column, overflow="fold" if column == "module" else "ellipsis")
 
-    def ms(value: Any) -> str:
+    def ms(value: float | None) -> str:
         return "-" if value is None else f"{value * 1e3:.3g}"
 
     def dtypes(side: dict[str, Any]) -> str:
@@ -427,7 +434,7 @@ def module_rows(data: R.ModuleTable) -> None:
         out.print(f"[dim]{data.get('shown')} of {data.get('total')} calls: --offset/--limit[/]")
 
 
-def _value_line(value: Any) -> str:
+def _value_line(value: object) -> str:
     if isinstance(value, dict) and "shape" in value:
         shape = ", ".join(map(str, value.get("shape", [])))
         stats = value.get("stats") or {}
@@ -466,7 +473,7 @@ def tensors(data: R.TensorStore) -> None:
     out.print(table)
 
 
-def tensor_info(item: Mapping[str, Any]) -> None:
+def tensor_info(item: R.TensorRecord) -> None:
     out.print(
         f"[bold]{escape(item['name'])}[/]  {item.get('dtype')} {item.get('shape')}  {_size(item.get('size_bytes', 0))}"
     )
@@ -495,12 +502,12 @@ def output(data: R.Output) -> None:
         )
 
 
-def error(payload: dict[str, Any]) -> None:
+def error(payload: Mapping[str, object]) -> None:
     err.print(f"[bold red]error:[/] {escape(str(payload.get('error')))}")
     if payload.get("hint"):
         err.print(f"[dim]hint:[/] {escape(str(payload['hint']))}")
     tail = payload.get("output_tail")
-    if tail:
+    if tail and isinstance(tail, str):
         err.print("[dim]last output of the script:[/]")
         err.print(escape(tail.rstrip()))
 
@@ -510,8 +517,9 @@ def trace(data: R.Trace) -> None:
     if not steps:
         out.print(f"no stops recorded in {escape(str(data.get('path')))}")
     for step in steps:
-        loc = step.get("location") or {}
-        out.print(f"[bold]{escape(str(step.get('reason')))}[/] at {escape(where(loc))}")
+        out.print(
+            f"[bold]{escape(str(step.get('reason')))}[/] at {escape(where(step.get('location')))}"
+        )
         for var in step.get("variables", [])[:8]:
             out.print(f"    {escape(str(var.get('name')))} = {escape(str(var.get('summary')))}")
     if data.get("truncated"):
@@ -613,12 +621,12 @@ def weight_audit(data: R.WeightAudit) -> None:
         out.print(f"({data.get('total')} problems in all: --limit N to see more)")
 
 
-def plain(data: Any) -> None:
+def plain(data: object) -> None:
     """A verb without a renderer of its own: its answer as indented JSON."""
     out.print(escape(json.dumps(data, indent=2, default=str)))
 
 
-def show(verb: str, data: Any) -> None:
+def show(verb: str, data: object) -> None:
     """Print a verb's answer for a person (its renderer, else :func:`plain`)."""
     RENDERERS.get(verb, plain)(data)
 
@@ -666,7 +674,7 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
 }
 
 
-def to_text(verb: str, data: Any, width: int = 120) -> str:
+def to_text(verb: str, data: object, width: int = 120) -> str:
     """What ``mldbg VERB`` would print, as plain text (for MCP's text content)."""
     with captured(width) as buffer:
         show(verb, data)

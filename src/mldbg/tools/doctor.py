@@ -9,7 +9,7 @@ from here too, where the README has always named them.
 from __future__ import annotations
 
 import os
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from ..interpreters import (
     ImportedCopy,
@@ -21,6 +21,9 @@ from ..interpreters import (
     resolve_python,
 )
 from ..store.runs import mldbg_home
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_PACKAGES = ("torch", "mlx", "transformers", "diffusers", "mlx-lm")
 MAX_PACKAGES = 50
@@ -142,7 +145,7 @@ def doctor(
 # -- human output -------------------------------------------------------------------------------
 
 
-def render_doctor(result: DoctorResult, console: Any) -> None:
+def render_doctor(result: DoctorResult, console: Console) -> None:
     from rich.markup import escape
 
     py = result["python"]

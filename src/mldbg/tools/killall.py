@@ -17,9 +17,12 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..errors import BAD_ARGUMENT, CONFIRMATION_REQUIRED, MldbgError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MAX_LISTED = 200
 CMDLINE_CHARS = 300
@@ -350,7 +353,7 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def render_processes(processes: list[MlProcess], console: Any) -> None:
+def render_processes(processes: list[MlProcess], console: Console) -> None:
     from rich.markup import escape
 
     for p in processes:
@@ -360,7 +363,7 @@ def render_processes(processes: list[MlProcess], console: Any) -> None:
         )
 
 
-def render_kill_all(result: KillAllResult, console: Any) -> None:
+def render_kill_all(result: KillAllResult, console: Console) -> None:
     from rich.markup import escape
 
     if not result["processes"]:

@@ -13,7 +13,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from ...errors import (
     BAD_ARGUMENT,
@@ -31,13 +31,16 @@ from ...errors import (
 )
 from .collect import RawProfile, run_profiled
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 SUFFIX = "-pruned"
 SOURCE_KEY = "mldbgsource"  # git config branch.<pruned>.mldbgsource = <source branch>
 MAX_LISTED = 200
 
 
 class PruneSetupResult(TypedDict):
-    action: str
+    action: Literal["setup"]
     repo: str
     source_branch: str
     pruned_branch: str
@@ -46,7 +49,7 @@ class PruneSetupResult(TypedDict):
 
 
 class PruneRunResult(TypedDict):
-    action: str
+    action: Literal["run"]
     repo: str
     source_branch: str
     pruned_branch: str
@@ -63,7 +66,7 @@ class PruneRunResult(TypedDict):
 
 
 class PruneRestoreResult(TypedDict):
-    action: str
+    action: Literal["restore"]
     repo: str
     pruned_branch: str
     restored: list[str]
@@ -72,7 +75,7 @@ class PruneRestoreResult(TypedDict):
 
 
 class PruneStatusResult(TypedDict):
-    action: str
+    action: Literal["status"]
     repo: str
     current_branch: str | None
     source_branch: str | None
@@ -439,18 +442,20 @@ def status(repo: str | None = None) -> PruneStatusResult:
 # -- human output -------------------------------------------------------------------------------
 
 
-def render_prune(result: Any, console: Any) -> None:
+PruneResult = PruneSetupResult | PruneRunResult | PruneRestoreResult | PruneStatusResult
+
+
+def render_prune(result: PruneResult, console: Console) -> None:
     from rich.markup import escape
 
-    action = result["action"]
-    if action == "setup":
+    if result["action"] == "setup":
         verb = "made" if result["created"] else "already had"
         console.print(
             f"{escape(result['repo'])}: {verb} branch [bold]{escape(result['pruned_branch'])}[/] "
             f"from {escape(result['source_branch'])} ({result['commit'][:10]}); your branch and "
             f"work tree are untouched. Next: mldbg prune run --repo {escape(result['repo'])} SCRIPT"
         )
-    elif action == "run":
+    elif result["action"] == "run":
         head = "would remove" if result["dry_run"] else "removed"
         console.print(
             f"{escape(result['pruned_branch'])}: {head} {result['removed_count']} Python file(s) "
@@ -466,7 +471,7 @@ def render_prune(result: Any, console: Any) -> None:
             console.print(f"committed {result['commit'][:10]} on {escape(result['pruned_branch'])}")
         elif not result["dry_run"]:
             console.print("nothing to change")
-    elif action == "restore":
+    elif result["action"] == "restore":
         console.print(
             f"{escape(result['pruned_branch'])}: restored {len(result['restored'])} file(s)"
             + (

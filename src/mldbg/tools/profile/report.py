@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from ...store.runs import write_json_atomic
 from .analyze import (
@@ -22,6 +22,9 @@ from .analyze import (
     variant_groups,
 )
 from .collect import RawProfile, run_profiled
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MAX_FILES = 40
 MAX_BREAKPOINTS = 12
@@ -341,7 +344,7 @@ def markdown(result: ProfileResult, files: list[FileEntry]) -> str:
 # -- human output -------------------------------------------------------------------------------
 
 
-def render_profile(result: ProfileResult, console: Any) -> None:
+def render_profile(result: ProfileResult, console: Console) -> None:
     from rich.markup import escape
 
     console.print(f"[bold]profile of {escape(result['script'])}[/] [dim]({result['backend']})[/]")

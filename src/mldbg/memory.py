@@ -56,7 +56,7 @@ def _process() -> dict[str, int]:
     return out
 
 
-def _mlx() -> dict[str, Any]:
+def _mlx() -> dict[str, int | str]:
     mx = sys.modules.get("mlx.core")
     if mx is None or not hasattr(mx, "get_active_memory"):
         return {}
@@ -69,11 +69,11 @@ def _mlx() -> dict[str, Any]:
     }
 
 
-def _torch() -> dict[str, Any]:
+def _torch() -> dict[str, dict[str, int]]:
     torch = sys.modules.get("torch")
     if torch is None:
         return {}
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, int]] = {}
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and cuda.is_initialized():
         device = cuda.current_device()

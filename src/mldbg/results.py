@@ -242,6 +242,43 @@ class Evaluation(TypedDict, total=False):
     export: dict[str, Any]
 
 
+class ElementPair(TypedDict):
+    """One element in both tensors: where, and each side's value ("nan"/"inf" as text)."""
+
+    index: list[int]
+    a: float | str | None
+    b: float | str | None
+
+
+class TensorDifference(TypedDict, total=False):
+    """``eval --against``: how the tensor of the session set against differs from the
+    first's (``side_by_side.tensor_difference``); ``error`` when they cannot be compared.
+    Numbers that are not finite are text ("nan", "inf")."""
+
+    shape_a: list[int]
+    shape_b: list[int]
+    note: str
+    error: str
+    equal: bool
+    mismatched: int
+    max_abs: float | str | None
+    mean_abs: float | str | None
+    rel_rms: float | str | None
+    cosine: float | str | None
+    nonfinite_a: int
+    nonfinite_b: int
+    first_mismatch: ElementPair
+    worst: ElementPair
+
+
+class ScalarDifference(TypedDict, total=False):
+    """``eval --against`` of plain values: numbers subtract, others only compare."""
+
+    equal: bool
+    b_minus_a: float | str | None
+    rel: float | str | None
+
+
 class Output(Truncation, total=False):
     output: str
     path: str | None

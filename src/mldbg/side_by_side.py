@@ -13,22 +13,37 @@ import math
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:  # the result shapes, for the type checker
+    from typing import TypeGuard
+
+    import numpy as np
+    from numpy.typing import NDArray
+
     from . import results as R
 
 FIRST_VALUES = 8  # elements shown side by side where the two differ
 
 
-def tensor_difference(a_path: Path, b_path: Path) -> dict[str, Any]:
+class Evaluates(Protocol):
+    """A paused session that evaluates (the daemon's ``Session``)."""
+
+    name: str
+
+    def evaluate(
+        self, expression: str, timeout: float = ..., export: str | None = None
+    ) -> R.Evaluation: ...
+
+
+def tensor_difference(a_path: Path, b_path: Path) -> R.TensorDifference:
     """How the tensor in ``b_path`` differs from the one in ``a_path`` (a: the session
     asked, b: the one it is set against)."""
     import numpy as np
 
     a = np.load(a_path, allow_pickle=False)
     b = np.load(b_path, allow_pickle=False)
-    out: dict[str, Any] = {"shape_a": list(a.shape), "shape_b": list(b.shape)}
+    out: R.TensorDifference = {"shape_a": list(a.shape), "shape_b": list(b.shape)}
     if a.shape != b.shape:
         if a.size == b.size:
             out["note"] = "shapes differ, sizes agree: compared in row-major order"
@@ -43,14 +58,14 @@ def tensor_difference(a_path: Path, b_path: Path) -> dict[str, Any]:
     delta = np.abs(np.subtract(y, x, where=both, out=np.zeros_like(x)))
     out["equal"] = bool(np.all(same))
     out["mismatched"] = int(np.count_nonzero(~same))
-    out["max_abs"] = float(delta.max()) if delta.size else 0.0
-    out["mean_abs"] = float(delta[both].mean()) if both.any() else None
+    out["max_abs"] = _json(float(delta.max()) if delta.size else 0.0)
+    out["mean_abs"] = _json(float(delta[both].mean()) if both.any() else None)
     norm_a = float(np.sqrt(np.sum(np.square(x[both])))) if both.any() else 0.0
     norm_d = float(np.sqrt(np.sum(np.square(delta[both])))) if both.any() else 0.0
-    out["rel_rms"] = norm_d / norm_a if norm_a else (0.0 if norm_d == 0 else None)
+    out["rel_rms"] = _json(norm_d / norm_a if norm_a else (0.0 if norm_d == 0 else None))
     norm_b = float(np.sqrt(np.sum(np.square(y[both])))) if both.any() else 0.0
     dot = float(np.dot(x[both], y[both])) if both.any() else 0.0
-    out["cosine"] = dot / (norm_a * norm_b) if norm_a and norm_b else None
+    out["cosine"] = _json(dot / (norm_a * norm_b) if norm_a and norm_b else None)
     out["nonfinite_a"] = int(np.count_nonzero(~np.isfinite(x)))
     out["nonfinite_b"] = int(np.count_nonzero(~np.isfinite(y)))
     if out["mismatched"]:
@@ -58,17 +73,19 @@ def tensor_difference(a_path: Path, b_path: Path) -> dict[str, Any]:
         worst = int(np.argmax(delta)) if delta.size else where
         out["first_mismatch"] = _element(a.shape, where, x, y)
         out["worst"] = _element(a.shape, worst, x, y)
-    return {k: _json(v) for k, v in out.items()}
+    return out
 
 
-def _element(shape: tuple[int, ...], flat: int, x: Any, y: Any) -> dict[str, Any]:
+def _element(
+    shape: tuple[int, ...], flat: int, x: NDArray[np.float64], y: NDArray[np.float64]
+) -> R.ElementPair:
     import numpy as np
 
     index = [int(i) for i in np.unravel_index(flat, shape)] if shape else []
     return {"index": index, "a": _json(float(x[flat])), "b": _json(float(y[flat]))}
 
 
-def scalar_difference(a: Any, b: Any) -> dict[str, Any]:
+def scalar_difference(a: object, b: object) -> R.ScalarDifference:
     """Two plain values (their summaries' ``value``): numbers subtract, others compare."""
     if _number(a) and _number(b):
         delta = float(b) - float(a)
@@ -78,24 +95,27 @@ def scalar_difference(a: Any, b: Any) -> dict[str, Any]:
     return {"equal": a == b}
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _json(value: Any) -> Any:
+def _json(value: float | None) -> float | str | None:
+    """A number as JSON can carry it: ``inf``/``nan`` as text."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
 
 
-def evaluate_both(first: Any, second: Any, expression: str, timeout: float) -> R.Evaluation:
+def evaluate_both(
+    first: Evaluates, second: Evaluates, expression: str, timeout: float
+) -> R.Evaluation:
     """``expression`` in the paused sessions ``first`` and ``second`` (server ``Session``s):
     ``first``'s answer, with ``against`` (``second``'s) and ``difference`` added."""
     scratch = Path(tempfile.mkdtemp(prefix="mldbg-side-"))  # 0700: private to this user
     try:
         a_path, b_path = scratch / "a.npy", scratch / "b.npy"
         result = cast("dict[str, Any]", first.evaluate(expression, timeout, export=str(a_path)))
-        other = cast("dict[str, Any]", second.evaluate(expression, timeout, export=str(b_path)))
+        other = second.evaluate(expression, timeout, export=str(b_path))
         wrote_a = (result.pop("export", None) or {}).get("written")
         wrote_b = (other.pop("export", None) or {}).get("written")
         other.pop("expression", None)

@@ -135,7 +135,7 @@ class Verb:
 
     name: str
     help: str
-    result: Any
+    result: type  # its answer's TypedDict (results.py): MCP's output type, REST's model
     args: tuple[Arg, ...] = ()
     scope: Literal["session", "global"] = "session"
     method: Literal["GET", "POST", "DELETE"] = "POST"
@@ -148,7 +148,7 @@ class Verb:
     cli: bool = True
     mcp: bool = True
     cli_aliases: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
     # The agent command this verb only passes its arguments on to (same names, see
     # ``agent/protocol.py``): the daemon's handler for it is generated, not written.
     agent: P.AgentCommand[Any, Any] | None = None
@@ -1017,7 +1017,7 @@ def fingerprint() -> str:
     return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
 
 
-def _canonical(value: Any) -> str:
+def _canonical(value: object) -> str:
     """``repr`` that is the same in every process (sets are ordered by string hashing,
     which is salted per process)."""
     if isinstance(value, set | frozenset):

@@ -35,13 +35,17 @@ import importlib.machinery
 import json
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .capture.budget import check_mode, parse_size
 from .capture.store import check_capture_name
+
+if TYPE_CHECKING:  # the capture and replay types (loaded only when a model is captured)
+    from .capture import Capture
+    from .compare.replay import ReplayResult
 
 ENV = "MLDBG_CAPTURE"
 MAX_MODELS = 64  # models (captures) one process may open; more are run uncaptured
@@ -67,7 +71,7 @@ class Spec:
     replay: str | None = None  # replay each model on this reference capture instead
 
     @classmethod
-    def parse(cls, data: Any) -> Spec:
+    def parse(cls, data: object) -> Spec:
         if not isinstance(data, dict):
             raise ValueError("the capture settings are a JSON object")
         unknown = set(data) - set(cls.__dataclass_fields__)
@@ -109,7 +113,7 @@ class Spec:
         return json.dumps(asdict(self), separators=(",", ":"))
 
 
-def _replay_name(value: Any) -> str | None:
+def _replay_name(value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
@@ -125,14 +129,14 @@ class _Thread(threading.local):
 class _Model:
     """One captured model: its capture, open from its first call."""
 
-    def __init__(self, module: Any, capture: Any, name: str = "") -> None:
+    def __init__(self, module: object, capture: Capture | None, name: str = "") -> None:
         self.module = module  # kept alive: its id keys the table
         self.capture = capture
         self.name = name
         self.calls = 0
         self.open = capture is not None
         self.replay_pending = False
-        self.replayed: Any = None
+        self.replayed: ReplayResult | None = None
 
 
 class Tracker:
@@ -149,8 +153,15 @@ class Tracker:
     # -- the wrapper body shared by both frameworks -------------------------------------------
 
     def call(
-        self, module: Any, function: Callable[..., Any], args: Any, kwargs: Any, mlx: bool
-    ) -> Any:
+        self,
+        module: object,
+        function: Callable[..., object],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        mlx: bool,
+    ) -> object:
+        """One call of a module (``module.__call__`` is ``function``): captured when it is
+        a model's, else passed through; its result, whatever the module returns."""
         state = self.thread
         model = None
         if not self.closed and self._eligible(module, state):
@@ -178,7 +189,7 @@ class Tracker:
             state.depth -= 1
             self._called(model)
 
-    def _eligible(self, module: Any, state: _Thread) -> bool:
+    def _eligible(self, module: object, state: _Thread) -> bool:
         if self.spec.models is None:
             return state.depth == 0
         if state.in_model:
@@ -187,7 +198,7 @@ class Tracker:
         names = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")
         return any(fnmatch.fnmatchcase(n, p) for p in self.spec.models for n in names)
 
-    def _model_for(self, module: Any) -> _Model | None:
+    def _model_for(self, module: object) -> _Model | None:
         with self.lock:
             known = self.models.get(id(module))
             if known is not None:
@@ -204,7 +215,7 @@ class Tracker:
             model = self.models[id(module)] = _Model(module, capture, name)
             return model if model.open else None
 
-    def _open(self, module: Any, name: str) -> Any:
+    def _open(self, module: object, name: str) -> Capture | None:
         from .capture import Capture
 
         spec = self.spec
@@ -268,7 +279,7 @@ class Tracker:
                 if model.open:
                     self._close(model)
 
-    def captures(self) -> list[Any]:
+    def captures(self) -> list[Capture]:
         return [m.capture for m in self.models.values() if m.capture is not None]
 
     # -- patching the frameworks ---------------------------------------------------------------
@@ -281,7 +292,7 @@ class Tracker:
             return
         tracker = self
 
-        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def __call__(self: object, *args: object, **kwargs: object) -> object:
             return tracker.call(self, original, args, kwargs, mlx=False)
 
         setattr(__call__, _MARK, True)
@@ -293,7 +304,7 @@ class Tracker:
         tracker = self
         previous = base.__dict__.get("__init_subclass__")
 
-        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        def __init_subclass__(cls: type, **kwargs: object) -> None:
             if previous is not None:
                 previous.__func__(cls, **kwargs)
             else:
@@ -313,7 +324,7 @@ class Tracker:
             return
         tracker = self
 
-        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def __call__(self: object, *args: object, **kwargs: object) -> object:
             return tracker.call(self, function, args, kwargs, mlx=True)
 
         setattr(__call__, _MARK, True)
@@ -328,12 +339,12 @@ class Tracker:
 class _Loader(importlib.abc.Loader):
     """The real loader, then ``after(module)``; everything else is the real loader's."""
 
-    def __init__(self, inner: Any, after: Callable[[ModuleType], None]) -> None:
+    def __init__(self, inner: importlib.abc.Loader, after: Callable[[ModuleType], None]) -> None:
         self.inner = inner
         self.after = after
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.inner.create_module(spec)  # type: ignore[no-any-return]
+        return self.inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
@@ -347,7 +358,9 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     def __init__(self, actions: dict[str, Callable[[ModuleType], None]]) -> None:
         self.actions = actions
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         action = self.actions.get(fullname)
         if action is None:
             return None

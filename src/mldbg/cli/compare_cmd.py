@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import verbs
 from ..compare import CompareInputError, compare
 from ..errors import BAD_SHARDS, MldbgError
-from ..server import store_queries
 from ..text import compare as compare_render
 from ..text import render
 from ..verbs import Arg
@@ -108,7 +107,7 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
     return EXIT_OK if comparison.ok else EXIT_DIVERGED
 
 
-def _write_map(path: str, proposal: dict[str, Any]) -> None:
+def _write_map(path: str, proposal: Mapping[str, object]) -> None:
     from pathlib import Path
 
     Path(path).write_text(json.dumps(proposal, indent=2) + "\n", encoding="utf-8")
@@ -120,7 +119,3 @@ def _bad_input(exc: MldbgError, as_json: bool) -> int:
     else:
         render.error(exc.to_json())
     return EXIT_BAD_INPUT
-
-
-def cmd_captures(a: argparse.Namespace) -> tuple[Any, Any]:
-    return store_queries.captures(a.run), compare_render.captures

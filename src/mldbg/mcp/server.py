@@ -27,6 +27,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
 from .. import __version__, budget, verbs
+from .. import results as R
 from ..client.api import Client, connect
 from ..errors import DAEMON_UNREACHABLE, INTERNAL, OS_ERROR, MldbgError
 from ..verbs import VERBS, Arg, Verb
@@ -62,7 +63,8 @@ else `home` (a directory), else $MLDBG_HOME, else ./.mldbg."""
 TEXT_BUDGET = 6_000  # the text form of a result; the JSON is in structured content
 
 
-def _annotation(arg: Arg) -> Any:
+def _annotation(arg: Arg) -> object:
+    """The argument's type as pydantic reads it: its choices or type, its bounds and help."""
     base = Literal[arg.choices] if arg.choices else arg.type  # type: ignore[valid-type]
     constraints: dict[str, Any] = {"description": arg.help}
     if arg.type is str:  # documented here, refused by the daemon with its code (too_long)
@@ -140,7 +142,7 @@ def _as_tool_error() -> Iterator[None]:
         ) from None
 
 
-def result_text(verb: Verb, data: Any) -> str:
+def result_text(verb: Verb, data: object) -> str:
     """The compact human form of a result: what the CLI prints, bounded."""
     from ..text import render
 
@@ -170,7 +172,8 @@ class Tools:
             self._client = connect()
         return self._client
 
-    def call(self, verb: Verb, session: str | None, args: dict[str, Any]) -> Any:
+    def call(self, verb: Verb, session: str | None, args: dict[str, object]) -> object:
+        """The verb's result (``verb.result``), from the daemon."""
         try:
             return self.client.call(verb.name, session, **args)
         except MldbgError as exc:
@@ -184,6 +187,7 @@ class Tools:
             ctx: Context = kwargs.pop("ctx")
             session = kwargs.pop("session", None) if verb.scope == "session" else None
             args = {k: v for k, v in kwargs.items() if v is not None}
+            data: object
             with _as_tool_error():
                 if verb.waits:
                     data = await self._resume(ctx, verb, session, args)
@@ -212,7 +216,7 @@ class Tools:
 
     async def _resume(
         self, ctx: Context, verb: Verb, session: str | None, args: dict[str, Any]
-    ) -> Any:
+    ) -> R.State:
         """A waiting verb in a worker thread, with a progress notification between slices."""
         max_wait = float(args.pop("wait", 60.0))
 
@@ -223,7 +227,7 @@ class Tools:
                 )
             )
 
-        def blocking() -> Any:
+        def blocking() -> R.State:
             return self.client.resume(verb.name, session, max_wait, still_running, **args)
 
         return await anyio.to_thread.run_sync(blocking)

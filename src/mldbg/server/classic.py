@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from .. import budget, verbs
+from .. import results as R
 from ..agent import protocol as P
 from ..errors import BAD_ARGUMENT, BAD_STEP, MldbgError
 from .manager import SessionManager
-from .sessions import StartRequest
+from .sessions import Session, StartRequest
 
 DEFAULT = "default"
 STEP_WAIT = 10.0
@@ -50,7 +51,7 @@ class ClassicEval(BaseModel):
     expression: Annotated[str, Field(max_length=verbs.CODE_LIMIT)]
 
 
-def _envelope(message: str, action: Callable[[], Any]) -> JSONResponse:
+def _envelope(message: str, action: Callable[[], object]) -> JSONResponse:
     try:
         data = action()
     except MldbgError as exc:
@@ -67,12 +68,12 @@ def _envelope(message: str, action: Callable[[], Any]) -> JSONResponse:
 def classic_router(manager: SessionManager) -> APIRouter:
     router = APIRouter(prefix="/debug", tags=["classic"])
 
-    def default() -> Any:
+    def default() -> Session:
         return manager.get(DEFAULT)
 
     @router.post("/start")
     def start(body: ClassicStart) -> JSONResponse:
-        def run() -> Any:
+        def run() -> R.State:
             script = os.path.expanduser(body.script_path)
             cwd = body.cwd
             if cwd is None:
@@ -121,7 +122,7 @@ def classic_router(manager: SessionManager) -> APIRouter:
 
     @router.post("/step/{kind}")
     def step(kind: str) -> JSONResponse:
-        def run() -> Any:
+        def run() -> R.State:
             if kind not in ("over", "into", "out"):
                 raise MldbgError(
                     f"unknown step kind {kind!r}: use over, into or out",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..store.runs import JsonlWriter
 
@@ -32,7 +31,7 @@ class RunLog:
         """Write through another session's log: a child process's, through its root's."""
         self._writer = other._writer
 
-    def event(self, event: str, /, **fields: Any) -> None:
+    def event(self, event: str, /, **fields: object) -> None:
         """Append one line; a failure is kept in ``error``, never raised."""
         writer = self._writer
         if writer is None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
@@ -25,11 +28,11 @@ def host_is_loopback(host_header: str) -> bool:
 class SecurityMiddleware:
     """Pure ASGI, so it guards every route, the OpenAPI docs included."""
 
-    def __init__(self, app: Any, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode()
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -51,7 +54,7 @@ class SecurityMiddleware:
         await self.app(scope, receive, send)
 
 
-async def _reply(send: Any, status: int, message: str, code: str) -> None:
+async def _reply(send: Send, status: int, message: str, code: str) -> None:
     body = json.dumps({"error": message, "code": code}).encode()
     await send(
         {

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from .. import results as R
 from ..memory import human_size as _size
 from .console import err, out
 
@@ -22,7 +23,7 @@ UNPAIRED_SHOWN = 20  # unpaired names printed per side (all of them are in --jso
 PROPOSAL_LINES = 40  # lines of a proposed map printed
 
 
-def number(value: Any) -> str:
+def number(value: float | str | None) -> str:
     if value is None:
         return "-"
     if isinstance(value, str):
@@ -350,7 +351,7 @@ def _print_whole(table: Table) -> None:
         out.width = width
 
 
-def captures(data: dict[str, Any]) -> None:
+def captures(data: R.Captures) -> None:
     items = data.get("captures", [])
     if not items:
         out.print(f"no captures under {escape(data.get('home', ''))}")

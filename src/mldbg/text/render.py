@@ -562,7 +562,7 @@ def tensor_store(data: R.TensorStore) -> None:
 def captures(data: R.Captures) -> None:
     from . import compare as compare_render
 
-    compare_render.captures(dict(data))
+    compare_render.captures(data)
 
 
 def compare_summary(data: R.CompareSummary) -> None:

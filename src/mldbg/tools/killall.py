@@ -17,7 +17,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from ..errors import BAD_ARGUMENT, CONFIRMATION_REQUIRED, MldbgError
 
@@ -62,7 +62,7 @@ class MlProcess:
     age_s: float
     rss_bytes: int | None
     outcome: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
     def entry(self) -> ProcessEntry:
         return {

@@ -53,7 +53,7 @@ def _start_monitoring() -> str:
 def _start_setprofile() -> str:
     counts, import_counts, importing = _counts, _import_counts, _importing
 
-    def on_event(frame: FrameType, event: str, arg: Any) -> None:
+    def on_event(frame: FrameType, event: str, arg: object) -> None:
         if event == "call":
             code = frame.f_code
             table = import_counts if importing[0] else counts
@@ -140,7 +140,7 @@ def _qualname(code: CodeType, fallback: dict[int, str]) -> str:
     return getattr(code, "co_qualname", None) or fallback.get(id(code), code.co_name)
 
 
-def _dump(out: str, info: dict[str, Any]) -> None:
+def _dump(out: str, info: dict[str, object]) -> None:
     _stop()
     fallback = _qualnames_310() if sys.version_info < (3, 11) else {}
     functions: dict[tuple[str, str, int], list[int]] = {}
@@ -204,7 +204,7 @@ def main(argv: list[str]) -> int:
             sys.path[0] = directory
         else:
             sys.path.insert(0, directory)
-    info: dict[str, Any] = {
+    info: dict[str, object] = {
         "script": script_path,
         "argv": args,
         "python": sys.executable,

@@ -105,3 +105,53 @@ def test_a_tensor_file_whose_header_names_no_dtype_is_still_described(tmp_path: 
     info = store.tensor_info("odd", tmp_path)
     assert info["dtype"] is None and info["shape"] is None
     _fits("tensors", info)
+
+
+def test_parity_answers_fit_their_result_types(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compare, module-table, nonfinite, weights and captures, on two real captures of a
+    tiny torch model whose port differs in one layer."""
+    import torch
+
+    import mldbg
+    from mldbg.compare.answer import compare_answer
+    from mldbg.compare.nonfinite import first_nonfinite
+    from mldbg.compare.table import module_table
+    from mldbg.compare.weights import audit_weights
+    from mldbg.store import current_run
+
+    home = tmp_path / "store"
+    monkeypatch.setenv("MLDBG_HOME", str(home))
+    current_run.reset()
+
+    def model(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+    reference, port = model(0), model(0)
+    with torch.no_grad():
+        port[2].weight.mul_(1.5)  # the port's last layer is wrong
+    x = torch.linspace(-1, 1, 12).reshape(3, 4)
+    try:
+        for net, name in ((reference, "ref"), (port, "port")):
+            with torch.no_grad(), mldbg.capture(net, name):
+                net(x)
+    finally:
+        current_run.reset()
+
+    captures = store_queries.captures(home)
+    _fits("captures", captures)
+    assert [c["name"] for c in captures["captures"]] == ["port", "ref"]
+    compared = compare_answer(home, {"a": "ref", "b": "port"}, None)
+    _fits("compare", compared)
+    assert not compared["ok"] and compared["counts"]["failed"] >= 1
+    table = module_table("ref", "port", home=home)
+    _fits("module-table", table)
+    assert table["a"]["label"].startswith("ref")
+    found = first_nonfinite("ref", home=home)
+    _fits("nonfinite", found)
+    assert found["first"] is None
+    audit = audit_weights(reference, port)
+    _fits("weights", audit)
+    assert audit["reference"]["count"] == audit["port"]["count"] == 4

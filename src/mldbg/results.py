@@ -481,8 +481,18 @@ class CheckpointPairs(Truncation, total=False):
     records_cut: RecordsCut
 
 
+class SourceRef(TypedDict):
+    """A source as compare found it (``compare.sources.Source.describe``): the spec it
+    was given, what it is (capture, run, tensors...), where, and its label."""
+
+    spec: str
+    kind: str
+    path: str
+    label: str
+
+
 class FirstNonfinite(TypedDict, total=False):
-    source: dict[str, Any]  # {spec, kind, path, label}
+    source: SourceRef
     # {module, call, class, entries: [{name, shape, dtype, nan, inf}], inputs_checked} or None
     first: dict[str, Any] | None
     calls_checked: int
@@ -490,8 +500,8 @@ class FirstNonfinite(TypedDict, total=False):
 
 
 class ModuleTable(Truncation, total=False):
-    a: dict[str, Any]  # the sources, as compare describes them
-    b: dict[str, Any] | None
+    a: SourceRef
+    b: SourceRef | None
     # [{module, call, class, depth, a: {seconds, self_seconds, in_dtypes, out_dtypes},
     #   b: {...} | None, dtype_differs, time_ratio}] (compare/table.py)
     rows: list[dict[str, Any]]
@@ -519,27 +529,39 @@ class Captures(Truncation, total=False):
 
 class CompareSummary(Truncation, total=False):
     ok: bool
-    a: dict[str, Any]  # the source as found: spec, kind, path, ...
-    b: dict[str, Any]
+    a: SourceRef
+    b: SourceRef
     rtol: float | None
     atol: float | None
     first_divergence: dict[str, Any] | None
     entries: list[dict[str, Any]]
-    counts: dict[str, Any]
-    unpaired_a: list[Any]
-    unpaired_b: list[Any]
-    warnings: list[Any]
+    counts: dict[str, int]  # compared, passed, failed, noted, unpaired_a, unpaired_b
+    unpaired_a: list[str]  # entry names in one source only
+    unpaired_b: list[str]
+    warnings: list[str]
     html: str | None
+
+
+class ParamsSide(TypedDict):
+    """One model of a weight audit: its label, framework and parameter count."""
+
+    label: str
+    count: int
+    framework: NotRequired[str | None]  # not said of the fresh model
+
+
+class ProposedMap(TypedDict):
+    rename: dict[str, str]  # as compare's --map file takes it
 
 
 class WeightAudit(Truncation, total=False):
     ok: bool
-    reference: dict[str, Any]  # label, framework, count
-    port: dict[str, Any]
-    fresh: dict[str, Any] | None
+    reference: ParamsSide
+    port: ParamsSide
+    fresh: ParamsSide | None
     counts: dict[str, int]  # parameters per status
     problems: list[dict[str, Any]]  # failing first: name, name_port, status, note, shapes...
-    proposed_map: dict[str, Any] | None
+    proposed_map: ProposedMap | None
 
 
 class TensorHeader(TypedDict):

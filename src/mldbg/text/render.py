@@ -366,7 +366,8 @@ def _dims(shape: object) -> str:
 
 def first_nonfinite(data: R.FirstNonfinite) -> None:
     first = data.get("first")
-    label = (data.get("source") or {}).get("label", "")
+    source = data.get("source")
+    label = source["label"] if source else ""
     if not first:
         out.print(f"every captured value of {escape(str(label))} is finite")
         return

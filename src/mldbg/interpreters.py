@@ -19,7 +19,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict, cast
 
 from .errors import BAD_ARGUMENT, FILE_NOT_FOUND, NOT_EDITABLE, PROBE_FAILED, MldbgError
 
@@ -109,6 +109,40 @@ print(json.dumps(out))
 """
 
 
+class DirectUrl(TypedDict, total=False):
+    """A distribution's ``direct_url.json`` (PEP 610): where it was installed from."""
+
+    url: str
+    dir_info: dict[str, bool]  # {"editable": true} for ``pip install -e``
+
+
+class ProbedPackage(TypedDict, total=False):
+    """What ``_PROBE`` finds of one package in the target interpreter."""
+
+    name: str
+    module: str
+    found: bool
+    error: str  # what finding its module raised
+    origin: str | None
+    location: str | None  # the directory it is imported from
+    distribution: str
+    version: str
+    dist_path: str
+    direct_url: DirectUrl
+
+
+class Probe(TypedDict):
+    """``_PROBE``'s answer: the interpreter, and each package asked for."""
+
+    python: str
+    version: str
+    prefix: str
+    base_prefix: str
+    virtual_env: str | None
+    site_packages: list[str]
+    packages: dict[str, ProbedPackage]
+
+
 class GitState(TypedDict):
     root: str
     branch: str | None
@@ -137,7 +171,10 @@ class ImportedCopy(TypedDict):
     warning: str | None
 
 
-def probe(python: str, names: list[str], script: str | None = None, cwd: str | None = None) -> Any:
+def probe(
+    python: str, names: list[str], script: str | None = None, cwd: str | None = None
+) -> Probe:
+    """Run ``_PROBE`` in ``python`` (its own interpreter) for ``names``."""
     try:
         proc = subprocess.run(
             [python, "-c", _PROBE, json.dumps(names), script or ""],
@@ -153,7 +190,7 @@ def probe(python: str, names: list[str], script: str | None = None, cwd: str | N
             f"{python} could not inspect its packages: {proc.stderr.strip()[-500:]}",
             code=PROBE_FAILED,
         )
-    return json.loads(proc.stdout)
+    return cast("Probe", json.loads(proc.stdout))  # what _PROBE prints
 
 
 def git_state(path: str) -> GitState | None:
@@ -197,10 +234,10 @@ def _file_url_path(url: str) -> str | None:
     return unquote(parsed.path) if parsed.scheme == "file" else None
 
 
-def package_report(info: dict[str, Any]) -> PackageReport:
+def package_report(info: ProbedPackage) -> PackageReport:
     warnings: list[str] = []
-    direct = info.get("direct_url") or {}
-    editable = bool((direct.get("dir_info") or {}).get("editable"))
+    direct = info.get("direct_url")
+    editable = bool(direct and (direct.get("dir_info") or {}).get("editable"))
     source = _file_url_path(direct.get("url", "")) if direct else None
     location = info.get("location")
     real_location = os.path.realpath(location) if location else None

@@ -36,9 +36,9 @@ class Demo:
         self.client = client
         self.session = session
         self.as_json = as_json
-        self.transcript: list[dict[str, Any]] = []
+        self.transcript: list[dict[str, object]] = []  # each command and its answer
 
-    def step(self, command: str, verb: str, **args: Any) -> Any:
+    def step(self, command: str, verb: str, **args: object) -> Any:
         """Run one verb through the typed client, shown as the command a person would type."""
         data = self.client.call(verb, self.session, **args)
         self.transcript.append({"command": command, "result": data})

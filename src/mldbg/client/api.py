@@ -124,7 +124,7 @@ class Client:
             raise DaemonError(payload, status)
         return payload
 
-    def _explain_skew(self, payload: dict[str, Any]) -> None:
+    def _explain_skew(self, payload: dict[str, object]) -> None:
         """A route or argument the daemon does not know, from a daemon whose verb table is
         not this client's: say that, not only what it refused."""
         theirs = self.info.get("verbs")

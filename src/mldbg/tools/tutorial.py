@@ -312,7 +312,7 @@ def _steps(track: Track) -> list[Step]:
     line = int(v["script_line"])
     framework_name = "PyTorch" if track.framework == "torch" else "MLX"
 
-    def state_is(ran: Ran, **expected: Any) -> bool:
+    def state_is(ran: Ran, **expected: object) -> bool:
         return isinstance(ran.data, dict) and all(ran.data.get(k) == e for k, e in expected.items())
 
     def at_line(ran: Ran) -> int | None:

@@ -701,3 +701,17 @@ def test_the_new_verbs_through_mcp(
         await tool("terminate", session=name)
 
     run_mcp(config_dir, tmp_path, scenario)
+
+
+def test_uncaught_without_types_is_an_exception_breakpoint(
+    session: Session, write, python: str
+) -> None:
+    """``break --uncaught`` with no type names (every exception: the list is empty) sets an
+    exception breakpoint; an empty list was taken for "not given" and the spec fell
+    through to a line breakpoint without a file."""
+    script = write("boom.py", "x = 1\nraise KeyError('boom')  # boom\n")
+    session.start(script, python=python)
+    bp = _break(session, uncaught=[])
+    assert bp.get("exception") == "uncaught", bp
+    state = session.cont()
+    assert state["state"] == "paused" and state["reason"] == "exception", state

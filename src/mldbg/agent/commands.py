@@ -211,7 +211,11 @@ class CommandServer:
         if spec.get("nonfinite") or spec.get("max_abs") is not None or spec.get("subnormal"):
             return self._tripwire(spec)
         exception = spec.get("exception")
-        if exception is not None or spec.get("raised") is not None or spec.get("uncaught"):
+        if (
+            exception is not None
+            or spec.get("raised") is not None
+            or spec.get("uncaught") is not None
+        ):
             return self._exception(spec)
         if spec.get("function"):
             return self._function(spec)
@@ -227,8 +231,8 @@ class CommandServer:
         return bp
 
     def _exception(self, spec: dict[str, Any]) -> ExceptionBreak:
-        """``raised``: a list of type names ([] = every exception); ``uncaught``: a flag (with
-        ``types``); ``exception`` + ``types``: the form ``breaks`` lists (restart uses it)."""
+        """``raised`` / ``uncaught``: a list of type names ([] = every exception);
+        ``exception`` + ``types``: the form ``breaks`` lists (restart uses it)."""
         if spec.get("file") or spec.get("line") or spec.get("function"):
             raise BreakpointError(
                 "an exception breakpoint takes type names, not a file, line or function",

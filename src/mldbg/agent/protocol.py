@@ -138,7 +138,7 @@ class BreakArgs(TypedDict, total=False):
     checkpoint: str | None
     function: str | None
     raised: list[str] | None
-    uncaught: bool | None
+    uncaught: list[str] | None  # [] = every exception
     exception: str | None
     types: list[str] | None
     this_thread: bool

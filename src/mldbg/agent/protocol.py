@@ -137,8 +137,8 @@ class BreakArgs(TypedDict, total=False):
     log: str | None
     checkpoint: str | None
     function: str | None
-    raised: list[str] | None
-    uncaught: bool | None
+    raised: list[str] | None  # type names; [] = every exception
+    uncaught: list[str] | None  # type names; [] = every uncaught exception (the default)
     exception: str | None
     types: list[str] | None
     this_thread: bool

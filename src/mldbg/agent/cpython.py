@@ -34,7 +34,8 @@ from ..errors import InterpreterUnsupported
 _PTR = ctypes.sizeof(ctypes.c_void_p)
 _SCAN_WORDS = 64  # the trace fields sit well inside the first 64 pointers of PyThreadState
 
-TraceFunction = Callable[[FrameType, str, Any], Any]
+# sys.settrace's function: (frame, event, the event's argument) -> the frame's local function
+TraceFunction = Callable[[FrameType, str, Any], "TraceFunction | None"]
 
 
 @contextlib.contextmanager

@@ -15,8 +15,8 @@ import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from types import CodeType, FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict, cast
 
 from .. import budget
 from ..errors import INTERNAL, NO_SUCH_FRAME, NOT_PAUSED, CommandError
@@ -27,6 +27,7 @@ from .paths import canonical_code_file, is_library_file, is_mldbg_file
 
 if TYPE_CHECKING:
     from .. import results as R
+    from .wire import Respond
 
 CODE_CONTEXT = 5
 MAX_VARIABLES = 500
@@ -44,8 +45,9 @@ class Resume:
     released: bool = False  # another thread was resumed: this one goes on with it
 
 
-def source_context(file: str, line: int, radius: int = CODE_CONTEXT) -> list[list[Any]]:
-    lines = []
+def source_context(file: str, line: int, radius: int = CODE_CONTEXT) -> list[list[int | str]]:
+    """``[[number, text], ...]`` around ``line``: the code a stop shows."""
+    lines: list[list[int | str]] = []
     for n in range(max(1, line - radius), line + radius + 1):
         text = linecache.getline(file, n)
         if not text and n > line:
@@ -97,7 +99,16 @@ def strip_agent_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
-def exception_info(exc: BaseException) -> dict[str, Any]:
+class ExceptionInfo(TypedDict, total=False):
+    """An exception as a stop (``exception``) and the end of a run show it."""
+
+    type: str
+    message: str
+    traceback: str
+    truncated: bool  # the message or the traceback was cut (budget.MESSAGE, TRACEBACK)
+
+
+def exception_info(exc: BaseException) -> ExceptionInfo:
     """An exception for the daemon, bounded: its message and traceback may be megabytes."""
     tb = strip_agent_frames(exc.__traceback__)
     message, message_cut = budget.cap(_safe_str(exc), budget.MESSAGE)
@@ -105,7 +116,7 @@ def exception_info(exc: BaseException) -> dict[str, Any]:
     text, traceback_cut = budget.cap(
         "".join(budget.capped(line, budget.TRACEBACK) for line in lines), budget.TRACEBACK, "tail"
     )
-    info: dict[str, Any] = {"type": type(exc).__qualname__, "message": message, "traceback": text}
+    info: ExceptionInfo = {"type": type(exc).__qualname__, "message": message, "traceback": text}
     if message_cut or traceback_cut:
         info["truncated"] = True
     return info
@@ -181,7 +192,7 @@ class PausedThread:
         """Interrupt the evaluation this thread is running, if any (``pause`` while paused)."""
         return self.guard.interrupt()
 
-    def watch_value(self, watch_id: int, expression: str, code: Any) -> R.Watch:
+    def watch_value(self, watch_id: int, expression: str, code: CodeType) -> R.Watch:
         """One watch expression in the selected frame, as one bounded line, never raising."""
         from .. import summary
         from .watches import VALUE_CHARS, WATCH_TIMEOUT
@@ -201,7 +212,7 @@ class PausedThread:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def serve(self, respond: Any) -> Resume:
+    def serve(self, respond: Respond) -> Resume:
         """Answer commands until one resumes the thread; ``respond(msg, ok, result)`` replies."""
         while True:
             message = self.queue.get()
@@ -239,7 +250,7 @@ class PausedThread:
             else:
                 respond(message, True, result)
 
-    def drain(self, respond: Any) -> None:
+    def drain(self, respond: Respond) -> None:
         """Refuse commands that arrived after the resume."""
         while True:
             try:
@@ -329,10 +340,10 @@ class PausedThread:
 
         frame, line = self.frames[self.selected]
         namespace = self._namespace()
-        scopes: list[tuple[str, dict[str, Any]]] = [("local", dict(namespace.locals))]
+        scopes: list[tuple[str, dict[str, object]]] = [("local", dict(namespace.locals))]
         if all and namespace.locals is not frame.f_globals:
             scopes.append(("global", dict(frame.f_globals)))
-        matching: list[tuple[str, str, Any]] = []
+        matching: list[tuple[str, str, object]] = []
         for scope, values in scopes:
             for name, value in values.items():
                 if scope == "global" and name.startswith("__") and name.endswith("__"):
@@ -442,7 +453,7 @@ class _Tee:
     """What an evaluation prints: kept (its tail) for the answer, and still written to the
     script's own output, where the run's output.log has all of it."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: TextIO | None) -> None:
         self._stream = stream
         self._parts: list[str] = []
         self._size = 0

@@ -274,6 +274,7 @@ MAX_HELLO = 64 * 1024  # the hello line, read only once the secret matched
 
 
 class Hello(TypedDict, total=False):
+    event: str  # "hello"
     token: str  # kept for older agents; the preamble is what proves the secret now
     child: bool  # a child process of the session's script (forked or started by it)
     ppid: int

@@ -49,11 +49,11 @@ def _no_thread_switch() -> Iterator[None]:
         sys.setswitchinterval(previous)
 
 
-def _probe(frame: FrameType, event: str, arg: Any) -> None:
+def _probe(frame: FrameType, event: str, arg: object) -> None:
     return None
 
 
-def _probe2(frame: FrameType, event: str, arg: Any) -> None:
+def _probe2(frame: FrameType, event: str, arg: object) -> None:
     return None
 
 

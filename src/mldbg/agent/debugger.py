@@ -29,6 +29,7 @@ from .paths import canonical_code_file, is_library_file, is_mldbg_file
 from .paused import (
     PausedThread,
     Resume,
+    StopDetails,
     describe_frame,
     exception_info,
     frames_from_stack,
@@ -41,6 +42,8 @@ from .watches import Watches
 from .wire import Wire, reply
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
     from .functions import ImportWatcher
     from .tripwire import Wire as Tripwires
 
@@ -232,7 +235,7 @@ class Debugger(ThreadHolding):
             if item is None or not table.first_time(exc):
                 return
             item.hit_count += 1
-            details: dict[str, Any] = {"exception": exception_info(exc), "raised": True}
+            details: StopDetails = {"exception": exception_info(exc), "raised": True}
             if not origin:
                 tb = exc.__traceback__
                 while tb is not None and tb.tb_next is not None:
@@ -271,7 +274,13 @@ class Debugger(ThreadHolding):
 
     # -- stopping ---------------------------------------------------------------------------
 
-    def stop(self, frame: FrameType, reason: str, all_threads: bool = True, **details: Any) -> None:
+    def stop(
+        self,
+        frame: FrameType,
+        reason: str,
+        all_threads: bool = True,
+        **details: Unpack[StopDetails],
+    ) -> None:
         self._enter_stop(frames_from_stack(frame), reason, False, details, all_threads)
 
     def post_mortem(self, exc: BaseException) -> None:
@@ -288,7 +297,7 @@ class Debugger(ThreadHolding):
         frames: list[tuple[FrameType, int]],
         reason: str,
         post_mortem: bool,
-        details: dict[str, Any],
+        details: StopDetails,
         all_threads: bool = True,
     ) -> None:
         me = threading.get_ident()

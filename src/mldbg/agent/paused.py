@@ -129,6 +129,27 @@ def _safe_str(value: object) -> str:
         return f"<str failed: {type(exc).__name__}>"
 
 
+class StopDetails(TypedDict, total=False):
+    """What stopped the thread, beside the reason: keys of the stop's state (``R.State``)."""
+
+    exception: ExceptionInfo  # an exception breakpoint, or post mortem
+    raised: bool  # break --raised: the exception is live
+    raised_in: dict[str, object]  # where a library raised it (describe_frame)
+    breakpoint: R.BreakpointInfo
+    condition_error: str  # the breakpoint's condition (or checkpoint filter) raised this
+    checkpoint: dict[str, object]  # the debug_checkpoint call (store/checkpoint.py)
+    tripwire: dict[str, object]  # the module call that tripped (tripwire.py)
+    note: str
+    fix: list[dict[str, object]]  # calls that help from here (step out)
+
+
+class TraceRecord(TypedDict):
+    """A stop as the run's trace keeps it (``R.TraceStep``'s stack and variables)."""
+
+    stack: list[dict[str, object]]  # describe_frame, the user's frames (TRACE_FRAMES)
+    variables: list[dict[str, str]]  # {"name", "summary"} (TRACE_VARIABLES)
+
+
 class PausedThread:
     """One stop: the frames, the selected one, and the queue of commands to serve."""
 
@@ -137,12 +158,12 @@ class PausedThread:
         frames: list[tuple[FrameType, int]],
         reason: str,
         post_mortem: bool = False,
-        details: dict[str, Any] | None = None,
+        details: StopDetails | None = None,
     ) -> None:
         self.frames = frames
         self.reason = reason
         self.post_mortem = post_mortem
-        self.details = details or {}
+        self.details: StopDetails = details or {}
         self.selected = 0
         self.thread = threading.current_thread()
         self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -159,7 +180,7 @@ class PausedThread:
 
         frame, line = self.frames[self.selected] if self.frames else (None, 0)
         # the stop's own details (breakpoint, exception, checkpoint, tripwire...): their
-        # keys are State's, written by whoever stopped the thread
+        # keys are State's, whose nested objects results.py types only as dicts
         details = cast("R.State", self.details)
         return {
             "reason": self.reason,
@@ -417,7 +438,7 @@ class PausedThread:
             result["export"] = export_value(value, export)
         return result
 
-    def trace_record(self) -> dict[str, Any]:
+    def trace_record(self) -> TraceRecord:
         """A bounded picture of this stop for the run's trace: the stack and the variables."""
         from .. import summary
 
@@ -426,7 +447,7 @@ class PausedThread:
             for i, (f, line) in enumerate(self.frames)
             if i == self.selected or not is_library_file(canonical_code_file(f.f_code.co_filename))
         ][:TRACE_FRAMES]
-        variables = []
+        variables: list[dict[str, str]] = []
         try:
             frame, _ = self.frames[self.selected]
             names = [

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, ca
 if TYPE_CHECKING:  # the result shapes: for the type checker (the agent never imports them)
     from .. import results as R
 
-A = TypeVar("A")  # a command's arguments: a TypedDict below
+A = TypeVar("A", bound=Mapping[str, object])  # a command's arguments: a TypedDict below
 R_ = TypeVar("R_")  # its result: a TypedDict of ``results.py``
 
 
@@ -37,9 +37,9 @@ class Requester(Protocol):
     def ask(
         self,
         command: AgentCommand[Any, Any],
-        args: Mapping[str, Any] | None = None,
+        args: Mapping[str, object] | None = None,
         timeout: float | None = None,
-    ) -> Any: ...
+    ) -> object: ...  # the answer as it came over the wire
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -61,10 +61,10 @@ class AgentCommand(Generic[A, R_]):
 
     def call(self, via: Requester, args: A | None = None, timeout: float | None = None) -> R_:
         """Send this command through ``via`` and return its answer (or raise its error)."""
-        answer: R_ = via.ask(self, cast("Mapping[str, Any] | None", args), timeout)
-        return answer
+        # the agent's handler for this command returns R_ (tests/test_protocol.py checks it)
+        return cast("R_", via.ask(self, args, timeout))
 
-    def check(self, args: dict[str, Any]) -> str | None:
+    def check(self, args: Mapping[str, object]) -> str | None:
         """What is wrong with ``args`` for this command (unknown or missing keys), or None."""
         known = self.args.__annotations__
         unknown = sorted(set(args) - set(known))
@@ -77,7 +77,7 @@ class AgentCommand(Generic[A, R_]):
         return None
 
 
-Handler = Callable[..., Any]
+Handler = Callable[..., object]
 F = TypeVar("F", bound=Handler)
 
 
@@ -300,10 +300,10 @@ class Command(TypedDict):
 class Reply(TypedDict, total=False):
     id: int
     ok: bool
-    result: Any
+    result: object
     error: str
     code: str  # a stable error code (no_code_at_line, eval_error, ...)
-    extra: dict[str, Any]
+    extra: dict[str, object]
 
 
 class Event(TypedDict, total=False):

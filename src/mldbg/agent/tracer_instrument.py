@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from importlib._bootstrap_external import SourceLoader
 
     from .breakpoints import Breakpoint
+    from .cpython import TraceFunction
     from .tracer import TracerClient
 
 __all__ = ["InstrumentBackend", "InterpreterUnsupported"]
@@ -191,13 +192,13 @@ class InstrumentBackend(SettraceBackend):
                 pass
         setattr(builtins, HOOK, hook)
 
-    def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+    def _global(self, frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
         if not self._thread_needed(threading.get_ident()):
             sys.settrace(None)
             return None
         return super()._global(frame, event, arg)
 
-    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+    def _local(self, frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
         if event == "line":
             code = frame.f_code
             hooked = self._hooked.get(id(code))

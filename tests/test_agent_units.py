@@ -23,6 +23,7 @@ import pytest
 from mldbg.agent import functions, locate
 from mldbg.agent.backends import choose_backend
 from mldbg.agent.breakpoints import BreakpointError, BreakpointTable, format_log, make_breakpoint
+from mldbg.agent.commands import CommandServer
 from mldbg.agent.debugger import Debugger
 from mldbg.agent.evaluation import EvalError, FrameNamespace
 from mldbg.agent.exception_breaks import ExceptionBreak, parse_types
@@ -303,6 +304,33 @@ def test_raised_exceptions_stop_in_user_code_only() -> None:
     assert agent.event()["event"] == "resumed"
     worker.join(10)
     assert not worker.is_alive()
+
+
+def test_break_uncaught_without_types_sets_the_uncaught_breakpoint() -> None:
+    """``break --uncaught`` with no types reaches the agent as ``uncaught: []`` (the verb
+    takes type names): an exception breakpoint, not a line breakpoint missing its file."""
+    server = CommandServer(_Agent().debugger)
+    every = server.cmd_break(uncaught=[])
+    assert every["exception"] == "uncaught" and every["types"] == []
+    typed = server.cmd_break(uncaught=["KeyError"])
+    assert typed["id"] == every["id"] and typed["types"] == ["KeyError"]  # one per mode
+
+
+def test_a_pending_function_breakpoint_keeps_this_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set before its module exists, it still stops only its own thread once set."""
+    agent = _Agent()
+    debugger, server = agent.debugger, CommandServer(agent.debugger)
+    debugger.cwd = str(tmp_path)
+    pending = server.cmd_break(function="latepkg_xyz.mod.f", this_thread=True)
+    assert pending["pending"] and pending["this_thread"]
+    _write(tmp_path / "latepkg_xyz" / "mod.py", "def f():\n    return 1  # body\n")
+    _write(tmp_path / "latepkg_xyz" / "__init__.py", "")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (made,) = debugger.retry_pending()
+    assert made.function == "latepkg_xyz.mod.f" and made.this_thread
+    assert made.to_json()["this_thread"]
 
 
 # -- stepping, frames, evaluation, watches ---------------------------------------------------------

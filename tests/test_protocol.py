@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typing_extensions
 
 from conftest import wait_until
 from mldbg import results, verbs
@@ -187,9 +188,12 @@ def test_serving_commands_leaves_the_protocols_digest_alone() -> None:
 
 
 def annotation(fn: Any, what: str) -> Any:
-    """``fn``'s annotation for ``what`` (a parameter name or "return"), resolved."""
+    """``fn``'s annotation for ``what`` (a parameter name or "return"), resolved (with the
+    names the agent imports for the type checker only: it runs on 3.10, without Unpack)."""
     module = sys.modules[fn.__module__]
-    hints = typing.get_type_hints(fn, globalns={**vars(module), "R": results})
+    hints = typing.get_type_hints(
+        fn, globalns={**vars(module), "R": results, "Unpack": typing_extensions.Unpack}
+    )
     return hints[what]
 
 

@@ -33,6 +33,35 @@ def test_every_verb_has_a_handler_and_prints_for_a_person() -> None:
     assert json.loads(text) == {"answer": [1, 2], "note": "[b]x[/b]"}
 
 
+def test_every_handler_takes_its_verbs_arguments_as_typed_keywords() -> None:
+    """A handler's keyword parameters are its verb's arguments, no more and no fewer, typed
+    as the verb table declares them (``T | None`` where the declared default is None, the
+    value a missing argument arrives as); a run-store verb's context comes as one
+    ``where``.  mypy then checks each handler's use of its arguments against the table."""
+    import inspect
+    import typing
+
+    from mldbg.server.app import verb_args
+
+    for verb in verbs.VERBS:
+        if verb.agent is not None:  # passed on as the agent command declares them
+            continue
+        handler = handlers.HANDLERS[verb.name]
+        hints = typing.get_type_hints(handler)
+        parameters = list(inspect.signature(handler).parameters.values())
+        assert [p.name for p in parameters[:2]] == ["manager", "session"], verb.name
+        positional = [p.name for p in parameters if p.kind is not p.KEYWORD_ONLY]
+        assert positional[2:] == (["where"] if verb.store else []), verb.name
+        keywords = {p.name: p for p in parameters if p.kind is p.KEYWORD_ONLY}
+        declared = {a.name: a for a in verb_args(verb) if a.name not in handlers.WHERE}
+        assert set(keywords) == set(declared), verb.name
+        for name, arg in declared.items():
+            wanted = arg.type if arg.required or arg.default is not None else arg.type | None
+            assert hints[name] == wanted, (verb.name, name, hints[name], wanted)
+            if not arg.required:
+                assert keywords[name].default == arg.default, (verb.name, name)
+
+
 def test_every_verb_is_a_rest_route_with_its_errors(api: Api) -> None:
     spec = api.get("/openapi.json")
     for verb in verbs.VERBS:

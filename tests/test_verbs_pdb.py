@@ -111,6 +111,19 @@ def test_uncaught_with_types_filters_post_mortem_stops(
     assert state["state"] == "exited" and state["exit_code"] == 1, state  # KeyError: no stop
 
 
+def test_uncaught_without_types_stops_on_every_type_again(
+    session: Session, write, python: str
+) -> None:
+    """``break --uncaught`` with no types (``uncaught: []``) replaces a filter by every type."""
+    script = write("boom.py", "x = 1\nraise KeyError('boom')  # boom\n")
+    session.start(script, python=python)
+    _break(session, uncaught=["ValueError"])
+    every = _break(session, uncaught=[])
+    assert every["exception"] == "uncaught" and every["types"] == [], every
+    state = session.cont()
+    assert state["state"] == "paused" and state["reason"] == "exception", state
+
+
 def test_raised_on_the_plain_settrace_backend(session: Session, write, python: str) -> None:
     """MLDBG_BACKEND=settrace (the fallback where the instrument backend cannot run)."""
     if "3.12" in python or "3.13" in python:

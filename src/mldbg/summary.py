@@ -32,8 +32,12 @@ import numbers
 import re
 import reprlib
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
+
+if TYPE_CHECKING:
+    from typing import Self
 
 PREVIEW = 8
 """Values shown from the start of a tensor, in row-major order."""
@@ -54,7 +58,54 @@ _FRAMEWORKS = {
     "mlx": ("mlx.core", "array"),
     "numpy": ("numpy", "ndarray"),
 }
-_NO_STATS: dict[str, Any] = {"min": None, "max": None, "mean": None, "std": None}
+
+# A value JSON holds as it is (a preview element, a plain scalar's ``value``).
+JsonScalar = bool | int | float | str | None
+
+
+class Stats(TypedDict):
+    """A tensor's statistics (see the module docstring); ints and bools count as floats."""
+
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    nan: int
+    inf: int
+
+
+class Summary(TypedDict, total=False):
+    """What :func:`summarize` says of a value: ``type`` always; tensors have ``shape`` to
+    ``stats``, anything else ``repr`` and, where they apply, ``value``/``len``/``parameters``."""
+
+    type: str
+    shape: list[int]
+    dtype: str
+    device: str
+    numel: int
+    preview: list[JsonScalar]
+    stats: Stats | None
+    requires_grad: bool  # torch
+    evaluated: bool  # MLX: False for a lazy array (or a tracer) left unevaluated
+    note: str  # what could not be read, and why
+    repr: str
+    value: JsonScalar
+    len: int
+    parameters: int
+
+
+class _Sliceable(Protocol):
+    """What chunking and the preview need of a tensor (torch, MLX and numpy all have it)."""
+
+    @property
+    def shape(self) -> Sequence[int]: ...
+
+    def reshape(self, *shape: int) -> Self: ...
+
+    def __getitem__(self, index: int | slice | tuple[int | slice, ...], /) -> Self: ...
+
+
+_Array = TypeVar("_Array", bound=_Sliceable)
 
 
 # -- what a value is ------------------------------------------------------------------------
@@ -213,7 +264,7 @@ def _json_number(x: float | int | bool) -> float | int | bool | str:
     return x
 
 
-def _json_value(x: object) -> Any:
+def _json_value(x: object) -> JsonScalar:
     """A preview element as JSON: numbers as numbers, anything else as bounded text.
 
     Complex values read ``"3+4j"``; numbers tolist leaves as objects (numpy's longdouble)
@@ -252,12 +303,12 @@ class _Moments:
         self.count = 0
         self.mean = 0.0
         self.m2 = 0.0
-        self.low: Any = None
-        self.high: Any = None
+        self.low: float | None = None
+        self.high: float | None = None
         self.nan = 0
         self.inf = 0
 
-    def add(self, count: int, mean: float, m2: float, low: Any, high: Any) -> None:
+    def add(self, count: int, mean: float, m2: float, low: float, high: float) -> None:
         if count == 0:
             return
         total = self.count + count
@@ -268,21 +319,28 @@ class _Moments:
         self.low = low if self.low is None else min(self.low, low)
         self.high = high if self.high is None else max(self.high, high)
 
-    def stats(self) -> dict[str, Any]:
-        counts = {"nan": self.nan, "inf": self.inf}
+    def stats(self) -> Stats:
         if self.count == 0:
-            return {**_NO_STATS, **counts}
+            return {
+                "min": None,
+                "max": None,
+                "mean": None,
+                "std": None,
+                "nan": self.nan,
+                "inf": self.inf,
+            }
         std = math.sqrt(max(self.m2, 0.0) / (self.count - 1)) if self.count > 1 else 0.0
         return {
             "min": self.low,
             "max": self.high,
             "mean": _finite_or_none(self.mean),
             "std": _finite_or_none(std),
-            **counts,
+            "nan": self.nan,
+            "inf": self.inf,
         }
 
 
-def _bool_stats(count: int, true: int) -> dict[str, Any]:
+def _bool_stats(count: int, true: int) -> Stats:
     """Booleans as 0/1, from the count of true values alone (no converted copy)."""
     var = true * (count - true) / (count * (count - 1)) if count > 1 else 0.0
     return {
@@ -295,7 +353,7 @@ def _bool_stats(count: int, true: int) -> dict[str, Any]:
     }
 
 
-def _chunks(x: Any, limit: int) -> Iterator[Any]:
+def _chunks(x: _Array, limit: int) -> Iterator[_Array]:
     """Views of at most ``limit`` elements, sliced along the leading axes; never a copy."""
     shape = tuple(x.shape)
     count = math.prod(shape)
@@ -312,7 +370,7 @@ def _chunks(x: Any, limit: int) -> Iterator[Any]:
             yield x[start : start + step]
 
 
-def _head(x: Any, count: int) -> Any:
+def _head(x: _Array, count: int) -> _Array:
     """The first values in row-major order, gathered from a slice of under 2*PREVIEW values.
 
     Flattening a whole non-contiguous tensor would copy it; instead index zeros into the
@@ -332,7 +390,7 @@ def _head(x: Any, count: int) -> Any:
     return x[(0,) * axis + (slice(0, rows),)].reshape(-1)[:wanted]
 
 
-def _header(kind: str, shape: Any, dtype: str, device: str, count: int) -> dict[str, Any]:
+def _header(kind: str, shape: Iterable[int], dtype: str, device: str, count: int) -> Summary:
     """The keys every tensor summary has; preview and stats are filled in when there are values."""
     return {
         "type": _TENSOR_TYPES[kind],
@@ -345,7 +403,9 @@ def _header(kind: str, shape: Any, dtype: str, device: str, count: int) -> dict[
     }
 
 
-def _fill(out: dict[str, Any], preview: Callable[[], list[Any]], stats: Callable[[], Any]) -> None:
+def _fill(
+    out: Summary, preview: Callable[[], Iterable[object]], stats: Callable[[], Stats | None]
+) -> None:
     """Preview then stats; whichever fails keeps its default and says why in ``note``."""
     try:
         out["preview"] = [_json_value(v) for v in preview()]
@@ -361,7 +421,7 @@ def _fill(out: dict[str, Any], preview: Callable[[], list[Any]], stats: Callable
 # -- torch ----------------------------------------------------------------------------------
 
 
-def _torch_summary(t: Any) -> dict[str, Any]:
+def _torch_summary(t: Any) -> Summary:
     torch = sys.modules["torch"]
     with torch.no_grad():
         out = _header(
@@ -385,14 +445,14 @@ def _torch_summary(t: Any) -> dict[str, Any]:
     return out
 
 
-def _torch_plain(t: Any, torch: Any) -> Any:
+def _torch_plain(t: Any, torch: ModuleType) -> Any:
     """A detached plain ``torch.Tensor`` view: no autograd, no subclass ``__torch_function__``."""
     if type(t) is not torch.Tensor:
         t = t.as_subclass(torch.Tensor)
     return t.detach()
 
 
-def _torch_unsupported(t: Any, torch: Any) -> str | None:
+def _torch_unsupported(t: Any, torch: ModuleType) -> str | None:
     """Why this tensor's values are not read, or None when they can be."""
     if t.is_meta:
         return None if t.numel() == 0 else "meta tensor: no values"
@@ -421,7 +481,7 @@ def _torch_memory_order(t: Any) -> Any:
     return t.view(-1) if t.is_contiguous() else t
 
 
-def _torch_stats(t: Any, torch: Any) -> dict[str, Any]:
+def _torch_stats(t: Any, torch: ModuleType) -> Stats:
     values = _torch_memory_order(t)
     limit = CHUNK if t.device.type == "cpu" else ACCELERATOR_CHUNK
     if t.dtype == torch.bool:
@@ -441,7 +501,7 @@ def _torch_stats(t: Any, torch: Any) -> dict[str, Any]:
     return moments.stats()
 
 
-def _torch_float_chunk(c: Any, torch: Any, moments: _Moments) -> None:
+def _torch_float_chunk(c: Any, torch: ModuleType, moments: _Moments) -> None:
     """One chunk: two host syncs and no temporary in the common, all-finite case.
 
     aminmax propagates NaN and infinity, so finite extremes prove the chunk finite without
@@ -470,7 +530,7 @@ def _torch_float_chunk(c: Any, torch: Any, moments: _Moments) -> None:
     moments.add(count, mean, var * n, low, high)
 
 
-def _torch_int_chunk(c: Any, work: Any, torch: Any, moments: _Moments) -> None:
+def _torch_int_chunk(c: Any, work: Any, torch: ModuleType, moments: _Moments) -> None:
     low, high = _torch_int_extremes(c, torch)
     n = c.numel()
     f = c.to(work)
@@ -478,7 +538,7 @@ def _torch_int_chunk(c: Any, work: Any, torch: Any, moments: _Moments) -> None:
     moments.add(n, mean, var * n, low, high)
 
 
-def _torch_int_extremes(c: Any, torch: Any) -> tuple[int, int]:
+def _torch_int_extremes(c: Any, torch: ModuleType) -> tuple[int, int]:
     """Exact integer extremes; torch lacks min/max for uint16/32/64 on CPU."""
     if c.dtype == torch.uint64:
         # Flipping the sign bit maps unsigned order onto signed order, exactly.
@@ -502,7 +562,7 @@ TRACER = (
 EVALUATED_NOW = "was lazy: evaluated now, as asked"
 
 
-def _mlx_summary(a: Any, force: bool = False) -> dict[str, Any]:
+def _mlx_summary(a: Any, force: bool = False) -> Summary:
     """Shape and dtype always; values and statistics only for an evaluated array, unless
     ``force`` (``eval``: the user asked for the value), which evaluates it and says so.
 
@@ -534,7 +594,7 @@ def _mlx_summary(a: Any, force: bool = False) -> dict[str, Any]:
     return out
 
 
-def _mlx_lazy(a: Any, mx: Any) -> bool | None:
+def _mlx_lazy(a: Any, mx: ModuleType) -> bool | None:
     """Whether ``a`` still holds an unevaluated graph, found without evaluating it.
 
     MLX has no public flag for it; ``export_to_dot`` writes "the unevaluated inputs of the
@@ -569,13 +629,13 @@ def _is_transform_error_text(text: str) -> bool:
     return "function transformations" in text or "during compile" in text
 
 
-def _mlx_device(mx: Any) -> str:
+def _mlx_device(mx: ModuleType) -> str:
     """``Device(gpu, 0)`` reads ``gpu``: MLX arrays have no device, computations do."""
     device = str(mx.default_device())
     return device.removeprefix("Device(").removesuffix(")").split(",")[0].strip()
 
 
-def _mlx_stats(a: Any, mx: Any) -> dict[str, Any]:
+def _mlx_stats(a: Any, mx: ModuleType) -> Stats:
     if a.dtype == mx.bool_:
         true = sum(int(mx.sum(c).item()) for c in _chunks(a, CHUNK))
         return _bool_stats(a.size, true)
@@ -586,18 +646,18 @@ def _mlx_stats(a: Any, mx: Any) -> dict[str, Any]:
     with mx.stream(mx.cpu) if work == mx.float64 else contextlib.nullcontext():
         for chunk in _chunks(a, CHUNK):
             flat = chunk.reshape(-1)
-            low = high = None
+            known: tuple[int, int] | None = None
             if integer:
                 low_a, high_a = mx.min(flat), mx.max(flat)
                 mx.eval(low_a, high_a)
-                low, high = int(low_a.item()), int(high_a.item())
+                known = int(low_a.item()), int(high_a.item())
             elif mx.issubdtype(flat.dtype, mx.complexfloating):
                 flat = mx.abs(flat)
-            _mlx_chunk(flat.astype(work), mx, moments, low, high)
+            _mlx_chunk(flat.astype(work), mx, moments, known)
     return moments.stats()
 
 
-def _mlx_sum(v: Any, mx: Any) -> Any:
+def _mlx_sum(v: Any, mx: ModuleType) -> Any:
     """Partial sums of a flat array: a small lazy array, added up in double on the host.
 
     MLX's CPU reductions accumulate float32 in sequence: the mean of 1e6 equal values comes
@@ -617,17 +677,17 @@ def _fsum(partials: list[float]) -> float:
     return math.fsum(partials) if all(map(math.isfinite, partials)) else math.nan
 
 
-def _mlx_chunk(v: Any, mx: Any, moments: _Moments, low: Any, high: Any) -> None:
+def _mlx_chunk(v: Any, mx: ModuleType, moments: _Moments, known: tuple[int, int] | None) -> None:
     """One flat chunk, in two passes (Chan, Golub and LeVeque's corrected two-pass).
 
     The first pass sums the values: a finite sum proves every value finite (NaN and
     infinities propagate through sums), and gives a first mean.  The second sums the
     deviations from that mean and their squares: the first correcting the mean for the
-    float32 error of the first pass, the second giving the variance.  ``low``/``high`` are
-    the exact extremes when already known (integers).
+    float32 error of the first pass, the second giving the variance.  ``known``: the exact
+    extremes when already known (integers).
     """
     n = v.size
-    extremes = [mx.min(v), mx.max(v)] if low is None else []
+    extremes = [mx.min(v), mx.max(v)] if known is None else []
     partials = _mlx_sum(v, mx)
     mx.eval(partials, *extremes)
     total, count = _fsum(partials.tolist()), n
@@ -640,7 +700,7 @@ def _mlx_chunk(v: Any, mx: Any, moments: _Moments, low: Any, high: Any) -> None:
         if count == 0:
             return
         total = _fsum(_mlx_sum(mx.where(finite, v, 0.0), mx).tolist())
-        if low is None:
+        if known is None:
             extremes = [
                 mx.min(mx.where(finite, v, math.inf)),
                 mx.max(mx.where(finite, v, -math.inf)),
@@ -655,15 +715,17 @@ def _mlx_chunk(v: Any, mx: Any, moments: _Moments, low: Any, high: Any) -> None:
     correction = _fsum(first.tolist())
     mean = float(shift.item()) + correction / count
     m2 = max(_fsum(second.tolist()) - correction * correction / count, 0.0)
-    if low is None:
+    if known is None:
         low, high = float(extremes[0].item()), float(extremes[1].item())
+    else:
+        low, high = known
     moments.add(count, mean, m2, low, high)
 
 
 # -- numpy ----------------------------------------------------------------------------------
 
 
-def _numpy_summary(a: Any) -> dict[str, Any]:
+def _numpy_summary(a: Any) -> Summary:
     np = sys.modules["numpy"]
     if type(a) is not np.ndarray:  # np.matrix never drops to 1-D; masked arrays: raw data
         a = a.view(np.ndarray)
@@ -675,7 +737,7 @@ def _numpy_summary(a: Any) -> dict[str, Any]:
     return out
 
 
-def _numpy_work(dtype: Any, np: Any) -> tuple[str, Any] | None:
+def _numpy_work(dtype: Any, np: ModuleType) -> tuple[str, Any] | None:
     """(kind, dtype to reduce in) for numeric dtypes, None for text, objects, dates, records."""
     if dtype.type.__module__.startswith("ml_dtypes"):  # bfloat16, float8_*, int4, ...
         if dtype.name.startswith(("int", "uint")):
@@ -688,7 +750,7 @@ def _numpy_work(dtype: Any, np: Any) -> tuple[str, Any] | None:
     return None
 
 
-def _numpy_memory_order(a: Any, np: Any) -> Any:
+def _numpy_memory_order(a: Any, np: ModuleType) -> Any:
     """The same values with axes in memory order, flat when that is a view."""
     if not a.flags.c_contiguous and a.ndim > 1:
         order = sorted(range(a.ndim), key=lambda d: abs(a.strides[d]), reverse=True)
@@ -696,7 +758,7 @@ def _numpy_memory_order(a: Any, np: Any) -> Any:
     return a.reshape(-1) if a.flags.c_contiguous else a
 
 
-def _numpy_stats(a: Any, np: Any) -> dict[str, Any] | None:
+def _numpy_stats(a: Any, np: ModuleType) -> Stats | None:
     work = _numpy_work(a.dtype, np)
     if work is None:
         return None
@@ -712,7 +774,7 @@ def _numpy_stats(a: Any, np: Any) -> dict[str, Any] | None:
     return moments.stats()
 
 
-def _numpy_chunk(v: Any, kind: str, np: Any, moments: _Moments) -> None:
+def _numpy_chunk(v: Any, kind: str, np: ModuleType, moments: _Moments) -> None:
     """Sums in float64 (buffered casts, no full copy); a finite sum proves the chunk finite."""
     n = int(v.size)
     total, count = float(np.sum(v, dtype=np.float64)), n
@@ -735,19 +797,19 @@ def _numpy_chunk(v: Any, kind: str, np: Any, moments: _Moments) -> None:
 
 # -- everything else ------------------------------------------------------------------------
 
-_TENSOR_SUMMARIES: dict[str, Callable[[Any], dict[str, Any]]] = {
+_TENSOR_SUMMARIES: dict[str, Callable[[object], Summary]] = {
     "torch": _torch_summary,
     "mlx": _mlx_summary,
     "numpy": _numpy_summary,
 }
-_FORCED_SUMMARIES: dict[str, Callable[[Any], dict[str, Any]]] = {
+_FORCED_SUMMARIES: dict[str, Callable[[object], Summary]] = {
     **_TENSOR_SUMMARIES,
     "mlx": lambda a: _mlx_summary(a, force=True),
 }
 _SIZED = (list, tuple, dict, set, frozenset, str, bytes, bytearray, collections.deque, range)
 
 
-def _scalar_value(value: Any) -> tuple[bool, Any]:
+def _scalar_value(value: Any) -> tuple[bool, JsonScalar]:
     """(True, JSON value) for None, bools, ints, floats, short strings and numpy scalars.
 
     Subclasses (IntEnum, numpy.float64) are reduced to the plain builtin value.
@@ -782,9 +844,9 @@ def _parameter_count(value: Any) -> int | None:
     return None
 
 
-def _plain_summary(value: Any) -> dict[str, Any]:
+def _plain_summary(value: Any) -> Summary:
     """Type and bounded repr; an optional key is left out when computing it fails."""
-    out: dict[str, Any] = {"type": type_name(value), "repr": safe_repr(value, REPR_LIMIT)}
+    out: Summary = {"type": type_name(value), "repr": safe_repr(value, REPR_LIMIT)}
     with contextlib.suppress(Exception):
         known, scalar = _scalar_value(value)
         if known:
@@ -799,7 +861,7 @@ def _plain_summary(value: Any) -> dict[str, Any]:
     return out
 
 
-def summarize(value: object, force: bool = False) -> dict[str, Any]:
+def summarize(value: object, force: bool = False) -> Summary:
     """A JSON-ready (strict: no NaN) description of ``value``; never raises.
 
     A lazy MLX array is described by shape and dtype with ``"evaluated": false`` and a
@@ -848,7 +910,7 @@ def one_line(value: object, max_chars: int = 200, force: bool = False) -> str:
         return _truncate(f"<summary failed: {_describe_exception(exc)}>", max_chars)
 
 
-def one_line_from_summary(described: dict[str, Any], max_chars: int = 200) -> str:
+def one_line_from_summary(described: Summary, max_chars: int = 200) -> str:
     """The one line of a tensor whose ``summarize`` result is at hand: stats computed once."""
     try:
         return _truncate(_tensor_line(described), max_chars)
@@ -861,12 +923,12 @@ def _fold(text: str) -> str:
     return re.sub(r"\s*\n\s*", " ", text)
 
 
-def _tensor_line(s: dict[str, Any]) -> str:
+def _tensor_line(s: Summary) -> str:
     if "shape" not in s:
         return f"{s['type']} <{s.get('note', 'no summary')}>"
     shape = ", ".join(str(n) for n in s["shape"])
     parts = [f"{s['type']} {s['dtype']}[{shape}] {s['device']}"]
-    stats = s.get("stats") or {}
+    stats: Mapping[str, object] = s.get("stats") or {}
     for key in ("min", "max", "mean", "std"):
         if stats.get(key) is not None:
             parts.append(f"{key}={_short(stats[key])}")
@@ -879,5 +941,5 @@ def _tensor_line(s: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _short(x: Any) -> str:
+def _short(x: object) -> str:
     return f"{x:.4g}" if isinstance(x, float) else str(x)

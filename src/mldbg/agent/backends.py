@@ -8,8 +8,22 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .tracer import TracerBackend, TracerClient
+
+if TYPE_CHECKING:  # every backend is a TracerBackend: checked here, since the type checker
+    # runs for one Python and skips the branches below that are for another
+    from .tracer_instrument import InstrumentBackend
+    from .tracer_monitoring import MonitoringBackend
+    from .tracer_settrace import SettraceBackend
+
+    _BACKENDS: tuple[Callable[[TracerClient], TracerBackend], ...] = (
+        MonitoringBackend,
+        InstrumentBackend,
+        SettraceBackend,
+    )
 
 
 def choose_backend(client: TracerClient) -> TracerBackend:

@@ -15,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import (
     BAD_ARGUMENT,
@@ -27,11 +27,14 @@ from ..errors import (
     NOT_A_SOURCE_FILE,
     BreakpointError,
 )
-from .exception_breaks import ExceptionBreaks
+from .exception_breaks import ExceptionBreak, ExceptionBreaks
 from .paths import canonical, canonical_code_file
 
 if TYPE_CHECKING:
     from .. import results as R
+    from .functions import PendingFunction
+    from .logtemplate import Part
+    from .tripwire import Tripwire
 
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # larger "source files" are generated data, not code
 _SOURCE_SUFFIXES = (".py", ".pyw", ".pyi")
@@ -63,7 +66,7 @@ def _compile_expression(text: str, what: str, code: str = "bad_condition") -> Co
         ) from None
 
 
-def compile_log_template(template: str) -> list[Any]:
+def compile_log_template(template: str) -> list[Part]:
     """Parse a logpoint message as the body of an f-string (see :mod:`.logtemplate`)."""
     from .logtemplate import TemplateError, compile_template
 
@@ -201,7 +204,7 @@ class Breakpoint:
     hit_count: int = 0
     condition_code: CodeType | None = field(default=None, repr=False)
     hits_rule: tuple[str, int] | None = field(default=None, repr=False)
-    log_parts: list[Any] | None = field(default=None, repr=False)
+    log_parts: list[Part] | None = field(default=None, repr=False)
     temporary: bool = False  # `until`: removed at the next stop, whatever stopped
     function: str | None = None  # set by `break --function NAME`: the name it came from
     this_thread: bool = False  # stop only the thread that hit it, not every thread
@@ -339,6 +342,16 @@ def make_checkpoint_filter(name: str, condition: str | None = None) -> Checkpoin
     )
 
 
+class AnyBreakpoint(Protocol):
+    """What every kind of breakpoint has (line, checkpoint filter, exception, pending
+    function, tripwire): an id, a hit count and its listing, as ``breaks`` shows it."""
+
+    id: int
+    hit_count: int
+
+    def to_json(self) -> R.BreakpointInfo: ...
+
+
 _NO_LINES: frozenset[int] = frozenset()
 
 
@@ -353,8 +366,9 @@ class BreakpointTable:
         self.by_file: dict[str, dict[int, Breakpoint]] = {}
         self.checkpoints: dict[str, CheckpointFilter] = {}
         self.exceptions = ExceptionBreaks()
-        self.pending: dict[int, Any] = {}  # function breakpoints whose module is not there yet
-        self.tripwires: dict[int, Any] = {}  # break --nonfinite (tripwire.Tripwire), one at most
+        # function breakpoints whose module is not there yet
+        self.pending: dict[int, PendingFunction] = {}
+        self.tripwires: dict[int, Tripwire] = {}  # break --nonfinite, one at most
         self.version = 0
         self.lock = threading.RLock()
         self._code_cache: dict[CodeType, frozenset[int]] = {}
@@ -408,8 +422,8 @@ class BreakpointTable:
             self._changed()
             return count
 
-    def add_exception(self, item: Any) -> Any:
-        """An exception breakpoint (``exceptions.ExceptionBreak``): one per mode."""
+    def add_exception(self, item: ExceptionBreak) -> ExceptionBreak:
+        """An exception breakpoint: one per mode."""
         with self.lock:
             added = self.exceptions.add(item, _ids)
             self._changed()
@@ -418,7 +432,7 @@ class BreakpointTable:
     def next_id(self) -> int:
         return next(_ids)
 
-    def everything(self) -> list[Any]:
+    def everything(self) -> list[AnyBreakpoint]:
         """Every kind of breakpoint, each with ``id`` and ``to_json``."""
         with self.lock:
             return [
@@ -429,7 +443,7 @@ class BreakpointTable:
                 *self.tripwires.values(),
             ]
 
-    def find(self, bp_id: int) -> Any:
+    def find(self, bp_id: int) -> AnyBreakpoint:
         for item in self.everything():
             if item.id == bp_id:
                 return item
@@ -438,7 +452,7 @@ class BreakpointTable:
             f"no breakpoint #{bp_id}; set breakpoints: {known}", code=NO_SUCH_BREAKPOINT
         )
 
-    def remove_id(self, bp_id: int) -> Any:
+    def remove_id(self, bp_id: int) -> AnyBreakpoint:
         """Remove any kind of breakpoint by its id."""
         item = self.find(bp_id)
         with self.lock:

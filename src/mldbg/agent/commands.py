@@ -9,7 +9,7 @@ daemon hands on to its clients.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from ..errors import BAD_ARGUMENT, INTERNAL, NOT_PAUSED
 from . import protocol as P
@@ -22,13 +22,18 @@ from .breakpoints import (
 )
 from .debugger import Debugger
 from .exception_breaks import ExceptionBreak, parse_types
-from .functions import PendingFunction, check_name, resolve
+from .functions import LineSpec, PendingFunction, check_name, resolve
 from .paused import CommandError
 from .tripwire import Tripwire
 from .wire import reply
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
     from .. import results as R
+
+# What ``break`` makes, by the arguments it is given.
+Made = Breakpoint | CheckpointFilter | ExceptionBreak | PendingFunction | Tripwire
 
 
 class CommandServer:
@@ -40,7 +45,7 @@ class CommandServer:
         self.wire = debugger.wire
         self.handlers = P.handlers_of(self)  # the reader thread's commands, by name
 
-    def serve(self, on_run: threading.Event, config: dict[str, Any]) -> None:
+    def serve(self, on_run: threading.Event, config: P.RunArgs) -> None:
         """Read commands until the daemon goes; ``on_run`` is set when the script may start."""
         debugger = self.debugger
         debugger.mark_busy()
@@ -90,8 +95,8 @@ class CommandServer:
                 reply(self.wire, message, False, text[:2000], None, INTERNAL)
             else:
                 reply(self.wire, message, True, result)
-                if command is P.RUN:
-                    config.update(args)
+                if command is P.RUN:  # checked against RunArgs above
+                    config.update(cast("P.RunArgs", args))
                     on_run.set()
 
     # -- commands -----------------------------------------------------------------------------
@@ -99,7 +104,7 @@ class CommandServer:
     @P.serves(P.CONFIGURE)
     def cmd_configure(
         self,
-        breakpoints: list[dict[str, Any]] | None = None,
+        breakpoints: list[P.BreakArgs] | None = None,
         watches: list[str] | None = None,
         main_file: str | None = None,
     ) -> R.Breakpoints:
@@ -117,11 +122,11 @@ class CommandServer:
         return {"breakpoints": [item.to_json() for item in made]}
 
     @P.serves(P.RUN)
-    def cmd_run(self, **_: Any) -> dict[str, Any]:
+    def cmd_run(self, **_: Unpack[P.RunArgs]) -> dict[str, bool]:
         return {"running": True}
 
     @P.serves(P.BREAK)
-    def cmd_break(self, **spec: Any) -> R.BreakpointInfo:
+    def cmd_break(self, **spec: Unpack[P.BreakArgs]) -> R.BreakpointInfo:
         temporary = bool(spec.pop("temporary", False))
         item = self._build(spec)
         if temporary and isinstance(item, Breakpoint):
@@ -175,7 +180,7 @@ class CommandServer:
         return {"breakpoints": items, "watches": self.debugger.watches.listing()}
 
     @P.serves(P.PAUSE)
-    def cmd_pause(self) -> dict[str, Any]:
+    def cmd_pause(self) -> dict[str, bool]:
         return self.debugger.request_pause()
 
     @P.serves(P.WATCH)
@@ -199,19 +204,24 @@ class CommandServer:
     def cmd_thread(self, number: int) -> R.State:
         return self.debugger.select_thread(number)
 
-    def _build(self, spec: dict[str, Any]) -> Any:
-        if spec.get("checkpoint"):
+    def _build(self, spec: P.BreakArgs) -> Made:
+        checkpoint = spec.get("checkpoint")
+        if checkpoint:
             if spec.get("file") or spec.get("line") or spec.get("hits") or spec.get("log"):
                 raise BreakpointError(
                     "a checkpoint filter takes only a name and a condition, "
                     "not a file, line, hit count or log message",
                     code=BAD_ARGUMENT,
                 )
-            return make_checkpoint_filter(spec["checkpoint"], spec.get("condition"))
+            return make_checkpoint_filter(checkpoint, spec.get("condition"))
         if spec.get("nonfinite") or spec.get("max_abs") is not None or spec.get("subnormal"):
             return self._tripwire(spec)
         exception = spec.get("exception")
-        if exception is not None or spec.get("raised") is not None or spec.get("uncaught"):
+        if (
+            exception is not None
+            or spec.get("raised") is not None
+            or spec.get("uncaught") is not None  # [] (no types): every uncaught exception
+        ):
             return self._exception(spec)
         if spec.get("function"):
             return self._function(spec)
@@ -226,9 +236,9 @@ class CommandServer:
         bp.this_thread = bool(spec.get("this_thread"))
         return bp
 
-    def _exception(self, spec: dict[str, Any]) -> ExceptionBreak:
-        """``raised``: a list of type names ([] = every exception); ``uncaught``: a flag (with
-        ``types``); ``exception`` + ``types``: the form ``breaks`` lists (restart uses it)."""
+    def _exception(self, spec: P.BreakArgs) -> ExceptionBreak:
+        """``raised`` / ``uncaught``: a list of type names ([] = every exception);
+        ``exception`` + ``types``: the form ``breaks`` lists (restart uses it)."""
         if spec.get("file") or spec.get("line") or spec.get("function"):
             raise BreakpointError(
                 "an exception breakpoint takes type names, not a file, line or function",
@@ -242,10 +252,10 @@ class CommandServer:
             )
         types = spec.get("types")
         if types is None:
-            types = spec.get(mode)
+            types = spec.get("raised") if mode == "raised" else spec.get("uncaught")
         return ExceptionBreak(mode, parse_types(types))
 
-    def _tripwire(self, spec: dict[str, Any]) -> Tripwire:
+    def _tripwire(self, spec: P.BreakArgs) -> Tripwire:
         """``break --nonfinite [--max-abs X] [--subnormal]``: module outputs, not a line."""
         if spec.get("file") or spec.get("line") or spec.get("function") or spec.get("condition"):
             raise BreakpointError(
@@ -264,7 +274,7 @@ class CommandServer:
             subnormal=bool(spec.get("subnormal")),
         )
 
-    def _function(self, spec: dict[str, Any]) -> Breakpoint | PendingFunction:
+    def _function(self, spec: P.BreakArgs) -> Breakpoint | PendingFunction:
         name = str(spec["function"]).strip()
         check_name(name)
         if spec.get("file") or spec.get("line"):
@@ -272,7 +282,7 @@ class CommandServer:
                 "a function breakpoint takes a dotted name, not a file and line",
                 code=BAD_ARGUMENT,
             )
-        rest = {
+        rest: LineSpec = {
             "condition": spec.get("condition"),
             "hits": spec.get("hits"),
             "log": spec.get("log"),
@@ -281,13 +291,15 @@ class CommandServer:
         table = self.debugger.breakpoints
         if found is None:
             make_breakpoint_check(rest)  # a bad condition is refused now, not at import
-            return PendingFunction(name, table.next_id(), rest)
+            return PendingFunction(
+                name, table.next_id(), rest, this_thread=bool(spec.get("this_thread"))
+            )
         bp = make_breakpoint(found[0], found[1], cwd=self.debugger.cwd, **rest)
         bp.function = name
         bp.this_thread = bool(spec.get("this_thread"))
         return bp
 
-    def _add(self, item: Any) -> Any:
+    def _add(self, item: Made) -> Made:
         table = self.debugger.breakpoints
         if isinstance(item, CheckpointFilter):
             return table.add_checkpoint(item)
@@ -306,12 +318,13 @@ class CommandServer:
         return table.add(item)
 
 
-def make_breakpoint_check(rest: dict[str, Any]) -> None:
+def make_breakpoint_check(rest: LineSpec) -> None:
     """Compile a pending breakpoint's condition, hit count and log now: errors come at once."""
     from .breakpoints import _compile_expression, compile_log_template, parse_hits
 
-    if rest.get("condition"):
-        _compile_expression(rest["condition"], "condition")
-    if rest.get("log"):
-        compile_log_template(rest["log"])
+    condition, log = rest.get("condition"), rest.get("log")
+    if condition:
+        _compile_expression(condition, "condition")
+    if log:
+        compile_log_template(log)
     parse_hits(rest.get("hits"))

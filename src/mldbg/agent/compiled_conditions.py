@@ -27,6 +27,7 @@ from __future__ import annotations
 import builtins
 import sys
 import weakref
+from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,8 @@ from .live_code import GENERATOR_CODE, Applied, Live, scan
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
+    from importlib._bootstrap_external import SourceLoader
+
     from .tracer import TracerClient
 
 _Key = frozenset[tuple[int, str]]  # (line, condition) pairs of one file
@@ -56,6 +59,8 @@ class CompiledConditions:
         self._hook_fn = self._hook
         self._wrapper_code: CodeType | None = None
         self._published = False
+        # SourceLoader.get_code while wrapped (untyped: mypy reads putting it back on the
+        # class as assigning a method of a method)
         self._get_code_original: Any = None
 
     # -- what the monitoring backend asks ---------------------------------------------------
@@ -133,7 +138,7 @@ class CompiledConditions:
         (dynamo would otherwise try to inline it and warn about ``sys._getframe``)."""
         if self._wrapper_code is not None:
             return
-        hook: Any = self._hook_fn
+        hook: Callable[..., object] = self._hook_fn
         if dynamo_ready():
             try:
                 wrapped = sys.modules["torch.compiler"].disable(self._hook_fn, recursive=True)
@@ -162,7 +167,7 @@ class CompiledConditions:
             original = loader.get_code
             owner = self
 
-            def get_code(self: Any, fullname: str) -> Any:
+            def get_code(self: SourceLoader, fullname: str) -> CodeType | None:
                 code = original(self, fullname)
                 if code is not None and owner._applied:
                     try:

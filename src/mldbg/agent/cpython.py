@@ -34,7 +34,8 @@ from ..errors import InterpreterUnsupported
 _PTR = ctypes.sizeof(ctypes.c_void_p)
 _SCAN_WORDS = 64  # the trace fields sit well inside the first 64 pointers of PyThreadState
 
-TraceFunction = Callable[[FrameType, str, Any], Any]
+# sys.settrace's function: (frame, event, the event's argument) -> the frame's local function
+TraceFunction = Callable[[FrameType, str, Any], "TraceFunction | None"]
 
 
 @contextlib.contextmanager
@@ -48,11 +49,11 @@ def _no_thread_switch() -> Iterator[None]:
         sys.setswitchinterval(previous)
 
 
-def _probe(frame: FrameType, event: str, arg: Any) -> None:
+def _probe(frame: FrameType, event: str, arg: object) -> None:
     return None
 
 
-def _probe2(frame: FrameType, event: str, arg: Any) -> None:
+def _probe2(frame: FrameType, event: str, arg: object) -> None:
     return None
 
 

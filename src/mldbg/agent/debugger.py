@@ -14,15 +14,22 @@ import threading
 import time
 from collections.abc import Callable
 from types import CodeType, FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from . import threads as T
-from .breakpoints import BreakpointError, BreakpointTable, format_log, make_breakpoint
+from .breakpoints import (
+    Breakpoint,
+    BreakpointError,
+    BreakpointTable,
+    format_log,
+    make_breakpoint,
+)
 from .paths import canonical_code_file, is_library_file, is_mldbg_file
 from .paused import (
     PausedThread,
     Resume,
+    StopDetails,
     describe_frame,
     exception_info,
     frames_from_stack,
@@ -30,9 +37,15 @@ from .paused import (
 )
 from .stepping import StepRequest
 from .threads import ThreadHolding
-from .tracer import TracerBackend, TracerClient
+from .tracer import ConditionOutcome, TracerBackend, TracerClient
 from .watches import Watches
 from .wire import Wire, reply
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from .functions import ImportWatcher
+    from .tripwire import Wire as Tripwires
 
 # A pause that lands in library code runs on this long for a line of the user's code
 # before it stops where it is (and says so, offering `step out`).
@@ -61,9 +74,10 @@ class Debugger(ThreadHolding):
         self.watches = Watches()
         self._stop_lock = threading.Lock()
         self._busy: set[int] = set()  # threads inside the debugger: they never stop again
-        self._import_watcher: Any = None
-        self._tripwire: Any = None  # tripwire.Wire, made on the first break --nonfinite
-        self._tripwire_watcher: Any = None
+        self.following = False  # exec'd child processes are followed (follow.install)
+        self._import_watcher: ImportWatcher | None = None
+        self._tripwire: Tripwires | None = None  # made on the first break --nonfinite
+        self._tripwire_watcher: ImportWatcher | None = None
         self.backend: TracerBackend = tracer(self)
 
     @property
@@ -91,7 +105,9 @@ class Debugger(ThreadHolding):
             return True
         return bool(self.breakpoints.lines_in_code(code, file))
 
-    def on_line(self, frame: FrameType, file: str, line: int, condition: Any = None) -> bool:
+    def on_line(
+        self, frame: FrameType, file: str, line: int, condition: ConditionOutcome = None
+    ) -> bool:
         """Handle a line event; False means this line can stay silent until something changes.
 
         ``condition``: None to evaluate the breakpoint's condition here; otherwise its
@@ -128,7 +144,9 @@ class Debugger(ThreadHolding):
             _report_internal_error(exc)
             return True
 
-    def _breakpoint_hit(self, bp: Any, frame: FrameType, condition: Any = None) -> bool:
+    def _breakpoint_hit(
+        self, bp: Breakpoint, frame: FrameType, condition: ConditionOutcome = None
+    ) -> bool:
         """Apply condition, hit count and logpoint; True when this hit stopped the thread."""
         if condition is None and bp.condition_code is not None:
             try:
@@ -217,7 +235,7 @@ class Debugger(ThreadHolding):
             if item is None or not table.first_time(exc):
                 return
             item.hit_count += 1
-            details: dict[str, Any] = {"exception": exception_info(exc), "raised": True}
+            details: StopDetails = {"exception": exception_info(exc), "raised": True}
             if not origin:
                 tb = exc.__traceback__
                 while tb is not None and tb.tb_next is not None:
@@ -256,7 +274,13 @@ class Debugger(ThreadHolding):
 
     # -- stopping ---------------------------------------------------------------------------
 
-    def stop(self, frame: FrameType, reason: str, all_threads: bool = True, **details: Any) -> None:
+    def stop(
+        self,
+        frame: FrameType,
+        reason: str,
+        all_threads: bool = True,
+        **details: Unpack[StopDetails],
+    ) -> None:
         self._enter_stop(frames_from_stack(frame), reason, False, details, all_threads)
 
     def post_mortem(self, exc: BaseException) -> None:
@@ -270,10 +294,10 @@ class Debugger(ThreadHolding):
 
     def _enter_stop(
         self,
-        frames: list[Any],
+        frames: list[tuple[FrameType, int]],
         reason: str,
         post_mortem: bool,
-        details: dict[str, Any],
+        details: StopDetails,
         all_threads: bool = True,
     ) -> None:
         me = threading.get_ident()
@@ -359,7 +383,7 @@ class Debugger(ThreadHolding):
         elif self._import_watcher is not None:
             self._import_watcher.uninstall()
 
-    def retry_pending(self) -> list[Any]:
+    def retry_pending(self) -> list[Breakpoint]:
         """Set the pending function breakpoints whose module can now be found."""
         from .functions import resolve
 
@@ -376,7 +400,7 @@ class Debugger(ThreadHolding):
                 bp = make_breakpoint(found[0], found[1], cwd=self.cwd, **pending.spec)
             except BreakpointError:
                 continue
-            bp.id, bp.function = pending.id, pending.name
+            bp.id, bp.function, bp.this_thread = pending.id, pending.name, pending.this_thread
             with table.lock:
                 table.pending.pop(pending.id, None)
                 table.add(bp)
@@ -390,7 +414,7 @@ class Debugger(ThreadHolding):
         """The calling thread works for the debugger: it never stops, whatever it runs."""
         self._busy.add(threading.get_ident())
 
-    def request_pause(self) -> dict[str, Any]:
+    def request_pause(self) -> dict[str, bool]:
         if self.paused is not None and not self.paused.resumed:
             # Paused already: a pause interrupts whatever evaluation is running.
             interrupted = any(p.interrupt() for p in [self.paused, *self.held.values()])

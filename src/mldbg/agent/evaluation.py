@@ -12,8 +12,7 @@ import contextlib
 import ctypes
 import sys
 import traceback
-from types import FrameType
-from typing import Any
+from types import CodeType, FrameType
 
 from .. import budget
 from ..errors import EvalError
@@ -39,7 +38,7 @@ def declares_global(source: str) -> bool:
         return False
 
 
-def compile_input(source: str) -> tuple[Any | None, Any | None]:
+def compile_input(source: str) -> tuple[list[CodeType] | None, CodeType | None]:
     """Split input into statements to run and a trailing expression to evaluate."""
     if not source.strip():
         raise EvalError("nothing to evaluate: the expression is empty", {"type": "ValueError"})
@@ -92,7 +91,7 @@ class FrameNamespace:
         self.live = live  # False for post-mortem frames: they no longer run, nothing to write back
         self.locals = frame.f_locals
 
-    def run(self, source: str) -> Any:
+    def run(self, source: str) -> object:
         statements, expression = compile_input(source)
         frame = self.frame
         if not _WRITE_THROUGH:

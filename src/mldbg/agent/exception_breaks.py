@@ -19,8 +19,9 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import BAD_ARGUMENT, BreakpointError
 
@@ -57,7 +58,7 @@ class ExceptionBreak:
         return isinstance(exc, Exception) and type(exc).__name__ not in _CONTROL_FLOW
 
 
-def parse_types(types: Any) -> tuple[str, ...]:
+def parse_types(types: str | Iterable[object] | None) -> tuple[str, ...]:
     """Type names from a list (``["ValueError", "torch.OutOfMemoryError"]``) or one string."""
     if types is None:
         return ()
@@ -83,7 +84,7 @@ class ExceptionBreaks:
 
     items: dict[int, ExceptionBreak] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    _seen: Any = field(default_factory=weakref.WeakSet)
+    _seen: weakref.WeakSet[BaseException] = field(default_factory=weakref.WeakSet)
     _seen_ids: set[int] = field(default_factory=set)
 
     raising: bool = False  # must the tracers report raised exceptions at all? (hot path)

@@ -20,7 +20,7 @@ from ..errors import TOO_LARGE, CommandError
 MAX_ELEMENTS = 1 << 26  # 64M elements (256 MB as float32): larger values are not exported
 
 
-def export_value(value: Any, path: str) -> dict[str, Any]:
+def export_value(value: object, path: str) -> dict[str, object]:
     """Write ``value`` (a torch tensor, MLX array or numpy array) to ``path``; what was done."""
     module = type(value).__module__ or ""
     try:

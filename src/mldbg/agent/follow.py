@@ -37,12 +37,20 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from .wire import Wire
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from .debugger import Debugger
+
+# A path as os.exec*, os.posix_spawn and subprocess take it.
+_PathArg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 UNSET = "__MLDBG_UNSET__"
 CHILD_ENV = "MLDBG_AGENT_CHILD"
@@ -65,11 +73,11 @@ class Credentials:
 
 
 _credentials: Credentials | None = None
-_debugger: Any = None
+_debugger: Debugger | None = None
 _installed = False
 
 
-def install(debugger: Any, credentials: Credentials, follow: bool) -> None:
+def install(debugger: Debugger, credentials: Credentials, follow: bool) -> None:
     """Reset forked children always; rewrite exec'd python children when ``follow``.
 
     Even with following off, a forked child must drop the parent's socket and
@@ -117,7 +125,7 @@ def _after_fork_in_child() -> None:
         debugger.detach()
 
 
-def _reset_locks(*objects: Any) -> None:
+def _reset_locks(*objects: object) -> None:
     """Fresh locks: a thread of the parent may have held one at the fork, forever in here."""
     kinds = ((type(threading.Lock()), threading.Lock), (type(threading.RLock()), threading.RLock))
     for obj in objects:
@@ -134,7 +142,7 @@ def _reset_locks(*objects: Any) -> None:
 class ChildWire(Wire):
     """The connection of a forked child, opened on its first message (lazily, see above)."""
 
-    def __init__(self, debugger: Any, credentials: Credentials) -> None:  # noqa: D107
+    def __init__(self, debugger: Debugger, credentials: Credentials) -> None:  # noqa: D107
         self._debugger = debugger
         self._credentials = credentials
         self._wire: Wire | None = None
@@ -176,7 +184,7 @@ class ChildWire(Wire):
         ).start()
         return wire
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: Mapping[str, object]) -> None:
         wire = self._wire or self._open()
         if wire is not None:
             wire.send(message)
@@ -198,7 +206,7 @@ CONNECT_ATTEMPTS = 6  # a child's tries to reach the daemon, backing off 0.2 s, 
 WELCOME_TIMEOUT = 10.0  # the daemon admits a connection well within its 5 s handshake limit
 
 
-def connect_child(address: str, token: str, message: dict[str, Any]) -> Wire:
+def connect_child(address: str, token: str, message: P.Hello) -> Wire:
     """A child's connection to the daemon, admitted (the daemon's WELCOME), or OSError.
 
     A child must not drop out of debugging because one attempt failed: the daemon drops
@@ -256,7 +264,7 @@ def report_detached(credentials: Credentials | None, reason: str) -> None:
             os.close(fd)
 
 
-def hello(**extra: Any) -> dict[str, Any]:
+def hello(**extra: Unpack[P.Hello]) -> P.Hello:
     """The first message of every connection (the secret went before it)."""
     return {
         "event": "hello",
@@ -268,7 +276,7 @@ def hello(**extra: Any) -> dict[str, Any]:
     }
 
 
-def _patch_run_path(debugger: Any) -> None:
+def _patch_run_path(debugger: Debugger) -> None:
     """``runpy.run_path`` compiles a file itself, past the import system: a backend that
     compiles breakpoints into code as modules load (3.10/3.11) gets it here instead.
 
@@ -284,7 +292,7 @@ def _patch_run_path(debugger: Any) -> None:
     if original is None:
         return
 
-    def get_code(*args: Any, **kwargs: Any) -> Any:
+    def get_code(*args: object, **kwargs: object) -> object:
         found = original(*args, **kwargs)
         # 3.10/3.11 return (code, fname); 3.12+ the code alone
         code = found[0] if isinstance(found, tuple) else found
@@ -407,7 +415,7 @@ def child_environment(env: Mapping[str, str]) -> dict[str, str]:
     return child
 
 
-def _followed(program: Any, argv: Any) -> tuple[str, list[str]] | None:
+def _followed(program: _PathArg | None, argv: Iterable[_PathArg]) -> tuple[str, list[str]] | None:
     """(the program to run, its rewritten argv) for a python child; None leaves it alone.
 
     A script with a python shebang (``torchrun``, ``accelerate`` and every other console
@@ -472,9 +480,14 @@ def _env_from_list(env_list: Sequence[bytes] | None) -> dict[str, str]:
 def _patch_exec() -> None:
     import _posixsubprocess  # type: ignore[import-not-found]
 
-    fork_exec: Any = _posixsubprocess.fork_exec
+    fork_exec: Callable[..., int] = _posixsubprocess.fork_exec  # the child's pid
 
-    def follow_fork_exec(args: Any, executable_list: Any, *rest: Any, **kw: Any) -> Any:
+    def follow_fork_exec(
+        args: Sequence[_PathArg] | None,
+        executable_list: Sequence[bytes] | None,
+        *rest: Any,  # the C function's own arguments, which vary by version
+        **kw: object,
+    ) -> int:
         # The positions of args (0), executable_list (1) and env (5) are the same in
         # every supported CPython (3.10 to 3.13).
         try:
@@ -526,8 +539,14 @@ def _patch_exec() -> None:
             setattr(os, name, _spawn_patch(original))
 
 
-def _spawn_patch(original: Any) -> Any:
-    def follow_spawn(path: Any, argv: Any, env: Any, *rest: Any, **kw: Any) -> Any:
+def _spawn_patch(original: Callable[..., int]) -> Callable[..., int]:
+    def follow_spawn(
+        path: _PathArg,
+        argv: Sequence[_PathArg],
+        env: Mapping[str, str] | None,
+        *rest: object,
+        **kw: object,
+    ) -> int:
         try:
             found = _followed(_which(path) if _is_bare(path) else path, argv)
             if found is not None:  # env None (3.13's subprocess): this process's environment
@@ -542,14 +561,14 @@ def _spawn_patch(original: Any) -> Any:
     return follow_spawn
 
 
-def _is_bare(path: Any) -> bool:
+def _is_bare(path: _PathArg) -> bool:
     try:
         return not os.path.dirname(os.fsdecode(os.fspath(path)))
     except TypeError:
         return False
 
 
-def _which(path: Any) -> Any:
+def _which(path: _PathArg) -> _PathArg:
     """posix_spawnp searches the PATH: so do we, to see what it would run."""
     return shutil.which(os.fsdecode(os.fspath(path))) or path
 

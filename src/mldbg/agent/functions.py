@@ -26,9 +26,11 @@ import inspect
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from types import CodeType, ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..errors import BAD_ARGUMENT, NO_SUCH_FUNCTION, NOT_A_SOURCE_FILE
 from .breakpoints import BreakpointError, executable_lines
@@ -39,17 +41,30 @@ if TYPE_CHECKING:
     from .. import results as R
 
 
+class LineSpec(TypedDict, total=False):
+    """What a function breakpoint hands on to the line breakpoint it becomes."""
+
+    condition: str | None
+    hits: str | None
+    log: str | None
+
+
+# A function's definition in the source: its body's first line is where it stops.
+Definition = ast.FunctionDef | ast.AsyncFunctionDef
+
+
 @dataclass
 class PendingFunction:
     """A function breakpoint whose module is not there yet; set when it is."""
 
     name: str
     id: int
-    spec: dict[str, Any]  # condition, hits, log, this_thread: what the breakpoint will carry
+    spec: LineSpec  # what the breakpoint will carry
     hit_count: int = 0
+    this_thread: bool = False  # stop only the thread that hits it, once set
 
     def to_json(self) -> R.BreakpointInfo:
-        return {
+        info: R.BreakpointInfo = {
             "id": self.id,
             "function": self.name,
             "pending": True,
@@ -58,6 +73,9 @@ class PendingFunction:
             "log": self.spec.get("log"),
             "hit_count": 0,
         }
+        if self.this_thread:
+            info["this_thread"] = True
+        return info
 
 
 def check_name(name: str) -> list[str]:
@@ -144,8 +162,8 @@ def _in_file(
     return file, _first_body_line(file, node)
 
 
-def _find(body: list[ast.stmt], names: list[str]) -> ast.AST | None:
-    found: ast.AST | None = None
+def _find(body: list[ast.stmt], names: list[str]) -> Definition | ast.ClassDef | None:
+    found: Definition | ast.ClassDef | None = None
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             if node.name == names[0]:
@@ -166,7 +184,7 @@ def _names(body: list[ast.stmt]) -> list[str]:
     ]
 
 
-def _first_body_line(file: str, node: Any) -> int:
+def _first_body_line(file: str, node: Definition) -> int:
     body = node.body
     first = body[0]
     if (
@@ -185,7 +203,7 @@ def _first_body_line(file: str, node: Any) -> int:
 
 def _from_namespace(module: ModuleType, rest: list[str]) -> tuple[str, int] | None:
     """Walk attributes through ``__dict__``s only (no lazy-import ``__getattr__`` runs)."""
-    obj: Any = module
+    obj: object = module
     for attr in rest:
         obj = _static_attr(obj, attr)
         if obj is None:
@@ -201,7 +219,7 @@ def _from_namespace(module: ModuleType, rest: list[str]) -> tuple[str, int] | No
     return file, starts[0] if starts else code.co_firstlineno
 
 
-def _def_starting_at(file: str, first_line: int) -> Any:
+def _def_starting_at(file: str, first_line: int) -> Definition | None:
     """The ``def`` whose code starts at ``first_line`` (its first decorator's line, if any)."""
     try:
         with open(file, "rb") as fh:
@@ -216,7 +234,7 @@ def _def_starting_at(file: str, first_line: int) -> Any:
     return None
 
 
-def _static_attr(obj: Any, attr: str) -> Any:
+def _static_attr(obj: object, attr: str) -> object:
     if isinstance(obj, ModuleType):
         return vars(obj).get(attr)
     if isinstance(obj, type):
@@ -260,12 +278,19 @@ class ImportWatcher:
     nothing itself and never breaks an import: its own errors are swallowed.
     """
 
-    def __init__(self, retry: Any, pending_names: Any) -> None:
+    def __init__(
+        self, retry: Callable[[], object], pending_names: Callable[[], Iterable[str]]
+    ) -> None:
         self._retry = retry
         self._pending_names = pending_names
         self._busy = threading.local()
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: ModuleType | None = None,
+    ) -> ModuleSpec | None:
         if getattr(self._busy, "value", False):
             return None
         self._busy.value = True
@@ -286,7 +311,9 @@ class ImportWatcher:
         with contextlib.suppress(Exception):  # never break the script's imports
             self._retry()
 
-    def _spec_from_others(self, fullname: str, path: Any, target: Any) -> Any:
+    def _spec_from_others(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None
+    ) -> ModuleSpec | None:
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
             if finder is self or find is None:
@@ -302,7 +329,7 @@ class ImportWatcher:
             return
         watcher = self
 
-        def exec_module(module: Any) -> None:
+        def exec_module(module: ModuleType) -> None:
             try:
                 original(module)
             finally:

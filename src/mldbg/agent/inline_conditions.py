@@ -20,13 +20,13 @@ import os
 import sys
 import threading
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .instrument import PASSED
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
-    from .tracer import TracerClient
+    from .tracer import ConditionOutcome, TracerClient
 
 
 def compile_conditions() -> bool:
@@ -86,7 +86,7 @@ class ConditionHooks:
         if not current:
             return
         if mode == PASSED:
-            outcome: Any = True
+            outcome: ConditionOutcome = True
         else:
             outcome = sys.exc_info()[1] or RuntimeError("the condition raised")
         file = canonical_code_file(frame.f_code.co_filename)
@@ -96,7 +96,7 @@ class ConditionHooks:
         """A traced frame reached a line whose condition is compiled in (stepping, pausing)."""
         debugger = self.debugger
         bp = debugger.breakpoints.at(file, line)
-        outcome: Any = False
+        outcome: ConditionOutcome = False
         if bp is not None and bp.condition_code is None:
             # Code compiled for a condition since taken away, still running in this frame:
             # the breakpoint is unconditional now, and on_line applies it.

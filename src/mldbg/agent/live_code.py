@@ -24,7 +24,6 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import CodeType, FunctionType
-from typing import Any
 
 from ..errors import InterpreterUnsupported
 from .instrument import Instrumented
@@ -102,7 +101,7 @@ class Live:
     """Function and generator objects of the files asked for, by canonical file."""
 
     functions: dict[str, list[FunctionType]] = field(default_factory=dict)
-    generators: dict[str, list[Any]] = field(default_factory=dict)
+    generators: dict[str, list[object]] = field(default_factory=dict)  # and coroutines
 
 
 def scan(files: set[str], known_codes: Iterable[CodeType] = ()) -> Live:
@@ -140,9 +139,9 @@ def scan(files: set[str], known_codes: Iterable[CodeType] = ()) -> Live:
     return live
 
 
-def _namespaces(files: set[str]) -> list[dict[str, Any]] | None:
+def _namespaces(files: set[str]) -> list[dict[str, object]] | None:
     """The namespaces of the modules loaded from ``files``; None if one file has none."""
-    found: dict[str, list[dict[str, Any]]] = {}
+    found: dict[str, list[dict[str, object]]] = {}
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if not isinstance(path, str):

@@ -11,16 +11,18 @@ the whole message, and a bare ``{tensor}`` prints mldbg's one-line summary inste
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType, FrameType
-from typing import Any
 
 from ..errors import TemplateError
 
 MAX_FIELD = 1000  # characters of one field's text
 MAX_MESSAGE = 8000  # characters of a whole message
 
-_CONVERSIONS: dict[int, Any] = {ord("r"): repr, ord("s"): str, ord("a"): ascii}
+_CONVERSIONS: dict[int, Callable[[object], str]] = {ord("r"): repr, ord("s"): str, ord("a"): ascii}
+# What a bare ``{expr}`` field shows instead of format(): a tensor's one line, or None.
+Summarize = Callable[[object], str | None]
 
 
 @dataclass
@@ -82,7 +84,7 @@ def _parts(node: ast.JoinedStr, template: str) -> list[Part]:
     return parts
 
 
-def render(parts: list[Part], frame: FrameType, summarize: Any = None) -> str:
+def render(parts: list[Part], frame: FrameType, summarize: Summarize | None = None) -> str:
     """The message in ``frame``; each failing field is shown as ``<error: ...>``."""
     out: list[str] = []
     size = 0
@@ -98,7 +100,7 @@ def render(parts: list[Part], frame: FrameType, summarize: Any = None) -> str:
     return message
 
 
-def _field(field: Field, frame: FrameType, summarize: Any) -> str:
+def _field(field: Field, frame: FrameType, summarize: Summarize | None) -> str:
     try:
         value = eval(field.code, frame.f_globals, frame.f_locals)
         if field.conversion == -1 and field.spec is None and summarize is not None:

@@ -32,12 +32,17 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .. import results as R
+    from . import protocol as P
+    from .debugger import Debugger
 
 PARENT_GRACE = 2.0  # seconds to let the kernel re-parent us after the daemon's death
 
 
-def install(debugger: Any, config: dict[str, Any], *, child: bool = False) -> None:
+def install(debugger: Any, config: P.RunArgs, *, child: bool = False) -> None:
     """Make the debugger's "the daemon is gone" path end the script (see the policy).
 
     ``child``: this interpreter is a child process of the run (``subprocess``, spawn, a
@@ -46,6 +51,7 @@ def install(debugger: Any, config: dict[str, Any], *, child: bool = False) -> No
     inherits the hook and must not take it for its own: a forked child detaches the
     old way (it is in its parent's process group, which its parent ends).
     """
+    # ``debugger``: a Debugger, whose ``detach`` method this replaces (hence not typed so)
     daemon_pid = os.getppid()
     installed_in = os.getpid()
     detach = debugger.detach
@@ -69,10 +75,10 @@ def _daemon_died(daemon_pid: int) -> bool:
     return False
 
 
-def end(debugger: Any, config: dict[str, Any], daemon_pid: int) -> None:
+def end(debugger: Debugger, config: P.RunArgs, daemon_pid: int) -> None:
     """Record why, then end the process group; returns only if the group could not be ended."""
     reason = "daemon_lost" if _daemon_died(daemon_pid) else "link_lost"
-    location = None
+    location: R.Location | None = None
     paused = getattr(debugger, "paused", None)
     if paused is not None:
         with contextlib.suppress(Exception):
@@ -91,7 +97,7 @@ def end(debugger: Any, config: dict[str, Any], daemon_pid: int) -> None:
     _end_group()
 
 
-def _record(run_dir: Path, reason: str, note: str, location: Any) -> None:
+def _record(run_dir: Path, reason: str, note: str, location: R.Location | None) -> None:
     from ..store.runs import EVENTS, JsonlWriter, RunDir
 
     fields = {

@@ -15,8 +15,8 @@ import sys
 import threading
 import traceback
 from dataclasses import dataclass
-from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from types import CodeType, FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, TextIO, TypedDict, cast
 
 from .. import budget
 from ..errors import INTERNAL, NO_SUCH_FRAME, NOT_PAUSED, CommandError
@@ -27,6 +27,7 @@ from .paths import canonical_code_file, is_library_file, is_mldbg_file
 
 if TYPE_CHECKING:
     from .. import results as R
+    from .wire import Respond
 
 CODE_CONTEXT = 5
 MAX_VARIABLES = 500
@@ -44,8 +45,9 @@ class Resume:
     released: bool = False  # another thread was resumed: this one goes on with it
 
 
-def source_context(file: str, line: int, radius: int = CODE_CONTEXT) -> list[list[Any]]:
-    lines = []
+def source_context(file: str, line: int, radius: int = CODE_CONTEXT) -> list[list[int | str]]:
+    """``[[number, text], ...]`` around ``line``: the code a stop shows."""
+    lines: list[list[int | str]] = []
     for n in range(max(1, line - radius), line + radius + 1):
         text = linecache.getline(file, n)
         if not text and n > line:
@@ -97,7 +99,16 @@ def strip_agent_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
-def exception_info(exc: BaseException) -> dict[str, Any]:
+class ExceptionInfo(TypedDict, total=False):
+    """An exception as a stop (``exception``) and the end of a run show it."""
+
+    type: str
+    message: str
+    traceback: str
+    truncated: bool  # the message or the traceback was cut (budget.MESSAGE, TRACEBACK)
+
+
+def exception_info(exc: BaseException) -> ExceptionInfo:
     """An exception for the daemon, bounded: its message and traceback may be megabytes."""
     tb = strip_agent_frames(exc.__traceback__)
     message, message_cut = budget.cap(_safe_str(exc), budget.MESSAGE)
@@ -105,7 +116,7 @@ def exception_info(exc: BaseException) -> dict[str, Any]:
     text, traceback_cut = budget.cap(
         "".join(budget.capped(line, budget.TRACEBACK) for line in lines), budget.TRACEBACK, "tail"
     )
-    info: dict[str, Any] = {"type": type(exc).__qualname__, "message": message, "traceback": text}
+    info: ExceptionInfo = {"type": type(exc).__qualname__, "message": message, "traceback": text}
     if message_cut or traceback_cut:
         info["truncated"] = True
     return info
@@ -118,6 +129,27 @@ def _safe_str(value: object) -> str:
         return f"<str failed: {type(exc).__name__}>"
 
 
+class StopDetails(TypedDict, total=False):
+    """What stopped the thread, beside the reason: keys of the stop's state (``R.State``)."""
+
+    exception: ExceptionInfo  # an exception breakpoint, or post mortem
+    raised: bool  # break --raised: the exception is live
+    raised_in: dict[str, object]  # where a library raised it (describe_frame)
+    breakpoint: R.BreakpointInfo
+    condition_error: str  # the breakpoint's condition (or checkpoint filter) raised this
+    checkpoint: dict[str, object]  # the debug_checkpoint call (store/checkpoint.py)
+    tripwire: dict[str, object]  # the module call that tripped (tripwire.py)
+    note: str
+    fix: list[dict[str, object]]  # calls that help from here (step out)
+
+
+class TraceRecord(TypedDict):
+    """A stop as the run's trace keeps it (``R.TraceStep``'s stack and variables)."""
+
+    stack: list[dict[str, object]]  # describe_frame, the user's frames (TRACE_FRAMES)
+    variables: list[dict[str, str]]  # {"name", "summary"} (TRACE_VARIABLES)
+
+
 class PausedThread:
     """One stop: the frames, the selected one, and the queue of commands to serve."""
 
@@ -126,12 +158,12 @@ class PausedThread:
         frames: list[tuple[FrameType, int]],
         reason: str,
         post_mortem: bool = False,
-        details: dict[str, Any] | None = None,
+        details: StopDetails | None = None,
     ) -> None:
         self.frames = frames
         self.reason = reason
         self.post_mortem = post_mortem
-        self.details = details or {}
+        self.details: StopDetails = details or {}
         self.selected = 0
         self.thread = threading.current_thread()
         self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -148,7 +180,7 @@ class PausedThread:
 
         frame, line = self.frames[self.selected] if self.frames else (None, 0)
         # the stop's own details (breakpoint, exception, checkpoint, tripwire...): their
-        # keys are State's, written by whoever stopped the thread
+        # keys are State's, whose nested objects results.py types only as dicts
         details = cast("R.State", self.details)
         return {
             "reason": self.reason,
@@ -181,7 +213,7 @@ class PausedThread:
         """Interrupt the evaluation this thread is running, if any (``pause`` while paused)."""
         return self.guard.interrupt()
 
-    def watch_value(self, watch_id: int, expression: str, code: Any) -> R.Watch:
+    def watch_value(self, watch_id: int, expression: str, code: CodeType) -> R.Watch:
         """One watch expression in the selected frame, as one bounded line, never raising."""
         from .. import summary
         from .watches import VALUE_CHARS, WATCH_TIMEOUT
@@ -201,7 +233,7 @@ class PausedThread:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def serve(self, respond: Any) -> Resume:
+    def serve(self, respond: Respond) -> Resume:
         """Answer commands until one resumes the thread; ``respond(msg, ok, result)`` replies."""
         while True:
             message = self.queue.get()
@@ -239,7 +271,7 @@ class PausedThread:
             else:
                 respond(message, True, result)
 
-    def drain(self, respond: Any) -> None:
+    def drain(self, respond: Respond) -> None:
         """Refuse commands that arrived after the resume."""
         while True:
             try:
@@ -329,10 +361,10 @@ class PausedThread:
 
         frame, line = self.frames[self.selected]
         namespace = self._namespace()
-        scopes: list[tuple[str, dict[str, Any]]] = [("local", dict(namespace.locals))]
+        scopes: list[tuple[str, dict[str, object]]] = [("local", dict(namespace.locals))]
         if all and namespace.locals is not frame.f_globals:
             scopes.append(("global", dict(frame.f_globals)))
-        matching: list[tuple[str, str, Any]] = []
+        matching: list[tuple[str, str, object]] = []
         for scope, values in scopes:
             for name, value in values.items():
                 if scope == "global" and name.startswith("__") and name.endswith("__"):
@@ -406,7 +438,7 @@ class PausedThread:
             result["export"] = export_value(value, export)
         return result
 
-    def trace_record(self) -> dict[str, Any]:
+    def trace_record(self) -> TraceRecord:
         """A bounded picture of this stop for the run's trace: the stack and the variables."""
         from .. import summary
 
@@ -415,7 +447,7 @@ class PausedThread:
             for i, (f, line) in enumerate(self.frames)
             if i == self.selected or not is_library_file(canonical_code_file(f.f_code.co_filename))
         ][:TRACE_FRAMES]
-        variables = []
+        variables: list[dict[str, str]] = []
         try:
             frame, _ = self.frames[self.selected]
             names = [
@@ -442,7 +474,7 @@ class _Tee:
     """What an evaluation prints: kept (its tail) for the answer, and still written to the
     script's own output, where the run's output.log has all of it."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: TextIO | None) -> None:
         self._stream = stream
         self._parts: list[str] = []
         self._size = 0

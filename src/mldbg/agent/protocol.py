@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, ca
 if TYPE_CHECKING:  # the result shapes: for the type checker (the agent never imports them)
     from .. import results as R
 
-A = TypeVar("A")  # a command's arguments: a TypedDict below
+A = TypeVar("A", bound=Mapping[str, object])  # a command's arguments: a TypedDict below
 R_ = TypeVar("R_")  # its result: a TypedDict of ``results.py``
 
 
@@ -37,9 +37,9 @@ class Requester(Protocol):
     def ask(
         self,
         command: AgentCommand[Any, Any],
-        args: Mapping[str, Any] | None = None,
+        args: Mapping[str, object] | None = None,
         timeout: float | None = None,
-    ) -> Any: ...
+    ) -> object: ...  # the answer as it came over the wire
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -61,10 +61,10 @@ class AgentCommand(Generic[A, R_]):
 
     def call(self, via: Requester, args: A | None = None, timeout: float | None = None) -> R_:
         """Send this command through ``via`` and return its answer (or raise its error)."""
-        answer: R_ = via.ask(self, cast("Mapping[str, Any] | None", args), timeout)
-        return answer
+        # the agent's handler for this command returns R_ (tests/test_protocol.py checks it)
+        return cast("R_", via.ask(self, args, timeout))
 
-    def check(self, args: dict[str, Any]) -> str | None:
+    def check(self, args: Mapping[str, object]) -> str | None:
         """What is wrong with ``args`` for this command (unknown or missing keys), or None."""
         known = self.args.__annotations__
         unknown = sorted(set(args) - set(known))
@@ -77,7 +77,7 @@ class AgentCommand(Generic[A, R_]):
         return None
 
 
-Handler = Callable[..., Any]
+Handler = Callable[..., object]
 F = TypeVar("F", bound=Handler)
 
 
@@ -137,8 +137,8 @@ class BreakArgs(TypedDict, total=False):
     log: str | None
     checkpoint: str | None
     function: str | None
-    raised: list[str] | None
-    uncaught: bool | None
+    raised: list[str] | None  # type names; [] = every exception
+    uncaught: list[str] | None  # type names; [] = every uncaught exception (the default)
     exception: str | None
     types: list[str] | None
     this_thread: bool
@@ -274,6 +274,7 @@ MAX_HELLO = 64 * 1024  # the hello line, read only once the secret matched
 
 
 class Hello(TypedDict, total=False):
+    event: str  # "hello"
     token: str  # kept for older agents; the preamble is what proves the secret now
     child: bool  # a child process of the session's script (forked or started by it)
     ppid: int
@@ -299,10 +300,10 @@ class Command(TypedDict):
 class Reply(TypedDict, total=False):
     id: int
     ok: bool
-    result: Any
+    result: object
     error: str
     code: str  # a stable error code (no_code_at_line, eval_error, ...)
-    extra: dict[str, Any]
+    extra: dict[str, object]
 
 
 class Event(TypedDict, total=False):

@@ -15,16 +15,16 @@ import sys
 import threading
 import traceback
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any
 
 from . import follow, orphan
 from . import protocol as P
 from .backends import choose_backend
 from .commands import CommandServer
 from .debugger import Debugger
-from .paused import exception_info, strip_agent_frames
+from .paused import ExceptionInfo, exception_info, strip_agent_frames
 from .stepping import StepRequest
 from .wire import Wire
 
@@ -44,7 +44,7 @@ EXIT_USAGE = 2
 class Target:
     code: CodeType
     argv0: str
-    main_globals: dict[str, Any]
+    main_globals: dict[str, object]  # the script's module namespace
     path0: str | None
 
 
@@ -78,7 +78,7 @@ def load_script(path: str, argv0: str) -> Target:
     with open(filename, "rb") as fh:  # bytes: compile() honours the encoding cookie
         source = fh.read()
     code = compile(source, filename, "exec", dont_inherit=True)
-    main_globals: dict[str, Any] = {
+    main_globals: dict[str, object] = {
         "__name__": "__main__",
         "__file__": filename,
         "__builtins__": builtins,
@@ -96,7 +96,7 @@ def load_module(name: str) -> Target:
 
     # The same lookup `python -m` does, including a package's __main__ submodule.
     mod_name, spec, code = runpy._get_module_details(name)  # type: ignore[attr-defined]
-    main_globals: dict[str, Any] = {
+    main_globals: dict[str, object] = {
         "__name__": "__main__",
         "__file__": spec.origin,
         "__builtins__": builtins,
@@ -112,7 +112,7 @@ def load_module(name: str) -> Target:
 def load_command(source: str) -> Target:
     """``python -c CODE``: how multiprocessing's spawn and forkserver children start."""
     code = compile(source, "<string>", "exec", dont_inherit=True)
-    main_globals: dict[str, Any] = {
+    main_globals: dict[str, object] = {
         "__name__": "__main__",
         "__builtins__": builtins,
         "__loader__": importlib.machinery.BuiltinImporter,
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if module is None and script is not None:  # `break --function __main__.NAME`
         debugger.main_file = os.path.realpath(script)
     on_run = threading.Event()
-    config: dict[str, Any] = {}
+    config: P.RunArgs = {}
     orphan.install(debugger, config, child=is_child)  # daemon gone: end, never run on alone
     reader = threading.Thread(
         target=CommandServer(debugger).serve,
@@ -306,9 +306,9 @@ def _run_undebugged(module: str | None, command: str | None, script: str, args: 
     return 0
 
 
-def _run(debugger: Debugger, target: Target, at_end: Any = None) -> int:
+def _run(debugger: Debugger, target: Target, at_end: Callable[[], object] | None = None) -> int:
     """Run the script; ``at_end`` (closing captures) runs before the end is reported."""
-    exception: dict[str, Any] | None = None
+    exception: ExceptionInfo | None = None
     try:
         exec(target.code, target.main_globals)
         exit_code = 0
@@ -335,7 +335,7 @@ def _run(debugger: Debugger, target: Target, at_end: Any = None) -> int:
 def _install_thread_hook(debugger: Debugger) -> None:
     original = threading.excepthook
 
-    def hook(args: Any) -> None:
+    def hook(args: threading.ExceptHookArgs) -> None:
         if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
             debugger.post_mortem(args.exc_value)
         original(args)

@@ -20,7 +20,7 @@ import sys
 import sysconfig
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import NO_SUCH_THREAD, NOT_PAUSED
 from . import protocol as P
@@ -71,7 +71,7 @@ def user_threads() -> dict[int, threading.Thread]:
     return {ident: t for ident, t in active.items() if t.name != AGENT_THREAD}
 
 
-def where(ident: int, frames: dict[int, Any]) -> dict[str, Any] | None:
+def where(ident: int, frames: dict[int, FrameType]) -> dict[str, object] | None:
     """A thread's innermost frame outside the agent, preferring the user's code."""
     frame = frames.get(ident)
     first = None

@@ -12,11 +12,15 @@ protocols, and :mod:`.backends` picks the backend for this interpreter.
 from __future__ import annotations
 
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .breakpoints import BreakpointTable
     from .stepping import StepRequest
+
+# A breakpoint condition's outcome when the backend already knows it (compiled into the
+# code): True / False, or the exception the condition raised; None: not known, evaluate it.
+ConditionOutcome = bool | BaseException | None
 
 
 class TracerClient(Protocol):
@@ -37,7 +41,9 @@ class TracerClient(Protocol):
         """Does a frame starting to run ``code`` need line events?"""
         ...
 
-    def on_line(self, frame: FrameType, file: str, line: int, condition: Any = None) -> bool:
+    def on_line(
+        self, frame: FrameType, file: str, line: int, condition: ConditionOutcome = None
+    ) -> bool:
         """A line event; False: this line can stay silent until something changes."""
         ...
 

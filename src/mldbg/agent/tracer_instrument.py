@@ -35,7 +35,7 @@ import dis
 import sys
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,10 @@ from .paths import canonical_code_file
 from .tracer_settrace import SettraceBackend
 
 if TYPE_CHECKING:
+    from importlib._bootstrap_external import SourceLoader
+
+    from .breakpoints import Breakpoint
+    from .cpython import TraceFunction
     from .tracer import TracerClient
 
 __all__ = ["InstrumentBackend", "InterpreterUnsupported"]
@@ -96,7 +100,7 @@ class InstrumentBackend(SettraceBackend):
         self._version = -1  # breakpoint table version last applied
         self._applied: dict[str, Applied] = {}
         self._traced_files: dict[str, _Key] = {}  # served by tracing, not hooks
-        self._old_generators: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._old_generators: weakref.WeakSet[object] = weakref.WeakSet()
         # Every instrumented code object ever made (kept alive, so ids stay unique):
         # id -> (instrumented, plain); and the offsets where its hooks begin.
         self._origins: dict[int, tuple[CodeType, CodeType]] = {}
@@ -109,6 +113,8 @@ class InstrumentBackend(SettraceBackend):
         # breakpoints changed) and armed by a hook (a loop header, say).
         self._old_frames: dict[int, set[FrameType]] = {}
         self._armed_frames: dict[int, set[FrameType]] = {}
+        # SourceLoader.get_code while wrapped (untyped: mypy reads putting it back on the
+        # class as assigning a method of a method)
         self._get_code_original: Any = None
         self._wrapper_code: CodeType | None = None  # torch.compiler.disable's frame, if any
 
@@ -175,7 +181,7 @@ class InstrumentBackend(SettraceBackend):
         """
         if self._wrapper_code is not None:
             return
-        hook: Any = self._hook_fn
+        hook: Callable[..., object] = self._hook_fn
         if _dynamo_ready():
             try:
                 wrapped = sys.modules["torch.compiler"].disable(self._hook_fn, recursive=True)
@@ -186,13 +192,13 @@ class InstrumentBackend(SettraceBackend):
                 pass
         setattr(builtins, HOOK, hook)
 
-    def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+    def _global(self, frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
         if not self._thread_needed(threading.get_ident()):
             sys.settrace(None)
             return None
         return super()._global(frame, event, arg)
 
-    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+    def _local(self, frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
         if event == "line":
             code = frame.f_code
             hooked = self._hooked.get(id(code))
@@ -474,7 +480,7 @@ class InstrumentBackend(SettraceBackend):
             original = loader.get_code
             backend = self
 
-            def get_code(self: Any, fullname: str) -> Any:
+            def get_code(self: SourceLoader, fullname: str) -> CodeType | None:
                 code = original(self, fullname)
                 if code is not None and backend._applied:
                     if backend._wrapper_code is None:
@@ -496,7 +502,7 @@ class InstrumentBackend(SettraceBackend):
 _Key = tuple[frozenset[int], frozenset[tuple[int, str]]]  # lines, (line, condition) pairs
 
 
-def _wanted(bps: dict[int, Any]) -> _Key:
+def _wanted(bps: dict[int, Breakpoint]) -> _Key:
     """What a file's instrumentation depends on: its lines and their conditions."""
     if not compile_conditions():
         return frozenset(bps), frozenset()

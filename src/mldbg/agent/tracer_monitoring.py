@@ -85,7 +85,7 @@ class MonitoringBackend:
 
     # -- events -----------------------------------------------------------------------------
 
-    def _on_start(self, code: CodeType, offset: int) -> Any:
+    def _on_start(self, code: CodeType, offset: int) -> object:  # None, or DISABLE
         debugger = self.debugger
         file = canonical_code_file(code.co_filename)
         if file not in debugger.breakpoints.by_file and not debugger.active:
@@ -112,7 +112,7 @@ class MonitoringBackend:
             return None
         return self._disable
 
-    def _on_line(self, code: CodeType, line: int) -> Any:
+    def _on_line(self, code: CodeType, line: int) -> object:
         frame: FrameType = sys._getframe(1)
         conditions = self._compiled
         compiled = None if conditions is None else conditions.starts_of(code)
@@ -130,10 +130,10 @@ class MonitoringBackend:
 
     # -- exception breakpoints (armed only while one is set: see refresh_globals) -----------------
 
-    def _on_raise(self, code: CodeType, offset: int, exc: BaseException) -> Any:
+    def _on_raise(self, code: CodeType, offset: int, exc: BaseException) -> None:
         self.debugger.on_exception(sys._getframe(1), exc, True)
 
-    def _on_unwind(self, code: CodeType, offset: int, exc: BaseException) -> Any:
+    def _on_unwind(self, code: CodeType, offset: int, exc: BaseException) -> None:
         """An exception leaves a frame: its caller receives it (the user's code, perhaps)."""
         caller = sys._getframe(1).f_back
         if caller is not None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import sys
 import threading
-from types import CodeType, FrameType
+from types import CodeType, FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .breakpoints import running_frames
 from .paths import canonical_code_file
 
 if TYPE_CHECKING:
+    from .cpython import TraceFunction
     from .tracer import TracerClient
 
 
@@ -39,7 +40,7 @@ class SettraceBackend:
 
     # -- events -----------------------------------------------------------------------------
 
-    def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+    def _global(self, frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
         local = self._decide(frame)
         if local is None and self.debugger.breakpoints.exceptions.raising:
             # An exception breakpoint needs 'exception' events in every frame, not its lines.
@@ -47,7 +48,7 @@ class SettraceBackend:
             return self._local_fn
         return local
 
-    def _decide(self, frame: FrameType) -> Any:
+    def _decide(self, frame: FrameType) -> TraceFunction | None:
         debugger = self.debugger
         code = frame.f_code
         if debugger.active:
@@ -68,7 +69,7 @@ class SettraceBackend:
             self._decisions[code] = decision
         return self._local_fn if decision else None
 
-    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+    def _local(self, frame: FrameType, event: str, arg: Any) -> TraceFunction | None:
         if event == "line":
             code = frame.f_code
             file = canonical_code_file(code.co_filename)
@@ -85,7 +86,9 @@ class SettraceBackend:
             self._exception(frame, arg)
         return self._local_fn
 
-    def _exception(self, frame: FrameType, arg: Any) -> None:
+    def _exception(
+        self, frame: FrameType, arg: tuple[type[BaseException], BaseException, TracebackType | None]
+    ) -> None:
         """Raised here (the traceback has no deeper entry) or received from a callee."""
         if self.debugger.breakpoints.exceptions.raising:
             tb = arg[2]

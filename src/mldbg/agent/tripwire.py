@@ -27,14 +27,16 @@ import functools
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import FrameType
-from typing import TYPE_CHECKING, Any
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
 from .paths import canonical_code_file, is_mldbg_file
 
 if TYPE_CHECKING:
     from .. import results as R
+    from .debugger import Debugger
 
 MAX_TENSORS = 64  # tensors checked in one call's inputs or outputs
 MAX_DEPTH = 4  # nesting of tuples, lists and dicts walked into
@@ -70,9 +72,30 @@ class Tripwire:
         return " or ".join(parts)
 
 
+class Found(TypedDict, total=False):
+    """One bad tensor of a call: where it sits in the inputs or outputs, and what is wrong."""
+
+    name: str  # "out.0.hidden": walked into tuples, lists and dicts
+    shape: list[int]
+    dtype: str
+    nan: int
+    inf: int
+    above_max_abs: int
+    subnormal: int
+
+
+class _Removable(Protocol):
+    """A torch hook's handle."""
+
+    def remove(self) -> None: ...
+
+
+_Hook = TypeVar("_Hook", bound=Callable[..., object])
+
+
 @dataclass
 class _Call:
-    module: Any
+    module: object
     bad_inputs: bool
     tripped_inside: bool = False
 
@@ -86,7 +109,7 @@ class Tripped:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     output: Any
-    found: list[dict[str, Any]] = field(default_factory=list)
+    found: list[Found] = field(default_factory=list)
 
 
 _last: Tripped | None = None
@@ -100,14 +123,16 @@ def tripped() -> Tripped | None:
 class Wire:
     """The installed hooks for one debugger; ``arm(rule)`` / ``arm(None)`` switch them."""
 
-    def __init__(self, debugger: Any) -> None:
+    def __init__(self, debugger: Debugger) -> None:
         self.debugger = debugger
         self.rule: Tripwire | None = None
         self._local = threading.local()
-        self._torch_handles: list[Any] = []
-        self._mlx_originals: dict[type, Any] = {}
-        self._mlx_subclass_hook: Any = None
-        self._paths: dict[int, tuple[Any, dict[int, str]]] = {}  # root id -> (root, paths)
+        self._torch_handles: list[_Removable] = []
+        self._mlx_originals: dict[type, Callable[..., object]] = {}  # class -> its own __call__
+        # (mlx.nn.Module, its own __init_subclass__ or None) while classes defined later are
+        # wrapped too
+        self._mlx_subclass_hook: tuple[type, object] | None = None
+        self._paths: dict[int, tuple[object, dict[int, str]]] = {}  # root id -> (root, paths)
 
     # -- arming -----------------------------------------------------------------------------
 
@@ -135,13 +160,17 @@ class Wire:
             return
         # a module still being imported lacks what comes later in it: wait for the next try
         torch_module = sys.modules.get("torch.nn.modules.module")
-        if not self._torch_handles and hasattr(torch_module, "register_module_forward_hook"):
+        if (
+            not self._torch_handles
+            and torch_module is not None
+            and hasattr(torch_module, "register_module_forward_hook")
+        ):
             self._install_torch(torch_module)
         base = sys.modules.get("mlx.nn.layers.base")
-        if self._mlx_subclass_hook is None and hasattr(base, "Module"):
+        if self._mlx_subclass_hook is None and base is not None and hasattr(base, "Module"):
             self._install_mlx(base)
 
-    def _install_torch(self, module_py: Any) -> None:
+    def _install_torch(self, module_py: ModuleType) -> None:
         torch = sys.modules.get("torch")
         pre = module_py.register_module_forward_pre_hook(_eager(torch, self._torch_pre))
         try:
@@ -154,14 +183,14 @@ class Wire:
             )
         self._torch_handles = [pre, post]
 
-    def _install_mlx(self, nn: Any) -> None:
+    def _install_mlx(self, nn: ModuleType) -> None:
         base = nn.Module
         for cls in _subclasses(base):
             self._wrap_mlx_class(cls)
         wire = self
         original = base.__dict__.get("__init_subclass__")
 
-        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        def __init_subclass__(cls: type, **kwargs: object) -> None:
             if original is not None:
                 original.__func__(cls, **kwargs)
             else:
@@ -179,7 +208,7 @@ class Wire:
         wire = self
 
         @functools.wraps(call)
-        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+        def __call__(module: object, *args: object, **kwargs: object) -> object:
             token = wire._before(module, args, kwargs, "mlx")
             try:
                 output = call(module, *args, **kwargs)
@@ -209,7 +238,7 @@ class Wire:
                 if original is None:
                     delattr(base, "__init_subclass__")
                 else:
-                    base.__init_subclass__ = original
+                    setattr(base, "__init_subclass__", original)  # noqa: B010
             self._mlx_subclass_hook = None
         self._paths.clear()
 
@@ -225,7 +254,13 @@ class Wire:
         """Calls made by the debugger itself (an eval at a stop) are never checked."""
         return self.rule is None or threading.get_ident() in self.debugger._busy
 
-    def _before(self, module: Any, args: Any, kwargs: Any, framework: str) -> _Call | None:
+    def _before(
+        self,
+        module: object,
+        args: tuple[object, ...],
+        kwargs: Mapping[str, object],
+        framework: str,
+    ) -> _Call | None:
         if self._quiet():
             return None
         stack = self._stack()
@@ -247,7 +282,13 @@ class Wire:
             stack.pop()
 
     def _after(
-        self, token: _Call | None, module: Any, args: Any, kwargs: Any, output: Any, framework: str
+        self,
+        token: _Call | None,
+        module: object,
+        args: tuple[object, ...],
+        kwargs: Mapping[str, object],
+        output: object,
+        framework: str,
     ) -> None:
         if token is None:
             return
@@ -272,11 +313,11 @@ class Wire:
 
     def _trip(
         self,
-        module: Any,
-        args: Any,
-        kwargs: Any,
-        output: Any,
-        found: list[dict[str, Any]],
+        module: object,
+        args: tuple[object, ...],
+        kwargs: Mapping[str, object],
+        output: object,
+        found: list[Found],
         framework: str,
     ) -> None:
         global _last
@@ -303,19 +344,25 @@ class Wire:
         )
         self.debugger.stop(frame, "tripwire", tripwire=details, note=note)
 
-    def _torch_pre(self, module: Any, args: Any) -> None:
+    def _torch_pre(self, module: object, args: tuple[object, ...]) -> None:
         if _compiling():
             return
         self._torch_token(module).append(self._before(module, args, {}, "torch"))
 
-    def _torch_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    def _torch_post(
+        self,
+        module: object,
+        args: tuple[object, ...],
+        kwargs: Mapping[str, object],
+        output: object,
+    ) -> None:
         if _compiling():
             return
         tokens = self._torch_token(module)
         token = tokens.pop() if tokens else None
         self._after(token, module, args, kwargs, output, "torch")
 
-    def _torch_token(self, module: Any) -> list[_Call | None]:
+    def _torch_token(self, module: object) -> list[_Call | None]:
         tokens: dict[int, list[_Call | None]] | None = getattr(self._local, "tokens", None)
         if tokens is None:
             tokens = self._local.tokens = {}
@@ -323,7 +370,7 @@ class Wire:
 
     # -- module paths -----------------------------------------------------------------------
 
-    def _remember_root(self, root: Any) -> None:
+    def _remember_root(self, root: Any) -> None:  # a torch or MLX module
         if id(root) in self._paths:
             return
         paths: dict[int, str] = {}
@@ -334,7 +381,7 @@ class Wire:
             self._paths.clear()
         self._paths[id(root)] = (root, paths)
 
-    def _path_of(self, module: Any) -> str:
+    def _path_of(self, module: object) -> str:
         for _root, paths in self._paths.values():
             if id(module) in paths:
                 return paths[id(module)]
@@ -348,7 +395,7 @@ def _compiling() -> bool:
     return bool(check is not None and check())
 
 
-def _eager(torch: Any, hook: Any) -> Any:
+def _eager(torch: ModuleType | None, hook: _Hook) -> _Hook:
     """The hook run eagerly under ``torch.compile`` (a graph break), never traced: it reads
     values and may stop the script, which a traced graph cannot do."""
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
@@ -385,7 +432,7 @@ def _caller_frame() -> FrameType | None:
     return None
 
 
-def _what(found: list[dict[str, Any]]) -> str:
+def _what(found: list[Found]) -> str:
     kinds = []
     for key, text in (("nan", "NaN"), ("inf", "Inf"), ("above_max_abs", "|x| > max_abs")):
         if any(item.get(key) for item in found):
@@ -398,11 +445,11 @@ def _what(found: list[dict[str, Any]]) -> str:
 # -- checking values --------------------------------------------------------------------------
 
 
-def _check(value: Any, rule: Tripwire | None, framework: str, prefix: str) -> list[dict[str, Any]]:
+def _check(value: object, rule: Tripwire | None, framework: str, prefix: str) -> list[Found]:
     """Every tensor in ``value`` (walked into tuples, lists, dicts) that breaks ``rule``."""
     if rule is None:
         return []
-    found: list[dict[str, Any]] = []
+    found: list[Found] = []
     count = 0
     for name, tensor in _tensors(value, prefix, 0):
         count += 1
@@ -417,7 +464,7 @@ def _check(value: Any, rule: Tripwire | None, framework: str, prefix: str) -> li
     return found
 
 
-def _tensors(value: Any, name: str, depth: int) -> Any:
+def _tensors(value: object, name: str, depth: int) -> Iterator[tuple[str, object]]:
     if _is_tensor(value):
         yield name, value
         return
@@ -433,14 +480,14 @@ def _tensors(value: Any, name: str, depth: int) -> Any:
             yield from _tensors(item, f"{name}.{index}", depth + 1)
 
 
-def _is_tensor(value: Any) -> bool:
+def _is_tensor(value: object) -> bool:
     module = type(value).__module__ or ""
     return (module.startswith("torch") and hasattr(value, "is_floating_point")) or (
         module.startswith("mlx") and type(value).__name__ == "array"
     )
 
 
-def _torch_check(t: Any, rule: Tripwire) -> dict[str, Any] | None:
+def _torch_check(t: Any, rule: Tripwire) -> Found | None:
     torch = sys.modules["torch"]
     if _is_tensor(t) and type(t).__module__.startswith("mlx"):
         return None
@@ -452,7 +499,7 @@ def _torch_check(t: Any, rule: Tripwire) -> dict[str, Any] | None:
             data = torch.view_as_real(data)
         finite = torch.isfinite(data)
         all_finite = bool(finite.all())
-        item: dict[str, Any] = {}
+        item: Found = {}
         if rule.nonfinite and not all_finite:
             nan = int(torch.isnan(data).sum())
             item["nan"], item["inf"] = nan, int((~finite).sum()) - nan
@@ -471,7 +518,7 @@ def _torch_check(t: Any, rule: Tripwire) -> dict[str, Any] | None:
     return {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), **item}
 
 
-def _mlx_check(a: Any, rule: Tripwire) -> dict[str, Any] | None:
+def _mlx_check(a: Any, rule: Tripwire) -> Found | None:
     mx = sys.modules["mlx.core"]
     if not mx.issubdtype(a.dtype, mx.inexact) or a.size == 0:
         return None
@@ -486,7 +533,7 @@ def _mlx_check(a: Any, rule: Tripwire) -> dict[str, Any] | None:
         checks.append(((magnitude < tiny) & (data != 0)).sum())
     mx.eval(*checks)  # raises inside mx.compile: the caller passes the tensor over
     values = [int(c.item()) for c in checks]
-    item: dict[str, Any] = {}
+    item: Found = {}
     if rule.nonfinite and (values[0] or values[1]):
         item["nan"], item["inf"] = values[0], values[1]
     index = 2

@@ -11,7 +11,7 @@ import itertools
 import threading
 from dataclasses import dataclass
 from types import CodeType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import BAD_ARGUMENT, BAD_EXPRESSION, NO_SUCH_WATCH, TOO_MANY_WATCHES, BreakpointError
 
@@ -27,7 +27,7 @@ _ids = itertools.count(1)
 class WatchEvaluator(Protocol):
     """Where watches are evaluated: the paused thread (on its own thread, in its frame)."""
 
-    def watch_value(self, watch_id: int, expression: str, code: Any) -> R.Watch: ...
+    def watch_value(self, watch_id: int, expression: str, code: CodeType) -> R.Watch: ...
 
 
 @dataclass

@@ -17,7 +17,8 @@ import select
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from ..errors import LinkError
 from . import protocol as P
@@ -127,7 +128,7 @@ class Wire:
         except (OSError, ValueError, LinkError, AttributeError):
             return False
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: Mapping[str, object]) -> None:
         data = (json.dumps(message, default=str) + "\n").encode("utf-8")
         with self._send_lock:
             if self.closed:
@@ -170,16 +171,30 @@ class Wire:
             self._sock.close()
 
 
+class Respond(Protocol):
+    """:func:`reply` with its wire bound: how a paused thread answers the daemon."""
+
+    def __call__(
+        self,
+        message: Mapping[str, object],
+        ok: bool,
+        result: object,
+        extra: Mapping[str, object] | None = None,
+        code: str | None = None,
+        /,
+    ) -> None: ...
+
+
 def reply(
     wire: Wire,
-    message: dict[str, Any],
+    message: Mapping[str, object],
     ok: bool,
-    result: Any,
-    extra: dict[str, Any] | None = None,
+    result: object,
+    extra: Mapping[str, object] | None = None,
     code: str | None = None,
 ) -> None:
     """Answer one command: ``result`` on success, else ``result`` is the error message."""
-    answer: dict[str, Any] = {"id": message.get("id"), "ok": ok}
+    answer: dict[str, object] = {"id": message.get("id"), "ok": ok}
     if ok:
         answer["result"] = result
     else:

@@ -34,7 +34,7 @@ from ..agent.wire import LineReader, LinkError
 from ..errors import AgentError, AgentTimeout, SessionEnded
 
 EventHandler = Callable[[dict[str, Any]], None]
-A = TypeVar("A")  # a command's arguments (``protocol.AgentCommand``)
+A = TypeVar("A", bound=Mapping[str, object])  # a command's arguments (``protocol.AgentCommand``)
 R_ = TypeVar("R_")  # its result
 # HTTP statuses of the agent's error codes that are not plain bad input (400)
 _STATUS = {"not_paused": 409, "internal": 500}

@@ -3,7 +3,7 @@
 For each verb of ``verbs.py`` this builds the argument model (query parameters for GET,
 a JSON body otherwise), the route at the verb's path (plus its legacy paths, kept for
 old clients and hidden from the schema), and the OpenAPI entry with the result shape and
-every error response.  The handler is ``handlers.HANDLERS[verb.name]``.
+every error response.  The handler is ``handlers.HANDLERS[verb.name]`` (``handlers.call``).
 
 Errors come back as ``{"error", "code", ...}`` with a 4xx/5xx status; a malformed
 request is ``bad_argument`` naming the argument, never pydantic's raw text.  Every route
@@ -32,7 +32,7 @@ from ..errors import BAD_ARGUMENT, BAD_PATH, BAD_SESSION_NAME, INTERNAL, TOO_LON
 from ..names import SESSION_NAME_PATTERN, SESSION_NAME_RULE, check_session_name
 from ..verbs import VERBS, Arg, Verb
 from .classic import classic_router
-from .handlers import HANDLERS
+from .handlers import call
 from .manager import SessionManager
 from .security import SecurityMiddleware
 
@@ -130,8 +130,6 @@ def args_model(verb: Verb) -> type[BaseModel]:
 
 
 def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> Any:
-    handler = HANDLERS[verb.name]
-
     defaults = {arg.name: arg.default for arg in verb_args(verb) if not arg.required}
 
     def run(session: str | None, values: dict[str, Any]) -> Any:
@@ -145,7 +143,7 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
         refuse_nul_bytes(values)
         refuse_oversized(verb, values)
         try:
-            return bound_answer(handler(manager, session, values))
+            return bound_answer(call(verb, manager, session, values))
         except OSError as exc:
             if not verb.store:
                 raise

@@ -38,7 +38,7 @@ from .agent_link import AgentLink, AgentListener
 from .process_tree import KILL_GRACE, kill_tree
 from .sessions import ENDED, Session, StartRequest
 
-A = TypeVar("A")  # a command's arguments (``protocol.AgentCommand``)
+A = TypeVar("A", bound=Mapping[str, object])  # a command's arguments (``protocol.AgentCommand``)
 Result = TypeVar("Result")  # its result
 
 CONFIGURE_TIMEOUT = 15.0

@@ -2,30 +2,65 @@
 
 Every surface reaches these through the REST routes derived from the verb table, so a
 verb behaves the same from the CLI, MCP, curl or the typed client.  A handler takes the
-manager, the session name (``None`` for global verbs) and the validated arguments, and
-returns the verb's result (a ``results.py`` shape).
+manager, the session name (``None`` for global verbs), for a run-store verb the store its
+client means (:class:`Where`), and the verb's arguments as keyword parameters typed as the
+verb table declares them (``tests/test_surfaces.py`` holds each signature to its verb), and
+returns the verb's result (a ``results.py`` shape).  Arguments arrive validated, and one
+not given arrives as its declared default (``app.py``), so a parameter is ``T | None``
+only where that default is None.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from .. import results as R
 from ..agent import protocol as P
 from ..errors import BAD_ARGUMENT, CONFIRM, NO_SUCH_TENSOR, MldbgError
 from ..store.runs import clean_runs, mldbg_home
-from ..verbs import BY_NAME, VERBS, fix
+from ..verbs import BY_NAME, VERBS, Verb, fix
 from . import store_queries
 from .manager import SessionManager
 from .sessions import Session, StartRequest
 
-Handler = Callable[[SessionManager, "str | None", dict[str, Any]], Any]
+# (manager, session name, [where,] **the verb's arguments) -> the verb's result
+Handler = Callable[..., Any]
 HANDLERS: dict[str, Handler] = {}
 MAX_WAIT = 30.0  # one request never waits longer; clients loop for longer waits
+WHERE = ("home", "session", "client_cwd", "client_home")  # a run-store verb's context
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which run store a run-store verb's call means, and where its client is: ``home``
+    (``--home``), ``session`` (that session's store), the client's working directory and
+    ``$MLDBG_HOME`` (paths it gives are its own, relative to where it runs)."""
+
+    home: str | None = None
+    session: str | None = None
+    client_cwd: str | None = None
+    client_home: str | None = None
+
+    def local(self, spec: str) -> str:
+        """``spec`` as a path where the client is, if that exists; else as given (a run
+        id, a capture name)."""
+        path = os.path.join(self.client_cwd or os.getcwd(), os.path.expanduser(spec))
+        return path if os.path.exists(path) else spec
+
+
+def call(verb: Verb, manager: SessionManager, name: str | None, values: Mapping[str, Any]) -> Any:
+    """Run ``verb``'s handler with the validated ``values``: a run-store verb's context
+    becomes its ``where``, every other argument a keyword."""
+    handler = HANDLERS[verb.name]
+    if verb.agent is not None or not verb.store:
+        return handler(manager, name, **values)
+    where = Where(**{k: values[k] for k in WHERE if k in values})
+    return handler(manager, name, where, **{k: v for k, v in values.items() if k not in WHERE})
 
 
 def handles(name: str) -> Callable[[Handler], Handler]:
@@ -52,71 +87,109 @@ def _session(manager: SessionManager, name: str | None) -> Session:
 
 
 @handles("start")
-def start(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
-    assert name is not None
-    if not a.get("script") and not a.get("module"):
+def start(
+    manager: SessionManager,
+    session: str | None,
+    *,
+    script: str | None = None,
+    module: str | None = None,
+    args: list[str] | None = None,
+    python: str | None = None,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    base_env: dict[str, str] | None = None,
+    breakpoints: list[R.BreakpointSpec] | None = None,
+    stop_on_entry: bool = True,
+    replace: bool = False,
+    no_follow: bool = False,
+    require_editable: list[str] | None = None,
+    wait: float | None = None,
+    capture: str | None = None,
+    capture_models: list[str] | None = None,
+    capture_mode: str = "full",
+    capture_depth: int | None = None,
+    capture_budget: str | None = None,
+    capture_within: str | None = None,
+    capture_calls: int | None = None,
+    capture_ops: list[str] | None = None,
+    capture_weights: bool = False,
+    capture_replay: str | None = None,
+) -> R.State:
+    assert session is not None
+    if not script and not module:
         raise MldbgError(
             "give a script (a path) or a module to run", code=BAD_ARGUMENT, argument="script"
         )
-    cwd = a.get("cwd") or os.getcwd()
-    for package in a.get("require_editable") or []:
-        from ..interpreters import require_editable
+    for package in require_editable or []:
+        from ..interpreters import require_editable as require
 
-        require_editable(a.get("python"), package, cwd=cwd)
-    env_overrides = dict(a.get("env") or {})
-    capture = _capture_settings(a)
-    if capture is not None:
-        env_overrides[capture[0]] = capture[1]
+        require(python, package, cwd=cwd or os.getcwd())
+    env_overrides = dict(env or {})
+    options: CaptureOptions = {
+        "models": capture_models or None,
+        "mode": capture_mode,
+        "depth": capture_depth,
+        "budget": capture_budget,
+        "within": capture_within,
+        "calls": capture_calls,
+        "ops": capture_ops or None,
+        "weights": True if capture_weights else None,
+        "replay": capture_replay,
+    }
+    settings = _capture_settings(capture, options)
+    if settings is not None:
+        env_overrides[settings[0]] = settings[1]
     request = StartRequest(
-        script=a.get("script"),
-        module=a.get("module"),
-        args=list(a.get("args") or []),
-        python=a.get("python"),
-        cwd=a.get("cwd"),
-        env=a.get("base_env"),
+        script=script,
+        module=module,
+        args=list(args or []),
+        python=python,
+        cwd=cwd,
+        env=base_env,
         env_overrides=env_overrides,
-        breakpoints=[dict(bp) for bp in a.get("breakpoints") or []],
-        stop_on_entry=a.get("stop_on_entry", True),
-        replace=bool(a.get("replace")),
-        follow=not a.get("no_follow"),
+        breakpoints=[dict(bp) for bp in breakpoints or []],
+        stop_on_entry=stop_on_entry,
+        replace=replace,
+        follow=not no_follow,
     )
-    session = manager.start(name, request)
+    started = manager.start(session, request)
     # `wait` waits for the first stop, whichever it is: the entry stop, or with
     # stop_on_entry false the first breakpoint (or the end); asked for nothing, only the
     # entry stop is waited for, so `start --run` returns at once
-    asked = a.get("wait")
-    wait = _bounded(30.0 if asked is None and request.stop_on_entry else asked)
-    state = session.wait(wait)
-    if state.get("state") == "running" and wait > 0:
+    waited = _bounded(30.0 if wait is None and request.stop_on_entry else wait)
+    state = started.wait(waited)
+    if state.get("state") == "running" and waited > 0:
         state["note"] = (
-            f"no stop in the {wait:g} s start waited (start waits at most {MAX_WAIT:g} s): "
+            f"no stop in the {waited:g} s start waited (start waits at most {MAX_WAIT:g} s): "
             "call wait to wait for the first breakpoint or the end"
         )
     from ..store.size import warning
 
     with contextlib.suppress(OSError):
-        env = {**(a.get("base_env") or os.environ), **(a.get("env") or {})}
-        full = warning(session.home, env)  # the client's limits, not the daemon's
-        if full:
+        full = warning(started.home, {**(base_env or os.environ), **(env or {})})
+        if full:  # the client's limits, not the daemon's
             state["warnings"] = [full]
     return state
 
 
-def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
+class CaptureOptions(TypedDict):
+    """``start --capture``'s options, as ``zero_edit.Spec`` names them (None: not given)."""
+
+    models: list[str] | None
+    mode: str
+    depth: int | None
+    budget: str | None
+    within: str | None
+    calls: int | None
+    ops: list[str] | None
+    weights: bool | None
+    replay: str | None
+
+
+def _capture_settings(capture: str | None, options: CaptureOptions) -> tuple[str, str] | None:
     """``start --capture``: the environment variable that tells the agent what to capture."""
-    options = {
-        "models": a.get("capture_models") or None,
-        "mode": a.get("capture_mode"),
-        "depth": a.get("capture_depth"),
-        "budget": a.get("capture_budget"),
-        "within": a.get("capture_within"),
-        "calls": a.get("capture_calls"),
-        "ops": a.get("capture_ops") or None,
-        "weights": True if a.get("capture_weights") else None,
-        "replay": a.get("capture_replay"),
-    }
     given = [k for k, v in options.items() if v is not None and not (k == "mode" and v == "full")]
-    if not a.get("capture"):
+    if not capture:
         if given:
             raise MldbgError(
                 f"capture_{given[0]} needs a capture name (capture=NAME)",
@@ -127,107 +200,156 @@ def _capture_settings(a: dict[str, Any]) -> tuple[str, str] | None:
     from ..zero_edit import ENV, Spec
 
     try:
-        spec = Spec.parse(
-            {"name": a["capture"], **{k: v for k, v in options.items() if v is not None}}
-        )
+        spec = Spec.parse({"name": capture, **{k: v for k, v in options.items() if v is not None}})
     except ValueError as exc:
         raise MldbgError(str(exc), code=BAD_ARGUMENT, argument="capture") from None
     return ENV, spec.to_env()
 
 
 @handles("status")
-def status(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
-    return _session(manager, name).snapshot()
+def status(manager: SessionManager, session: str | None) -> R.State:
+    return _session(manager, session).snapshot()
 
 
 @handles("forget")
-def forget(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Forgotten:
-    assert name is not None
-    manager.remove(name)
-    return {"removed": name}
+def forget(manager: SessionManager, session: str | None) -> R.Forgotten:
+    assert session is not None
+    manager.remove(session)
+    return {"removed": session}
 
 
 @handles("wait")
-def wait(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
-    return _session(manager, name).wait(_bounded(a.get("wait")))
+def wait(manager: SessionManager, session: str | None, *, wait: float = 60.0) -> R.State:
+    return _session(manager, session).wait(_bounded(wait))
 
 
 @handles("continue")
-def continue_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
-    wait = 0.0 if a.get("no_wait") else _bounded(a.get("wait"))
-    return _session(manager, name).resume(P.CONTINUE, None, wait)
+def continue_(
+    manager: SessionManager, session: str | None, *, wait: float = 60.0, no_wait: bool = False
+) -> R.State:
+    return _session(manager, session).resume(P.CONTINUE, None, 0.0 if no_wait else _bounded(wait))
 
 
 @handles("step")
-def step(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
-    args = {"kind": a.get("kind") or "over", "into_libraries": bool(a.get("into_libraries"))}
-    return _session(manager, name).resume(P.STEP, args, _bounded(a.get("wait")))
+def step(
+    manager: SessionManager,
+    session: str | None,
+    *,
+    kind: str = "over",
+    into_libraries: bool = False,
+    wait: float = 60.0,
+) -> R.State:
+    args = {"kind": kind or "over", "into_libraries": into_libraries}
+    return _session(manager, session).resume(P.STEP, args, _bounded(wait))
 
 
 @handles("pause")
-def pause(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
-    return _session(manager, name).pause(_bounded(a.get("wait", 5.0)))
+def pause(manager: SessionManager, session: str | None, *, wait: float = 5.0) -> R.State:
+    return _session(manager, session).pause(_bounded(wait))
 
 
 @handles("location")
-def location(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
-    s = _session(manager, name)
+def location(manager: SessionManager, session: str | None) -> R.State:
+    s = _session(manager, session)
     return {**s.snapshot(), **P.LOCATION.call(s)}
 
 
 @handles("up")
-def up(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.FrameSelected:
-    return P.FRAME.call(_session(manager, name), {"move": a.get("count") or 1})
+def up(manager: SessionManager, session: str | None, *, count: int = 1) -> R.FrameSelected:
+    return P.FRAME.call(_session(manager, session), {"move": count or 1})
 
 
 @handles("down")
-def down(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.FrameSelected:
-    return P.FRAME.call(_session(manager, name), {"move": -(a.get("count") or 1)})
+def down(manager: SessionManager, session: str | None, *, count: int = 1) -> R.FrameSelected:
+    return P.FRAME.call(_session(manager, session), {"move": -(count or 1)})
 
 
 @handles("eval")
-def eval_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Evaluation:
-    timeout = float(a.get("timeout") or 30.0)
-    if a.get("against"):  # the same expression in a second paused session, side by side
+def eval_(
+    manager: SessionManager,
+    session: str | None,
+    *,
+    expression: str,
+    timeout: float = 30.0,
+    against: str | None = None,
+) -> R.Evaluation:
+    timeout = float(timeout or 30.0)
+    if against:  # the same expression in a second paused session, side by side
         from ..side_by_side import evaluate_both
 
-        if a["against"] == name:
+        if against == session:
             raise MldbgError(
                 "against names the session itself: give the other paused session",
                 code=BAD_ARGUMENT,
                 argument="against",
             )
-        other = manager.get(a["against"])
-        return evaluate_both(_session(manager, name), other, a["expression"], timeout)
-    return _session(manager, name).evaluate(a["expression"], timeout)
+        other = manager.get(against)
+        return evaluate_both(_session(manager, session), other, expression, timeout)
+    return _session(manager, session).evaluate(expression, timeout)
 
 
 @handles("output")
-def output(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Output:
-    return _session(manager, name).output(a.get("tail"), a.get("offset"), a.get("limit") or 16384)
+def output(
+    manager: SessionManager,
+    session: str | None,
+    *,
+    tail: int | None = None,
+    offset: int | None = None,
+    limit: int = 16384,
+) -> R.Output:
+    return _session(manager, session).output(tail, offset, limit or 16384)
 
 
 @handles("terminate")
-def terminate(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
-    return _session(manager, name).terminate()
+def terminate(manager: SessionManager, session: str | None) -> R.State:
+    return _session(manager, session).terminate()
 
 
 # -- breakpoints ------------------------------------------------------------------------------
 
 
 @handles("break")
-def break_(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.BreakpointInfo:
-    s = _session(manager, name)
-    keys = ("file", "line", "condition", "hits", "log", "checkpoint", "function")
-    spec = cast("P.BreakArgs", {k: a.get(k) for k in keys})
-    for key in ("raised", "uncaught"):  # [] means every exception: keep it, drop only None
-        if a.get(key) is not None:
-            spec[key] = list(a[key])  # type: ignore[literal-required]
-    if a.get("this_thread"):
+def break_(
+    manager: SessionManager,
+    session: str | None,
+    *,
+    file: str | None = None,
+    line: int | None = None,
+    condition: str | None = None,
+    hits: str | None = None,
+    log: str | None = None,
+    checkpoint: str | None = None,
+    function: str | None = None,
+    raised: list[str] | None = None,
+    uncaught: list[str] | None = None,
+    this_thread: bool = False,
+    nonfinite: bool = False,
+    max_abs: float | None = None,
+    subnormal: bool = False,
+) -> R.BreakpointInfo:
+    s = _session(manager, session)
+    spec: P.BreakArgs = {
+        "file": file,
+        "line": line,
+        "condition": condition,
+        "hits": hits,
+        "log": log,
+        "checkpoint": checkpoint,
+        "function": function,
+    }
+    # [] means every exception: keep it, drop only None
+    if raised is not None:
+        spec["raised"] = list(raised)
+    if uncaught is not None:
+        spec["uncaught"] = list(uncaught)
+    if this_thread:
         spec["this_thread"] = True
-    for key in ("nonfinite", "max_abs", "subnormal"):  # the tripwire (agent/tripwire.py)
-        if a.get(key):
-            spec[key] = a[key]  # type: ignore[literal-required]
+    if nonfinite:  # the tripwire (agent/tripwire.py)
+        spec["nonfinite"] = True
+    if max_abs:
+        spec["max_abs"] = max_abs
+    if subnormal:
+        spec["subnormal"] = True
     result = P.BREAK.call(s, spec)
     s.log.event("breakpoint_set", **result)
     _remember(s)
@@ -250,9 +372,17 @@ def imported_copy_warning(s: Session, file: str) -> str | None:
 
 
 @handles("remove")
-def remove(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.BreakpointInfo:
-    s = _session(manager, name)
-    spec = cast("P.RemoveArgs", {k: a.get(k) for k in ("file", "line", "checkpoint", "id")})
+def remove(
+    manager: SessionManager,
+    session: str | None,
+    *,
+    file: str | None = None,
+    line: int | None = None,
+    checkpoint: str | None = None,
+    id: int | None = None,
+) -> R.BreakpointInfo:
+    s = _session(manager, session)
+    spec: P.RemoveArgs = {"file": file, "line": line, "checkpoint": checkpoint, "id": id}
     result = P.REMOVE.call(s, spec)
     s.log.event("breakpoint_removed", **result)
     _remember(s)
@@ -260,8 +390,8 @@ def remove(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Br
 
 
 @handles("clear")
-def clear(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Removed:
-    s = _session(manager, name)
+def clear(manager: SessionManager, session: str | None) -> R.Removed:
+    s = _session(manager, session)
     result = P.CLEAR.call(s)
     _remember(s)
     return result
@@ -277,53 +407,68 @@ def _remember(s: Session) -> None:
 
 
 @handles("until")
-def until(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
+def until(
+    manager: SessionManager,
+    session: str | None,
+    *,
+    target: str | None = None,
+    file: str | None = None,
+    line: int | None = None,
+    id: int | None = None,
+    wait: float = 60.0,
+) -> R.State:
     from . import pdb_verbs
 
-    return pdb_verbs.until(_session(manager, name), a, _bounded(a.get("wait")))
+    return pdb_verbs.until(_session(manager, session), target, file, line, id, _bounded(wait))
 
 
 @handles("restart")
-def restart(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
+def restart(manager: SessionManager, session: str | None, *, wait: float = 30.0) -> R.State:
     from . import pdb_verbs
 
-    assert name is not None
-    return pdb_verbs.restart(manager, name, _bounded(a.get("wait", 30.0)))
+    assert session is not None
+    return pdb_verbs.restart(manager, session, _bounded(wait))
 
 
 @handles("watch")
-def watch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Watches:
+def watch(manager: SessionManager, session: str | None, *, expression: str) -> R.Watches:
     from . import pdb_verbs
 
-    s = _session(manager, name)
-    result = P.WATCH.call(s, {"expression": a["expression"]})
+    s = _session(manager, session)
+    result = P.WATCH.call(s, {"expression": expression})
     _remember(s)
     return pdb_verbs.with_values(s, result)
 
 
 @handles("unwatch")
-def unwatch(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Watches:
+def unwatch(
+    manager: SessionManager,
+    session: str | None,
+    *,
+    target: str | None = None,
+    id: int | None = None,
+) -> R.Watches:
     from . import pdb_verbs
 
-    s = _session(manager, name)
-    result = P.UNWATCH.call(s, pdb_verbs.unwatch_args(a))
+    s = _session(manager, session)
+    result = P.UNWATCH.call(s, pdb_verbs.unwatch_args(target, id))
     _remember(s)
     return pdb_verbs.with_values(s, result)
 
 
 @handles("thread")
-def thread(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.State:
-    s = _session(manager, name)
+def thread(manager: SessionManager, session: str | None, *, number: int) -> R.State:
+    s = _session(manager, session)
     s.require_paused()
-    return {**s.snapshot(), **P.THREAD.call(s, {"number": a["number"]})}
+    return {**s.snapshot(), **P.THREAD.call(s, {"number": number})}
 
 
 # -- the daemon and the run store -------------------------------------------------------------
 
 
 @handles("sessions")
-def sessions(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Sessions:
-    pruned = manager.prune() if a.get("prune") else []
+def sessions(manager: SessionManager, session: str | None, *, prune: bool = False) -> R.Sessions:
+    pruned = manager.prune() if prune else []
     # live sessions first, then the newest: what a budget must never cut
     items = sorted(reversed(manager.all()), key=lambda s: s.ended)
     limit = 100
@@ -333,149 +478,212 @@ def sessions(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.
         "shown": min(len(items), limit),
         "truncated": len(items) > limit,
     }
-    if a.get("prune"):
+    if prune:
         result["pruned"] = pruned
     if len(items) > limit:
         result["next"] = fix("sessions", prune=True)
     return result
 
 
-def store_home(manager: SessionManager, a: dict[str, Any], session: str | None = None) -> Path:
+def store_home(manager: SessionManager, where: Where, session: str | None = None) -> Path:
     """Which run store a call means: ``home`` if given, else the session's, else the
     client's own (``$MLDBG_HOME`` or ``./.mldbg`` where the client runs)."""
-    base = a.get("client_cwd") or None
-    if a.get("home"):
-        return Path(base or os.getcwd(), os.path.expanduser(a["home"])).resolve()
-    session = session or a.get("session")
+    base = where.client_cwd or None
+    if where.home:
+        return Path(base or os.getcwd(), os.path.expanduser(where.home)).resolve()
+    session = session or where.session
     if session:
         found = manager.get(session)
         if found.home is not None:
             return found.home
-    env = {"MLDBG_HOME": a["client_home"]} if a.get("client_home") else {}
+    env = {"MLDBG_HOME": where.client_home} if where.client_home else {}
     return mldbg_home(base, env)
 
 
+def _session_run(manager: SessionManager, session: str | None) -> str | None:
+    """The run directory of ``session``, if it names one that has a run."""
+    if not session:
+        return None
+    found = manager.get(session)
+    return str(found.run.path) if found.run is not None else None
+
+
 @handles("trace")
-def trace(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Trace:
-    run = a.get("run")
-    home = store_home(manager, a, None if run else name)
-    if run is None and name is not None:
-        s = manager.get(name)
-        if s.run is not None:
-            run = str(s.run.path)
-    return store_queries.trace(home, run, a.get("last") or 10)
+def trace(
+    manager: SessionManager,
+    session: str | None,
+    where: Where,
+    *,
+    last: int = 10,
+    run: str | None = None,
+) -> R.Trace:
+    home = store_home(manager, where, None if run else session)
+    if run is None:
+        run = _session_run(manager, session)
+    return store_queries.trace(home, run, last or 10)
 
 
 @handles("runs")
-def runs(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Runs:
-    return store_queries.runs(store_home(manager, a), a.get("offset") or 0, a.get("limit") or 20)
+def runs(
+    manager: SessionManager, session: str | None, where: Where, *, limit: int = 20, offset: int = 0
+) -> R.Runs:
+    return store_queries.runs(store_home(manager, where), offset or 0, limit or 20)
 
 
 @handles("checkpoints")
-def checkpoints(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Checkpoints:
-    home = store_home(manager, a)
-    run = a.get("run")
-    if run is None and a.get("session"):
-        s = manager.get(a["session"])
-        run = str(s.run.path) if s.run is not None else None
-    return store_queries.checkpoints(
-        home, run, a.get("name"), a.get("hit"), a.get("offset") or 0, a.get("limit") or 20
-    )
+def checkpoints(
+    manager: SessionManager,
+    session: str | None,
+    where: Where,
+    *,
+    run: str | None = None,
+    name: str | None = None,
+    hit: int | None = None,
+    offset: int = 0,
+    limit: int = 20,
+) -> R.Checkpoints:
+    home = store_home(manager, where)
+    if run is None:
+        run = _session_run(manager, where.session)
+    return store_queries.checkpoints(home, run, name, hit, offset or 0, limit or 20)
 
 
 @handles("compare-checkpoints")
 def compare_checkpoints(
-    manager: SessionManager, name: str | None, a: dict[str, Any]
+    manager: SessionManager,
+    session: str | None,
+    where: Where,
+    *,
+    b: str,
+    a: str | None = None,
+    name: str | None = None,
+    hit: int | None = None,
+    offset: int = 0,
+    limit: int = 20,
 ) -> R.CheckpointPairs:
     from ..store.checkpoint_diff import compare_runs
 
-    home = store_home(manager, a)
-    base = a.get("client_cwd") or os.getcwd()
+    home = store_home(manager, where)
+    base = where.client_cwd or os.getcwd()
 
-    def where(spec: str | None) -> str | None:  # a relative run directory is the client's
+    def run_path(spec: str | None) -> str | None:  # a relative run directory is the client's
         if spec and spec.startswith((".", "~")) or spec and "/" in spec:
             return str(Path(base, os.path.expanduser(spec)))
         return spec
 
-    run = a.get("a")
-    if run is None and a.get("session"):
-        s = manager.get(a["session"])
-        run = str(s.run.path) if s.run is not None else None
-    return compare_runs(
-        home,
-        where(run),
-        where(a["b"]) or "",
-        a.get("name"),
-        a.get("hit"),
-        a.get("offset") or 0,
-        a.get("limit") or 20,
-    )
+    if a is None:
+        a = _session_run(manager, where.session)
+    return compare_runs(home, run_path(a), run_path(b) or "", name, hit, offset or 0, limit or 20)
 
 
 @handles("nonfinite")
-def nonfinite(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.FirstNonfinite:
+def nonfinite(
+    manager: SessionManager, session: str | None, where: Where, *, source: str
+) -> R.FirstNonfinite:
     from ..compare.nonfinite import first_nonfinite
 
-    source = a["source"]
-    base = a.get("client_cwd") or os.getcwd()
-    candidate = Path(base, os.path.expanduser(source))
-    if candidate.exists():  # a path is the client's, as compare reads it
-        source = str(candidate)
     # the parity package answers plain dicts: their shape is results.FirstNonfinite
-    return cast("R.FirstNonfinite", first_nonfinite(source, home=store_home(manager, a)))
+    found = first_nonfinite(where.local(source), home=store_home(manager, where))
+    return cast("R.FirstNonfinite", found)
 
 
 @handles("module-table")
-def module_table(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.ModuleTable:
+def module_table(
+    manager: SessionManager,
+    session: str | None,
+    where: Where,
+    *,
+    a: str,
+    b: str | None = None,
+    sort: str = "order",
+    offset: int = 0,
+    limit: int = 50,
+) -> R.ModuleTable:
     from ..compare.table import module_table as table
 
-    base = a.get("client_cwd") or os.getcwd()
-
-    def local(spec: str | None) -> str | None:  # a path is the client's, as compare reads it
-        if spec and Path(base, os.path.expanduser(spec)).exists():
-            return str(Path(base, os.path.expanduser(spec)))
-        return spec
-
     found = table(
-        local(a["a"]) or a["a"],
-        local(a.get("b")),
-        home=store_home(manager, a),
-        sort=a.get("sort") or "order",
-        offset=a.get("offset") or 0,
-        limit=a.get("limit") or 50,
+        where.local(a),
+        where.local(b) if b else None,
+        home=store_home(manager, where),
+        sort=sort or "order",
+        offset=offset or 0,
+        limit=limit or 50,
     )
     return cast("R.ModuleTable", found)
 
 
 @handles("captures")
-def captures(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Captures:
-    return store_queries.captures(store_home(manager, a), a.get("run"), a.get("limit") or 50)
+def captures(
+    manager: SessionManager,
+    session: str | None,
+    where: Where,
+    *,
+    run: str | None = None,
+    limit: int = 50,
+) -> R.Captures:
+    return store_queries.captures(store_home(manager, where), run, limit or 50)
 
 
 @handles("compare")
-def compare(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.CompareSummary:
+def compare(
+    manager: SessionManager,
+    session: str | None,
+    where: Where,
+    *,
+    a: str,
+    b: str,
+    rtol: float | None = None,
+    atol: float | None = None,
+    map: dict[str, Any] | str | None = None,
+    layout: str | None = None,
+    replay: str | None = None,
+    shards: dict[str, int | str] | None = None,
+    html: str | None = None,
+    passing: bool = False,
+    inputs: bool = False,
+    limit: int = 20,
+    offset: int = 0,
+) -> R.CompareSummary:
     from ..compare.answer import compare_answer
 
-    home = store_home(manager, a)
-    return cast("R.CompareSummary", compare_answer(home, a, a.get("client_cwd")))
+    args = {
+        "a": a,
+        "b": b,
+        "rtol": rtol,
+        "atol": atol,
+        "map": map,
+        "layout": layout,
+        "replay": replay,
+        "shards": shards,
+        "html": html,
+        "passing": passing,
+        "inputs": inputs,
+        "limit": limit,
+        "offset": offset,
+    }
+    answer = compare_answer(store_home(manager, where), args, where.client_cwd)
+    return cast("R.CompareSummary", answer)
 
 
 @handles("weights")
-def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.WeightAudit:
+def weights(
+    manager: SessionManager,
+    session: str | None,
+    where: Where,
+    *,
+    reference: str,
+    port: str,
+    map: str | None = None,
+    fresh: str | None = None,
+    limit: int = 50,
+) -> R.WeightAudit:
     from ..compare.weights import audit_weights
 
-    home = store_home(manager, a)
-    base = a.get("client_cwd") or os.getcwd()
-
-    def local(spec: str) -> str:  # a path where the client is, else a capture name
-        path = os.path.join(base, os.path.expanduser(spec))
-        return path if os.path.exists(path) else spec
-
+    home = store_home(manager, where)
     result = audit_weights(
-        local(a["reference"]), local(a["port"]), map=a.get("map"), fresh=a.get("fresh"), home=home
+        where.local(reference), where.local(port), map=map, fresh=fresh, home=home
     )
     result.pop("parameters", None)  # every parameter: the Python API's; the answer is bounded
-    limit = a.get("limit", 50)
     problems = result["problems"]
     result["problems"] = problems[:limit]
     result["total"] = len(problems)
@@ -484,16 +692,26 @@ def weights(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.W
 
 
 @handles("tensors")
-def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.TensorStore:
+def tensors(
+    manager: SessionManager,
+    session: str | None,
+    where: Where,
+    *,
+    action: str = "list",
+    name: str | None = None,
+    yes: bool = False,
+    limit: int = 100,
+) -> R.TensorStore:
     from ..store import tensors as store
 
-    home = tensor_home(manager, a)
-    action = a.get("action") or "list"
+    home = tensor_home(manager, where)
+    action = action or "list"
     try:
         if action == "list":
             items = store.list_tensors(home)
-            limit = a.get("limit") or 100
-            shown, paged = store_queries.page(items, 0, limit, "tensors", {"limit": len(items)})
+            shown, paged = store_queries.page(
+                items, 0, limit or 100, "tensors", {"limit": len(items)}
+            )
             return {
                 "path": str(store.store_dir(home)),
                 "tensors": shown,
@@ -501,10 +719,10 @@ def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.T
                 **paged,
             }
         if action == "info":
-            if not a.get("name"):
+            if not name:
                 raise MldbgError("tensors info needs a name", code=BAD_ARGUMENT, argument="name")
-            return cast("R.TensorStore", store.tensor_info(a["name"], home))
-        if not a.get("name") and not a.get("yes"):
+            return cast("R.TensorStore", store.tensor_info(name, home))
+        if not name and not yes:
             count = len(store.list_tensors(home))
             raise MldbgError(
                 f"this deletes all {count} tensor(s) in {store.store_dir(home)}; "
@@ -512,41 +730,46 @@ def tensors(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.T
                 code=CONFIRM,
                 fix=[fix("tensors", action="clear", yes=True)],
             )
-        return {"removed": store.clear_tensors(a.get("name"), home)}
+        return {"removed": store.clear_tensors(name, home)}
     except (FileNotFoundError, ValueError) as exc:
         raise MldbgError(str(exc)[:2000], code=NO_SUCH_TENSOR) from None
 
 
-def tensor_home(manager: SessionManager, a: dict[str, Any]) -> Path:
+def tensor_home(manager: SessionManager, where: Where) -> Path:
     """Whose tensor store a call means: ``home`` if given; else, as ``debug_save`` in that
     process would find it, the session's or the client's ``MLDBG_HOME``, else the user's
     store shared by every repository (``tensors.tensor_home``)."""
     from ..store import tensors as store
 
-    if a.get("home"):
-        return store_home(manager, a)
-    if a.get("session"):
-        s = manager.get(a["session"])
+    if where.home:
+        return store_home(manager, where)
+    if where.session:
+        s = manager.get(where.session)
         env = {**(s.request.env or os.environ), **s.request.env_overrides}
         return store.tensor_home(s.request.cwd, env)
-    env = {"MLDBG_HOME": a["client_home"]} if a.get("client_home") else {}
-    return store.tensor_home(a.get("client_cwd"), env)
+    env = {"MLDBG_HOME": where.client_home} if where.client_home else {}
+    return store.tensor_home(where.client_cwd, env)
 
 
 @handles("clean")
-def clean(manager: SessionManager, name: str | None, a: dict[str, Any]) -> R.Cleaned:
-    home = store_home(manager, a)
-    return clean_runs(home, a.get("keep", 10), bool(a.get("dry_run")))
+def clean(
+    manager: SessionManager,
+    session: str | None,
+    where: Where,
+    *,
+    keep: int = 10,
+    dry_run: bool = False,
+) -> R.Cleaned:
+    return clean_runs(store_home(manager, where), keep, dry_run)
 
 
 def _forward(command: P.AgentCommand[Any, Any]) -> Handler:
     """The handler of a verb that passes its arguments on to one agent command."""
     names = tuple(command.args.__annotations__)
 
-    def forward(manager: SessionManager, name: str | None, a: dict[str, Any]) -> Any:
-        s = _session(manager, name)
+    def forward(manager: SessionManager, session: str | None, **a: object) -> Any:
         args = {k: a[k] for k in names if a.get(k) is not None}
-        return s.ask(command, args)
+        return _session(manager, session).ask(command, args)
 
     return forward
 

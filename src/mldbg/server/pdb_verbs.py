@@ -24,11 +24,12 @@ _LOCATION = re.compile(r"^(?P<file>.+?):(?P<line>\d+)$")
 _ID = re.compile(r"^#?(?P<id>\d+)$")
 
 
-def until_location(s: Session, a: dict[str, Any]) -> P.BreakArgs:
-    """Where ``until`` runs to, as a breakpoint spec (file, line)."""
-    target = (a.get("target") or "").strip()
-    bp_id = a.get("id")
-    file, line = a.get("file"), a.get("line")
+def until_location(
+    s: Session, target: str | None, file: str | None, line: int | None, bp_id: int | None
+) -> P.BreakArgs:
+    """Where ``until`` runs to, as a breakpoint spec (file, line): ``target`` (FILE:LINE,
+    LINE in the current file, or #ID), else ``file``/``line``, else breakpoint ``bp_id``'s."""
+    target = (target or "").strip()
     if target:
         match = _LOCATION.match(target)
         if match:
@@ -76,9 +77,16 @@ def until_location(s: Session, a: dict[str, Any]) -> P.BreakArgs:
     return {"file": file, "line": int(line)}
 
 
-def until(s: Session, a: dict[str, Any], wait: float) -> R.State:
+def until(
+    s: Session,
+    target: str | None,
+    file: str | None,
+    line: int | None,
+    bp_id: int | None,
+    wait: float,
+) -> R.State:
     s.require_paused()
-    spec = until_location(s, a)
+    spec = until_location(s, target, file, line, bp_id)
     bp = P.BREAK.call(s, {**spec, "temporary": True})
     s.log.event("until", **spec)
     state = s.resume(P.CONTINUE, None, wait)
@@ -159,10 +167,11 @@ def with_values(s: Session, result: R.Watches) -> R.Watches:
     return result
 
 
-def unwatch_args(a: dict[str, Any]) -> P.UnwatchArgs:
-    target = (a.get("target") or "").strip()
-    if a.get("id") is not None:
-        return {"id": int(a["id"])}
+def unwatch_args(target: str | None, watch_id: int | None) -> P.UnwatchArgs:
+    """``unwatch``'s target (#ID, ID or the expression) or ``watch_id``, as the agent takes it."""
+    target = (target or "").strip()
+    if watch_id is not None:
+        return {"id": int(watch_id)}
     if not target:
         return {}
     match = _ID.match(target)

@@ -28,7 +28,7 @@ from .run_log import RunLog
 from .session_process import TERMINATE_GRACE, SessionProcess, StartRequest
 from .tails import read_page, read_tail, read_tail_bounded
 
-A = TypeVar("A")  # a command's arguments (``protocol.AgentCommand``)
+A = TypeVar("A", bound=Mapping[str, object])  # a command's arguments (``protocol.AgentCommand``)
 Result = TypeVar("Result")  # its result
 
 __all__ = ["ENDED", "Registry", "Session", "StartRequest", "read_page", "read_tail"]

@@ -133,7 +133,7 @@ class AgentListener:
                 except OSError:
                     _drop(sock)
                     return
-            link = AgentLink(sock, reader, hello)
+            link = AgentLink(sock, reader, cast("P.Hello", hello))  # as the agent sent it
             if self.closed:
                 link.close()
                 return
@@ -205,14 +205,14 @@ def _drop(sock: socket.socket) -> None:
 class AgentLink:
     """One authenticated debuggee connection: requests with replies, and events."""
 
-    def __init__(self, sock: socket.socket, reader: LineReader, hello: dict[str, Any]) -> None:
+    def __init__(self, sock: socket.socket, reader: LineReader, hello: P.Hello) -> None:
         self._sock = sock
         self._reader = reader
         self.hello = hello
         self._on_event: EventHandler = lambda message: None
         self._on_close: Callable[[], None] = lambda: None
         self._send_lock = threading.Lock()
-        self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._pending: dict[int, Future[P.Reply]] = {}
         self._ids = itertools.count(1)
         self.closed = False
         self.error: str | None = None  # why the daemon cut the link, if it did
@@ -252,9 +252,12 @@ class AgentLink:
                     except Exception:  # a bug in handling one event must not cut the session off
                         traceback.print_exc()
                     continue
-                future = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
+                request_id = message.get("id")
+                future = (
+                    self._pending.pop(request_id, None) if isinstance(request_id, int) else None
+                )
                 if future is not None:
-                    future.set_result(message)
+                    future.set_result(cast("P.Reply", message))  # the agent's reply to it
         except OSError:
             pass
         finally:
@@ -276,8 +279,8 @@ class AgentLink:
 
     def send(
         self, command: P.AgentCommand[A, R_], args: Mapping[str, object] | None = None
-    ) -> Future[dict[str, Any]]:
-        future: Future[dict[str, Any]] = Future()
+    ) -> Future[P.Reply]:
+        future: Future[P.Reply] = Future()
         if self.closed:
             future.set_exception(SessionEnded("the script is no longer running"))
             return future

@@ -111,7 +111,7 @@ class Family:
             daemon=True,
         ).start()
 
-    def _name_for(self, hello: dict[str, Any], pid: int) -> str:
+    def _name_for(self, hello: P.Hello, pid: int) -> str:
         root = self.root.name
         rank = hello.get("rank")
         taken = self._taken_names()

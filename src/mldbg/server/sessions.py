@@ -94,7 +94,7 @@ class Session:
         self.signal: str | None = None
         self.exception: dict[str, Any] | None = None
         self.terminated = False
-        self.hello: dict[str, Any] = {}
+        self.hello: P.Hello = {}
         self.link: AgentLink | None = None
         self.run: RunDir | None = None
         self.log = RunLog(lambda: self.name)  # the session's lines of events.jsonl

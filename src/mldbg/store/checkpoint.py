@@ -102,7 +102,7 @@ def _tensor_summary(value: object, force: bool = False) -> dict[str, object]:
     The short ``dtype`` alone cannot say which framework's dtype it is, and scripts that
     rebuild a tensor from a record need exactly that.
     """
-    record: dict[str, Any] = dict(summary.summarize(value, force))  # dtype_qualified added
+    record: dict[str, object] = dict(summary.summarize(value, force))  # dtype_qualified added
     framework = str(record.get("type", "")).split(".", 1)[0]
     dtype = record.get("dtype")
     if dtype is not None:

@@ -238,6 +238,8 @@ class Wire:
                 if original is None:
                     delattr(base, "__init_subclass__")
                 else:
+                    # (as ``base.__init_subclass__ = original``, which the type checker
+                    # reads as assigning to a method)
                     setattr(base, "__init_subclass__", original)  # noqa: B010
             self._mlx_subclass_hook = None
         self._paths.clear()

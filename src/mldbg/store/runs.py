@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import AMBIGUOUS_RUN, NO_RUNS, UNKNOWN_RUN
 
 if TYPE_CHECKING:  # the agent imports this module: standard library only at run time
-    from .. import results as R
+    # named imports: ``from .. import results`` here makes mypy misread mldbg/__init__'s
+    # ``replay`` as defined twice
     from ..results import Cleaned as _Cleaned
+    from ..results import RunMeta, RunRecord
 
 RUN_JSON = "run.json"
 OUTPUT_LOG = "output.log"
@@ -205,21 +207,21 @@ class RunDir:
     def file(self, name: str) -> Path:
         return self.path / name
 
-    def read_meta(self) -> R.RunMeta:
+    def read_meta(self) -> RunMeta:
         """run.json as the processes of the run wrote it ({} when absent or unreadable)."""
         try:
             with open(self.file(RUN_JSON), encoding="utf-8") as fh:
                 data = json.load(fh)
         except (OSError, ValueError):
             return {}
-        return cast("R.RunMeta", data) if isinstance(data, dict) else {}
+        return cast("RunMeta", data) if isinstance(data, dict) else {}
 
-    def update_meta(self, **fields: object) -> R.RunMeta:
+    def update_meta(self, **fields: object) -> RunMeta:
         """Merge fields (those of ``results.RunMeta``) into run.json (write-then-rename, so
         it is always whole; on a full disk, rewritten in place within the room kept for
         that)."""
         with self._meta_lock:
-            meta = cast("R.RunMeta", {**self.read_meta(), **fields})
+            meta = cast("RunMeta", {**self.read_meta(), **fields})
             path = self.file(RUN_JSON)
             try:
                 write_json_atomic(path, meta, reserve=META_RESERVE)
@@ -332,7 +334,7 @@ def list_runs(home: Path) -> list[RunDir]:
     )
 
 
-def describe_run(run: RunDir) -> R.RunRecord:
+def describe_run(run: RunDir) -> RunRecord:
     meta = run.read_meta()
     return {
         "run_id": run.run_id,

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from .recorder import Recorder
-from .sensitivity import measure_mlx, measuring, rounded_output
+from .records import Quantization, TensorInfo
+from .sensitivity import measuring, rounded_output
+from .sensitivity_mlx import measure_mlx
 
 _LAYER = "_mldbg_capture_layer"
 
@@ -116,7 +118,7 @@ def _peel(cls: type) -> type:
         cls = cls.__bases__[0]
 
 
-def quantization(module: Any) -> dict[str, Any] | None:
+def quantization(module: Any) -> Quantization | None:
     """``{"bits", "group_size", "mode"}`` of an MLX quantized module (``QuantizedLinear``,
     ``QuantizedEmbedding``, or any module holding ``bits``/``group_size`` and packed
     ``scales``), else None.  Compare widens its expected error by the quantization's."""
@@ -129,7 +131,7 @@ def quantization(module: Any) -> dict[str, Any] | None:
         has_scales = False
     if not has_scales and "Quantized" not in type(module).__name__:
         return None
-    found: dict[str, Any] = {"bits": bits, "group_size": group_size}
+    found: Quantization = {"bits": bits, "group_size": group_size}
     mode = getattr(module, "mode", None)
     if isinstance(mode, str):
         found["mode"] = mode
@@ -159,7 +161,10 @@ def _recording_class(
             recorder.exit(seq, path, None, exc)
             raise
         extra = recorder.sensitivity_of(
-            seq, lambda parent: measure_mlx(self, call, args, kwargs, output, recorder, parent)
+            seq,
+            lambda parent: measure_mlx(
+                self, call, args, kwargs, output, recorder, parent, recorder.perturbations
+            ),
         )
         recorder.exit(seq, path, output, None, extra)
         return output
@@ -246,7 +251,7 @@ def snapshotter() -> Callable[[Any], Prepared | Unwritable]:
     return prepare
 
 
-def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Evaluate and write MLX arrays (numpy arrays too) to ``tmp`` with their dtypes.
 
     A value that cannot be stored (a float64 array, an object array) is skipped alone.

@@ -10,9 +10,17 @@ energy (a "massive activation" token) is always in the sample, and on real torch
 MLX modules the sampled measurement agrees with the full re-run of the same weights
 (a subclass: an unknown type, re-run in full).  The verdicts it feeds are checked by
 the parity suites (tests/test_parity*.py), which run with the sampling on.
+
+And a call with children's rounding re-run (inputs kept) does not run again a leaf that
+reads the very objects it read in the forward: it answers with its output then, and
+the measurement is the same number.
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +31,7 @@ mnn = pytest.importorskip("mlx.nn")
 
 from torch import nn  # noqa: E402
 
+import mldbg  # noqa: E402
 from mldbg.capture.sensitivity import (  # noqa: E402
     SAMPLE_ROWS,
     Perturbations,
@@ -31,6 +40,7 @@ from mldbg.capture.sensitivity import (  # noqa: E402
 )
 from mldbg.capture.sensitivity_mlx import measure_mlx  # noqa: E402
 from mldbg.capture.sensitivity_torch import TorchFrame, measure_torch, row_dims  # noqa: E402
+from mldbg.store import current_run  # noqa: E402
 
 U32 = 2.0**-24
 
@@ -179,3 +189,89 @@ def test_a_cancellation_between_two_operands_is_still_measured() -> None:
     b = a * (1 + 1e-6)
     found = measure_torch(Difference().eval(), (a, b), {}, a - b)
     assert found is not None and found["amplification"] > 1e5, found
+
+
+# -- a call with children: leaves that read the same objects are not run again ---------------
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
+    current_run.reset()
+    yield tmp_path / "store"
+    current_run.reset()
+
+
+class _Counted(nn.Linear):
+    """A Linear that counts its forwards (a subclass: re-run in full as a leaf)."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(x)
+
+
+class _Mlp(nn.Module):
+    """A gated MLP: gate and up read the input as it is, down reads their product.
+    ``copy``: the input is copied first, so no child reads the same object twice."""
+
+    def __init__(self, copy: bool) -> None:
+        super().__init__()
+        self.copy = copy
+        self.gate, self.up, self.down = _Counted(16, 32), _Counted(16, 32), _Counted(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.copy:
+            x = x.clone()
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def _root_line(path: Path) -> dict[str, object]:
+    lines = [json.loads(x) for x in (path / "index.jsonl").read_text().splitlines()]
+    root = next(r["seq"] for r in lines if r["event"] == "call" and r["module"] == "")
+    found: dict[str, object] = next(r for r in lines if r["event"] == "return" and r["seq"] == root)
+    return found
+
+
+def test_a_leaf_reading_the_same_objects_is_not_run_again(home: Path) -> None:
+    """In the MLP's rounding re-run (inputs kept) gate and up read the very tensor they
+    read in the forward: they answer with what they returned, and the measurement is the
+    same number as where they must run (the input copied first)."""
+    torch.manual_seed(4)
+    direct, copying = _Mlp(copy=False).eval(), _Mlp(copy=True).eval()
+    copying.load_state_dict(direct.state_dict())
+    x = torch.randn(3, 16)
+    with torch.no_grad(), mldbg.capture(direct, "direct") as cap_direct:
+        direct(x)
+    with torch.no_grad(), mldbg.capture(copying, "copying") as cap_copying:
+        copying(x)
+    # forward, its own leaf re-run, the MLP's perturbed re-run; the rounding re-run: held
+    assert (direct.gate.calls, direct.up.calls, direct.down.calls) == (3, 3, 4)
+    assert (copying.gate.calls, copying.up.calls, copying.down.calls) == (4, 4, 4)
+    a, b = _root_line(cap_direct.path), _root_line(cap_copying.path)
+    assert a["sensitivity"] == b["sensitivity"] and a["amplification"] == b["amplification"]
+    assert isinstance(a["sensitivity"], float) and a["sensitivity"] > 0
+    # The instances got their own forward for the re-run only.
+    assert "forward" not in vars(direct.gate) and "forward" not in vars(direct.up)
+
+
+def test_a_leaf_whose_input_changed_in_place_runs_again(home: Path) -> None:
+    """A tensor changed in place after the leaf read it (its version moved) is not what
+    the leaf read: the rounding re-run runs the leaf."""
+
+    class Updating(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.second = _Counted(8, 8), _Counted(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.first(x)
+            x.mul_(2)  # the input, changed after `first` read it
+            return y + self.second(x)
+
+    torch.manual_seed(5)
+    model = Updating().eval()
+    with torch.no_grad(), mldbg.capture(model, "updating"):
+        model(torch.randn(2, 8))
+    assert model.first.calls == 4  # forward, leaf re-run, perturbed re-run, rounding re-run

@@ -24,7 +24,7 @@ from typing import Any
 
 from .recorder import Recorder
 from .records import Quantization, TensorInfo
-from .sensitivity import measuring, rounded_output
+from .sensitivity import HeldCall, held_output, measuring, rounded_output
 from .sensitivity_mlx import measure_mlx
 
 _LAYER = "_mldbg_capture_layer"
@@ -146,7 +146,13 @@ def _recording_class(
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         path = paths.get(id(self))
         if path is None or measuring():
-            output = call(self, *args, **kwargs)
+            # In a parent's rounding re-run a leaf reading what it read returns what it
+            # returned (MLX arrays never change in place: identity is enough).
+            held, output = (
+                (False, None) if path is None else held_output(recorder, self, args, kwargs)
+            )
+            if not held:
+                output = call(self, *args, **kwargs)
             if path is None:  # its capture has ended
                 return output
             rounded, value = rounded_output(recorder, output)  # inside a parent's re-run
@@ -163,10 +169,19 @@ def _recording_class(
         extra = recorder.sensitivity_of(
             seq,
             lambda parent: measure_mlx(
-                self, call, args, kwargs, output, recorder, parent, recorder.perturbations
+                self,
+                call,
+                args,
+                kwargs,
+                output,
+                recorder,
+                parent,
+                recorder.perturbations,
+                recorder.held_by(seq),
             ),
         )
-        recorder.exit(seq, path, output, None, extra)
+        held_call = HeldCall(self, args, kwargs, (), output) if recorder.sensitivity else None
+        recorder.exit(seq, path, output, None, extra, held_call)
         return output
 
     recording = type(

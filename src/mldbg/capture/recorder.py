@@ -26,7 +26,7 @@ from .records import (
     TensorFields,
     TensorInfo,
 )
-from .sensitivity import MAX_HEIGHT, Perturbations
+from .sensitivity import MAX_HEIGHT, MAX_HELD_BYTES, HeldCall, Perturbations
 from .sites import call_site
 from .store import INDEX, CaptureDir, entry_name, module_label
 from .writer import BackgroundWriter
@@ -88,6 +88,10 @@ class Recorder:
         self._height: dict[int, int] = {}
         # Open calls with a child below the depth limit: not re-run (a coarse pass).
         self._partial: set[int] = set()
+        # Per open call at most MAX_HEIGHT deep: its leaf children as they ran, for its
+        # rounding re-run (capture/sensitivity.py, "Children that read what they read").
+        self._held: dict[int, list[HeldCall]] = {}
+        self._held_bytes: dict[int, int] = {}
         # The sensitivity re-runs' drawn signs and row samples, kept for this capture.
         self.perturbations = Perturbations()
         self.tensors = 0
@@ -227,6 +231,10 @@ class Recorder:
             and self._height.get(seq, 0) <= MAX_HEIGHT
         )
 
+    def held_by(self, seq: int) -> list[HeldCall]:
+        """Open call ``seq``'s leaf children as they ran (for its rounding re-run)."""
+        return self._held.get(seq, [])
+
     def sensitivity_of(
         self, seq: int, measure: Callable[[bool], Sensitivity | None]
     ) -> Sensitivity | None:
@@ -251,13 +259,15 @@ class Recorder:
         output: object,
         error: BaseException | None,
         extra: Sensitivity | None = None,
+        held: HeldCall | None = None,
     ) -> None:
         """Record the end of call ``seq``: its outputs, or the exception it raised.
 
-        ``extra`` adds fields to the return line (``sensitivity``, ``step``, ``amplification``)."""
+        ``extra`` adds fields to the return line (``sensitivity``, ``step``, ``amplification``);
+        ``held``, the call as it ran, is kept for its parent's re-run when it is a leaf."""
         self._local.busy = getattr(self._local, "busy", 0) + 1
         try:
-            self._exit(seq, path, output, error, extra)
+            self._exit(seq, path, output, error, extra, held)
         finally:
             self._local.busy -= 1
 
@@ -268,8 +278,11 @@ class Recorder:
         output: object,
         error: BaseException | None,
         extra: Sensitivity | None,
+        held: HeldCall | None,
     ) -> None:
         self._with_children.discard(seq)
+        self._held.pop(seq, None)
+        self._held_bytes.pop(seq, None)
         self._partial.discard(seq)
         height = self._height.pop(seq, 0)
         stack = self._stack()
@@ -282,6 +295,13 @@ class Recorder:
         if stack:  # its parent's subtree is at least one call deeper
             parent = stack[-1][0]
             self._height[parent] = max(self._height.get(parent, 0), height + 1)
+            if self._height[parent] > MAX_HEIGHT:
+                self._held.pop(parent, None)  # it will not be re-run with its children
+            elif held is not None and height == 0 and self.sensitivity:
+                size = self._held_bytes.get(parent, 0) + held.nbytes
+                if size <= MAX_HELD_BYTES:
+                    self._held.setdefault(parent, []).append(held)
+                    self._held_bytes[parent] = size
         if seq == SKIPPED:
             return
         with self._lock:

@@ -79,16 +79,28 @@ measured:
   more than 3x in variance: defensive importance sampling, Hesterberg 1995); a row
   holding ``1/n`` of the weight (a "massive activation" token) is always in the sample.
   Unknown modules, calls with children and small inputs keep the full re-run.
+* *Children that read what they read before are not run again.*  A call with children's
+  rounding re-run keeps its inputs, so a child that reads them as they are (an MLP's
+  gate and up projections, an attention's q/k/v projections) is called with the very
+  objects it got in the forward: it returns the output it returned then (kept for the
+  parent while it is open, as :class:`HeldCall`; only leaves, and only for a parent at
+  most ``MAX_HEIGHT`` deep, at most ``MAX_HELD_BYTES`` of outputs per parent: past
+  that its children run again), which its hook then rounds as ever.  "The very objects":
+  every tensor of its arguments identical (``is``), torch's in-place version counter
+  unchanged, every plain value equal; anything else runs.  The measurement is the same
+  number (``tests/test_capture_sampling.py`` checks it against a parent that passes a
+  copy): a re-run already assumes a module's output is a function of its inputs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeGuard, TypeVar
 
 from .records import Sensitivity
@@ -110,6 +122,8 @@ MAX_HEIGHT = 1
 SAMPLE_ROWS = 32
 # Signs kept per capture (bytes, on the tensors' devices); past it they are drawn again.
 SIGN_CACHE_BYTES = 128 * 1024 * 1024
+# Leaf outputs kept per open parent for its rounding re-run; past it they run again.
+MAX_HELD_BYTES = 256 * 1024 * 1024
 
 T = TypeVar("T")  # a framework's tensor type (torch.Tensor, mlx.core.array)
 
@@ -199,6 +213,75 @@ class Perturbations:
             return float(self._draws.random())
 
 
+@dataclasses.dataclass
+class HeldCall:
+    """A leaf call's arguments (the objects themselves), the version of each tensor among
+    them and its output, kept while its parent is open (see "Children that read what
+    they read before")."""
+
+    module: object
+    args: tuple[object, ...]
+    kwargs: Mapping[str, object]
+    versions: tuple[int, ...]
+    output: object
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors among its outputs (what holding it may keep alive)."""
+        return sum(int(getattr(x, "nbytes", 0) or 0) for x in _leaves(self.output))
+
+    def reads(
+        self, args: tuple[object, ...], kwargs: Mapping[str, object], versions: tuple[int, ...]
+    ) -> bool:
+        """Whether ``(args, kwargs)`` are the objects this call read, unchanged."""
+        if len(args) != len(self.args) or list(kwargs) != list(self.kwargs):
+            return False
+        now = _leaves((args, tuple(kwargs.values())))
+        then = _leaves((self.args, tuple(self.kwargs.values())))
+        if len(now) != len(then) or versions != self.versions:
+            return False
+        return all(
+            a is b or (isinstance(a, _PLAIN) and type(a) is type(b) and a == b)
+            for a, b in zip(now, then, strict=True)
+        )
+
+
+def held_output(
+    owner: object,
+    module: object,
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
+    versions: tuple[int, ...] = (),
+) -> tuple[bool, object]:
+    """During ``owner``'s rounding re-run: ``(True, output)`` when this call of ``module``
+    is the next one held for it and reads the same objects; ``(False, None)`` otherwise
+    (then the call runs).  The k-th call of a module in the re-run is matched with its
+    k-th call in the forward."""
+    active = getattr(_STATE, "held", None)
+    if active is None or active[0] is not owner:
+        return False, None
+    queue = active[1].get(id(module))
+    if not queue:
+        return False, None
+    held = queue.pop(0)
+    if held.module is not module or not held.reads(args, kwargs, versions):
+        return False, None
+    return True, held.output
+
+
+@contextlib.contextmanager
+def _holding(owner: object, held: Sequence[HeldCall]) -> Iterator[None]:
+    previous = getattr(_STATE, "held", None)
+    queues: dict[int, list[HeldCall]] = {}
+    for call in held:
+        queues.setdefault(id(call.module), []).append(call)
+    _STATE.held = (owner, queues)
+    try:
+        yield
+    finally:
+        _STATE.held = previous
+
+
 def measuring() -> bool:
     """A re-run is under way on this thread: no capture records it (captures may nest,
     and a leaf of one capture can hold modules another capture records)."""
@@ -244,12 +327,14 @@ def measure(
     with_children: bool,
     perturbations: Perturbations,
     row_dims: int | None,
+    held: Sequence[HeldCall] = (),
 ) -> Sensitivity | None:
     """A call's sensitivity, from re-runs of it (``rerun``) on perturbed inputs; None
     when it is not measured.  A call ``with_children`` is also re-run with the outputs of
     the descendants that ``owner``'s hooks see rounded.  ``row_dims``: the module maps
     each row of its input (its last ``row_dims`` dimensions) to the same row of its
-    output, by its type (None when unknown): a leaf's re-run is then on sampled rows."""
+    output, by its type (None when unknown): a leaf's re-run is then on sampled rows.
+    ``held``: the call's leaf children as they ran, for the rounding re-run."""
     try:
         outputs = [x for x in _leaves(output) if frame.is_float(x)]
         values = [*_leaves(args), *_leaves(tuple(kwargs.values()))]
@@ -317,7 +402,7 @@ def measure(
             found["sensitivity"] = through
         if with_children:  # what its own rounding becomes (inputs as they were)
             drawn[0] = 0
-            with _rerunning(), _rounding(owner, rounded):
+            with _rerunning(), _rounding(owner, rounded), _holding(owner, held):
                 own = change(rerun(args, dict(kwargs)))
             if own is None:
                 return None

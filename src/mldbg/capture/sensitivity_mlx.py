@@ -7,7 +7,7 @@ device's tensors would cross to the host, moved into the framework).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeGuard
 
 import mlx.core as mx
@@ -15,7 +15,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .records import Sensitivity
-from .sensitivity import SEED, STATEFUL_IN_TRAINING, Perturbations, measure
+from .sensitivity import SEED, STATEFUL_IN_TRAINING, HeldCall, Perturbations, measure
 
 
 def measure_mlx(
@@ -27,6 +27,7 @@ def measure_mlx(
     owner: object = None,
     with_children: bool = False,
     perturbations: Perturbations | None = None,
+    held: Sequence[HeldCall] = (),
 ) -> Sensitivity | None:
     """The sensitivity of an MLX module's call; ``call`` is the original ``__call__``;
     the rest as for ``sensitivity_torch.measure_torch``."""
@@ -50,6 +51,7 @@ def measure_mlx(
         with_children,
         perturbations or Perturbations(),
         None if with_children else row_dims(module, call),
+        held,
     )
 
 

@@ -7,8 +7,9 @@ float64 numpy array, about as much work as the re-run of a cheap op.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import TypeGuard
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from .records import Sensitivity
-from .sensitivity import SEED, Perturbations, measure
+from .sensitivity import SEED, HeldCall, Perturbations, held_output, measure
 
 
 def measure_torch(
@@ -27,15 +28,18 @@ def measure_torch(
     owner: object = None,
     with_children: bool = False,
     perturbations: Perturbations | None = None,
+    held: Sequence[HeldCall] = (),
 ) -> Sensitivity | None:
     """The sensitivity of a torch module's call (None when it is not measured): a call
     ``with_children`` is also re-run with the outputs of the descendants that ``owner``'s
-    hooks see rounded.  ``perturbations`` keeps the capture's drawn signs."""
+    hooks see rounded.  ``perturbations`` keeps the capture's drawn signs; ``held``, the
+    call's leaf children as they ran (their outputs are reused where they read the same
+    objects again)."""
     if module.training:
         return None
 
     def rerun(a: tuple[object, ...], k: dict[str, object]) -> object:
-        with torch.no_grad():
+        with torch.no_grad(), _answering(held, owner):
             return module.forward(*a, **k)
 
     return measure(
@@ -48,7 +52,59 @@ def measure_torch(
         with_children,
         perturbations or Perturbations(),
         None if with_children else row_dims(module),
+        held,
     )
+
+
+def versions(args: tuple[object, ...], kwargs: Mapping[str, object]) -> tuple[int, ...]:
+    """The in-place version counter of each tensor among a call's arguments (nested in
+    tuples, lists and dicts as ``sensitivity._leaves`` walks them)."""
+    found: list[int] = []
+    pending: list[object] = [*args, *kwargs.values()]
+    while pending:
+        value = pending.pop(0)
+        if isinstance(value, torch.Tensor):
+            found.append(value._version)
+        elif isinstance(value, tuple | list):
+            pending[:0] = value
+        elif isinstance(value, dict):
+            pending[:0] = value.values()
+    return tuple(found)
+
+
+@contextlib.contextmanager
+def _answering(held: Sequence[HeldCall], owner: object) -> Iterator[None]:
+    """Each held child's ``forward`` answers from what it returned when it reads the same
+    objects again (``sensitivity.held_output``, active only in a rounding re-run on this
+    thread), and runs otherwise.  A hook cannot skip a forward, so the instance gets its
+    own ``forward`` for the re-run, and loses it after; an instance that already has one
+    (a library patched it) is left alone."""
+    patched: list[nn.Module] = []
+    try:
+        for call in held:
+            module = call.module
+            if isinstance(module, nn.Module) and "forward" not in vars(module):
+                object.__setattr__(module, "forward", _answer(module, owner))
+                patched.append(module)
+    except BaseException:
+        for module in patched:
+            vars(module).pop("forward", None)
+        raise
+    try:
+        yield
+    finally:
+        for module in patched:
+            vars(module).pop("forward", None)
+
+
+def _answer(module: nn.Module, owner: object) -> Callable[..., object]:
+    forward = type(module).forward
+
+    def answer(*args: object, **kwargs: object) -> object:
+        found, output = held_output(owner, module, args, kwargs, versions(args, kwargs))
+        return output if found else forward(module, *args, **kwargs)
+
+    return answer
 
 
 # Seeds of successive perturbed tensors: SEED, SEED + _STRIDE, ...  (the first tensor a

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .recorder import Recorder
 from .records import TensorInfo
 from .safetensors_header import header_entries
-from .sensitivity import measuring, rounded_output
-from .sensitivity_torch import measure_torch
+from .sensitivity import HeldCall, measuring, rounded_output
+from .sensitivity_torch import measure_torch, versions
 
 if TYPE_CHECKING:  # torch is imported when a torch model is captured
     import numpy as np
@@ -193,17 +193,28 @@ def _hook(
         # an exception other than the one handled at entry is the forward's own.
         current = sys.exc_info()[1]
         error = current if output is None and current is not handled else None
-        extra = (
-            None
-            if error is not None
-            else recorder.sensitivity_of(
-                seq,
-                lambda parent: measure_torch(
-                    module, _args, _kwargs, output, recorder, parent, recorder.perturbations
-                ),
-            )
+        if error is not None:
+            recorder.exit(seq, path, output, error)
+            return None
+        extra = recorder.sensitivity_of(
+            seq,
+            lambda parent: measure_torch(
+                module,
+                _args,
+                _kwargs,
+                output,
+                recorder,
+                parent,
+                recorder.perturbations,
+                recorder.held_by(seq),
+            ),
         )
-        recorder.exit(seq, path, output, error, extra)
+        held = (
+            HeldCall(module, _args, _kwargs, versions(_args, _kwargs), output)
+            if recorder.sensitivity
+            else None
+        )
+        recorder.exit(seq, path, output, None, extra, held)
         return None
 
     # Under torch.compile the hooks run eagerly (a graph break), not traced: they write files.

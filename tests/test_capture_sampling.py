@@ -275,3 +275,25 @@ def test_a_leaf_whose_input_changed_in_place_runs_again(home: Path) -> None:
     with torch.no_grad(), mldbg.capture(model, "updating"):
         model(torch.randn(2, 8))
     assert model.first.calls == 4  # forward, leaf re-run, perturbed re-run, rounding re-run
+
+
+def test_a_leaf_output_changed_in_place_by_its_parent_runs_again(home: Path) -> None:
+    """A parent that scales a child's output in place after the call: what the child
+    returned is no longer what it holds, so the rounding re-run runs the child."""
+
+    class Scaling(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _Counted(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.inner(x)
+            h.mul_(2)
+            return h.sin()
+
+    torch.manual_seed(6)
+    model = Scaling().eval()
+    with torch.no_grad(), mldbg.capture(model, "scaling") as cap:
+        model(torch.randn(2, 8))
+    assert model.inner.calls == 4
+    assert _root_line(cap.path)["sensitivity"] < 1e-5  # one rounding step, not a doubling

@@ -224,6 +224,9 @@ class HeldCall:
     kwargs: Mapping[str, object]
     versions: tuple[int, ...]
     output: object
+    # The version of each tensor of its output when it returned: a parent that changes
+    # a child's output in place (``h = self.gate(x); h.mul_(2)``) must not get it back.
+    output_versions: tuple[int, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -252,11 +255,13 @@ def held_output(
     args: tuple[object, ...],
     kwargs: Mapping[str, object],
     versions: tuple[int, ...] = (),
+    output_versions: Callable[[object], tuple[int, ...]] | None = None,
 ) -> tuple[bool, object]:
     """During ``owner``'s rounding re-run: ``(True, output)`` when this call of ``module``
-    is the next one held for it and reads the same objects; ``(False, None)`` otherwise
-    (then the call runs).  The k-th call of a module in the re-run is matched with its
-    k-th call in the forward."""
+    is the next one held for it, reads the same objects and its output is as it returned
+    it (``output_versions``: the framework's versions of an output's tensors; MLX arrays
+    never change); ``(False, None)`` otherwise (then the call runs).  The k-th call of a
+    module in the re-run is matched with its k-th call in the forward."""
     active = getattr(_STATE, "held", None)
     if active is None or active[0] is not owner:
         return False, None
@@ -265,6 +270,8 @@ def held_output(
         return False, None
     held = queue.pop(0)
     if held.module is not module or not held.reads(args, kwargs, versions):
+        return False, None
+    if output_versions is not None and output_versions(held.output) != held.output_versions:
         return False, None
     return True, held.output
 

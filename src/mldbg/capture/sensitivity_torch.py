@@ -72,6 +72,11 @@ def versions(args: tuple[object, ...], kwargs: Mapping[str, object]) -> tuple[in
     return tuple(found)
 
 
+def output_versions(output: object) -> tuple[int, ...]:
+    """The in-place version counter of each tensor of a call's output."""
+    return versions((output,), {})
+
+
 @contextlib.contextmanager
 def _answering(held: Sequence[HeldCall], owner: object) -> Iterator[None]:
     """Each held child's ``forward`` answers from what it returned when it reads the same
@@ -101,7 +106,9 @@ def _answer(module: nn.Module, owner: object) -> Callable[..., object]:
     forward = type(module).forward
 
     def answer(*args: object, **kwargs: object) -> object:
-        found, output = held_output(owner, module, args, kwargs, versions(args, kwargs))
+        found, output = held_output(
+            owner, module, args, kwargs, versions(args, kwargs), output_versions
+        )
         return output if found else forward(module, *args, **kwargs)
 
     return answer

@@ -16,7 +16,7 @@ from .recorder import Recorder
 from .records import TensorInfo
 from .safetensors_header import header_entries
 from .sensitivity import HeldCall, measuring, rounded_output
-from .sensitivity_torch import measure_torch, versions
+from .sensitivity_torch import measure_torch, output_versions, versions
 
 if TYPE_CHECKING:  # torch is imported when a torch model is captured
     import numpy as np
@@ -210,7 +210,9 @@ def _hook(
             ),
         )
         held = (
-            HeldCall(module, _args, _kwargs, versions(_args, _kwargs), output)
+            HeldCall(
+                module, _args, _kwargs, versions(_args, _kwargs), output, output_versions(output)
+            )
             if recorder.sensitivity
             else None
         )

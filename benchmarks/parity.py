@@ -15,9 +15,10 @@ Why it is built this way:
   thread (``written inline`` is the same capture without it, side by side); a capture's
   time includes waiting for its last file.  ``summary`` rows are the coarse pass
   (statistics and an 8 KB sketch per tensor).
-* The sensitivity re-run (each leaf call once more on perturbed inputs, on by default)
-  is a second pass over every leaf, so each capture is timed with it (``sensitivity``
-  rows) and without it: the write's cost and the verdict's are told apart.
+* The sensitivity re-runs (on by default: each leaf call once more on perturbed inputs,
+  row-wise leaves on a sample of 32 rows, and each call one above its leaves twice, its
+  children included) are extra forward work, so each capture is timed with them
+  (``sensitivity`` rows) and without: the write's cost and the verdict's are told apart.
 * The last lines hold issue 24's targets against this run's numbers (met / NOT met),
   with the machine's load average at the start and the end: on a shared machine a
   ratio is only as good as the quiet it was measured in.

@@ -20,10 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .recorder import Recorder
-from .sensitivity import measure_mlx, measuring, rounded_output
+from .records import Quantization, TensorInfo
+from .sensitivity import HeldCall, held_output, measuring, rounded_output
+from .sensitivity_mlx import measure_mlx
+
+if TYPE_CHECKING:  # MLX is imported when an MLX model is captured
+    import mlx.core as mx
+    import mlx.nn as nn
+    import numpy as np
 
 _LAYER = "_mldbg_capture_layer"
 
@@ -35,11 +42,11 @@ class _Layer:
         self.live = True
 
 
-def prepare(model: Any) -> Any:
+def prepare(model: nn.Module) -> nn.Module:
     return model
 
 
-def named_modules(model: Any) -> list[tuple[str, Any]]:
+def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(path, module)`` depth-first in insertion order, each instance once, first path wins.
 
     mlx's own ``named_modules()`` walks children last-first, so a module set under two
@@ -47,11 +54,11 @@ def named_modules(model: Any) -> list[tuple[str, Any]]:
     """
     import mlx.nn as nn
 
-    found: list[tuple[str, Any]] = []
+    found: list[tuple[str, nn.Module]] = []
     seen: set[int] = set()
     containers: set[int] = set()
 
-    def visit(value: Any, path: str) -> None:
+    def visit(value: object, path: str) -> None:
         if isinstance(value, nn.Module):
             if id(value) in seen:
                 return
@@ -73,15 +80,15 @@ def named_modules(model: Any) -> list[tuple[str, Any]]:
     return found
 
 
-def _join(path: str, key: Any) -> str:
+def _join(path: str, key: object) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def attach(model: Any, recorder: Recorder, keep: Callable[[str], bool]) -> Callable[[], None]:
+def attach(model: nn.Module, recorder: Recorder, keep: Callable[[str], bool]) -> Callable[[], None]:
     layer = _Layer()
     paths: dict[int, str] = {}
     classes: dict[type, type] = {}
-    swapped: list[tuple[Any, type, type]] = []  # module, class found, recording class
+    swapped: list[tuple[nn.Module, type, type]] = []  # module, class found, recording class
 
     def detach() -> None:
         layer.live = False
@@ -116,7 +123,7 @@ def _peel(cls: type) -> type:
         cls = cls.__bases__[0]
 
 
-def quantization(module: Any) -> dict[str, Any] | None:
+def quantization(module: nn.Module) -> Quantization | None:
     """``{"bits", "group_size", "mode"}`` of an MLX quantized module (``QuantizedLinear``,
     ``QuantizedEmbedding``, or any module holding ``bits``/``group_size`` and packed
     ``scales``), else None.  Compare widens its expected error by the quantization's."""
@@ -129,7 +136,7 @@ def quantization(module: Any) -> dict[str, Any] | None:
         has_scales = False
     if not has_scales and "Quantized" not in type(module).__name__:
         return None
-    found: dict[str, Any] = {"bits": bits, "group_size": group_size}
+    found: Quantization = {"bits": bits, "group_size": group_size}
     mode = getattr(module, "mode", None)
     if isinstance(mode, str):
         found["mode"] = mode
@@ -144,7 +151,13 @@ def _recording_class(
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         path = paths.get(id(self))
         if path is None or measuring():
-            output = call(self, *args, **kwargs)
+            # In a parent's rounding re-run a leaf reading what it read returns what it
+            # returned (MLX arrays never change in place: identity is enough).
+            held, output = (
+                (False, None) if path is None else held_output(recorder, self, args, kwargs)
+            )
+            if not held:
+                output = call(self, *args, **kwargs)
             if path is None:  # its capture has ended
                 return output
             rounded, value = rounded_output(recorder, output)  # inside a parent's re-run
@@ -159,9 +172,21 @@ def _recording_class(
             recorder.exit(seq, path, None, exc)
             raise
         extra = recorder.sensitivity_of(
-            seq, lambda parent: measure_mlx(self, call, args, kwargs, output, recorder, parent)
+            seq,
+            lambda parent: measure_mlx(
+                self,
+                call,
+                args,
+                kwargs,
+                output,
+                recorder,
+                parent,
+                recorder.perturbations,
+                recorder.held_by(seq),
+            ),
         )
-        recorder.exit(seq, path, output, None, extra)
+        held_call = HeldCall(self, args, kwargs, (), output) if recorder.sensitivity else None
+        recorder.exit(seq, path, output, None, extra, held_call)
         return output
 
     recording = type(
@@ -178,7 +203,7 @@ def _recording_class(
     return recording
 
 
-def settle(output: Any) -> None:
+def settle(output: object) -> None:
     """Evaluate ``output`` (MLX builds a graph and computes nothing until asked), so a
     call's time is its computation; the capture evaluates it to save it anyway."""
     import mlx.core as mx
@@ -201,15 +226,16 @@ class Prepared:
 
     __slots__ = ("array", "dtype", "nbytes", "shape")
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: object) -> None:
         import mlx.core as mx
         import numpy as np
 
         if not isinstance(value, mx.array):
             if not type(value).__module__.startswith("numpy"):
                 raise TypeError(f"{type(value).__module__}.{type(value).__name__} in an MLX model")
-            value = mx.array(value)  # a copy: the script may change its numpy array later
-        unsupported = _unsupported_dtype(mx, value.dtype)
+            # a copy: the script may change its numpy array later
+            value = mx.array(np.asarray(value))
+        unsupported = _unsupported_dtype(value.dtype)
         if unsupported:
             raise TypeError(unsupported)
         name = _safetensors_name(value.dtype)
@@ -234,10 +260,10 @@ class Unwritable:
         self.reason = reason
 
 
-def snapshotter() -> Callable[[Any], Prepared | Unwritable]:
+def snapshotter() -> Callable[[object], Prepared | Unwritable]:
     """The background writer's hand-off, taken on the model's thread."""
 
-    def prepare(value: Any) -> Prepared | Unwritable:
+    def prepare(value: object) -> Prepared | Unwritable:
         try:
             return Prepared(value)
         except Exception as exc:
@@ -246,7 +272,7 @@ def snapshotter() -> Callable[[Any], Prepared | Unwritable]:
     return prepare
 
 
-def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Evaluate and write MLX arrays (numpy arrays too) to ``tmp`` with their dtypes.
 
     A value that cannot be stored (a float64 array, an object array) is skipped alone.
@@ -293,15 +319,17 @@ _NAMES = {
 }
 
 
-def _safetensors_name(dtype: Any) -> str | None:
+def _safetensors_name(dtype: mx.Dtype) -> str | None:
     return _NAMES.get(str(dtype).rsplit(".", 1)[-1])
 
 
-_DTYPES: dict[Any, str | None] = {}
+_DTYPES: dict[mx.Dtype, str | None] = {}
 
 
-def _unsupported_dtype(mx: Any, dtype: Any) -> str | None:
+def _unsupported_dtype(dtype: mx.Dtype) -> str | None:
     """Why MLX cannot write ``dtype`` to safetensors (asked once per dtype, in memory), or None."""
+    import mlx.core as mx
+
     if dtype not in _DTYPES:
         import io
 
@@ -315,7 +343,7 @@ def _unsupported_dtype(mx: Any, dtype: Any) -> str | None:
     return _DTYPES[dtype]
 
 
-def summarize(value: Any) -> tuple[Any, dict[str, Any], list[int], str]:
+def summarize(value: object) -> tuple[np.ndarray, dict[str, Any], list[int], str]:
     """A summary capture's record of one array: sketch and statistics (via numpy)."""
     import mlx.core as mx
     import numpy as np

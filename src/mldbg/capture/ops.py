@@ -22,14 +22,21 @@ What the recorder itself does (copying a tensor to write it) is never an operati
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from .recorder import SKIPPED, Recorder
 from .sensitivity import measuring
 from .store import module_label
+
+if TYPE_CHECKING:  # the frameworks are imported when their models are captured
+    import mlx.nn as mnn
+    from torch import nn
+    from torch.utils.hooks import RemovableHandle
 
 OP_CLASS_PREFIX = "op:"
 MLX_OPS = (
@@ -92,6 +99,14 @@ MLX_OPS = (
 )
 
 
+@dataclasses.dataclass
+class _Frame:
+    """A wanted module's call open on this thread: its label and its operations so far."""
+
+    label: str
+    ops: int = 0
+
+
 class OpScope:
     """Which module calls have their operations recorded, and the recording itself."""
 
@@ -104,8 +119,8 @@ class OpScope:
         label = module_label(path)
         return any(fnmatch.fnmatchcase(label, p) for p in self.patterns)
 
-    def _frames(self) -> list[list[Any]]:
-        frames = getattr(self._local, "frames", None)
+    def _frames(self) -> list[_Frame]:
+        frames: list[_Frame] | None = getattr(self._local, "frames", None)
         if frames is None:
             frames = self._local.frames = []
         return frames
@@ -113,7 +128,7 @@ class OpScope:
     def entered(self, path: str) -> bool:
         """A wanted module's call starts; True when it is the outermost one (push the mode)."""
         frames = self._frames()
-        frames.append([module_label(path), 0])
+        frames.append(_Frame(module_label(path)))
         return len(frames) == 1
 
     def exited(self) -> bool:
@@ -126,11 +141,17 @@ class OpScope:
     def active(self) -> bool:
         return bool(self._frames()) and not self.recorder.busy() and not measuring()
 
-    def record(self, name: str, function: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    def record(
+        self,
+        name: str,
+        function: Callable[..., object],
+        args: Sequence[object],
+        kwargs: Mapping[str, object] | None,
+    ) -> object:
         """Run ``function`` as an operation of the innermost wanted call, recorded."""
         frame = self._frames()[-1]
-        path = f"{frame[0]}:op{frame[1]}.{name}"
-        frame[1] += 1
+        path = f"{frame.label}:op{frame.ops}.{name}"
+        frame.ops += 1
         seq = self.recorder.enter(path, OP_CLASS_PREFIX + name, tuple(args), dict(kwargs or {}))
         try:
             output = function(*args, **(kwargs or {}))
@@ -146,29 +167,33 @@ class OpScope:
 # -- torch ---------------------------------------------------------------------------------------
 
 
-def attach_torch(scope: OpScope, named: list[tuple[str, Any]]) -> Callable[[], None]:
+def attach_torch(scope: OpScope, named: list[tuple[str, nn.Module]]) -> Callable[[], None]:
     """Hooks that push a recording ``TorchFunctionMode`` around each wanted module's call."""
     from torch.overrides import TorchFunctionMode
 
     class _Recording(TorchFunctionMode):
         def __torch_function__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
+            self,
+            func: Callable[..., object],
+            types: Iterable[type],
+            args: Sequence[object] = (),
+            kwargs: Mapping[str, object] | None = None,
+        ) -> object:
             if not scope.active() or not _returns_tensors(func):
                 return func(*args, **(kwargs or {}))
             return scope.record(_torch_name(func), func, args, kwargs)
 
     mode = _Recording()
-    handles: list[Any] = []
+    handles: list[RemovableHandle] = []
 
     def make_before(path: str) -> Callable[..., None]:
-        def before(_module: Any, _args: Any) -> None:
+        def before(_module: nn.Module, _args: tuple[object, ...]) -> None:
             if scope.entered(path):
                 mode.__enter__()
 
         return before
 
-    def after(_module: Any, _args: Any, _output: Any) -> None:
+    def after(_module: nn.Module, _args: tuple[object, ...], _output: object) -> None:
         if scope.exited():
             mode.__exit__(None, None, None)
 
@@ -188,12 +213,12 @@ def attach_torch(scope: OpScope, named: list[tuple[str, Any]]) -> Callable[[], N
 _NOT_OPS = {"__get__", "__set__", "dim", "size", "numel", "is_floating_point", "__len__"}
 
 
-def _returns_tensors(func: Any) -> bool:
+def _returns_tensors(func: object) -> bool:
     name = getattr(func, "__name__", "")
     return name not in _NOT_OPS and not name.startswith("_has_")
 
 
-def _torch_name(func: Any) -> str:
+def _torch_name(func: object) -> str:
     name = getattr(func, "__name__", None) or type(func).__name__
     return str(name).strip("_") or "op"
 
@@ -201,19 +226,19 @@ def _torch_name(func: Any) -> str:
 # -- MLX -------------------------------------------------------------------------------------------
 
 
-def attach_mlx(scope: OpScope, named: list[tuple[str, Any]]) -> Callable[[], None]:
+def attach_mlx(scope: OpScope, named: list[tuple[str, mnn.Module]]) -> Callable[[], None]:
     """Wrap ``mx.*``/``mx.fast.*`` functions, and mark each wanted module's calls (a class
     layer over the one the capture put on the instance)."""
     import mlx.core as mx
 
-    patched: list[tuple[Any, str, Any]] = []
+    patched: list[tuple[ModuleType, str, object]] = []
 
-    def wrap(namespace: Any, attribute: str, label: str) -> None:
+    def wrap(namespace: ModuleType, attribute: str, label: str) -> None:
         original = getattr(namespace, attribute, None)
         if original is None or not callable(original) or isinstance(original, type):
             return
 
-        def recorded(*args: Any, **kwargs: Any) -> Any:
+        def recorded(*args: object, **kwargs: object) -> object:
             if not scope.active():
                 return original(*args, **kwargs)
             return scope.record(label, original, args, kwargs)
@@ -228,7 +253,7 @@ def attach_mlx(scope: OpScope, named: list[tuple[str, Any]]) -> Callable[[], Non
         if not name.startswith("_"):
             wrap(mx.fast, name, f"fast.{name}")
 
-    swapped: list[tuple[Any, type]] = []
+    swapped: list[tuple[mnn.Module, type]] = []
     for path, module in named:
         if not scope.wanted(path):
             continue

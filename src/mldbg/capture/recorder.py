@@ -13,28 +13,43 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..store.runs import PRIVATE_FILE
 from .budget import Policy
 from .flatten import Flat, flatten, flatten_call
-from .sensitivity import MAX_HEIGHT
+from .records import (
+    CallExtra,
+    CallLine,
+    ReturnLine,
+    Sensitivity,
+    TensorFields,
+    TensorInfo,
+)
+from .sensitivity import MAX_HEIGHT, MAX_HELD_BYTES, HeldCall, Perturbations
 from .sites import call_site
 from .store import INDEX, CaptureDir, entry_name, module_label
+from .writer import BackgroundWriter
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # (tensors by key, final path, temp path) -> {key: {"shape", "dtype"}} of what was written,
 # {key: reason} of what could not be; the framework writes the file.
-SaveFn = Callable[[dict[str, Any], Path], tuple[dict[str, dict[str, Any]], dict[str, str]]]
+# (The tensors are the framework's own: torch tensors, MLX arrays, numpy arrays.)
+SaveFn = Callable[[dict[str, Any], Path], tuple[dict[str, TensorInfo], dict[str, str]]]
 # Makes a call's outputs real before its end is timed: MLX evaluates them (its work is lazy),
 # torch waits for CUDA/MPS kernels (they run asynchronously).
-SettleFn = Callable[[Any], None]
+SettleFn = Callable[[object], None]
 
 
 MAX_ERRORS = 1000  # messages kept in ``errors``; ``error_count`` counts them all
 SKIPPED = -1  # a "sequence number" for a call that is not recorded at all
 
 # value -> (sketch, stats, shape, safetensors dtype name): a summary capture's reduction
-SummarizeFn = Callable[[Any], tuple[Any, dict[str, Any], list[int], str]]
+SummarizeFn = Callable[[object], tuple["np.ndarray", dict[str, Any], list[int], str]]
+# value -> a private copy the writer thread can write later (the model may change its own)
+SnapshotFn = Callable[[object], object]
 
 
 class Recorder:
@@ -48,8 +63,8 @@ class Recorder:
         inputs: bool,
         policy: Policy | None = None,
         summarize: SummarizeFn | None = None,
-        writer: Any = None,
-        snapshot: Callable[[Any], Any] | None = None,
+        writer: BackgroundWriter | None = None,
+        snapshot: SnapshotFn | None = None,
         settle: SettleFn | None = None,
     ) -> None:
         self.directory = directory
@@ -73,6 +88,12 @@ class Recorder:
         self._height: dict[int, int] = {}
         # Open calls with a child below the depth limit: not re-run (a coarse pass).
         self._partial: set[int] = set()
+        # Per open call at most MAX_HEIGHT deep: its leaf children as they ran, for its
+        # rounding re-run (capture/sensitivity.py, "Children that read what they read").
+        self._held: dict[int, list[HeldCall]] = {}
+        self._held_bytes: dict[int, int] = {}
+        # The sensitivity re-runs' drawn signs and row samples, kept for this capture.
+        self.perturbations = Perturbations()
         self.tensors = 0
         self.bytes = 0
         self.errors: list[str] = []
@@ -95,9 +116,9 @@ class Recorder:
         self,
         path: str,
         class_name: str,
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        extra: Mapping[str, Any] | None = None,
+        args: tuple[object, ...],
+        kwargs: Mapping[str, object],
+        extra: CallExtra | None = None,
     ) -> int:
         """Record the start of a call (and its inputs); returns its sequence number.
 
@@ -119,9 +140,9 @@ class Recorder:
         self,
         path: str,
         class_name: str,
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        extra: Mapping[str, Any] | None,
+        args: tuple[object, ...],
+        kwargs: Mapping[str, object],
+        extra: CallExtra | None,
     ) -> int:
         stack = self._stack()
         if stack:
@@ -134,7 +155,7 @@ class Recorder:
             call = self._calls.get(path, 0)
             self._calls[path] = call + 1
         site = None if stack else call_site()  # a top-level call: the script line
-        record: dict[str, Any] = {
+        record: CallLine = {
             "event": "call",
             "seq": seq,
             "module": path,
@@ -142,9 +163,11 @@ class Recorder:
             "class": class_name,
             "parent": stack[-1][0] if stack else None,
             "depth": len(stack),
-            **({"site": site} if site else {}),
-            **(extra or {}),
         }
+        if site:
+            record["site"] = site
+        if extra and "quant" in extra:
+            record["quant"] = extra["quant"]
         if below:
             record["below_depth"] = True
             with self._lock:
@@ -174,7 +197,7 @@ class Recorder:
         """Time spent recording (writing a child's tensors) is not the model's time."""
         self._local.overhead = self._overhead() + (time.perf_counter() - since)
 
-    def _seconds(self, seq: int, output: Any) -> float | None:
+    def _seconds(self, seq: int, output: object) -> float | None:
         start = self._starts().pop(seq, None)
         if start is None:
             return None
@@ -208,9 +231,13 @@ class Recorder:
             and self._height.get(seq, 0) <= MAX_HEIGHT
         )
 
+    def held_by(self, seq: int) -> list[HeldCall]:
+        """Open call ``seq``'s leaf children as they ran (for its rounding re-run)."""
+        return self._held.get(seq, [])
+
     def sensitivity_of(
-        self, seq: int, measure: Callable[[bool], dict[str, float] | None]
-    ) -> dict[str, Any] | None:
+        self, seq: int, measure: Callable[[bool], Sensitivity | None]
+    ) -> Sensitivity | None:
         """The return line's ``sensitivity`` fields for call ``seq``: ``measure(with
         children)`` (re-runs of the call, its children included) when the capture
         measures it, else None.  The
@@ -229,16 +256,18 @@ class Recorder:
         self,
         seq: int,
         path: str,
-        output: Any,
+        output: object,
         error: BaseException | None,
-        extra: Mapping[str, Any] | None = None,
+        extra: Sensitivity | None = None,
+        held: HeldCall | None = None,
     ) -> None:
         """Record the end of call ``seq``: its outputs, or the exception it raised.
 
-        ``extra`` adds fields to the return line (``sensitivity``, ``step``, ``amplification``)."""
+        ``extra`` adds fields to the return line (``sensitivity``, ``step``, ``amplification``);
+        ``held``, the call as it ran, is kept for its parent's re-run when it is a leaf."""
         self._local.busy = getattr(self._local, "busy", 0) + 1
         try:
-            self._exit(seq, path, output, error, extra)
+            self._exit(seq, path, output, error, extra, held)
         finally:
             self._local.busy -= 1
 
@@ -246,11 +275,14 @@ class Recorder:
         self,
         seq: int,
         path: str,
-        output: Any,
+        output: object,
         error: BaseException | None,
-        extra: Mapping[str, Any] | None,
+        extra: Sensitivity | None,
+        held: HeldCall | None,
     ) -> None:
         self._with_children.discard(seq)
+        self._held.pop(seq, None)
+        self._held_bytes.pop(seq, None)
         self._partial.discard(seq)
         height = self._height.pop(seq, 0)
         stack = self._stack()
@@ -263,6 +295,13 @@ class Recorder:
         if stack:  # its parent's subtree is at least one call deeper
             parent = stack[-1][0]
             self._height[parent] = max(self._height.get(parent, 0), height + 1)
+            if self._height[parent] > MAX_HEIGHT:
+                self._held.pop(parent, None)  # it will not be re-run with its children
+            elif held is not None and height == 0 and self.sensitivity:
+                size = self._held_bytes.get(parent, 0) + held.nbytes
+                if size <= MAX_HELD_BYTES:
+                    self._held.setdefault(parent, []).append(held)
+                    self._held_bytes[parent] = size
         if seq == SKIPPED:
             return
         with self._lock:
@@ -270,7 +309,7 @@ class Recorder:
             self._ends += 1
             below = seq in self._below
             self._below.discard(seq)
-        record: dict[str, Any] = {"event": "return", "seq": seq, "end": end, **(extra or {})}
+        record: ReturnLine = {"event": "return", "seq": seq, "end": end, **(extra or {})}
         seconds = self._seconds(seq, None if error is not None else output)
         if seconds is not None:
             record["seconds"] = seconds  # inclusive of its children, exclusive of the capture
@@ -286,7 +325,7 @@ class Recorder:
 
     def _emit(
         self,
-        record: dict[str, Any],
+        record: CallLine | ReturnLine,
         seq: int,
         role: str,
         path: str,
@@ -321,7 +360,7 @@ class Recorder:
 
         self.writer.submit(job, size)
 
-    def _copy(self, value: Any) -> Any:
+    def _copy(self, value: object) -> object:
         """A private copy for the writer; the value itself where no copy can be made (the
         write then skips it with the reason, as without the writer)."""
         if self.snapshot is None:
@@ -331,7 +370,7 @@ class Recorder:
         except Exception:
             return value
 
-    def _append(self, record: dict[str, Any], path: str, call: int, role: str) -> None:
+    def _append(self, record: CallLine | ReturnLine, path: str, call: int, role: str) -> None:
         try:
             self.directory.index.append(record)
         except Exception as exc:  # a full disk must not break the model
@@ -339,10 +378,10 @@ class Recorder:
 
     def _write(
         self, seq: int, role: str, path: str, call: int, collect: Callable[[], Flat]
-    ) -> dict[str, Any]:
+    ) -> TensorFields:
         """Write the call's tensors to one file; the index fields that describe them."""
-        result: dict[str, Any] = {}
-        written: dict[str, dict[str, Any]] = {}
+        result: TensorFields = {}
+        written: dict[str, TensorInfo] = {}
         tmp: Path | None = None
         try:
             flat = collect()
@@ -396,14 +435,14 @@ class Recorder:
         return result
 
     def _save_summaries(
-        self, pairs: dict[str, Any], tmp: Path
-    ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        self, pairs: dict[str, object], tmp: Path
+    ) -> tuple[dict[str, TensorInfo], dict[str, str]]:
         """Each tensor's sketch to ``tmp``; its statistics, shape and dtype to the index."""
         from .safetensors_writer import write_arrays
 
         assert self.summarize is not None
-        sketches: dict[str, Any] = {}
-        infos: dict[str, dict[str, Any]] = {}
+        sketches: dict[str, np.ndarray] = {}
+        infos: dict[str, TensorInfo] = {}
         skipped: dict[str, str] = {}
         for key, value in pairs.items():
             try:
@@ -427,10 +466,10 @@ class Recorder:
         return self._seq
 
 
-def _nbytes(value: Any) -> int:
+def _nbytes(value: object) -> int:
     """Bytes a tensor takes in full (torch, MLX and numpy all answer ``nbytes``)."""
     try:
-        return int(value.nbytes)
+        return int(getattr(value, "nbytes", 0))
     except Exception:
         return 0
 

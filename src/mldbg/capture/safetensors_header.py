@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptTensorFile
+from .records import TensorInfo
 
 MAX_HEADER = 100_000_000
 # Every dtype the safetensors format defines, with its size in bits.  A name outside this
@@ -94,7 +95,7 @@ def _check_entry(path: Path, key: str, entry: dict[str, Any]) -> None:
         )
 
 
-def header_entries(path: Path) -> dict[str, dict[str, Any]]:
+def header_entries(path: Path) -> dict[str, TensorInfo]:
     """``{name: {"shape", "dtype"}}`` for every tensor in the file."""
     header, _ = read_header(path)
     return {

@@ -21,24 +21,37 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from .records import TensorInfo
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _NUMPY = {"float64": "F64", "float32": "F32", "int64": "I64"}
 _IOV_MAX = 512  # buffers per writev call (Linux allows 1024)
 
 
+class _HeaderEntry(TypedDict):
+    dtype: str
+    shape: list[int]
+    data_offsets: list[int]
+
+
 def write_buffers(
-    path: Path, tensors: Sequence[tuple[str, str, list[int], Any]]
-) -> dict[str, dict[str, Any]]:
+    path: Path,
+    # The buffer: numpy's stubs do not declare the buffer protocol, so it binds no type.
+    tensors: Sequence[tuple[str, str, list[int], Any]],
+) -> dict[str, TensorInfo]:
     """Write ``(key, safetensors dtype, shape, buffer)`` tensors to ``path``.
 
     ``buffer`` is anything exposing the buffer protocol over exactly the tensor's bytes,
     C-contiguous (a numpy array, a ``memoryview``); it is not copied.  Returns
     ``{key: {"shape", "dtype"}}`` of what was written.
     """
-    header: dict[str, Any] = {}
+    header: dict[str, _HeaderEntry] = {}
     views: list[memoryview] = []
     offset = 0
     for key, dtype, shape, buffer in tensors:
@@ -78,7 +91,7 @@ def _writev_all(fd: int, pieces: list[memoryview]) -> None:
         pieces = rest
 
 
-def write_arrays(path: Path, arrays: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, TensorInfo]:
     """Write ``arrays`` (float64/float32/int64 numpy arrays) to ``path``; returns
     ``{key: {"shape", "dtype"}}`` of what was written."""
     import numpy as np

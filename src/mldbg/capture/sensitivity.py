@@ -47,26 +47,246 @@ for its leaf, twice for its parent), never once per level of a deep model; block
 roots, whose inline work is residual additions and modulation, are not re-run.  A module
 whose forward updates state outside its arguments (a counter on ``self``, a caching
 hook) is updated by the re-runs too: capture with ``sensitivity=False`` for such a model.
+
+**What a measurement costs, and what is done to keep it off the forward.**  The re-runs
+are the measurement and stay; what surrounds them is made cheap without changing what is
+measured:
+
+* *Signs drawn once.*  The k-th tensor a measurement perturbs gets the signs seeded by
+  ``(SEED, k)`` for its shape, dtype and device, drawn once per capture and kept
+  (:class:`Perturbations`, at most ``SIGN_CACHE_BYTES``; past that they are drawn each
+  time, the same signs).  Two operands of one call still get independent signs (``a - b``
+  with ``a ~ b`` must show its cancellation), and every call of a shape sees the same
+  ones, as before this cache (each measurement re-seeded its generator).
+* *Compared where the tensors are.*  The relative RMS change is two norms computed by the
+  framework on the tensor's device (float32 for float32 and narrower outputs, float64
+  when that overflows or for float64 outputs; the difference of two nearby floats is
+  exact), and only the two scalars reach the host: no float64 copy of every output.
+* *Row-wise leaves re-run on a sample of rows.*  A leaf whose type says it maps each row
+  of its input to the same row of its output and nothing else (``ROW_WISE``: torch's and
+  MLX's own ``Linear``, ``LayerNorm``, ``RMSNorm`` and elementwise activations, decided by
+  exact type, never by name; a subclass or an instance whose ``forward`` was replaced is
+  unknown) re-runs on ``SAMPLE_ROWS`` rows drawn by :func:`row_sample` instead of all of
+  them when it has more than ``2 * SAMPLE_ROWS``.  The statistic is a norm ratio,
+  ``sum_r |dy_r|^2 / sum_r |y_r|^2``: the denominator is known exactly from the output
+  already computed, and the numerator is estimated without bias by importance sampling
+  (systematic sampling with probabilities ``w_r``, each sampled row weighted by
+  ``1 / (n w_r)``).  ``w_r`` mixes three shares (the row's share of the input's energy,
+  of the output's energy, and ``1/N``): the perturbation's effect on a row of a ``Linear``
+  scales with the row's input energy, a norm's with its output's, so the sampled ratios
+  are nearly constant and the estimate's spread small, while the uniform share bounds
+  every ratio by ``3 N`` times the row's change (never worse than a uniform sample by
+  more than 3x in variance: defensive importance sampling, Hesterberg 1995); a row
+  holding ``1/n`` of the weight (a "massive activation" token) is always in the sample.
+  Unknown modules, calls with children and small inputs keep the full re-run.
+* *Children that read what they read before are not run again.*  A call with children's
+  rounding re-run keeps its inputs, so a child that reads them as they are (an MLP's
+  gate and up projections, an attention's q/k/v projections) is called with the very
+  objects it got in the forward: it returns the output it returned then (kept for the
+  parent while it is open, as :class:`HeldCall`; only leaves, and only for a parent at
+  most ``MAX_HEIGHT`` deep, at most ``MAX_HELD_BYTES`` of outputs per parent: past
+  that its children run again), which its hook then rounds as ever.  "The very objects":
+  every tensor of its arguments identical (``is``), torch's in-place version counter
+  unchanged, every plain value equal; anything else runs.  The measurement is the same
+  number (``tests/test_capture_sampling.py`` checks it against a parent that passes a
+  copy): a re-run already assumes a module's output is a function of its inputs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeGuard, TypeVar
+
+from .records import Sensitivity
+
+if TYPE_CHECKING:  # numpy is imported when a capture measures (``import mldbg`` stays light)
+    import numpy as np
 
 # Unit roundoff (half an ulp at 1) per float dtype name, as torch and MLX spell them.
 _UNIT = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 _PLAIN = (int, float, bool, str, bytes, type(None))
-_STATEFUL_IN_TRAINING = ("Dropout", "BatchNorm")
+STATEFUL_IN_TRAINING = ("Dropout", "BatchNorm")
 SEED = 20  # the perturbation's signs: the same on every run, whatever the user's seeds
 _STATE = threading.local()
 # A call with children is re-run (children included) only when its subtree is at most
 # this many calls deep: each op then runs at most 1 + 2 * MAX_HEIGHT more times.
 MAX_HEIGHT = 1
+# Rows a row-wise leaf re-runs on (when it has more than twice as many): the estimate's
+# relative spread is about the spread of the sampled rows' ratios over sqrt(SAMPLE_ROWS).
+SAMPLE_ROWS = 32
+# Signs kept per capture (bytes, on the tensors' devices); past it they are drawn again.
+SIGN_CACHE_BYTES = 128 * 1024 * 1024
+# Leaf outputs kept per open parent for its rounding re-run; past it they run again.
+MAX_HELD_BYTES = 256 * 1024 * 1024
+
+T = TypeVar("T")  # a framework's tensor type (torch.Tensor, mlx.core.array)
+
+# The measured module's call again, on (args, kwargs).
+Rerun = Callable[[tuple[object, ...], dict[str, object]], object]
+
+
+class Frame(Protocol[T]):
+    """What measuring needs of a framework (torch: ``sensitivity_torch``, MLX:
+    ``sensitivity_mlx``), for its tensors of type ``T``."""
+
+    def is_float(self, x: object) -> TypeGuard[T]: ...
+
+    def dtype_name(self, x: T) -> str: ...
+
+    def cast(self, x: T, like: T) -> T: ...
+
+    def shape(self, x: T) -> tuple[int, ...]: ...
+
+    def signs(self, x: T, u: float, ordinal: int) -> tuple[Hashable, Callable[[], T]]:
+        """The cache key of ``x``'s scaled signs and how to draw them: ``+-u`` in x's
+        dtype, seeded by ``(SEED, ordinal)``, on x's device."""
+        ...
+
+    def nbytes(self, x: T) -> int: ...
+
+    def perturb(self, x: T, scaled_signs: T) -> T: ...
+
+    def relative_change(self, before: T, after: T) -> float | None:
+        """``|after - before| / |before|`` (RMS over all elements; nan when ``before`` is
+        zero or not finite), None when the shapes differ."""
+        ...
+
+    def row_energies(self, x: T, row_dims: int) -> np.ndarray:
+        """The sum of squares of each row of ``x`` (its last ``row_dims`` dimensions), as
+        float64 on the host."""
+        ...
+
+    def take_rows(self, x: T, row_dims: int, picked: np.ndarray) -> T:
+        """Rows ``picked`` of ``x``, stacked: shape ``(len(picked), *x.shape[-row_dims:])``."""
+        ...
+
+    def row_changes(self, before: T, after: T) -> np.ndarray:
+        """Per row of two equal-shaped tensors of rows: ``|after - before|^2``, float64."""
+        ...
+
+
+class Perturbations:
+    """One capture's drawn perturbation signs (bounded by bytes, least recently used first
+    out) and its row-sample draws (seeded: the same model and inputs give the same
+    samples).  Thread-safe: captured models may run on several threads."""
+
+    def __init__(self, max_bytes: int = SIGN_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._signs: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._draws: np.random.Generator | None = None
+
+    def signs(self, frame: Frame[T], x: T, u: float, ordinal: int) -> T:
+        key, draw = frame.signs(x, u, ordinal)
+        with self._lock:
+            found = self._signs.get(key)
+            if found is not None and frame.is_float(found[0]):
+                self._signs.move_to_end(key)
+                return found[0]
+        drawn = draw()
+        size = frame.nbytes(drawn)
+        if size > self.max_bytes:
+            return drawn
+        with self._lock:
+            if key not in self._signs:
+                self._signs[key] = (drawn, size)
+                self._bytes += size
+                while self._bytes > self.max_bytes:
+                    _key, (_value, evicted) = self._signs.popitem(last=False)
+                    self._bytes -= evicted
+        return drawn
+
+    def offset(self) -> float:
+        """A uniform draw in [0, 1): where a systematic sample starts."""
+        import numpy as np
+
+        with self._lock:
+            if self._draws is None:
+                self._draws = np.random.default_rng([SEED, 1])
+            return float(self._draws.random())
+
+
+@dataclasses.dataclass
+class HeldCall:
+    """A leaf call's arguments (the objects themselves), the version of each tensor among
+    them and its output, kept while its parent is open (see "Children that read what
+    they read before")."""
+
+    module: object
+    args: tuple[object, ...]
+    kwargs: Mapping[str, object]
+    versions: tuple[int, ...]
+    output: object
+    # The version of each tensor of its output when it returned: a parent that changes
+    # a child's output in place (``h = self.gate(x); h.mul_(2)``) must not get it back.
+    output_versions: tuple[int, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors among its outputs (what holding it may keep alive)."""
+        return sum(int(getattr(x, "nbytes", 0) or 0) for x in _leaves(self.output))
+
+    def reads(
+        self, args: tuple[object, ...], kwargs: Mapping[str, object], versions: tuple[int, ...]
+    ) -> bool:
+        """Whether ``(args, kwargs)`` are the objects this call read, unchanged."""
+        if len(args) != len(self.args) or list(kwargs) != list(self.kwargs):
+            return False
+        now = _leaves((args, tuple(kwargs.values())))
+        then = _leaves((self.args, tuple(self.kwargs.values())))
+        if len(now) != len(then) or versions != self.versions:
+            return False
+        return all(
+            a is b or (isinstance(a, _PLAIN) and type(a) is type(b) and a == b)
+            for a, b in zip(now, then, strict=True)
+        )
+
+
+def held_output(
+    owner: object,
+    module: object,
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
+    versions: tuple[int, ...] = (),
+    output_versions: Callable[[object], tuple[int, ...]] | None = None,
+) -> tuple[bool, object]:
+    """During ``owner``'s rounding re-run: ``(True, output)`` when this call of ``module``
+    is the next one held for it, reads the same objects and its output is as it returned
+    it (``output_versions``: the framework's versions of an output's tensors; MLX arrays
+    never change); ``(False, None)`` otherwise (then the call runs).  The k-th call of a
+    module in the re-run is matched with its k-th call in the forward."""
+    active = getattr(_STATE, "held", None)
+    if active is None or active[0] is not owner:
+        return False, None
+    queue = active[1].get(id(module))
+    if not queue:
+        return False, None
+    held = queue.pop(0)
+    if held.module is not module or not held.reads(args, kwargs, versions):
+        return False, None
+    if output_versions is not None and output_versions(held.output) != held.output_versions:
+        return False, None
+    return True, held.output
+
+
+@contextlib.contextmanager
+def _holding(owner: object, held: Sequence[HeldCall]) -> Iterator[None]:
+    previous = getattr(_STATE, "held", None)
+    queues: dict[int, list[HeldCall]] = {}
+    for call in held:
+        queues.setdefault(id(call.module), []).append(call)
+    _STATE.held = (owner, queues)
+    try:
+        yield
+    finally:
+        _STATE.held = previous
 
 
 def measuring() -> bool:
@@ -84,7 +304,7 @@ def _rerunning() -> Iterator[None]:
         _STATE.depth -= 1
 
 
-def rounded_output(owner: Any, output: Any) -> tuple[bool, Any]:
+def rounded_output(owner: object, output: object) -> tuple[bool, object]:
     """During a re-run made by ``owner`` (a capture's recorder): a captured descendant's
     output rounded by one step of its dtype, as its hook or wrapper returns it
     (``(True, output)``); ``(False, None)`` outside one."""
@@ -95,7 +315,7 @@ def rounded_output(owner: Any, output: Any) -> tuple[bool, Any]:
 
 
 @contextlib.contextmanager
-def _rounding(owner: Any, round_one: Callable[[Any], Any]) -> Iterator[None]:
+def _rounding(owner: object, round_one: Callable[[object], object]) -> Iterator[None]:
     previous = getattr(_STATE, "rounding", None)
     _STATE.rounding = (owner, round_one)
     try:
@@ -104,191 +324,92 @@ def _rounding(owner: Any, round_one: Callable[[Any], Any]) -> Iterator[None]:
         _STATE.rounding = previous
 
 
-def measure_torch(
-    module: Any,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    output: Any,
-    owner: Any = None,
-    with_children: bool = False,
-) -> dict[str, float] | None:
-    """The sensitivity of a torch module's call (None when it is not measured): a call
-    ``with_children`` is also re-run with the outputs of the descendants that ``owner``'s
-    hooks see rounded."""
-    import torch
-
-    if getattr(module, "training", False):
-        return None
-    generator = torch.Generator().manual_seed(SEED)
-
-    def is_float(x: Any) -> bool:
-        return isinstance(x, torch.Tensor) and x.is_floating_point() and not x.is_complex()
-
-    def perturb(x: Any, u: float) -> Any:
-        signs = torch.randint(0, 2, x.shape, generator=generator).to(x.device, x.dtype) * 2 - 1
-        return x + x * (signs * u)
-
-    def rerun(a: tuple[Any, ...], k: dict[str, Any]) -> Any:
-        with torch.no_grad():
-            return module.forward(*a, **k)
-
-    def as_float64(x: Any) -> Any:
-        return x.detach().to("cpu", torch.float64).reshape(-1).numpy()
-
-    return _measure(
-        args,
-        kwargs,
-        output,
-        owner,
-        with_children,
-        is_float,
-        perturb,
-        rerun,
-        as_float64,
-        _torch_dtype,
-        _torch_cast,
-    )
-
-
-def measure_mlx(
-    module: Any,
-    call: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    output: Any,
-    owner: Any = None,
-    with_children: bool = False,
-) -> dict[str, float] | None:
-    """The sensitivity of an MLX module's call; ``call`` is the original ``__call__``;
-    ``owner`` and ``with_children`` as for :func:`measure_torch`."""
-    import mlx.core as mx
-    import numpy as np
-
-    if getattr(module, "training", False) and any(
-        word in type(module).__name__ for word in _STATEFUL_IN_TRAINING
-    ):
-        return None
-    rng = np.random.default_rng(SEED)
-    floating = (mx.float32, mx.float16, mx.bfloat16)
-
-    def is_float(x: Any) -> bool:
-        return isinstance(x, mx.array) and x.dtype in floating
-
-    def perturb(x: Any, u: float) -> Any:
-        signs = mx.array(rng.integers(0, 2, size=x.shape).astype(np.float32) * 2 - 1)
-        return x + x * (signs * u).astype(x.dtype)
-
-    def rerun(a: tuple[Any, ...], k: dict[str, Any]) -> Any:
-        result = call(module, *a, **k)
-        mx.eval(result)
-        return result
-
-    def as_float64(x: Any) -> Any:
-        return np.array(x.astype(mx.float32), dtype=np.float64).reshape(-1)
-
-    return _measure(
-        args,
-        kwargs,
-        output,
-        owner,
-        with_children,
-        is_float,
-        perturb,
-        rerun,
-        as_float64,
-        _mlx_dtype,
-        _mlx_cast,
-    )
-
-
-def _torch_dtype(x: Any) -> str:
-    return str(x.dtype).removeprefix("torch.")
-
-
-def _mlx_dtype(x: Any) -> str:
-    return str(x.dtype).removeprefix("mlx.core.")
-
-
-def _torch_cast(x: Any, like: Any) -> Any:
-    return x.to(like.dtype)
-
-
-def _mlx_cast(x: Any, like: Any) -> Any:
-    return x.astype(like.dtype)
-
-
-def _measure(
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    output: Any,
-    owner: Any,
+def measure(
+    frame: Frame[T],
+    rerun: Rerun,
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
+    output: object,
+    owner: object,
     with_children: bool,
-    is_float: Callable[[Any], bool],
-    perturb: Callable[[Any, float], Any],
-    rerun: Callable[[tuple[Any, ...], dict[str, Any]], Any],
-    as_float64: Callable[[Any], Any],
-    dtype_of: Callable[[Any], str],
-    cast: Callable[[Any, Any], Any],
-) -> dict[str, float] | None:
+    perturbations: Perturbations,
+    row_dims: int | None,
+    held: Sequence[HeldCall] = (),
+) -> Sensitivity | None:
+    """A call's sensitivity, from re-runs of it (``rerun``) on perturbed inputs; None
+    when it is not measured.  A call ``with_children`` is also re-run with the outputs of
+    the descendants that ``owner``'s hooks see rounded.  ``row_dims``: the module maps
+    each row of its input (its last ``row_dims`` dimensions) to the same row of its
+    output, by its type (None when unknown): a leaf's re-run is then on sampled rows.
+    ``held``: the call's leaf children as they ran, for the rounding re-run."""
     try:
-        outputs = [x for x in _leaves(output) if is_float(x)]
+        outputs = [x for x in _leaves(output) if frame.is_float(x)]
         values = [*_leaves(args), *_leaves(tuple(kwargs.values()))]
-        float_inputs = any(is_float(x) for x in values)
+        float_inputs = any(frame.is_float(x) for x in values)
         if not outputs or not (float_inputs or with_children):
             return None
-        if not all(is_float(x) or _is_plain_or_tensor(x) for x in values):
+        if not all(frame.is_float(x) or _is_plain_or_tensor(x) for x in values):
             return None  # an object the call may update (a cache): never run it twice
-        finest = min(outputs, key=lambda x: _UNIT.get(dtype_of(x), _UNIT["float32"]))
-        u_out = _UNIT.get(dtype_of(finest), _UNIT["float32"])
+        finest = min(outputs, key=lambda x: _UNIT.get(frame.dtype_name(x), _UNIT["float32"]))
+        u_out = _UNIT.get(frame.dtype_name(finest), _UNIT["float32"])
+        drawn = [0]  # tensors perturbed so far by this re-run: each gets its own signs
 
-        def moved(x: Any) -> Any:
-            if not is_float(x):
+        def perturb(x: T, u: float) -> T:
+            ordinal, drawn[0] = drawn[0], drawn[0] + 1
+            return frame.perturb(x, perturbations.signs(frame, x, u, ordinal))
+
+        def moved(x: object) -> object:
+            if not frame.is_float(x):
                 return x
-            u_in = _UNIT.get(dtype_of(x), _UNIT["float32"])
+            u_in = _UNIT.get(frame.dtype_name(x), _UNIT["float32"])
             if u_in > u_out:
                 # A step the input's own dtype cannot hold (a bfloat16 timestep into a
                 # float32 embedding): perturbed in the dtype the op computes in.
-                x = cast(x, finest)
+                x = frame.cast(x, finest)
             # A finer input than the output (a float32 timestep into a bfloat16 model's
             # time embedding) moves by its own step: both sides read it at that precision.
             return perturb(x, min(u_in, u_out))
 
-        def rounded(x: Any) -> Any:
+        def rounded(x: object) -> object:
             # A descendant's output is rounded to its own dtype by each implementation:
             # one step of that dtype, kept in it (what reads it reads the same dtype).
-            if not is_float(x):
+            if not frame.is_float(x):
                 return x
-            return perturb(x, _UNIT.get(dtype_of(x), _UNIT["float32"]))
+            return perturb(x, _UNIT.get(frame.dtype_name(x), _UNIT["float32"]))
 
-        def change(again_output: Any) -> float | None:
-            again = [x for x in _leaves(again_output) if is_float(x)]
+        def change(again_output: object) -> float | None:
+            again = [x for x in _leaves(again_output) if frame.is_float(x)]
             if len(again) != len(outputs):
                 return None
             worst = 0.0
             for before, after in zip(outputs, again, strict=True):
-                a, b = as_float64(before), as_float64(after)
-                if a.shape != b.shape:
+                moved_by = frame.relative_change(before, after)
+                if moved_by is None:
                     return None
-                norm = float((a * a).sum()) ** 0.5
-                if norm == 0 or not math.isfinite(norm):
-                    continue
-                moved_by = float(((b - a) ** 2).sum()) ** 0.5 / norm
                 if math.isfinite(moved_by):
                     worst = max(worst, moved_by)
             return worst
 
-        found: dict[str, float] = {"step": u_out}
+        found: Sensitivity = {"step": u_out}
         if float_inputs:  # what one rounding step of its inputs becomes
-            new_args = tuple(_map(moved, a) for a in args)
-            new_kwargs = {k: _map(moved, v) for k, v in kwargs.items()}
-            with _rerunning():
-                through = change(rerun(new_args, new_kwargs))
+            through: float | None = None
+            if row_dims is not None and len(outputs) == 1 and not kwargs and len(args) == 1:
+                through = _sampled_change(
+                    frame, rerun, args[0], outputs[0], row_dims, moved, perturbations
+                )
+            if through is None:
+                drawn[0] = 0
+                new_args = tuple(_map(moved, a) for a in args)
+                new_kwargs = {k: _map(moved, v) for k, v in kwargs.items()}
+                with _rerunning():
+                    through = change(rerun(new_args, new_kwargs))
             if through is None:
                 return None
             found["amplification"] = through / u_out
             found["sensitivity"] = through
         if with_children:  # what its own rounding becomes (inputs as they were)
-            with _rerunning(), _rounding(owner, rounded):
+            drawn[0] = 0
+            with _rerunning(), _rounding(owner, rounded), _holding(owner, held):
                 own = change(rerun(args, dict(kwargs)))
             if own is None:
                 return None
@@ -298,18 +419,93 @@ def _measure(
         return None
 
 
-def _leaves(value: Any) -> list[Any]:
+def row_sample(
+    input_energy: np.ndarray, output_energy: np.ndarray, size: int, offset: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A systematic sample of ``size`` draws over the rows, with probabilities ``w``
+    mixing each row's share of the input's energy, of the output's and ``1/N``
+    (a share whose total is zero or not finite is left out): the distinct rows drawn,
+    how many times each, and ``w`` of each.  Row ``r`` is drawn ``n w_r`` times in
+    expectation (``offset``, uniform in [0, 1), places the draws), which is what makes
+    the weighted sum of :func:`estimate_change` unbiased."""
+    import numpy as np
+
+    rows = len(output_energy)
+    shares = [np.full(rows, 1.0 / rows)]
+    for energy in (input_energy, output_energy):
+        total = float(energy.sum())
+        if total > 0 and math.isfinite(total) and np.all(np.isfinite(energy)):
+            shares.append(energy / total)
+    weights = np.sum(shares, axis=0) / len(shares)
+    cumulative = np.cumsum(weights)
+    cumulative[-1] = 1.0
+    points = (np.arange(size) + offset) / size
+    drawn = np.minimum(np.searchsorted(cumulative, points, side="right"), rows - 1)
+    picked, counts = np.unique(drawn, return_counts=True)
+    return picked, counts, weights[picked]
+
+
+def estimate_change(
+    changes: np.ndarray, counts: np.ndarray, weights: np.ndarray, size: int, energy: float
+) -> float:
+    """``sqrt(sum_r |dy_r|^2 / energy)`` estimated from the sampled rows' ``changes``:
+    each weighted by how often it was drawn over ``size * w_r``."""
+    total = float((changes * counts / (size * weights)).sum())
+    return math.sqrt(total / energy)
+
+
+def _sampled_change(
+    frame: Frame[T],
+    rerun: Rerun,
+    x: object,
+    y: T,
+    row_dims: int,
+    moved: Callable[[object], object],
+    perturbations: Perturbations,
+) -> float | None:
+    """A row-wise leaf's relative output change, from a re-run on ``SAMPLE_ROWS`` of its
+    rows; None where the call does not fit (then the whole call is re-run)."""
+    if not frame.is_float(x):
+        return None
+    x_shape, y_shape = frame.shape(x), frame.shape(y)
+    lead = len(x_shape) - row_dims
+    if lead < 1 or len(y_shape) != len(x_shape) or y_shape[:lead] != x_shape[:lead]:
+        return None
+    if math.prod(x_shape[:lead]) <= 2 * SAMPLE_ROWS:
+        return None
+    y_energy = frame.row_energies(y, row_dims)
+    energy = float(y_energy.sum())
+    if not energy > 0 or not math.isfinite(energy):
+        return None
+    picked, counts, weights = row_sample(
+        frame.row_energies(x, row_dims), y_energy, SAMPLE_ROWS, perturbations.offset()
+    )
+    with _rerunning():
+        again = rerun((moved(frame.take_rows(x, row_dims, picked)),), {})
+    if not frame.is_float(again):
+        return None
+    before = frame.take_rows(y, row_dims, picked)
+    if frame.shape(again) != frame.shape(before):
+        return None
+    changes = frame.row_changes(before, again)
+    if not math.isfinite(float(changes.sum())):
+        return None
+    return estimate_change(changes, counts, weights, SAMPLE_ROWS, energy)
+
+
+def _leaves(value: object) -> list[object]:
     """Tensors and plain values of a nest of tuples, lists and dicts (one value otherwise)."""
     if isinstance(value, tuple | list):
         return [leaf for item in value for leaf in _leaves(item)]
     if isinstance(value, dict):
         return [leaf for item in value.values() for leaf in _leaves(item)]
-    if hasattr(value, "to_tuple"):  # a transformers / diffusers ModelOutput
-        return _leaves(value.to_tuple())
+    to_tuple = getattr(value, "to_tuple", None)
+    if callable(to_tuple):  # a transformers / diffusers ModelOutput
+        return _leaves(to_tuple())
     return [value]
 
 
-def _map(fn: Callable[[Any], Any], value: Any) -> Any:
+def _map(fn: Callable[[object], object], value: object) -> object:
     if isinstance(value, tuple | list):
         return type(value)(_map(fn, item) for item in value)
     if isinstance(value, dict):
@@ -317,11 +513,12 @@ def _map(fn: Callable[[Any], Any], value: Any) -> Any:
     return fn(value)
 
 
-def _rebuild(fn: Callable[[Any], Any], value: Any) -> Any:
+def _rebuild(fn: Callable[[object], object], value: object) -> object:
     """``value`` with ``fn`` applied to each leaf, of the same types (a named tuple, a
     ``ModelOutput``): what a held child returns must read like what it returned."""
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_rebuild(fn, item) for item in value))
+        named: Callable[..., object] = type(value)  # a namedtuple takes its fields
+        return named(*(_rebuild(fn, item) for item in value))
     if isinstance(value, tuple | list):
         return type(value)(_rebuild(fn, item) for item in value)
     if isinstance(value, dict):
@@ -332,7 +529,7 @@ def _rebuild(fn: Callable[[Any], Any], value: Any) -> Any:
     return fn(value)
 
 
-def _is_plain_or_tensor(x: Any) -> bool:
+def _is_plain_or_tensor(x: object) -> bool:
     """A value a call cannot update in place: plain Python values, and tensors (integer
     ids or masks), which are passed to the re-run unchanged."""
     return isinstance(x, _PLAIN) or type(x).__name__ in ("Tensor", "array", "ndarray")

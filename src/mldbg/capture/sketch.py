@@ -31,7 +31,10 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SKETCH_SIZE = 1021
 ROW_SEED = 0x6D6C64626731  # "mldbg1"
@@ -46,7 +49,7 @@ def sketch_size(numel: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def signs(count: int, seed: int) -> Any:
+def signs(count: int, seed: int) -> np.ndarray:
     """``count`` signs (+1.0 / -1.0, float64) from splitmix64 of ``seed + index``."""
     import numpy as np
 

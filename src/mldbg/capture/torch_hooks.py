@@ -10,14 +10,26 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .recorder import Recorder
+from .records import TensorInfo
 from .safetensors_header import header_entries
-from .sensitivity import measure_torch, measuring, rounded_output
+from .sensitivity import HeldCall, measuring, rounded_output
+from .sensitivity_torch import measure_torch, output_versions, versions
+
+if TYPE_CHECKING:  # torch is imported when a torch model is captured
+    import numpy as np
+    import torch
+    from torch import nn
+    from torch.utils.hooks import RemovableHandle
 
 
-def prepare(model: Any) -> Any:
+# A forward pre-hook or forward hook (what torch.compiler.disable wraps and returns).
+Hook = TypeVar("Hook", bound=Callable[..., object])
+
+
+def prepare(model: nn.Module) -> nn.Module:
     """The module to hook: ``model``, or the eager module inside a ``torch.compile`` one.
 
     Raises TypeError, naming the module, for TorchScript modules (``torch.jit.script`` /
@@ -27,17 +39,19 @@ def prepare(model: Any) -> Any:
     return _unwrap(model)
 
 
-def named_modules(model: Any, wrappers: list[Any] | None = None) -> list[tuple[str, Any]]:
+def named_modules(
+    model: nn.Module, wrappers: list[nn.Module] | None = None
+) -> list[tuple[str, nn.Module]]:
     """``model.named_modules()``, with each ``torch.compile`` wrapper replaced by the module
     it wraps under the wrapper's own path: the names are those of the eager model.  The
     wrappers met are added to ``wrappers``."""
     import torch
 
     script = getattr(torch.jit, "ScriptModule", ())
-    found: list[tuple[str, Any]] = []
+    found: list[tuple[str, nn.Module]] = []
     seen: set[int] = set()
 
-    def visit(module: Any, path: str) -> None:
+    def visit(module: nn.Module, path: str) -> None:
         while (inner := _compiled_inner(module)) is not None:
             _check_fullgraph(module, path)
             if wrappers is not None:
@@ -61,7 +75,7 @@ def named_modules(model: Any, wrappers: list[Any] | None = None) -> list[tuple[s
     return found
 
 
-def _check_fullgraph(module: Any, path: str) -> None:
+def _check_fullgraph(module: nn.Module, path: str) -> None:
     """A ``torch.compile(fullgraph=True)`` wrapper cannot run the hooks: say so before writing."""
     context = getattr(module, "dynamo_ctx", None)
     if getattr(context, "fullgraph", False) or getattr(context, "error_on_graph_break", False):
@@ -73,7 +87,9 @@ def _check_fullgraph(module: Any, path: str) -> None:
         )
 
 
-def _eager(torch: Any, hook: Callable[..., None]) -> Callable[..., None]:
+def _eager(hook: Hook) -> Hook:
+    import torch
+
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     if disable is None:
         return hook
@@ -89,32 +105,33 @@ _GRAPH_BREAK = (
 )
 
 
-def _unwrap(module: Any) -> Any:
+def _unwrap(module: nn.Module) -> nn.Module:
     """The eager module inside a ``torch.compile`` (dynamo ``OptimizedModule``) wrapper."""
     while (inner := _compiled_inner(module)) is not None:
         module = inner
     return module
 
 
-def _compiled_inner(module: Any) -> Any:
+def _compiled_inner(module: nn.Module) -> nn.Module | None:
     dynamo = sys.modules.get("torch._dynamo.eval_frame")
     wrapper = getattr(dynamo, "OptimizedModule", None)
     if wrapper is not None and isinstance(module, wrapper):
-        return module._orig_mod
+        inner: nn.Module = getattr(module, "_orig_mod")  # noqa: B009 - a dynamo attribute
+        return inner
     return None
 
 
-def attach(model: Any, recorder: Recorder, keep: Callable[[str], bool]) -> Callable[[], None]:
+def attach(model: nn.Module, recorder: Recorder, keep: Callable[[str], bool]) -> Callable[[], None]:
     """Hook every kept submodule of ``model``; returns the function that removes the hooks.
 
     Dynamo does not guard compiled code on module hooks: with a ``torch.compile`` module
     in the tree its caches are reset when the hooks come and again when they go, so the
     capture sees every call and the model afterwards runs without them.
     """
-    handles: list[Any] = []
+    handles: list[RemovableHandle] = []
     handled_at_entry: dict[int, BaseException | None] = {}
     live = [True]  # code compiled during the capture may still call the hooks after it
-    wrappers: list[Any] = []
+    wrappers: list[nn.Module] = []
 
     def detach() -> None:
         live[0] = False
@@ -147,24 +164,24 @@ def _reset_dynamo() -> None:
 
 
 def _hook(
-    module: Any,
+    module: nn.Module,
     path: str,
     recorder: Recorder,
     handled_at_entry: dict[int, BaseException | None],
     live: list[bool],
-) -> list[Any]:
-    import torch
-
+) -> list[RemovableHandle]:
     class_name = type(module).__name__
 
-    def before(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def before(_module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         if not live[0] or measuring():
             return
         seq = recorder.enter(path, class_name, args, kwargs)
         # The exception being handled around this call (a call inside an `except` block).
         handled_at_entry[seq] = sys.exc_info()[1]
 
-    def after(_module: Any, _args: Any, _kwargs: Any, output: Any) -> Any:
+    def after(
+        _module: nn.Module, _args: tuple[object, ...], _kwargs: dict[str, object], output: object
+    ) -> object:
         if live[0] and measuring():  # inside a parent's re-run: its output rounded
             rounded, value = rounded_output(recorder, output)
             return value if rounded else None
@@ -176,51 +193,69 @@ def _hook(
         # an exception other than the one handled at entry is the forward's own.
         current = sys.exc_info()[1]
         error = current if output is None and current is not handled else None
-        extra = (
-            None
-            if error is not None
-            else recorder.sensitivity_of(
-                seq, lambda parent: measure_torch(module, _args, _kwargs, output, recorder, parent)
-            )
+        if error is not None:
+            recorder.exit(seq, path, output, error)
+            return None
+        extra = recorder.sensitivity_of(
+            seq,
+            lambda parent: measure_torch(
+                module,
+                _args,
+                _kwargs,
+                output,
+                recorder,
+                parent,
+                recorder.perturbations,
+                recorder.held_by(seq),
+            ),
         )
-        recorder.exit(seq, path, output, error, extra)
+        held = (
+            HeldCall(
+                module, _args, _kwargs, versions(_args, _kwargs), output, output_versions(output)
+            )
+            if recorder.sensitivity
+            else None
+        )
+        recorder.exit(seq, path, output, None, extra, held)
         return None
 
     # Under torch.compile the hooks run eagerly (a graph break), not traced: they write files.
-    before, after = _eager(torch, before), _eager(torch, after)
+    before, after = _eager(before), _eager(after)
     return [
         module.register_forward_pre_hook(before, with_kwargs=True),
         module.register_forward_hook(after, with_kwargs=True, always_call=True),
     ]
 
 
-def settle(output: Any) -> None:
+def settle(output: object) -> None:
     """Wait for the kernels that compute ``output`` (CUDA and MPS run asynchronously), so a
     call's time is its work, not its launch; nothing to wait for on the CPU."""
     import torch
 
-    devices = {t.device.type for t in _tensors_in(output, torch, 0)}
+    devices = {t.device.type for t in _tensors_in(output, 0)}
     if "cuda" in devices:
         torch.cuda.synchronize()
     if "mps" in devices:
         torch.mps.synchronize()
 
 
-def _tensors_in(value: Any, torch: Any, depth: int) -> list[Any]:
+def _tensors_in(value: object, depth: int) -> list[torch.Tensor]:
+    import torch
+
     if isinstance(value, torch.Tensor):
         return [value]
     if depth > 4:
         return []
     if isinstance(value, dict):
         value = list(value.values())
-    elif hasattr(value, "to_tuple"):  # a transformers ModelOutput
-        value = list(value.to_tuple())
+    elif callable(to_tuple := getattr(value, "to_tuple", None)):  # a transformers ModelOutput
+        value = list(to_tuple())
     if isinstance(value, list | tuple):
-        return [t for item in value[:64] for t in _tensors_in(item, torch, depth + 1)]
+        return [t for item in value[:64] for t in _tensors_in(item, depth + 1)]
     return []
 
 
-def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Write torch tensors (numpy arrays too) to ``tmp`` exactly: dtype kept, moved to CPU.
 
     Each tensor goes to the file as a view of its memory (``safetensors_writer``: one
@@ -230,16 +265,16 @@ def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]],
     """
     import torch
 
-    ready: dict[str, Any] = {}
+    ready: dict[str, torch.Tensor] = {}
     skipped: dict[str, str] = {}
     for key, value in tensors.items():
         try:
-            ready[key] = _writable(torch, value)[0]
+            ready[key] = _writable(value)[0]
         except Exception as exc:
             skipped[key] = f"{type(exc).__name__}: {exc}"
     if not ready:
         return {}, skipped
-    names = _safetensors_names(torch)
+    names = _safetensors_names()
     if sys.byteorder != "little" or not all(t.dtype in names for t in ready.values()):
         from safetensors.torch import save_file
 
@@ -250,7 +285,7 @@ def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]],
     entries = []
     for key, tensor in ready.items():
         try:
-            raw = _flat(torch, tensor).view(torch.uint8).numpy()
+            raw = _flat(tensor).view(torch.uint8).numpy()
         except Exception as exc:  # a tensor subclass without plain memory: skipped alone
             skipped[key] = f"{type(exc).__name__}: {exc}"
             continue
@@ -260,26 +295,30 @@ def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, dict[str, Any]],
     return write_buffers(tmp, entries), skipped
 
 
-def _flat(torch: Any, tensor: Any) -> Any:
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` as one row of elements with a unit stride.  torch calls a one-element
     tensor contiguous whatever its stride, so an expanded scalar (``t.expand(1)``, stride
     0: diffusers' timestep) survives ``contiguous()``, ``reshape`` and ``clone`` as is."""
+    import torch
+
     flat = tensor.reshape(-1)
     if flat.numel() and flat.stride(0) != 1:
         flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
     return flat
 
 
-def _owned(tensor: Any) -> Any:
+def _owned(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor that owns its whole storage (``safetensors.torch`` refuses shared memory)."""
     return tensor.clone()
 
 
-_NAMES: dict[Any, str] = {}
+_NAMES: dict[torch.dtype, str] = {}
 
 
-def _safetensors_names(torch: Any) -> dict[Any, str]:
+def _safetensors_names() -> dict[torch.dtype, str]:
     """Torch dtype -> safetensors dtype name, for the dtypes this torch has."""
+    import torch
+
     if not _NAMES:
         for attr, name in (
             ("float64", "F64"),
@@ -305,9 +344,12 @@ def _safetensors_names(torch: Any) -> dict[Any, str]:
     return _NAMES
 
 
-def _writable(torch: Any, value: Any) -> tuple[Any, bool]:
-    """``value`` as a dense, contiguous CPU tensor, and whether it still shares the
-    memory of ``value`` (no copy was needed); raises for what cannot be captured."""
+def _writable(value: object) -> tuple[torch.Tensor, bool]:
+    """``value`` (a torch tensor or a numpy array) as a dense, contiguous CPU tensor, and
+    whether it still shares the memory of ``value`` (no copy was needed); raises for what
+    cannot be captured."""
+    import torch
+
     if not isinstance(value, torch.Tensor):
         import numpy as np
 
@@ -317,7 +359,7 @@ def _writable(torch: Any, value: Any) -> tuple[Any, bool]:
         raise TypeError(f"{tensor.layout} tensors are not captured")
     if tensor.is_quantized:
         tensor = tensor.dequantize()
-    unsupported = _unsupported_dtype(torch, tensor.dtype)
+    unsupported = _unsupported_dtype(tensor.dtype)
     if unsupported:
         raise TypeError(unsupported)
     tensor = tensor.cpu().contiguous().resolve_conj().resolve_neg()
@@ -328,18 +370,16 @@ def _writable(torch: Any, value: Any) -> tuple[Any, bool]:
     return tensor, shared
 
 
-def snapshot(value: Any) -> Any:
+def snapshot(value: object) -> torch.Tensor:
     """A CPU copy of ``value`` the background writer can write later (the model may change
     its own tensors in place meanwhile); raises for what cannot be captured.  Moving to
     the CPU or making contiguous already copies: only a tensor still sharing the model's
     memory is cloned."""
-    import torch
-
-    tensor, shared = _writable(torch, value)
+    tensor, shared = _writable(value)
     return tensor.clone() if shared else tensor
 
 
-def snapshotter() -> Callable[[Any], Any]:
+def snapshotter() -> Callable[[object], torch.Tensor]:
     """The background writer's hand-off: a copy of every tensor, every time.
 
     One copy per tensor per call, even when calls pass one tensor along (a layer's
@@ -350,11 +390,13 @@ def snapshotter() -> Callable[[Any], Any]:
     return snapshot
 
 
-_DTYPES: dict[Any, str | None] = {}
+_DTYPES: dict[torch.dtype, str | None] = {}
 
 
-def _unsupported_dtype(torch: Any, dtype: Any) -> str | None:
+def _unsupported_dtype(dtype: torch.dtype) -> str | None:
     """Why safetensors cannot store ``dtype`` (asked once per dtype, in memory), or None."""
+    import torch
+
     if dtype not in _DTYPES:
         from safetensors.torch import save as to_bytes
 
@@ -368,7 +410,7 @@ def _unsupported_dtype(torch: Any, dtype: Any) -> str | None:
     return _DTYPES[dtype]
 
 
-def summarize(value: Any) -> tuple[Any, dict[str, Any], list[int], str]:
+def summarize(value: object) -> tuple[np.ndarray, dict[str, Any], list[int], str]:
     """A summary capture's record of one tensor: sketch and statistics, on its device."""
     import torch
 

@@ -1,0 +1,154 @@
+"""The sensitivity measurement's MLX side: signs drawn with numpy, compared in float64.
+
+MLX arrays live in unified memory: reading one through numpy copies it once, so the
+comparison stays in float64 numpy as it always was (only the torch side, where a
+device's tensors would cross to the host, moved into the framework).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TypeGuard
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .records import Sensitivity
+from .sensitivity import SEED, STATEFUL_IN_TRAINING, HeldCall, Perturbations, measure
+
+
+def measure_mlx(
+    module: nn.Module,
+    call: Callable[..., object],
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
+    output: object,
+    owner: object = None,
+    with_children: bool = False,
+    perturbations: Perturbations | None = None,
+    held: Sequence[HeldCall] = (),
+) -> Sensitivity | None:
+    """The sensitivity of an MLX module's call; ``call`` is the original ``__call__``;
+    the rest as for ``sensitivity_torch.measure_torch``."""
+    if getattr(module, "training", False) and any(
+        word in type(module).__name__ for word in STATEFUL_IN_TRAINING
+    ):
+        return None
+
+    def rerun(a: tuple[object, ...], k: dict[str, object]) -> object:
+        result = call(module, *a, **k)
+        mx.eval(result)
+        return result
+
+    return measure(
+        _FRAME,
+        rerun,
+        args,
+        kwargs,
+        output,
+        owner,
+        with_children,
+        perturbations or Perturbations(),
+        None if with_children else row_dims(module, call),
+        held,
+    )
+
+
+_FLOATING = (mx.float32, mx.float16, mx.bfloat16)
+_ROW_WISE = tuple(
+    getattr(nn, name)
+    for name in (
+        "Linear",
+        "LayerNorm",
+        "RMSNorm",
+        "ReLU",
+        "ReLU6",
+        "LeakyReLU",
+        "ELU",
+        "SELU",
+        "CELU",
+        "GELU",
+        "SiLU",
+        "Mish",
+        "Tanh",
+        "Sigmoid",
+        "Softplus",
+        "Hardswish",
+    )
+    if hasattr(nn, name)
+)
+_ROW_WISE_CALLS = {kind.__call__ for kind in _ROW_WISE}
+
+
+def row_dims(module: nn.Module, call: Callable[..., object]) -> int | None:
+    """1 when ``call``, the ``__call__`` the module's class runs, is the one of MLX's own
+    ``Linear``, ``LayerNorm``, ``RMSNorm`` (all over the last axis) or an elementwise
+    activation: each row of the output comes from that row of the input alone.  None
+    for any other (a ``QuantizedLinear``, a user's module)."""
+    return 1 if call in _ROW_WISE_CALLS else None
+
+
+def _host(x: mx.array) -> np.ndarray:
+    return np.array(x.astype(mx.float32), dtype=np.float64)
+
+
+def _rows(x: mx.array, row_dims: int) -> mx.array:
+    return x.reshape(-1, *x.shape[len(x.shape) - row_dims :])
+
+
+class MlxFrame:
+    """:class:`~mldbg.capture.sensitivity.Frame` for MLX arrays."""
+
+    def is_float(self, x: object) -> TypeGuard[mx.array]:
+        return isinstance(x, mx.array) and x.dtype in _FLOATING
+
+    def dtype_name(self, x: mx.array) -> str:
+        return str(x.dtype).removeprefix("mlx.core.")
+
+    def cast(self, x: mx.array, like: mx.array) -> mx.array:
+        return x.astype(like.dtype)
+
+    def shape(self, x: mx.array) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    def signs(self, x: mx.array, u: float, ordinal: int) -> tuple[Hashable, Callable[[], mx.array]]:
+        shape, dtype = tuple(x.shape), x.dtype
+
+        def draw() -> mx.array:
+            rng = np.random.default_rng(SEED if ordinal == 0 else [SEED, ordinal])
+            signs = mx.array(rng.integers(0, 2, size=shape).astype(np.float32) * 2 - 1)
+            return (signs * u).astype(dtype)
+
+        return ("mlx", ordinal, shape, str(dtype), u), draw
+
+    def nbytes(self, x: mx.array) -> int:
+        return int(x.nbytes)
+
+    def perturb(self, x: mx.array, scaled_signs: mx.array) -> mx.array:
+        return x + x * scaled_signs
+
+    def relative_change(self, before: mx.array, after: mx.array) -> float | None:
+        a, b = _host(before).reshape(-1), _host(after).reshape(-1)
+        if a.shape != b.shape or before.shape != after.shape:
+            return None
+        norm = float((a * a).sum()) ** 0.5
+        if norm == 0 or not np.isfinite(norm):
+            return float("nan")
+        return float(((b - a) ** 2).sum()) ** 0.5 / norm
+
+    def row_energies(self, x: mx.array, row_dims: int) -> np.ndarray:
+        rows = _host(_rows(x, row_dims))
+        rows = rows.reshape(rows.shape[0], -1)
+        return np.asarray((rows * rows).sum(axis=1))
+
+    def take_rows(self, x: mx.array, row_dims: int, picked: np.ndarray) -> mx.array:
+        return _rows(x, row_dims)[mx.array(picked.astype(np.int32))]
+
+    def row_changes(self, before: mx.array, after: mx.array) -> np.ndarray:
+        a, b = _host(before), _host(after)
+        diff = (b - a).reshape(a.shape[0], -1)
+        return np.asarray((diff * diff).sum(axis=1))
+
+
+_FRAME = MlxFrame()

@@ -239,7 +239,9 @@ def test_metrics_match_a_direct_float64_computation(rng: np.random.Generator) ->
     for key in ("max_abs", "max_rel", "min_atol"):
         assert result[key] == expected[key], key
     assert result["max_rel"] == 2.0
-    assert result["mean_abs"] == pytest.approx(expected["mean_abs"], rel=1e-12)
+    # float32 pairs are summed from float32 differences (each rounded once, 2**-24) in
+    # float32 rows: relative errors near 1e-7, held here to 1e-6.
+    assert result["mean_abs"] == pytest.approx(expected["mean_abs"], rel=1e-6)
     assert result["cosine"] == pytest.approx(expected["cosine"], rel=1e-12)
     assert result["range_a"] == expected["range_a"]
     assert result["range_b"] == expected["range_b"]
@@ -253,7 +255,7 @@ def test_metrics_match_a_direct_float64_computation(rng: np.random.Generator) ->
     assert result["worst"]["a"] == float(a[i, j])
     assert result["worst"]["b"] == float(b[i, j])
     assert result["largest"]["index"] == expected["largest"]
-    assert result["rel_rms"] == pytest.approx(expected["rel_rms"], rel=1e-9)
+    assert result["rel_rms"] == pytest.approx(expected["rel_rms"], rel=1e-6)
     assert result["rel_max"] == pytest.approx(expected["rel_max"], rel=1e-12)
     assert result["head_a"] == [float(x) for x in a.ravel()[:5]]
     assert result["head_b"] == [float(x) for x in b.ravel()[:5]]

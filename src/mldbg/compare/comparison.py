@@ -141,6 +141,12 @@ def compare_sources(
             "noted": sum(1 for r in results if r.get("note")),
             "unpaired_a": len(alignment.unpaired_a),
             "unpaired_b": len(alignment.unpaired_b),
+            # tensors of operations recorded with ops=, aligned by value under "ops"
+            **(
+                {"operations_a": alignment.operations_a, "operations_b": alignment.operations_b}
+                if alignment.operations_a or alignment.operations_b
+                else {}
+            ),
         },
         "warnings": a.warnings + b.warnings + (replay.warnings if replay is not None else []),
     }

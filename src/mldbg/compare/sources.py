@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..capture.ops import OP_CLASS_PREFIX
 from ..capture.safetensors_header import CorruptTensorFile, read_header
 from ..capture.store import CAPTURE_JSON, CAPTURES, INDEX, module_label
 from ..errors import (
@@ -86,6 +87,11 @@ class Call:
     amplification: float | None = None
     site: str | None = None  # "file:line" of the script line that made a top-level call
 
+    @property
+    def is_operation(self) -> bool:
+        """A framework operation recorded inside a module with ``ops=``, not a module."""
+        return self.class_name.startswith(OP_CLASS_PREFIX)
+
 
 @dataclass
 class Source:
@@ -111,6 +117,18 @@ class Source:
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "kind": self.kind, "path": str(self.path), "label": self.label}
+
+    def is_operation(self, entry: Entry) -> bool:
+        """Whether ``entry`` is a tensor of a framework operation recorded with ``ops=``
+        (path ``<module>:op<N>.<op>``, class ``op:<op>``).  Operations are aligned by value
+        inside their module call (``ops.py``), never by name: their names differ across
+        frameworks (torch's ``mul``/``cat``/``add`` rotation is MLX's one ``fast.rope``)
+        and their numbers shift with any extra operation."""
+        key = entry.call_key
+        if key is None or ":op" not in key[0]:
+            return False
+        call = self.calls.get(key)
+        return call is not None and call.is_operation
 
 
 # -- resolving a spec ------------------------------------------------------------------------

@@ -273,3 +273,29 @@ class WeightsHint(TypedDict):
 
     module: str | None
     hint: str
+
+
+class OpMatch(TypedDict, total=False):
+    """One of the port's operation outputs and its closest reference operation."""
+
+    op_b: str
+    class_b: str
+    shape_b: list[int]
+    closest_a: str | None
+    class_a: str
+    rel_rms: float | None
+    expected: float | None
+    ok: bool | None
+
+
+class OpsItem(TypedDict):
+    """The operations recorded inside one module call (``ops.py``)."""
+
+    module: str
+    call: int
+    name: str
+    ops_a: int
+    ops_b: int
+    first_divergence: OpMatch | None
+    ops: list[OpMatch]
+    truncated: bool

@@ -232,7 +232,8 @@ def compare_arrays(
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape} (b after the permutation)")
     exact = _is_exact(a.dtype) and _is_exact(b.dtype)
-    single = _is_single(a.dtype) and _is_single(b.dtype)
+    # (tolerances beyond 2**60 would overflow rtol * |a| in float32: measured in float64)
+    single = _is_single(a.dtype) and _is_single(b.dtype) and max(rtol, atol) < 2.0**60
     scratch = _Scratch(min(chunk_elements, max(1, int(a.size))))
     totals = _Totals(rtol=float(rtol), atol=float(atol), scratch=scratch)
     # Overflow (|a - b| or a square beyond float64) is reported as "inf"/"nan", not warned.

@@ -242,7 +242,9 @@ def test_metrics_match_a_direct_float64_computation(rng: np.random.Generator) ->
     # float32 pairs are summed from float32 differences (each rounded once, 2**-24) in
     # float32 rows: relative errors near 1e-7, held here to 1e-6.
     assert result["mean_abs"] == pytest.approx(expected["mean_abs"], rel=1e-6)
-    assert result["cosine"] == pytest.approx(expected["cosine"], rel=1e-12)
+    # The cosine's deficit from 1 is what tells close tensors apart: float32 row sums
+    # (the residual of a fixed scale, metrics._cosine_single) give it to 1e-5 of itself.
+    assert 1 - result["cosine"] == pytest.approx(1 - expected["cosine"], rel=1e-5)
     assert result["range_a"] == expected["range_a"]
     assert result["range_b"] == expected["range_b"]
     width_a = expected["range_a"][1] - expected["range_a"][0]
@@ -660,8 +662,10 @@ def tricky_pair(rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[np.nd
 def assert_same_result(result: dict[str, Any], baseline: dict[str, Any]) -> None:
     for key in KEYS - SUMS:
         assert result[key] == baseline[key], key
+    # float32 pairs sum in float32 rows cut where the chunks are, and their cosine's
+    # scale s0 comes from the first chunk: the same to 1e-6, not to the last bit.
     for key in SUMS:
-        assert result[key] == pytest.approx(baseline[key], rel=1e-12), key
+        assert result[key] == pytest.approx(baseline[key], rel=1e-6), key
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 13, 64])

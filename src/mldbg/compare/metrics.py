@@ -12,9 +12,9 @@ Three decisions shape the code:
   float32 or narrower (bf16, fp16, fp8), every value is a float32, the difference is one
   correctly rounded float32 operation, the tolerance test is the float32 one
   ``torch.isclose`` evaluates, and the values reported for the chosen elements are
-  recomputed in float64; sums of differences are float32 rows added in float64, the
-  dot product and norms (the cosine) float64 sums of exact products (``add_single``
-  says why that is enough, and when a block still goes to float64).
+  recomputed in float64; sums are float32 rows added in float64, the cosine taken from
+  the residual of a fixed scale (``add_single`` and ``_cosine_single`` say why that is
+  enough, and when a block still goes to float64).
   This halves the bytes every pass touches, which is what a comparison's speed is made
   of.  Other float pairs (float64, or a float64 side) are held in float64, which holds
   every value of every supported float dtype exactly, but integers only up to 2**53, so
@@ -43,7 +43,7 @@ Three decisions shape the code:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import EllipsisType
 from typing import Any, TypeAlias, TypeVar
@@ -168,8 +168,8 @@ CHUNK_ELEMENTS = 1 << 17
 # SUM_ROW * 2**-24 = 2.4e-4 of its sum in the worst case (about 1e-7 in practice).
 SUM_ROW = 4096
 
-# A single-precision block is measured in float32 only while its largest magnitude and
-# its largest difference lie in [2**-50, 2**50] (or are 0): the largest square is then at
+# A single-precision block is measured in float32 only while the largest magnitude of
+# each side and its largest difference lie in [2**-50, 2**50] (or are 0): the largest square is then at
 # least 2**-100, so squares that underflow (each off by at most 2**-150) move a row's sum
 # by under 2**-38 of itself, and a row of SUM_ROW squares cannot overflow.  Other blocks
 # take the float64 path.
@@ -235,7 +235,7 @@ def compare_arrays(
     # (tolerances beyond 2**60 would overflow rtol * |a| in float32: measured in float64)
     single = _is_single(a.dtype) and _is_single(b.dtype) and max(rtol, atol) < 2.0**60
     scratch = _Scratch(min(chunk_elements, max(1, int(a.size))))
-    totals = _Totals(rtol=float(rtol), atol=float(atol), scratch=scratch)
+    totals = _Totals(rtol=float(rtol), atol=float(atol), scratch=scratch, single=single)
     # Overflow (|a - b| or a square beyond float64) is reported as "inf"/"nan", not warned.
     with np.errstate(over="ignore", invalid="ignore"):
         for offset, view_a, view_b in _blocks(a, b, chunk_elements):
@@ -478,6 +478,13 @@ class _Totals:
     range_a: tuple[float, float] | None = None
     range_b: tuple[float, float] | None = None
     single_tested: bool = False  # the finite pairs' tolerance test was made in float32
+    # A float32-or-narrower pair's cosine comes from the residual of a fixed scale
+    # (``_cosine_single``): s0, the first block's b/a (None until a block of a is not all
+    # zeros; 0.0 where no usable scale), and the sums of e = b - s0 a.
+    single: bool = False
+    scale0: float | None = None
+    sum_sq_residual: float = 0.0  # sum of e**2
+    sum_residual_a: float = 0.0  # sum of e * a
 
     def add_single(self, offset: int, xa: Float32s, xb: Float32s) -> None:
         """Fold in a block of two flat float32 arrays (float32 data, or bf16/fp16/fp8
@@ -496,20 +503,26 @@ class _Totals:
         (``mean_abs``, ``rel_rms``) are float32 rows of SUM_ROW elements added in float64
         (``_sum_products``): relative errors of about 1e-7 (2.4e-4 at worst), far below
         what a verdict distinguishes.  The cosine is not a relative quantity (the verdict
-        reads ``1 - cosine**2`` down to 1e-12), so its sums stay float64.
-        Blocks with NaN/inf, magnitudes beyond [2**-40, 2**50] or differences below
-        2**-40 take the float64 path (``add``), where squares neither overflow nor
-        underflow.
+        reads ``1 - cosine**2`` down to 1e-12): it is taken from the residual of a fixed
+        scale (``_cosine_single``), which float32 rows measure well where that matters.
+        Blocks with NaN/inf, a side whose largest magnitude lies beyond [2**-50, 2**50],
+        or differences below 2**-50 take the float64 path (``add``), where squares
+        neither overflow nor underflow.
         """
         scratch = self.scratch
         low_a, high_a = float(np.min(xa)), float(np.max(xa))
         low_b, high_b = float(np.min(xb)), float(np.max(xb))
         extremes = (low_a, high_a, low_b, high_b)
-        if not all(map(math.isfinite, extremes)) or not _single_scale(max(map(abs, extremes))):
+        peak_a, peak_b = max(-low_a, high_a), max(-low_b, high_b)
+        finite = all(map(math.isfinite, extremes))
+        if not finite or not (_single_scale(peak_a) and _single_scale(peak_b)):
             self._add_single_in_double(offset, xa, xb)
             return
         size = xa.size
+        scale = self._scale0(lambda: (_sum_products(xa, xa), _sum_products(xa, xb)))
         diff = np.subtract(xa, xb, out=scratch.float32("diff", size))
+        # with s0 = 1 the cosine's residual e = b - a is -diff itself (see _cosine_single)
+        diff_dot_a = _sum_products(diff, xa) if scale == 1.0 else 0.0
         np.abs(diff, out=diff)
         top = float(np.max(diff))
         if not _single_scale(top):  # differences whose squares would underflow
@@ -550,14 +563,41 @@ class _Totals:
             self.max_rel = max(self.max_rel, abs(x - y) / max(abs(x), abs(y)))
         self.finite_pairs += size
         self.sum_abs += _sum_products(diff, scratch.ones(size))
-        self.sum_sq_diff += _sum_products(diff, diff)
-        # The dot product and the norms in float64 (a float32 product is exact there): the
-        # cosine of a port that is its reference times a scale (the verdict's exact_scale)
-        # is 1 to within 1e-13, which float32 sums (1e-7) could not show.
-        wide_a, wide_b = scratch.widen("a", xa), scratch.widen("b", xb)
-        self.dot += _sum_products(wide_a, wide_b)
-        self.norm2_a += _sum_products(wide_a, wide_a)
-        self.norm2_b += _sum_products(wide_b, wide_b)
+        squares = _sum_products(diff, diff)
+        self.sum_sq_diff += squares
+        # The cosine's sums (see _cosine_single): the residual e = b - s0 a of one fixed
+        # scale, so that a port equal to its reference up to a scale shows a residual
+        # measured on e itself, not on the cancellation of two large sums.
+        if scale == 1.0:
+            self.sum_sq_residual += squares
+            self.sum_residual_a -= diff_dot_a
+        else:
+            residual = np.multiply(xa, np.float32(scale), out=scratch.float32("residual", size))
+            np.subtract(xb, residual, out=residual)
+            self.sum_sq_residual += _sum_products(residual, residual)
+            self.sum_residual_a += _sum_products(residual, xa)
+        self.dot += _sum_products(xa, xb)
+        self.norm2_a += _sum_products(xa, xa)
+        self.norm2_b += _sum_products(xb, xb)
+
+    def _scale0(self, products: Callable[[], tuple[float, float]]) -> float:
+        """s0, fixed at the first block where ``a`` is not all zeros (earlier blocks'
+        residual is ``b`` whatever s0 is): that block's least-squares ``b / a``, rounded
+        to float32, or exactly 1 within 2**-12 of it (then e is ``b - a``, which the
+        differences already hold; the cancellation left is at most 2**-24 of the sums
+        times (s - 1)**2, under 1e-7 in the residual); 0.0 (no benefit, still correct)
+        outside [2**-20, 2**20].  ``products`` gives this block's ``(|a|**2, a . b)``."""
+        if self.scale0 is not None:
+            return self.scale0
+        norm2, dot = products()
+        if norm2 == 0.0:
+            return 0.0
+        scale = dot / norm2
+        usable = math.isfinite(scale) and 2.0**-20 <= abs(scale) <= 2.0**20
+        if usable and abs(scale - 1.0) <= 2.0**-12:
+            scale = 1.0
+        self.scale0 = float(np.float32(scale)) if usable else 0.0
+        return self.scale0
 
     def _add_single_in_double(self, offset: int, xa: Float32s, xb: Float32s) -> None:
         """A float32 block the float32 pass cannot measure (NaN/inf, extreme scales): its
@@ -709,6 +749,12 @@ class _Totals:
         self.dot += _sum_products(xa, xb)
         self.norm2_a += _sum_products(xa, xa)
         self.norm2_b += _sum_products(xb, xb)
+        if self.single:  # a float32 block measured in float64: the residual sums too
+            scale = self._scale0(lambda: (_sum_products(xa, xa), _sum_products(xa, xb)))
+            residual = np.multiply(xa, scale, out=self.scratch.double("res", xa.size))
+            np.subtract(xb, residual, out=residual)
+            self.sum_sq_residual += _sum_products(residual, residual)
+            self.sum_residual_a += _sum_products(residual, xa)
 
     def summary(self) -> RunningMetrics:
         measured = self.finite_pairs > 0
@@ -772,6 +818,8 @@ class _Totals:
             return 1.0  # two zero tensors agree perfectly
         if self.norm2_a == 0.0 or self.norm2_b == 0.0:
             return 0.0  # no direction to share
+        if self.single:
+            return self._cosine_single()
         if not all(map(math.isfinite, (self.dot, self.norm2_a, self.norm2_b))):
             return "nan"  # squares beyond float64 (|values| > 1e154): no usable answer
         product = self.norm2_a * self.norm2_b
@@ -782,6 +830,31 @@ class _Totals:
         else:
             cosine = self.dot / (math.sqrt(self.norm2_a) * math.sqrt(self.norm2_b))
         return min(1.0, max(-1.0, cosine))  # rounding can step just outside [-1, 1]
+
+    def _cosine_single(self) -> float | str:
+        """The cosine of a float32-or-narrower pair from float32 row sums, accurate where
+        the verdict reads it.  With ``e = b - s0 a`` for one fixed scale s0 (the first
+        block's ``b / a``), the least residual over every
+        scale is ``min_s |b - s a|**2 = |e|**2 - (e . a)**2 / |a|**2``, so ``1 - cos**2 =
+        that / |b|**2``.  For a port that is its reference times a scale (``verdict.
+        exact_scale`` reads ``sqrt(1 - cos**2)`` down to 1e-6) e is that small residual
+        itself and is summed as such (each e off by one float32 rounding of ``b``, about
+        6e-8 relative), where ``(a . b)**2 / (|a|**2 |b|**2)`` would take it from the
+        cancellation of sums accurate to 1e-7 only.  Far from parallel
+        the direct ratio is as accurate and is used: when ``|e|**2 > |b|**2 / 100``."""
+        norm2_a, norm2_b = self.norm2_a, self.norm2_b
+        sums = (self.sum_sq_residual, self.sum_residual_a, self.dot, norm2_a, norm2_b)
+        if not all(map(math.isfinite, sums)):
+            return "nan"
+        dot = self.dot
+        if self.sum_sq_residual > 1e-2 * norm2_b:
+            # e is not small beside b (far from parallel, or s0 far from the best scale,
+            # which a parallel pair's first block cannot give): the direct ratio, whose
+            # error (about 1e-7) is then far below what 1 - cos**2 holds.
+            direct = dot / math.sqrt(norm2_a) / math.sqrt(norm2_b)
+            return min(1.0, max(-1.0, direct))
+        least = max(0.0, self.sum_sq_residual - self.sum_residual_a**2 / norm2_a)
+        return math.copysign(math.sqrt(max(0.0, 1.0 - least / norm2_b)), dot)
 
     def _range_ratio(self) -> float | str | None:
         if self.range_a is None or self.range_b is None:

@@ -759,7 +759,7 @@ def test_streams_a_200mb_memmap_in_bounded_memory(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert a.nbytes == 200 * 2**20
-    # About 33 bytes per chunk element for float32 pairs (46 in float64); bounded by the
+    # About 18 bytes per chunk element for float32 pairs (46 in float64); bounded by the
     # chunk, not by the tensor.
     assert peak < 64 * (1 << 20) < a.nbytes / 3, f"peak {peak / 2**20:.0f} MiB"
     assert result["numel"] == a.size

@@ -24,8 +24,9 @@ Three decisions shape the code:
   other metrics stay float64.
 * **Streaming.**  The inputs are usually memory maps of safetensors files that can be
   larger than memory.  ``compare_arrays`` reads ``chunk_elements`` elements at a time
-  and folds them into running totals, so peak memory is about 33 bytes per chunk
-  element in float32 (about 4 MB with the default chunk of 2**17), 46 in float64
+  and folds them into running totals, so peak memory is about 18-30 bytes per chunk
+  element in float32 (bf16 and strided inputs need float32 copies: 2-4 MB with the
+  default chunk of 2**17), 46 in float64
   (integer pairs need a little more for their exact differences), whatever the tensor
   size.  Maxima, minima, counts and the worst element do not depend on the chunk size
   (up to ties within one float32 rounding); sums (``mean_abs``, ``cosine``, ``rel_rms``)

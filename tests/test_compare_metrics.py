@@ -239,8 +239,12 @@ def test_metrics_match_a_direct_float64_computation(rng: np.random.Generator) ->
     for key in ("max_abs", "max_rel", "min_atol"):
         assert result[key] == expected[key], key
     assert result["max_rel"] == 2.0
-    assert result["mean_abs"] == pytest.approx(expected["mean_abs"], rel=1e-12)
-    assert result["cosine"] == pytest.approx(expected["cosine"], rel=1e-12)
+    # float32 pairs are summed from float32 differences (each rounded once, 2**-24) in
+    # float32 rows: relative errors near 1e-7, held here to 1e-6.
+    assert result["mean_abs"] == pytest.approx(expected["mean_abs"], rel=1e-6)
+    # The cosine's deficit from 1 is what tells close tensors apart: float32 row sums
+    # (the residual of a fixed scale, metrics._cosine_single) give it to 1e-5 of itself.
+    assert 1 - result["cosine"] == pytest.approx(1 - expected["cosine"], rel=1e-5)
     assert result["range_a"] == expected["range_a"]
     assert result["range_b"] == expected["range_b"]
     width_a = expected["range_a"][1] - expected["range_a"][0]
@@ -253,7 +257,7 @@ def test_metrics_match_a_direct_float64_computation(rng: np.random.Generator) ->
     assert result["worst"]["a"] == float(a[i, j])
     assert result["worst"]["b"] == float(b[i, j])
     assert result["largest"]["index"] == expected["largest"]
-    assert result["rel_rms"] == pytest.approx(expected["rel_rms"], rel=1e-9)
+    assert result["rel_rms"] == pytest.approx(expected["rel_rms"], rel=1e-6)
     assert result["rel_max"] == pytest.approx(expected["rel_max"], rel=1e-12)
     assert result["head_a"] == [float(x) for x in a.ravel()[:5]]
     assert result["head_b"] == [float(x) for x in b.ravel()[:5]]
@@ -658,8 +662,10 @@ def tricky_pair(rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[np.nd
 def assert_same_result(result: dict[str, Any], baseline: dict[str, Any]) -> None:
     for key in KEYS - SUMS:
         assert result[key] == baseline[key], key
+    # float32 pairs sum in float32 rows cut where the chunks are, and their cosine's
+    # scale s0 comes from the first chunk: the same to 1e-6, not to the last bit.
     for key in SUMS:
-        assert result[key] == pytest.approx(baseline[key], rel=1e-12), key
+        assert result[key] == pytest.approx(baseline[key], rel=1e-6), key
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 13, 64])
@@ -753,7 +759,8 @@ def test_streams_a_200mb_memmap_in_bounded_memory(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert a.nbytes == 200 * 2**20
-    # About 46 bytes per chunk element today; bounded by the chunk, not by the tensor.
+    # About 18 bytes per chunk element for float32 pairs (46 in float64); bounded by the
+    # chunk, not by the tensor.
     assert peak < 64 * (1 << 20) < a.nbytes / 3, f"peak {peak / 2**20:.0f} MiB"
     assert result["numel"] == a.size
     assert result["max_abs"] == pytest.approx(1e-3, rel=1e-2)

@@ -100,6 +100,15 @@ def test_ops_of_a_clean_port_all_have_a_counterpart(home: Path) -> None:
         "fast.scaled_dot_product_attention",
     ]
     assert all(op["ok"] for op in item["ops"])
+    # Operations are aligned by value (above), never by name: none is listed unpaired or
+    # offered in a name map (which once paired v_proj with a torch `linear` operation and
+    # fast.rope with an `add`), and the counts say how many were set aside.
+    listed = result.result["unpaired_a"] + result.result["unpaired_b"]
+    assert not [name for name in listed if ":op" in name]
+    assert result.result["proposed_map"] is None
+    assert result.result["counts"]["operations_b"] == 8  # two ropes, the attention: in + out
+    assert result.result["counts"]["operations_a"] > 8
+    assert result.result["counts"]["unpaired_b"] == 8  # mlx-lm's rope modules (2 layers)
     text = rendered(result.result)
     assert f"operations inside {ATTENTION}#0 (3 in B" in text
     assert "each of B's has a counterpart in A within rounding" in text

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BAD_TOLERANCE
+from .records import Boundary, Culprit, EntryResult
 from .replay import ReplayResult, replay  # standard library only at import
 from .sources import CompareInputError
 
@@ -30,15 +31,15 @@ class Comparison:
         return bool(self.result["ok"])
 
     @property
-    def first_divergence(self) -> dict[str, Any] | None:
+    def first_divergence(self) -> Culprit | None:
         return self.result["first_divergence"]
 
     @property
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[EntryResult]:
         return self.result["entries"]
 
     @property
-    def boundary_differences(self) -> list[dict[str, Any]]:
+    def boundary_differences(self) -> list[Boundary]:
         return self.result["boundary_differences"]
 
     @property
@@ -53,7 +54,7 @@ class Comparison:
     def unpaired_b(self) -> list[str]:
         return self.result["unpaired_b"]
 
-    def entry(self, name: str) -> dict[str, Any]:
+    def entry(self, name: str) -> EntryResult:
         for item in self.entries:
             if item["name"] == name:
                 return item

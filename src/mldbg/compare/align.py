@@ -8,6 +8,9 @@ in one run, ``in.0`` positionally in the other); with more tensors left, they pa
 order, each with the first unused tensor of the same shape (``hidden_states=`` with
 ``x``, while ``position_embeddings`` stays unpaired).  Two sources of one tensor each are
 paired whatever their names.
+
+Tensors of framework operations (captures made with ``ops=``) take no part: they are
+aligned by value inside their module call (``ops.py``), and are only counted here.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Alignment:
     pairs: list[Pair]
     unpaired_a: list[str]
     unpaired_b: list[str]
+    operations_a: int = 0  # operation tensors set aside for ops.py
+    operations_b: int = 0
 
 
 def _numel(entry: Entry) -> int:
@@ -43,9 +48,13 @@ def _numel(entry: Entry) -> int:
 
 
 def align(a: Source, b: Source, names: NameMap) -> Alignment:
-    a_entries = [e for e in a.entries if not names.ignored(e.name)]
+    operations_a = [e for e in a.entries if a.is_operation(e)]
+    operations_b = [e for e in b.entries if b.is_operation(e)]
+    a_entries = [e for e in a.entries if not names.ignored(e.name) and not a.is_operation(e)]
     b_by_name: dict[str, Entry] = {}
     for entry in b.entries:
+        if b.is_operation(entry):
+            continue
         mapped = names.to_a(entry.name)
         if names.ignored(mapped):
             continue
@@ -58,7 +67,13 @@ def align(a: Source, b: Source, names: NameMap) -> Alignment:
         b_by_name[mapped] = entry
     if len(a_entries) == 1 and len(b_by_name) == 1:
         (b_only,) = b_by_name.values()
-        return Alignment([Pair(a_entries[0], b_only, b_only.name, "single")], [], [])
+        return Alignment(
+            [Pair(a_entries[0], b_only, b_only.name, "single")],
+            [],
+            [],
+            len(operations_a),
+            len(operations_b),
+        )
 
     matched: dict[str, tuple[Entry, str, str]] = {}  # A name -> (B entry, B mapped name, how)
     for entry in a_entries:
@@ -80,6 +95,8 @@ def align(a: Source, b: Source, names: NameMap) -> Alignment:
         pairs,
         [e.name for e in a_entries if e.name not in matched],
         [n for n in b_by_name if n not in used],  # in A's terms: after the map
+        len(operations_a),
+        len(operations_b),
     )
 
 

@@ -8,10 +8,22 @@ Mapping instead of loading is what lets a comparison stream a model bigger than 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..capture.safetensors_header import CorruptTensorFile, read_header
 from ..errors import UnsupportedDtype
+
+if TYPE_CHECKING:  # numpy is imported where an array is read, not with this module
+    import numpy as np
+    import numpy.typing as npt
+
+
+class TensorHeader(TypedDict):
+    """What a file's header says of one tensor, in safetensors dtype names."""
+
+    shape: list[int]
+    dtype: str
+
 
 _NUMPY_DTYPES = {
     "F64": "<f8",
@@ -31,7 +43,7 @@ _NUMPY_DTYPES = {
 _ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
-def numpy_dtype(name: str) -> Any:
+def numpy_dtype(name: str) -> np.dtype[np.generic]:
     import numpy as np
 
     if name in _NUMPY_DTYPES:
@@ -43,7 +55,7 @@ def numpy_dtype(name: str) -> Any:
     raise UnsupportedDtype(f"dtype {name} cannot be compared (numpy has no such type)")
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: npt.DTypeLike) -> str:
     """The safetensors name of a numpy dtype (``.npy`` sources report the same names)."""
     import numpy as np
 
@@ -57,7 +69,7 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype)
 
 
-def map_safetensors(path: Path, key: str) -> Any:
+def map_safetensors(path: Path, key: str) -> npt.NDArray[np.generic]:
     """The tensor ``key`` of a safetensors file, memory-mapped read-only."""
     import numpy as np
 
@@ -80,7 +92,7 @@ def map_safetensors(path: Path, key: str) -> Any:
     return np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=shape)
 
 
-def map_npy(path: Path) -> Any:
+def map_npy(path: Path) -> npt.NDArray[np.generic]:
     import numpy as np
 
     try:
@@ -92,7 +104,7 @@ def map_npy(path: Path) -> Any:
     return array
 
 
-def npy_header(path: Path) -> dict[str, Any]:
+def npy_header(path: Path) -> TensorHeader:
     """Shape and dtype of a ``.npy`` file, from its header only."""
     array = map_npy(path)
     return {"shape": list(array.shape), "dtype": dtype_name(array.dtype)}
@@ -131,11 +143,11 @@ def _read_npy_header(handle: Any, where: str) -> tuple[tuple[int, ...], bool, An
     return tuple(shape), bool(fortran), dtype
 
 
-def npz_headers(path: Path) -> dict[str, dict[str, Any]]:
+def npz_headers(path: Path) -> dict[str, TensorHeader]:
     """Shape and dtype of each array of an ``.npz`` file, from the member headers only."""
     import zipfile
 
-    found = {}
+    found: dict[str, TensorHeader] = {}
     try:
         with zipfile.ZipFile(path) as archive:
             for key, info in _npz_members(path).items():
@@ -147,7 +159,7 @@ def npz_headers(path: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def map_npz(path: Path, key: str) -> Any:
+def map_npz(path: Path, key: str) -> npt.NDArray[np.generic]:
     """Array ``key`` of an ``.npz`` file: memory-mapped when stored uncompressed (``np.savez``),
     decompressed whole when deflated (``np.savez_compressed`` leaves no other way)."""
     import struct
@@ -249,7 +261,7 @@ def _pt_tensors(path: Path) -> dict[str, Any]:
     return found
 
 
-def pt_headers(path: Path) -> dict[str, dict[str, Any]]:
+def pt_headers(path: Path) -> dict[str, TensorHeader]:
     """Shape and dtype of each tensor of a ``.pt`` file."""
     return {
         key: {
@@ -260,7 +272,7 @@ def pt_headers(path: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-def map_pt(path: Path, key: str) -> Any:
+def map_pt(path: Path, key: str) -> npt.NDArray[np.generic]:
     """Tensor ``key`` of a ``.pt`` file as numpy, without a copy where torch allows it
     (bf16 and fp8 through a same-width integer view, as numpy has no such types)."""
     import numpy as np

@@ -1,6 +1,6 @@
 """Compare two sources pair by pair and name the first divergence.
 
-Pairs are streamed: one pair's tensors are mapped, reduced chunk by chunk in float64
+Pairs are streamed: one pair's tensors are mapped, reduced chunk by chunk (metrics.py)
 and released before the next, so two whole models are never in memory.  The result
 is the documented JSON shape (README, "mldbg compare").
 """
@@ -21,7 +21,8 @@ from .divergence import _missing_child
 from .layout import Layouts
 from .mapping import NameMap, split_name
 from .propose import propose_map
-from .rules import first_divergence
+from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors
+from .rules import CallKey, call_key, first_divergence
 from .sources import CompareInputError, Source
 from .verdict import (
     NO_FLOOR,
@@ -141,6 +142,12 @@ def compare_sources(
             "noted": sum(1 for r in results if r.get("note")),
             "unpaired_a": len(alignment.unpaired_a),
             "unpaired_b": len(alignment.unpaired_b),
+            # tensors of operations recorded with ops=, aligned by value under "ops"
+            **(
+                {"operations_a": alignment.operations_a, "operations_b": alignment.operations_b}
+                if alignment.operations_a or alignment.operations_b
+                else {}
+            ),
         },
         "warnings": a.warnings + b.warnings + (replay.warnings if replay is not None else []),
     }
@@ -162,7 +169,7 @@ def compare_sources(
     return document
 
 
-def local_errors(a: Source, replay: Source, *, layout: str | None = None) -> dict[str, Any]:
+def local_errors(a: Source, replay: Source, *, layout: str | None = None) -> LocalErrors:
     """Each reference output against the replayed port's output for the same call: the
     port module's own error on the reference's inputs, free of upstream drift.  The
     replayed capture is named like the reference (replay writes it so), so no map is
@@ -174,10 +181,10 @@ def local_errors(a: Source, replay: Source, *, layout: str | None = None) -> dic
     results = [_compare_pair(a, replay, pair, None, None, layouts) for pair in pairs]
     quantized = _quantized(replay, sub, results)
     judge(a, results, quantized, strict=False, local=True)
-    entries = {}
-    listed = []
+    entries: dict[str, LocalError] = {}
+    listed: list[LocalCall] = []
     for result in results:
-        entries[result["name"]] = {
+        own: LocalError = {
             "rel_rms": result.get("rel_rms"),
             "rel_max": result.get("rel_max"),
             "max_abs": result.get("max_abs"),
@@ -185,29 +192,31 @@ def local_errors(a: Source, replay: Source, *, layout: str | None = None) -> dic
             "ok": result["ok"],
             "error": result.get("error"),
         }
-        listed.append(
-            {
-                "name": result["name"],
-                "module": result.get("module"),
-                "call": result.get("call"),
-                "class": _class_of(a, result),
-                **entries[result["name"]],
-                **({"quantized": result["quantized"]} if result.get("quantized") else {}),
-            }
-        )
-    failing: dict[Any, list[str]] = {}
-    scaled: dict[Any, float] = {}
+        entries[result["name"]] = own
+        item: LocalCall = {
+            "name": result["name"],
+            "module": result.get("module"),
+            "call": result.get("call"),
+            "class": _class_of(a, result),
+            **own,
+        }
+        quantized_port = result.get("quantized")
+        if quantized_port:
+            item["quantized"] = quantized_port
+        listed.append(item)
+    failing: dict[CallKey, list[str]] = {}
+    scaled: dict[CallKey, float] = {}
     for result in results:
-        key = (result["module"], result["call"]) if result.get("module") is not None else None
-        if not result["ok"] and key in a.calls:
+        key = call_key(result)
+        if not result["ok"] and key is not None and key in a.calls:
             failing.setdefault(key, []).append(result["name"])
             ratio = exact_scale(result, result.get("expected") or 0.0)
             if ratio:
                 scaled[key] = ratio
     by_seq = {c.seq: k for k, c in a.calls.items()}
-    boundaries = []
+    boundaries: list[Boundary] = []
 
-    def ancestors(key: Any) -> set[Any]:
+    def ancestors(key: CallKey) -> set[CallKey]:
         found, seq = set(), a.calls[key].parent
         while seq is not None and seq in by_seq:
             found.add(by_seq[seq])
@@ -234,12 +243,12 @@ def local_errors(a: Source, replay: Source, *, layout: str | None = None) -> dic
             del failing[key]
     moved = {(b["module"], b["call"]): b["compensated_by"] for b in boundaries}
     for item in listed:
-        where = moved.get((item["module"], item["call"]))
+        where = moved.get((item.get("module") or "", item.get("call") or 0))
         if where is not None and not item["ok"]:
             item["ok"] = True
             item["compensated_by"] = where
             entries[item["name"]]["ok"] = True
-    culprit = None
+    culprit: Culprit | None = None
     if failing:
         key = min(failing, key=lambda k: (a.calls[k].end_order or 1 << 62, a.calls[k].seq))
         call = a.calls[key]
@@ -265,9 +274,9 @@ def local_errors(a: Source, replay: Source, *, layout: str | None = None) -> dic
     return {"entries": entries, "culprit": culprit, "list": listed, "boundaries": boundaries}
 
 
-def _class_of(a: Source, result: dict[str, Any]) -> str | None:
-    key = (result.get("module"), result.get("call"))
-    call = a.calls.get(key)  # type: ignore[arg-type]
+def _class_of(a: Source, result: EntryResult) -> str | None:
+    key = call_key(result)
+    call = None if key is None else a.calls.get(key)
     return call.class_name if call is not None else None
 
 
@@ -329,9 +338,9 @@ def _b_modules(b: Source, names: NameMap) -> set[str] | None:
     return found
 
 
-def _quantized(b: Source, alignment: Alignment, results: list[dict[str, Any]]) -> dict[Any, float]:
+def _quantized(b: Source, alignment: Alignment, results: list[EntryResult]) -> dict[CallKey, float]:
     """Mark the entries whose port module is quantized; their A calls' expected error."""
-    found: dict[Any, float] = {}
+    found: dict[CallKey, float] = {}
     for pair, result in zip(alignment.pairs, results, strict=True):
         key = pair.b.call_key
         call = b.calls.get(key) if key is not None else None
@@ -346,8 +355,8 @@ def _quantized(b: Source, alignment: Alignment, results: list[dict[str, Any]]) -
 
 def judge(
     a: Source,
-    results: list[dict[str, Any]],
-    quantized: dict[Any, float],
+    results: list[EntryResult],
+    quantized: dict[CallKey, float],
     *,
     strict: bool,
     local: bool = False,
@@ -373,15 +382,15 @@ def judge(
         explained |= passing
 
 
-def _inputs_passing(results: list[dict[str, Any]]) -> set[tuple[str, int]]:
+def _inputs_passing(results: list[EntryResult]) -> set[tuple[str, int]]:
     """The calls whose compared inputs all pass, with no quantization noise among them:
     that noise has its own allowance, measured over whole quantized models with
     whatever their attentions make of it (``verdict.QUANT_C``), and is not rounding."""
     seen: dict[tuple[str, int], bool] = {}
     for result in results:
-        if result.get("role") != "in" or result.get("module") is None:
+        key = call_key(result)
+        if result.get("role") != "in" or key is None:
             continue
-        key = (result["module"], result["call"])
         clean = bool(result.get("ok")) and not result.get("quant_noise")
         seen[key] = seen.get(key, True) and clean
     return {key for key, ok in seen.items() if ok}
@@ -389,8 +398,8 @@ def _inputs_passing(results: list[dict[str, Any]]) -> set[tuple[str, int]]:
 
 def _judge_entries(
     a: Source,
-    results: list[dict[str, Any]],
-    quantized: dict[Any, float],
+    results: list[EntryResult],
+    quantized: dict[CallKey, float],
     depth_of: Depths,
     strict: bool,
     local: bool,
@@ -401,7 +410,7 @@ def _judge_entries(
         result["elementwise_ok"] = elementwise
         result.pop("conditioning", None)
         u = unit_roundoff(result.get("dtype_a") or "", result.get("dtype_b") or "")
-        key = (result["module"], result["call"]) if result.get("module") is not None else None
+        key = call_key(result)
         own = None
         floor = NO_FLOOR
         if key is not None and key in a.calls:
@@ -452,7 +461,7 @@ def _judge_entries(
         result["ok"] = result["scale_ok"]
 
 
-def _input_errors(results: list[dict[str, Any]]) -> dict[tuple[str, int], float]:
+def _input_errors(results: list[EntryResult]) -> dict[tuple[str, int], float]:
     """Per call, the worst measured relative RMS error of its float inputs."""
     found: dict[tuple[str, int], float] = {}
     for result in results:
@@ -461,9 +470,9 @@ def _input_errors(results: list[dict[str, Any]]) -> dict[tuple[str, int], float]
             continue
         if unit_roundoff(result.get("dtype_a") or "", result.get("dtype_b") or "") is None:
             continue  # integer ids, masks: compared exactly, no relative error to amplify
-        if not isinstance(error, int | float) or not math.isfinite(error):
+        key = call_key(result)
+        if not isinstance(error, int | float) or not math.isfinite(error) or key is None:
             continue
-        key = (result["module"], result["call"])
         found[key] = max(found.get(key, 0.0), float(error))
     return found
 
@@ -491,9 +500,9 @@ def _nothing_paired(
 
 def _compare_pair(
     a: Source, b: Source, pair: Pair, rtol: float | None, atol: float | None, layouts: Layouts
-) -> dict[str, Any]:
+) -> EntryResult:
     ea, eb = pair.a, pair.b
-    result: dict[str, Any] = {
+    result: EntryResult = {
         "name": ea.name,
         "module": ea.module,
         "call": ea.call,
@@ -524,13 +533,11 @@ def _compare_pair(
     if (list(ea.shape) != list(eb.shape) and not unit_axes) or permutation is not None:
         if permutation is None:
             same = _count(ea.shape) == _count(eb.shape)
-            result.update(
-                _empty_metrics(),
-                error=f"shapes differ: {ea.shape} vs {eb.shape}"
+            return _failed(
+                result,
+                f"shapes differ: {ea.shape} vs {eb.shape}"
                 + (" (same number of elements: a reshape?)" if same else ""),
-                ok=False,
             )
-            return result
         result["transpose"] = list(permutation)
         result["layout"] = metrics.layout_name(permutation)
     if ea.stats is not None or eb.stats is not None:  # a summary capture on either side
@@ -542,8 +549,7 @@ def _compare_pair(
         array_a = a.load(ea)
         array_b = b.load(eb)
     except UnsupportedDtype as exc:
-        result.update(_empty_metrics(), error=str(exc), ok=False)
-        return result
+        return _failed(result, str(exc))
     except CorruptTensorFile as exc:
         raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
     except OSError as exc:
@@ -557,8 +563,7 @@ def _compare_pair(
             array_a, array_b, rtol=result["rtol"], atol=result["atol"], permutation=permutation
         )
     except TypeError as exc:  # complex and other dtypes the metrics do not define
-        result.update(_empty_metrics(), error=str(exc), ok=False)
-        return result
+        return _failed(result, str(exc))
     result.update(numbers)
     result["error"] = None
     return result
@@ -575,30 +580,38 @@ def _count(shape: list[int]) -> int:
     return total
 
 
-def _empty_metrics() -> dict[str, Any]:
-    keys = [
-        "max_abs",
-        "mean_abs",
-        "max_rel",
-        "cosine",
-        "range_a",
-        "range_b",
-        "range_ratio",
-        "rel_rms",
-        "rel_max",
-        "rms_a",
-        "rms_b",
-        "largest",
-        "min_atol",
-        "mismatched",
-        "nonfinite_mismatched",
-        "numel",
-        "head_a",
-        "head_b",
-        "worst",
-        "nan_a",
-        "nan_b",
-        "inf_a",
-        "inf_b",
-    ]
-    return dict.fromkeys(keys)
+def _failed(result: EntryResult, error: str) -> EntryResult:
+    """``result`` with every metric ``None``, failed for ``error``."""
+    result.update(_empty_metrics())
+    result["error"] = error
+    result["ok"] = False
+    return result
+
+
+def _empty_metrics() -> EntryResult:
+    """Every metric ``None``: nothing was measured (an error, a shape mismatch)."""
+    return {
+        "max_abs": None,
+        "mean_abs": None,
+        "max_rel": None,
+        "cosine": None,
+        "range_a": None,
+        "range_b": None,
+        "range_ratio": None,
+        "rel_rms": None,
+        "rel_max": None,
+        "rms_a": None,
+        "rms_b": None,
+        "largest": None,
+        "min_atol": None,
+        "mismatched": None,
+        "nonfinite_mismatched": None,
+        "numel": None,
+        "head_a": None,
+        "head_b": None,
+        "worst": None,
+        "nan_a": None,
+        "nan_b": None,
+        "inf_a": None,
+        "inf_b": None,
+    }

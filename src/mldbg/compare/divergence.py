@@ -33,27 +33,27 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from ..capture.store import ROOT
+from .records import Boundary, Culprit, EntryResult, JsonNumber
 from .sources import Call, Source
 from .verdict import GROWTH, exact_scale, rel
 
 CallKey = tuple[str, int]
 
 
-def _bad(result: dict[str, Any]) -> bool:
+def _bad(result: EntryResult) -> bool:
     """Fails its deciding test, or (under a strict test) the scale-aware one."""
     return not result["ok"] or result.get("scale_ok") is False
 
 
-def _worst_rel(results: list[dict[str, Any]]) -> float:
+def _worst_rel(results: list[EntryResult]) -> float:
     return max((_input_rel(r) for r in results), default=0.0)
 
 
-def _input_rel(r: dict[str, Any]) -> float:
+def _input_rel(r: EntryResult) -> float:
     """How wrong an entry is, relatively. Integers (token or position ids, indices) that
     differ at all make everything computed from them different: an unbounded error, so
     the module that receives them is a victim, never the one that made them wrong."""
@@ -64,24 +64,22 @@ def _input_rel(r: dict[str, Any]) -> float:
     return rel(r.get("rel_rms"))
 
 
-def _is_integer(dtype: Any) -> bool:
+def _is_integer(dtype: str | None) -> bool:
     return bool(_INTEGER_DTYPE.match(str(dtype or "").lower()))
 
 
 _INTEGER_DTYPE = re.compile(r"^(bool|u?int\d*|[iu]\d+)$")  # safetensors (I64) and numpy names
 
 
-def _max_abs(results: list[dict[str, Any]]) -> Any:
-    return max(
-        (r["max_abs"] for r in results if r.get("max_abs") is not None),
-        key=float,  # "inf" (a float64 overflow) is a string in JSON-ready results
-        default=None,
-    )
+def _max_abs(results: list[EntryResult]) -> JsonNumber | None:
+    found = [value for r in results if (value := r.get("max_abs")) is not None]
+    # "inf" (a float64 overflow) is a string in JSON-ready results: float() reads it
+    return max(found, key=float, default=None)
 
 
 def _describe(
-    call: Call, bad_out: list[dict[str, Any]], reason: str, inputs_compared: bool
-) -> dict[str, Any]:
+    call: Call, bad_out: list[EntryResult], reason: str, inputs_compared: bool
+) -> Culprit:
     return {
         "name": f"{call.module}#{call.call}",
         "module": call.module,
@@ -97,8 +95,8 @@ def _describe(
 
 
 def _boundaries(
-    source: Source, by_call: dict[CallKey, dict[str, list[dict[str, Any]]]]
-) -> list[dict[str, Any]]:
+    source: Source, by_call: dict[CallKey, dict[str, list[EntryResult]]]
+) -> list[Boundary]:
     """Calls whose differing output the next consumer no longer sees."""
     calls = source.calls
     ended = sorted(
@@ -116,7 +114,7 @@ def _boundaries(
     starts = sorted(
         ((calls[k].start_order, k) for k in by_call if k in calls and by_call[k]["in"]),
     )
-    found = []
+    found: list[Boundary] = []
     absorbers: set[CallKey] = set()
     same = _SameValues(source)
     for key, roles in by_call.items():
@@ -189,7 +187,7 @@ def _boundaries(
     return found
 
 
-def _absorbs(roles: dict[str, list[dict[str, Any]]], differing: list[dict[str, Any]]) -> bool:
+def _absorbs(roles: dict[str, list[EntryResult]], differing: list[EntryResult]) -> bool:
     """A call that undid what differed in its inputs: its outputs all agree, and it passes
     on a tensor shaped like each differing input (a norm that takes ``8 x`` and returns
     what it returns for ``x``).  A call whose outputs merely do not depend on the values
@@ -202,13 +200,13 @@ def _absorbs(roles: dict[str, list[dict[str, Any]]], differing: list[dict[str, A
 
 def _absorbed_inputs(
     calls: dict[CallKey, Call],
-    by_call: dict[CallKey, dict[str, list[dict[str, Any]]]],
+    by_call: dict[CallKey, dict[str, list[EntryResult]]],
     absorbers: set[CallKey],
-) -> list[dict[str, Any]]:
+) -> list[Boundary]:
     """Calls whose inputs differ while their outputs agree: the port moved a computation
     into the module (the reference scales in the parent's code, the port inside the
     child), so the difference is the boundary's, not a culprit's."""
-    found = []
+    found: list[Boundary] = []
     for key, roles in by_call.items():
         call = calls.get(key)
         bad_in = [r for r in roles["in"] if _bad(r)]
@@ -244,12 +242,12 @@ def _absorbed_inputs(
 
 def _next_consumer(
     calls: dict[CallKey, Call],
-    by_call: dict[CallKey, dict[str, list[dict[str, Any]]]],
+    by_call: dict[CallKey, dict[str, list[EntryResult]]],
     starts: list[tuple[int, CallKey]],
     call: Call,
     shape: tuple[int, ...],
-    reads_output: Callable[[dict[str, Any]], bool] | None,
-) -> tuple[CallKey, list[dict[str, Any]]] | None:
+    reads_output: Callable[[EntryResult], bool] | None,
+) -> tuple[CallKey, list[EntryResult]] | None:
     """The first call starting after ``call`` ended that takes ``call``'s output of ``shape``.
 
     When the output has a new shape, the first call taking a tensor of that shape is its
@@ -284,8 +282,8 @@ _READERS_CHECKED = 8
 
 
 def _reads_output(
-    same: _SameValues, output: str, own_inputs: list[dict[str, Any]]
-) -> Callable[[dict[str, Any]], bool] | None:
+    same: _SameValues, output: str, own_inputs: list[EntryResult]
+) -> Callable[[EntryResult], bool] | None:
     """A test "does this input entry hold ``output``'s tensor?", or None when ``output``
     equals one of the call's own inputs (an identity module in the reference: its readers
     and its input's other readers cannot be told apart)."""
@@ -329,7 +327,7 @@ class _SameValues:
 def _missing_child(
     source: Source,
     call: Call,
-    by_call: dict[CallKey, dict[str, list[dict[str, Any]]]],
+    by_call: dict[CallKey, dict[str, list[EntryResult]]],
     b_calls: set[str] | None,
     b_modules: set[str] | None,
 ) -> Call | None:
@@ -379,7 +377,7 @@ def _missing_sibling(
     return None
 
 
-def _fallback(failing: list[dict[str, Any]]) -> dict[str, Any]:
+def _fallback(failing: list[EntryResult]) -> Culprit:
     first = failing[0]
     if all(r.get("role") == "in" for r in failing):
         reason = "outputs agree, only inputs differ; first input that differs"

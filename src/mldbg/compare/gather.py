@@ -24,10 +24,14 @@ import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BAD_SHARDS, UNKNOWN_SOURCE
 from .sources import CompareInputError, Entry, Source, find_captures, open_capture
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 # The limits on ``shards`` the verb table declares for the daemon (verbs.SHARD_RULES_LIMIT,
 # verbs.TEXT_LIMIT; a test holds them equal), checked here for the Python API too.
@@ -47,7 +51,7 @@ class GatheredSource(Source):
 
     splits: dict[str, _Split] = field(default_factory=dict)
 
-    def load(self, entry: Entry) -> Any:
+    def load(self, entry: Entry) -> npt.NDArray[np.generic]:
         import numpy as np
 
         split = self.splits.get(entry.name)

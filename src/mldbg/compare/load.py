@@ -13,7 +13,11 @@ import difflib
 import inspect
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 FRAMEWORKS = ("torch", "mlx", "numpy")
 
@@ -63,13 +67,13 @@ def captured_tensor(
     return _from_numpy(array, framework)
 
 
-def _numpy(mapped: Any) -> Any:
+def _numpy(mapped: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
     import numpy as np
 
     return np.array(mapped, copy=True)  # owns its memory: the file may go away
 
 
-def _from_numpy(array: Any, framework: str) -> Any:
+def _from_numpy(array: npt.NDArray[np.generic], framework: str) -> Any:
     """numpy to torch or MLX keeping the bits: 16-bit floats numpy only knows through
     ml_dtypes travel as their raw uint16."""
     raw = array.dtype.name == "bfloat16"

@@ -6,22 +6,31 @@ without importing torch or MLX.
 
 Three decisions shape the code:
 
-* **float64 throughout.**  Differences between a bf16 reference and its port are often a
-  few ulps of the *input* dtype; computing them in that dtype (or in float32 for large
-  sums) would round away exactly what is being measured, and int64 token ids would
-  saturate.  float64 holds every value of every supported float dtype exactly, but
-  integers only up to 2**53, so a pair of two integer (or bool) tensors is also held as
-  sign and uint64 magnitude: which elements differ, ``mismatched``, ``max_abs`` (the
-  exact difference, rounded once to float) and ``worst`` are exact for any int64/uint64
-  values, mixes included; the other metrics stay float64.
+* **float32 where it is exact enough, float64 elsewhere.**  Differences between a bf16
+  reference and its port are often a few ulps of the *input* dtype; computing them in
+  that dtype would round away exactly what is being measured.  When both tensors are
+  float32 or narrower (bf16, fp16, fp8), every value is a float32, the difference is one
+  correctly rounded float32 operation, the tolerance test is the float32 one
+  ``torch.isclose`` evaluates, and the values reported for the chosen elements are
+  recomputed in float64; sums are float32 rows added in float64, the cosine taken from
+  the residual of a fixed scale (``add_single`` and ``_cosine_single`` say why that is
+  enough, and when a block still goes to float64).
+  This halves the bytes every pass touches, which is what a comparison's speed is made
+  of.  Other float pairs (float64, or a float64 side) are held in float64, which holds
+  every value of every supported float dtype exactly, but integers only up to 2**53, so
+  a pair of two integer (or bool) tensors is also held as sign and uint64 magnitude:
+  which elements differ, ``mismatched``, ``max_abs`` (the exact difference, rounded once
+  to float) and ``worst`` are exact for any int64/uint64 values, mixes included; the
+  other metrics stay float64.
 * **Streaming.**  The inputs are usually memory maps of safetensors files that can be
   larger than memory.  ``compare_arrays`` reads ``chunk_elements`` elements at a time
-  and folds them into running totals, so peak memory is about 46 bytes per chunk
-  element (about 6 MB with the default chunk of 2**17; integer pairs need a little more
-  for their exact differences), whatever the tensor size.  Maxima,
-  minima, counts and the worst element do not depend on the chunk size at all; sums
-  (``mean_abs``, ``cosine``) may differ in their last bits, as float sums in a different
-  order do.
+  and folds them into running totals, so peak memory is about 18-30 bytes per chunk
+  element in float32 (bf16 and strided inputs need float32 copies: 2-4 MB with the
+  default chunk of 2**17), 46 in float64
+  (integer pairs need a little more for their exact differences), whatever the tensor
+  size.  Maxima, minima, counts and the worst element do not depend on the chunk size
+  (up to ties within one float32 rounding); sums (``mean_abs``, ``cosine``, ``rel_rms``)
+  may differ in their last bits, as float sums in a different order do.
 * **JSON-ready results.**  The dict holds plain ``int``/``float``/``list``/``None``/``str``.
   ``None`` means "nothing to measure" (no element finite in both tensors, a zero range
   for ``range_ratio``) or, for ``min_atol``, "no atol passes" (a NaN/inf mismatch).  A
@@ -35,11 +44,17 @@ Three decisions shape the code:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from types import EllipsisType
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
+import numpy.typing as npt
+
+from .records import JsonNumber, PairMetrics, RunningMetrics, ScaleMetrics, WorstElement
+
+_Float = TypeVar("_Float", np.float32, np.float64)
 
 # torch.testing.assert_close defaults (torch/testing/_comparison.py), keyed by safetensors
 # dtype name.  fp8 is not in torch's table; its entries are ours: one machine epsilon
@@ -143,47 +158,69 @@ def layout_permutation(
     return None
 
 
-# Elements per streamed block: about a megabyte per float64 buffer, so the dozen passes
-# the metrics make over a block run from the CPU's cache instead of main memory (measured:
-# 2-3x the throughput of 2**20-element blocks, and less memory).
+# Elements per streamed block.  A block's buffers (three of 512 KB in single precision,
+# 1 MB in double) stay in the CPU's cache across the passes the metrics make over it
+# (measured: 2-3x the throughput of 2**20-element blocks, and less memory), while the
+# Python cost of one pass (a microsecond or two) stays a small part of its work.
 CHUNK_ELEMENTS = 1 << 17
+
+# Products are summed in the block's own precision per row of this many elements, the
+# rows' sums in float64 (``_sum_products``): a float32 row's rounding error is at most
+# SUM_ROW * 2**-24 = 2.4e-4 of its sum in the worst case (about 1e-7 in practice).
+SUM_ROW = 4096
+
+# A single-precision block is measured in float32 only while the largest magnitude of
+# each side and its largest difference lie in [2**-50, 2**50] (or are 0): the largest square is then at
+# least 2**-100, so squares that underflow (each off by at most 2**-150) move a row's sum
+# by under 2**-38 of itself, and a row of SUM_ROW squares cannot overflow.  Other blocks
+# take the float64 path.
+_SINGLE_LOW = 2.0**-50
+_SINGLE_HIGH = 2.0**50
+
+Array: TypeAlias = npt.NDArray[np.generic]
+Float64s: TypeAlias = npt.NDArray[np.float64]
+Float32s: TypeAlias = npt.NDArray[np.float32]
+Bools: TypeAlias = npt.NDArray[np.bool_]
+UInt64s: TypeAlias = npt.NDArray[np.uint64]
 
 
 def compare_arrays(
-    a: Any,
-    b: Any,
+    a: npt.ArrayLike,
+    b: npt.ArrayLike,
     *,
     rtol: float,
     atol: float,
     permutation: tuple[int, ...] | None = None,
     chunk_elements: int = CHUNK_ELEMENTS,
     head: int = 5,
-) -> dict[str, Any]:
+) -> PairMetrics:
     """Compare reference ``a`` with ``b`` (first transposed by ``permutation``), streaming.
 
     Returns a JSON-ready dict with the keys ``numel``, ``max_abs``, ``mean_abs``,
     ``max_rel``, ``cosine``, ``range_a``, ``range_b``, ``range_ratio``, ``mismatched``,
     ``nonfinite_mismatched``, ``min_atol``, ``nan_a``, ``nan_b``, ``inf_a``, ``inf_b``,
-    ``head_a``, ``head_b``, ``worst`` and ``ok``.
+    ``head_a``, ``head_b``, ``worst``, ``largest``, ``rel_rms``, ``rel_max``, ``rms_a``,
+    ``rms_b`` and ``ok``.
 
     ``mismatched`` counts elements failing assert_close's test ``|b - a| <= atol + rtol *
     |a|`` (``a`` is the "expected" side), with NaN equal to NaN and an infinity equal only
     to the same infinity; ``nonfinite_mismatched`` is the part of that count where NaN or
     an infinity is involved (NaN vs a number, inf vs -inf, inf vs a number); ``ok`` is
-    ``mismatched == 0``.  ``max_abs``, ``mean_abs``, ``max_rel``, ``cosine``, the ranges
+    ``mismatched == 0``.  When both tensors are float32 or narrower (bf16, fp16, fp8) the
+    test is evaluated in float32, as ``torch.isclose`` does for float32 tensors; otherwise
+    in float64.  ``max_abs``, ``mean_abs``, ``max_rel``, ``cosine``, the ranges
     and ``min_atol`` (the smallest atol that would pass at this rtol) cover only the
     elements finite in both tensors, so the first four can read 0, 0, 0, 1 while
     ``nonfinite_mismatched`` is not 0; ``min_atol`` is then ``None``: no atol passes.
-    ``worst`` is the first element with the largest finite ``|b - a|``, except that when
-    every pair finite in both passes and some NaN/inf pair does not, it is the first such
-    NaN/inf mismatch.  When both tensors are integer or bool, which elements
+    ``worst`` is the first element with the largest finite ``|b - a| - rtol |a|``, except
+    that when every pair finite in both passes and some NaN/inf pair does not, it is the
+    first such NaN/inf mismatch.  When both tensors are integer or bool, which elements
     differ, ``max_abs`` and ``worst`` are decided on exact integers (tolerances of 0 mean
     exact equality for any int64/uint64 values; nonzero ones compare the exact difference,
     rounded to float64, with ``atol + rtol * |a|``).  Shapes must agree after the
     permutation (``ValueError`` otherwise); complex dtypes raise ``TypeError``.
     """
     a, b = np.asanyarray(a), np.asanyarray(b)
-    exact = _is_exact(a.dtype) and _is_exact(b.dtype)
     if chunk_elements < 1:
         raise ValueError(f"chunk_elements must be positive, got {chunk_elements}")
     if head < 0:
@@ -195,17 +232,19 @@ def compare_arrays(
         b = b.transpose(tuple(permutation))
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape} (b after the permutation)")
-    totals = _Totals(rtol=float(rtol), atol=float(atol))
-    if not exact:
-        totals.scratch = _Scratch(min(chunk_elements, max(1, int(a.size))))
+    exact = _is_exact(a.dtype) and _is_exact(b.dtype)
+    # (tolerances beyond 2**60 would overflow rtol * |a| in float32: measured in float64)
+    single = _is_single(a.dtype) and _is_single(b.dtype) and max(rtol, atol) < 2.0**60
+    scratch = _Scratch(min(chunk_elements, max(1, int(a.size))))
+    totals = _Totals(rtol=float(rtol), atol=float(atol), scratch=scratch, single=single)
     # Overflow (|a - b| or a square beyond float64) is reported as "inf"/"nan", not warned.
     with np.errstate(over="ignore", invalid="ignore"):
         for offset, view_a, view_b in _blocks(a, b, chunk_elements):
             if exact:
                 totals.add_exact(offset, view_a, view_b)
+            elif single:
+                totals.add_single(offset, scratch.single("a", view_a), scratch.single("b", view_b))
             else:
-                scratch = totals.scratch
-                assert scratch is not None
                 totals.add(offset, scratch.widen("a", view_a), scratch.widen("b", view_b))
     return {
         "numel": int(a.size),
@@ -221,7 +260,7 @@ def compare_arrays(
 # ---------------------------------------------------------------------------- chunking
 
 
-def _blocks(a: np.ndarray, b: np.ndarray, chunk: int) -> Iterator[tuple[int, Any, Any]]:
+def _blocks(a: Array, b: Array, chunk: int) -> Iterator[tuple[int, Array, Array]]:
     """``(flat offset, view of a, view of b)``: runs of consecutive C-order elements, at
     most ``chunk`` each, cut at the same places in both arrays so they line up element for
     element.  Views only: nothing is read from a memory map until the caller converts them.
@@ -244,7 +283,9 @@ def _blocks(a: np.ndarray, b: np.ndarray, chunk: int) -> Iterator[tuple[int, Any
         offset += int(np.size(view_a))
 
 
-def _index_blocks(shape: tuple[int, ...], chunk: int) -> Iterator[tuple[Any, ...]]:
+def _index_blocks(
+    shape: tuple[int, ...], chunk: int
+) -> Iterator[tuple[int | slice | EllipsisType, ...]]:
     """Index tuples that cover ``shape`` in C order, each selecting at most ``chunk``
     consecutive elements: whole trailing sub-arrays while they fit, otherwise going one
     axis deeper and slicing that axis (so a single huge row is still split)."""
@@ -264,35 +305,97 @@ def _index_blocks(shape: tuple[int, ...], chunk: int) -> Iterator[tuple[Any, ...
 
 
 class _Scratch:
-    """The float64 buffers one block needs, allocated once per comparison.
+    """The buffers one block needs, allocated once per comparison.
 
     Temporaries of a megabyte are above the C allocator's mmap threshold: allocated anew
     for every block, each comes back as fresh pages the kernel must fault in (measured:
     most of the time of a comparison of large tensors, 4x slower than with these).
+    Buffers are made on first use, so a comparison that stays in float32 never allocates
+    the float64 ones.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._buffers: dict[str, Any] = {}
+        self._doubles: dict[str, Float64s] = {}
+        self._singles: dict[str, Float32s] = {}
+        self._mask: Bools | None = None
+        self._ones: Float32s | None = None
 
-    def get(self, name: str, size: int) -> Any:
+    def double(self, name: str, size: int) -> Float64s:
+        """A float64 buffer of ``size`` elements (a fresh array beyond the block size)."""
         if size > self.size:
             return np.empty(size)
-        buffer = self._buffers.get(name)
+        buffer = self._doubles.get(name)
         if buffer is None:
-            buffer = self._buffers[name] = np.empty(self.size)
+            buffer = self._doubles[name] = np.empty(self.size)
         return buffer[:size]
 
-    def widen(self, name: str, block: Any) -> Any:
+    def float32(self, name: str, size: int) -> Float32s:
+        if size > self.size:
+            return np.empty(size, np.float32)
+        buffer = self._singles.get(name)
+        if buffer is None:
+            buffer = self._singles[name] = np.empty(self.size, np.float32)
+        return buffer[:size]
+
+    def mask(self, size: int) -> Bools:
+        if size > self.size:
+            return np.empty(size, np.bool_)
+        if self._mask is None:
+            self._mask = np.empty(self.size, np.bool_)
+        return self._mask[:size]
+
+    def ones(self, size: int) -> Float32s:
+        """float32 ones: ``_sum_products(x, ones)`` sums ``x`` in one BLAS pass."""
+        if size > self.size:
+            return np.ones(size, np.float32)
+        if self._ones is None:
+            self._ones = np.ones(self.size, np.float32)
+        return self._ones[:size]
+
+    def widen(self, name: str, block: Array) -> Float64s:
         """``block`` as a flat float64 array, in this scratch (bf16/fp8 exactly)."""
-        out = self.get(name, int(np.size(block)))
+        out = self.double(name, int(np.size(block)))
+        np.copyto(out.reshape(np.shape(block)), block, casting="unsafe")
+        return out
+
+    def single(self, name: str, block: Array) -> Float32s:
+        """``block`` as a flat float32 array: a float32 C-contiguous block as it is (a
+        view of the memory map, no copy), anything else (bf16, fp16, fp8, or strided)
+        copied into this scratch, exactly: each of those dtypes' values is a float32."""
+        if block.dtype == np.float32 and block.flags.c_contiguous:
+            return np.asarray(block, np.float32).reshape(-1)
+        out = self.float32(name, int(np.size(block)))
         np.copyto(out.reshape(np.shape(block)), block, casting="unsafe")
         return out
 
 
-def _to_float64(block: Any) -> Any:
+def _to_float64(block: Array) -> Float64s:
     """A C-contiguous flat float64 copy of ``block`` (bf16/fp8 exactly, integers to 2**53)."""
     return np.ascontiguousarray(block, dtype=np.float64).reshape(-1)
+
+
+def _single_mismatches(xa: Float32s, xb: Float32s, rtol: float, atol: float) -> int:
+    """Pairs finite in both that fail ``|a - b| <= atol + rtol |a|`` evaluated in float32,
+    as ``torch.isclose`` does on float32 tensors (a difference that overflows float32
+    fails, as there); NaN/inf pairs are counted by ``_Totals.add``."""
+    allowed = np.abs(xa) * np.float32(rtol) + np.float32(atol)
+    failed = (np.abs(xa - xb) > allowed) & np.isfinite(xa) & np.isfinite(xb)
+    return int(np.count_nonzero(failed))
+
+
+def _single_scale(magnitude: float) -> bool:
+    """Whether a block whose largest magnitude (or difference) is ``magnitude`` can be
+    summed in float32 rows: 0, or within [2**-50, 2**50] (see ``_SINGLE_LOW``)."""
+    return magnitude == 0.0 or _SINGLE_LOW <= magnitude <= _SINGLE_HIGH
+
+
+def _is_single(dtype: np.dtype[np.generic]) -> bool:
+    """float32 and the float dtypes narrower than it (fp16, bf16, fp8, via ml_dtypes),
+    every value of which float32 holds exactly: their pairs are measured in float32."""
+    if dtype == np.float32 or dtype == np.float16:
+        return True
+    return dtype.name.startswith(("bfloat16", "float8_"))
 
 
 def _is_exact(dtype: np.dtype[Any]) -> bool:
@@ -340,10 +443,17 @@ def _exact_difference(
 
 @dataclass
 class _Totals:
-    """Running totals over the blocks seen so far; ``summary`` turns them into the result."""
+    """Running totals over the blocks seen so far; ``summary`` turns them into the result.
+
+    The float paths choose the element behind ``max_abs``, ``max_rel`` and ``worst`` by a
+    key (``largest_key``, ``max_rel_key``, ``max_excess_seen``) in the block's own
+    precision, strictly greater wins (the first of equal maxima, whatever the chunking),
+    and then compute the reported value for that one element in float64.
+    """
 
     rtol: float
     atol: float
+    scratch: _Scratch
     mismatched: int = 0
     nonfinite_mismatched: int = 0
     first_nonfinite: int | None = None  # flat index of the first NaN/inf mismatch
@@ -355,7 +465,9 @@ class _Totals:
     finite_pairs: int = 0
     sum_abs: float = 0.0
     max_abs: float = -1.0
+    largest_key: float = -1.0
     max_rel: float = 0.0
+    max_rel_key: float = 0.0
     max_excess: float = 0.0
     dot: float = 0.0
     norm2_a: float = 0.0
@@ -366,15 +478,142 @@ class _Totals:
     sum_sq_diff: float = 0.0
     range_a: tuple[float, float] | None = None
     range_b: tuple[float, float] | None = None
-    # Scratch float64 buffers of one block, made once (see ``_Scratch``); None: allocate.
-    scratch: _Scratch | None = None
+    single_tested: bool = False  # the finite pairs' tolerance test was made in float32
+    # A float32-or-narrower pair's cosine comes from the residual of a fixed scale
+    # (``_cosine_single``): s0, the first block's b/a (None until a block of a is not all
+    # zeros; 0.0 where no usable scale), and the sums of e = b - s0 a.
+    single: bool = False
+    scale0: float | None = None
+    sum_sq_residual: float = 0.0  # sum of e**2
+    sum_residual_a: float = 0.0  # sum of e * a
 
-    def _buffer(self, name: str, size: int) -> Any:
-        if self.scratch is None:
-            return np.empty(size)
-        return self.scratch.get(name, size)
+    def add_single(self, offset: int, xa: Float32s, xb: Float32s) -> None:
+        """Fold in a block of two flat float32 arrays (float32 data, or bf16/fp16/fp8
+        widened exactly), computing in float32: half the bytes of float64 per pass, no
+        widening copy of float32 data, and each pass twice the elements per instruction.
 
-    def add(self, offset: int, block_a: Any, block_b: Any) -> None:
+        Why float32 is enough for these inputs: every value is a float32, so ``a - b`` is
+        one correctly rounded float32 operation (exact when the two are within a factor 2
+        of each other, as a port's values are; bf16 and fp16 pairs are exact unless their
+        exponents differ by more than 13); the tolerance test is then the one
+        ``torch.isclose`` itself evaluates on float32 tensors, ``|a - b| > atol + rtol
+        |a|`` in float32, decided without rounding by the sign of ``|a - b| - allowed``.
+        The values reported for ``max_abs``, ``max_rel`` and ``min_atol`` are recomputed
+        in float64 for the element the float32 pass picks (a tie within one float32
+        rounding may pick a different, equally large element).  Sums of differences
+        (``mean_abs``, ``rel_rms``) are float32 rows of SUM_ROW elements added in float64
+        (``_sum_products``): relative errors of about 1e-7 (2.4e-4 at worst), far below
+        what a verdict distinguishes.  The cosine is not a relative quantity (the verdict
+        reads ``1 - cosine**2`` down to 1e-12): it is taken from the residual of a fixed
+        scale (``_cosine_single``), which float32 rows measure well where that matters.
+        Blocks with NaN/inf, a side whose largest magnitude lies beyond [2**-50, 2**50],
+        or differences below 2**-50 take the float64 path (``add``), where squares
+        neither overflow nor underflow.
+        """
+        scratch = self.scratch
+        low_a, high_a = float(np.min(xa)), float(np.max(xa))
+        low_b, high_b = float(np.min(xb)), float(np.max(xb))
+        extremes = (low_a, high_a, low_b, high_b)
+        peak_a, peak_b = max(-low_a, high_a), max(-low_b, high_b)
+        finite = all(map(math.isfinite, extremes))
+        if not finite or not (_single_scale(peak_a) and _single_scale(peak_b)):
+            self._add_single_in_double(offset, xa, xb)
+            return
+        size = xa.size
+        scale = self._scale0(lambda: (_sum_products(xa, xa), _sum_products(xa, xb)))
+        diff = np.subtract(xa, xb, out=scratch.float32("diff", size))
+        # with s0 = 1 the cosine's residual e = b - a is -diff itself (see _cosine_single)
+        diff_dot_a = _sum_products(diff, xa) if scale == 1.0 else 0.0
+        np.abs(diff, out=diff)
+        top = float(np.max(diff))
+        if not _single_scale(top):  # differences whose squares would underflow
+            self._add_single_in_double(offset, xa, xb)
+            return
+        self.range_a = _merge_bounds(self.range_a, low_a, high_a)
+        self.range_b = _merge_bounds(self.range_b, low_b, high_b)
+        if top > self.largest_key:
+            at = int(np.argmax(diff))  # the first of equal maxima: stable across chunkings
+            self.largest_key = top
+            self.max_abs = abs(float(xa[at]) - float(xb[at]))  # exact in float64
+            self.largest_index = offset + at
+        larger = np.abs(xb, out=scratch.float32("larger", size))
+        allowed = np.abs(xa, out=scratch.float32("allowed", size))
+        np.maximum(larger, allowed, out=larger)
+        # atol + rtol * |a| in float32, the expression torch.isclose evaluates on float32.
+        np.multiply(allowed, np.float32(self.rtol), out=allowed)
+        np.add(allowed, np.float32(self.atol), out=allowed)
+        excess = np.subtract(diff, allowed, out=allowed)  # > 0 exactly where the test fails
+        top = float(np.max(excess))
+        if top + self.atol > self.max_excess_seen:  # the float64 path's key: |b-a| - rtol|a|
+            at = int(np.argmax(excess))
+            self.max_excess_seen = top + self.atol
+            self.worst_index = offset + at
+            x, y = float(xa[at]), float(xb[at])
+            self.max_excess = max(self.max_excess, abs(x - y) - self.rtol * abs(x))
+        if top > 0.0:
+            failed = np.greater(excess, np.float32(0.0), out=scratch.mask(size))
+            self.mismatched += int(np.count_nonzero(failed))
+        # Relative to the larger magnitude of the two: symmetric, bounded by 2.  Where both
+        # are exactly zero (a perfect match) 0/0 is NaN, which fmax passes over.
+        rel = np.divide(diff, larger, out=larger)
+        top = float(np.fmax.reduce(rel))
+        if top > self.max_rel_key:  # False for NaN: a block of exact zeros
+            at = int(np.argmax(rel == np.float32(top)))  # rare: only when the maximum grows
+            x, y = float(xa[at]), float(xb[at])
+            self.max_rel_key = top
+            self.max_rel = max(self.max_rel, abs(x - y) / max(abs(x), abs(y)))
+        self.finite_pairs += size
+        self.sum_abs += _sum_products(diff, scratch.ones(size))
+        squares = _sum_products(diff, diff)
+        self.sum_sq_diff += squares
+        # The cosine's sums (see _cosine_single): the residual e = b - s0 a of one fixed
+        # scale, so that a port equal to its reference up to a scale shows a residual
+        # measured on e itself, not on the cancellation of two large sums.
+        if scale == 1.0:
+            self.sum_sq_residual += squares
+            self.sum_residual_a -= diff_dot_a
+        else:
+            residual = np.multiply(xa, np.float32(scale), out=scratch.float32("residual", size))
+            np.subtract(xb, residual, out=residual)
+            self.sum_sq_residual += _sum_products(residual, residual)
+            self.sum_residual_a += _sum_products(residual, xa)
+        self.dot += _sum_products(xa, xb)
+        self.norm2_a += _sum_products(xa, xa)
+        self.norm2_b += _sum_products(xb, xb)
+
+    def _scale0(self, products: Callable[[], tuple[float, float]]) -> float:
+        """s0, fixed at the first block where ``a`` is not all zeros (earlier blocks'
+        residual is ``b`` whatever s0 is): that block's least-squares ``b / a``, rounded
+        to float32, or exactly 1 within 2**-12 of it (then e is ``b - a``, which the
+        differences already hold; the cancellation left is at most 2**-24 of the sums
+        times (s - 1)**2, under 1e-7 in the residual); 0.0 (no benefit, still correct)
+        outside [2**-20, 2**20].  ``products`` gives this block's ``(|a|**2, a . b)``."""
+        if self.scale0 is not None:
+            return self.scale0
+        norm2, dot = products()
+        if norm2 == 0.0:
+            return 0.0
+        scale = dot / norm2
+        usable = math.isfinite(scale) and 2.0**-20 <= abs(scale) <= 2.0**20
+        if usable and abs(scale - 1.0) <= 2.0**-12:
+            scale = 1.0
+        self.scale0 = float(np.float32(scale)) if usable else 0.0
+        return self.scale0
+
+    def _add_single_in_double(self, offset: int, xa: Float32s, xb: Float32s) -> None:
+        """A float32 block the float32 pass cannot measure (NaN/inf, extreme scales): its
+        metrics in float64, its tolerance test still in float32, so that which elements
+        fail never depends on which path their block took."""
+        self.mismatched += _single_mismatches(xa, xb, self.rtol, self.atol)
+        self.single_tested = True  # _fold must not count these pairs again
+        try:
+            self.add(offset, self.scratch.widen("a", xa), self.scratch.widen("b", xb))
+        finally:
+            self.single_tested = False
+
+    def add(self, offset: int, block_a: Float64s, block_b: Float64s) -> None:
+        """Fold in a block of two flat float64 arrays (float64 data, mixed dtypes, or a
+        float32 block that ``add_single`` cannot measure in float32)."""
         if block_a.size:
             low_a, high_a = float(np.min(block_a)), float(np.max(block_a))
             low_b, high_b = float(np.min(block_b)), float(np.max(block_b))
@@ -412,7 +651,7 @@ class _Totals:
         if block_a.size:
             self._add_finite(offset, block_a, block_b, positions)
 
-    def add_exact(self, offset: int, block_a: Any, block_b: Any) -> None:
+    def add_exact(self, offset: int, block_a: Array, block_b: Array) -> None:
         """Fold in a block of two integer/bool views: the difference is taken exactly
         (``_exact_difference``), then rounded once to float64 for the float metrics."""
         negative_a, magnitude_a = _sign_magnitude(block_a)
@@ -452,23 +691,25 @@ class _Totals:
         del excess
         self._fold(xa, xb, diff, larger, scaled)
 
-    def _add_finite(self, offset: int, xa: Any, xb: Any, positions: Any) -> None:
+    def _add_finite(
+        self, offset: int, xa: Float64s, xb: Float64s, positions: npt.NDArray[np.intp] | None
+    ) -> None:
         """Fold in a block of pairs that are finite in both (``positions`` maps them back
         to the block's element numbers when some were dropped)."""
         # Written with out= so that about four float64 buffers per chunk element are alive,
         # and each intermediate is computed once: the passes over the block are the cost.
-        diff = np.subtract(xa, xb, out=self._buffer("diff", xa.size))
+        diff = np.subtract(xa, xb, out=self.scratch.double("diff", xa.size))
         np.abs(diff, out=diff)
         at = int(np.argmax(diff))  # the first of equal maxima: stable across chunkings
-        if float(diff[at]) > self.max_abs:
-            self.max_abs = float(diff[at])
+        if float(diff[at]) > self.largest_key:
+            self.largest_key = self.max_abs = float(diff[at])
             self.largest_index = offset + (at if positions is None else int(positions[at]))
         larger, scaled = self._magnitudes(xa, xb)
         # ``worst`` is the element that fails its own tolerance by the most (the largest
         # |b - a| - rtol |a|), not merely the largest difference: a big value off by a few
         # ulps is not worse than a small one off by half of itself.  The same maximum is
         # the smallest atol that passes (``min_atol``).
-        excess = np.subtract(diff, scaled, out=self._buffer("excess", xa.size))
+        excess = np.subtract(diff, scaled, out=self.scratch.double("excess", xa.size))
         at = int(np.argmax(excess))
         self.max_excess = max(self.max_excess, float(excess[at]))
         if float(excess[at]) > self.max_excess_seen:
@@ -477,38 +718,46 @@ class _Totals:
         del excess
         self._fold(xa, xb, diff, larger, scaled)
 
-    def _magnitudes(self, xa: Any, xb: Any) -> tuple[Any, Any]:
+    def _magnitudes(self, xa: Float64s, xb: Float64s) -> tuple[Float64s, Float64s]:
         """``max(|a|, |b|)`` (the scale relative errors are taken against) and ``rtol |a|``."""
-        scaled = np.abs(xa, out=self._buffer("scaled", xa.size))
-        larger = np.abs(xb, out=self._buffer("larger", xa.size))
+        scaled = np.abs(xa, out=self.scratch.double("scaled", xa.size))
+        larger = np.abs(xb, out=self.scratch.double("larger", xa.size))
         np.maximum(larger, scaled, out=larger)
         np.multiply(scaled, self.rtol, out=scaled)
         return larger, scaled
 
-    def _fold(self, xa: Any, xb: Any, diff: Any, larger: Any, scaled: Any) -> None:
+    def _fold(
+        self, xa: Float64s, xb: Float64s, diff: Float64s, larger: Float64s, scaled: Float64s
+    ) -> None:
         """The sums, the relative maximum and the tolerance test over pairs finite in both,
         given ``diff = |xa - xb|``, ``larger = max(|xa|, |xb|)`` and ``scaled = rtol |xa|``
         (buffers this overwrites)."""
         self.finite_pairs += xa.size
         self.sum_abs += float(np.sum(diff))
-        self.sum_sq_diff += _dot(diff, diff)
+        self.sum_sq_diff += _sum_products(diff, diff)
         # Relative to the larger magnitude of the two: symmetric, bounded by 2.  Where both
         # are exactly zero (a perfect match) 0/0 is NaN, which fmax passes over.
         np.divide(diff, larger, out=larger)
         rel = float(np.fmax.reduce(larger))
         if not math.isnan(rel):
             self.max_rel = max(self.max_rel, rel)
+            self.max_rel_key = max(self.max_rel_key, rel)
         # atol + rtol * |a|: the expression torch.isclose evaluates, so boundaries round alike.
-        allowed = np.add(scaled, self.atol, out=scaled)
-        failed = np.greater(
-            diff, allowed, out=self._buffer("failed", diff.size).view(bool)[: diff.size]
-        )
-        self.mismatched += int(np.count_nonzero(failed))
-        self.dot += _dot(xa, xb)
-        self.norm2_a += _dot(xa, xa)
-        self.norm2_b += _dot(xb, xb)
+        if not self.single_tested:
+            allowed = np.add(scaled, self.atol, out=scaled)
+            failed = np.greater(diff, allowed, out=self.scratch.mask(diff.size))
+            self.mismatched += int(np.count_nonzero(failed))
+        self.dot += _sum_products(xa, xb)
+        self.norm2_a += _sum_products(xa, xa)
+        self.norm2_b += _sum_products(xb, xb)
+        if self.single:  # a float32 block measured in float64: the residual sums too
+            scale = self._scale0(lambda: (_sum_products(xa, xa), _sum_products(xa, xb)))
+            residual = np.multiply(xa, scale, out=self.scratch.double("res", xa.size))
+            np.subtract(xb, residual, out=residual)
+            self.sum_sq_residual += _sum_products(residual, residual)
+            self.sum_residual_a += _sum_products(residual, xa)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunningMetrics:
         measured = self.finite_pairs > 0
         return {
             "max_abs": _json_float(self.max_abs) if measured else None,
@@ -529,7 +778,7 @@ class _Totals:
             **self._scale(measured),
         }
 
-    def _scale(self, measured: bool) -> dict[str, Any]:
+    def _scale(self, measured: bool) -> ScaleMetrics:
         """The error measured against the reference's own scale, for the scale-aware test.
 
         ``rel_rms`` is ``||b - a|| / ||a||`` (the RMS of the error over the RMS of the
@@ -544,7 +793,7 @@ class _Totals:
         norm_a = math.sqrt(self.norm2_a) if math.isfinite(self.norm2_a) else math.inf
         peak_a = 0.0 if self.range_a is None else max(abs(self.range_a[0]), abs(self.range_a[1]))
 
-        def ratio(num: float, den: float) -> float | str:
+        def ratio(num: float, den: float) -> JsonNumber:
             if num == 0.0:
                 return 0.0
             if den == 0.0 or math.isinf(den):
@@ -570,6 +819,8 @@ class _Totals:
             return 1.0  # two zero tensors agree perfectly
         if self.norm2_a == 0.0 or self.norm2_b == 0.0:
             return 0.0  # no direction to share
+        if self.single:
+            return self._cosine_single()
         if not all(map(math.isfinite, (self.dot, self.norm2_a, self.norm2_b))):
             return "nan"  # squares beyond float64 (|values| > 1e154): no usable answer
         product = self.norm2_a * self.norm2_b
@@ -581,6 +832,31 @@ class _Totals:
             cosine = self.dot / (math.sqrt(self.norm2_a) * math.sqrt(self.norm2_b))
         return min(1.0, max(-1.0, cosine))  # rounding can step just outside [-1, 1]
 
+    def _cosine_single(self) -> float | str:
+        """The cosine of a float32-or-narrower pair from float32 row sums, accurate where
+        the verdict reads it.  With ``e = b - s0 a`` for one fixed scale s0 (the first
+        block's ``b / a``), the least residual over every
+        scale is ``min_s |b - s a|**2 = |e|**2 - (e . a)**2 / |a|**2``, so ``1 - cos**2 =
+        that / |b|**2``.  For a port that is its reference times a scale (``verdict.
+        exact_scale`` reads ``sqrt(1 - cos**2)`` down to 1e-6) e is that small residual
+        itself and is summed as such (each e off by one float32 rounding of ``b``, about
+        6e-8 relative), where ``(a . b)**2 / (|a|**2 |b|**2)`` would take it from the
+        cancellation of sums accurate to 1e-7 only.  Far from parallel
+        the direct ratio is as accurate and is used: when ``|e|**2 > |b|**2 / 100``."""
+        norm2_a, norm2_b = self.norm2_a, self.norm2_b
+        sums = (self.sum_sq_residual, self.sum_residual_a, self.dot, norm2_a, norm2_b)
+        if not all(map(math.isfinite, sums)):
+            return "nan"
+        dot = self.dot
+        if self.sum_sq_residual > 1e-2 * norm2_b:
+            # e is not small beside b (far from parallel, or s0 far from the best scale,
+            # which a parallel pair's first block cannot give): the direct ratio, whose
+            # error (about 1e-7) is then far below what 1 - cos**2 holds.
+            direct = dot / math.sqrt(norm2_a) / math.sqrt(norm2_b)
+            return min(1.0, max(-1.0, direct))
+        least = max(0.0, self.sum_sq_residual - self.sum_residual_a**2 / norm2_a)
+        return math.copysign(math.sqrt(max(0.0, 1.0 - least / norm2_b)), dot)
+
     def _range_ratio(self) -> float | str | None:
         if self.range_a is None or self.range_b is None:
             return None
@@ -590,11 +866,33 @@ class _Totals:
         return _json_float((self.range_b[1] - self.range_b[0]) / width_a)
 
 
-def _dot(x: Any, y: Any) -> float:
-    """``x . y`` without BLAS: numpy's ``dot`` hands a block this size to OpenBLAS's
-    threads, which on a busy machine wait for a free core at every call (measured: 20 us
-    idle, 1-3 ms loaded, per block); ``einsum`` stays on this thread at a steady speed."""
-    return float(np.einsum("i,i->", x, y))
+def _sum_products(x: npt.NDArray[_Float], y: npt.NDArray[_Float]) -> float:
+    """``x . y`` for two flat arrays of one dtype: rows of SUM_ROW products summed in that
+    dtype by BLAS (``vecdot``), the rows' sums added in float64.
+
+    One pass at memory speed (a third of the time of ``einsum``, which sums in one
+    accumulator), and accurate: a float32 row's error is at most SUM_ROW * 2**-24 of
+    its sum.  Rows of SUM_ROW also keep OpenBLAS on this thread: it hands a dot product
+    longer than 10,000 elements to its own threads, which on a busy machine wait for a
+    free core at every call (measured: 20 us idle, 1-3 ms loaded, per block).
+    """
+    size = x.size
+    whole = size - size % SUM_ROW
+    total = 0.0
+    if whole:
+        rows_x, rows_y = x[:whole].reshape(-1, SUM_ROW), y[:whole].reshape(-1, SUM_ROW)
+        total = float(_row_dots(rows_x, rows_y).sum(dtype=np.float64))
+    if whole < size:
+        total += float(np.dot(x[whole:], y[whole:]))
+    return total
+
+
+def _row_dots(x: npt.NDArray[_Float], y: npt.NDArray[_Float]) -> npt.NDArray[_Float]:
+    """One dot product per row (numpy 2's ``vecdot``; ``einsum`` on numpy 1)."""
+    vecdot = getattr(np, "vecdot", None)
+    if vecdot is not None:
+        return vecdot(x, y)  # type: ignore[no-any-return]
+    return np.einsum("ij,ij->i", x, y)
 
 
 def _merge_bounds(
@@ -620,7 +918,7 @@ def _merge_range(
 # ---------------------------------------------------------------------------- JSON values
 
 
-def _json_float(value: float) -> float | str:
+def _json_float(value: float) -> JsonNumber:
     """A finite float as is; NaN and infinities as ``"nan"``, ``"inf"``, ``"-inf"``."""
     if math.isnan(value):
         return "nan"
@@ -629,25 +927,25 @@ def _json_float(value: float) -> float | str:
     return float(value)
 
 
-def _json_range(bounds: tuple[float, float] | None) -> list[float | str] | None:
+def _json_range(bounds: tuple[float, float] | None) -> list[JsonNumber] | None:
     return None if bounds is None else [_json_float(bounds[0]), _json_float(bounds[1])]
 
 
-def _json_value(value: Any, dtype: np.dtype[Any]) -> int | float | str:
+def _json_value(value: np.generic, dtype: np.dtype[np.generic]) -> int | float | str:
     """One element as its dtype suggests: ``int`` for integers and bools, else a float."""
     if dtype == np.bool_ or np.issubdtype(dtype, np.integer):
-        return int(value)
-    return _json_float(float(value))
+        return int(value)  # type: ignore[call-overload]
+    return _json_float(float(value))  # type: ignore[arg-type]
 
 
-def _head(array: np.ndarray, count: int) -> list[int | float | str]:
+def _head(array: Array, count: int) -> list[int | float | str]:
     """The first ``count`` elements in C order of ``array``'s (logical) shape, read one by
     one so a memory map is touched only where they lie."""
     count = min(count, int(array.size))
     return [_json_value(array[_unravel(i, array.shape)], array.dtype) for i in range(count)]
 
 
-def _worst(a: np.ndarray, b: np.ndarray, flat_index: int | None) -> dict[str, Any] | None:
+def _worst(a: Array, b: Array, flat_index: int | None) -> WorstElement | None:
     if flat_index is None:
         return None
     index = _unravel(flat_index, a.shape)

@@ -9,10 +9,9 @@ This says so in the comparison's ``narrow`` field, with the module's path on eac
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..capture.store import ROOT
 from .mapping import split_name
+from .records import Culprit, EntryResult, NarrowHint, WeightsHint
 from .sources import Source
 
 
@@ -22,8 +21,8 @@ def is_coarse(source: Source) -> bool:
 
 
 def narrow_hint(
-    a: Source, b: Source, culprit: dict[str, Any] | None, results: list[dict[str, Any]]
-) -> dict[str, Any] | None:
+    a: Source, b: Source, culprit: Culprit | None, results: list[EntryResult]
+) -> NarrowHint | None:
     """``{"within_a", "within_b", "hint"}`` when a coarse comparison named a culprit."""
     if culprit is None or culprit.get("module") is None or not (is_coarse(a) or is_coarse(b)):
         return None
@@ -50,7 +49,7 @@ def narrow_hint(
     }
 
 
-def weights_hint(a: Source, b: Source, culprit: dict[str, Any] | None) -> dict[str, Any] | None:
+def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint | None:
     """When the culprit's inputs agree and its outputs differ, its own parameters are the
     first suspect (a weight never loaded, transposed, converted wrongly): say how to
     audit them (``mldbg weights``), by capture name when both captures saved them."""

@@ -12,7 +12,10 @@ chunk, and the scan stops at the answer.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .sources import Entry, Source
 
 CHUNK = 1 << 22  # elements checked at a time
 
@@ -31,7 +34,7 @@ def first_nonfinite(source: str | Path, *, home: str | Path | None = None) -> di
     store = Path(home).expanduser().resolve() if home is not None else mldbg_home()
     found = open_source(str(source), store)
     described = found.describe()
-    by_call: dict[tuple[str, int], dict[str, list[Any]]] = {}
+    by_call: dict[tuple[str, int], dict[str, list[Entry]]] = {}
     loose = []
     for entry in found.entries:
         key = entry.call_key
@@ -81,7 +84,7 @@ def first_nonfinite(source: str | Path, *, home: str | Path | None = None) -> di
     return {"source": described, "first": None, "calls_checked": checked, "victims": victims}
 
 
-def _counts(found: Any, entry: Any) -> dict[str, int] | None:
+def _counts(found: Source, entry: Entry) -> dict[str, int] | None:
     """NaN and Inf counts of one stored tensor (None when it holds neither)."""
     import numpy as np
 
@@ -99,5 +102,5 @@ def _counts(found: Any, entry: Any) -> dict[str, int] | None:
     return {"nan": nan, "inf": inf} if nan or inf else None
 
 
-def _describe(entry: Any, counts: dict[str, int]) -> dict[str, Any]:
+def _describe(entry: Entry, counts: dict[str, int]) -> dict[str, object]:
     return {"name": entry.name, "shape": entry.shape, "dtype": entry.dtype, **counts}

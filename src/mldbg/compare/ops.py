@@ -16,11 +16,16 @@ only the port's side is searched, as the port is what gets fixed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..capture.ops import OP_CLASS_PREFIX
+from .records import OpMatch, OpsItem
 from .sources import Entry, Source
-from .verdict import depths, expected_error, unit_roundoff
+from .verdict import Depths, depths, expected_error, unit_roundoff
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 MAX_OPS = 500  # operation outputs considered per module call and side
 MAX_LISTED = 100  # operations listed per module call in the answer
@@ -40,7 +45,7 @@ def _op_outputs(source: Source) -> dict[tuple[str, int], list[Entry]]:
     return found
 
 
-def compare_ops(a: Source, b: Source) -> list[dict[str, Any]] | None:
+def compare_ops(a: Source, b: Source) -> list[OpsItem] | None:
     """One item per module call with operations recorded on both sides (None: none)."""
     ops_a, ops_b = _op_outputs(a), _op_outputs(b)
     shared = [key for key in ops_b if key in ops_a]
@@ -54,20 +59,25 @@ def compare_ops(a: Source, b: Source) -> list[dict[str, Any]] | None:
 
 
 def _align(
-    a: Source, b: Source, key: tuple[str, int], ours: list[Entry], theirs: list[Entry], depth: Any
-) -> dict[str, Any]:
+    a: Source,
+    b: Source,
+    key: tuple[str, int],
+    ours: list[Entry],
+    theirs: list[Entry],
+    depth: Depths,
+) -> OpsItem:
     import numpy as np
 
-    loaded: dict[str, Any] = {}
+    loaded: dict[str, npt.NDArray[np.float64]] = {}
 
-    def load(source: Source, entry: Entry) -> Any:
+    def load(source: Source, entry: Entry) -> npt.NDArray[np.float64]:
         cache_key = f"{id(source)}:{entry.name}"
         if cache_key not in loaded:
             loaded[cache_key] = np.asarray(source.load(entry), dtype=np.float64)
         return loaded[cache_key]
 
-    listed: list[dict[str, Any]] = []
-    first = None
+    listed: list[OpMatch] = []
+    first: OpMatch | None = None
     for entry_b in theirs:
         best: tuple[float, Entry] | None = None
         for entry_a in ours:
@@ -82,13 +92,13 @@ def _align(
             relative = error / norm if norm else (0.0 if error == 0 else float("inf"))
             if best is None or relative < best[0]:
                 best = (relative, entry_a)
-        item: dict[str, Any] = {
+        item: OpMatch = {
             "op_b": entry_b.name,
             "class_b": _op_class(b, entry_b),
             "shape_b": entry_b.shape,
         }
         if best is None:
-            item.update(closest_a=None, rel_rms=None, expected=None, ok=None)
+            item.update({"closest_a": None, "rel_rms": None, "expected": None, "ok": None})
         else:
             relative, entry_a = best
             call_key = (entry_a.module or "", entry_a.call or 0)
@@ -96,11 +106,13 @@ def _align(
             bound = expected_error(u, depth.through.get(call_key, 0), 0.0)
             ok = relative <= bound if bound is not None else relative == 0.0
             item.update(
-                closest_a=entry_a.name,
-                class_a=_op_class(a, entry_a),
-                rel_rms=relative,
-                expected=bound,
-                ok=ok,
+                {
+                    "closest_a": entry_a.name,
+                    "class_a": _op_class(a, entry_a),
+                    "rel_rms": relative,
+                    "expected": bound,
+                    "ok": ok,
+                }
             )
             if not ok and first is None:
                 first = item
@@ -117,7 +129,7 @@ def _align(
     }
 
 
-def _as_shape(value: Any, shape: list[int]) -> Any:
+def _as_shape(value: npt.NDArray[np.float64], shape: list[int]) -> npt.NDArray[np.float64] | None:
     """``value`` in the reference's shape: as is, through unit axes, or a channels-last
     permutation; None when no such reading exists."""
     from . import metrics

@@ -49,8 +49,11 @@ def _signature(call: Call, outputs: dict[tuple[str, int], list[Entry]]) -> str:
 
 
 def _first_calls(source: Source) -> list[Call]:
-    """Each module's first call, in execution order (later calls repeat the same paths)."""
-    return sorted((c for c in source.calls.values() if c.call == 0), key=lambda c: c.start_order)
+    """Each module's first call, in execution order (later calls repeat the same paths).
+    Operations recorded with ``ops=`` are not modules: no map names them (``ops.py``
+    aligns them by value), so they are left out of the sequence."""
+    first = (c for c in source.calls.values() if c.call == 0 and not c.is_operation)
+    return sorted(first, key=lambda c: c.start_order)
 
 
 def _outputs(source: Source) -> dict[tuple[str, int], list[Entry]]:

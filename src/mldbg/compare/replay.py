@@ -30,6 +30,7 @@ from typing import Any
 
 from ..errors import NO_INPUTS, NO_ROOT_INPUTS, NOT_A_CAPTURE
 from .mapping import NameMap, load_map, parse_map, split_name
+from .records import LocalCall
 from .sources import CompareInputError, Entry, Source
 
 MAX_SKIPPED = 200  # skipped calls listed in the result (all are counted)
@@ -45,7 +46,7 @@ class ReplayResult:
     capture: str
     path: str
     result: dict[str, Any]
-    entries: list[dict[str, Any]] = field(default_factory=list)
+    entries: list[LocalCall] = field(default_factory=list)
 
     @property
     def culprit(self) -> str | None:

@@ -88,11 +88,11 @@ def write_html(result: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
 # -- formatting --------------------------------------------------------------------------
 
 
-def _esc(value: Any) -> str:
+def _esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _as_float(value: Any) -> float | None:
+def _as_float(value: object) -> float | None:
     """A metric as a float; the JSON spells non-finite floats as "nan"/"inf"/"-inf"."""
     if isinstance(value, bool):
         return float(value)
@@ -103,7 +103,7 @@ def _as_float(value: Any) -> float | None:
     return None
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     """Three significant digits, scientific when small or large: compact columns that line up."""
     if value is None:
         return "—"
@@ -131,7 +131,7 @@ def _sci(number: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def _fmt_cosine(value: Any) -> str:
+def _fmt_cosine(value: object) -> str:
     """A cosine near 1 shown as ``1−1.2e-5``: "1" alone would hide the difference that matters."""
     number = _as_float(value)
     if number is None or math.isnan(number) or number == 1 or abs(1 - number) >= 1e-3:
@@ -139,7 +139,7 @@ def _fmt_cosine(value: Any) -> str:
     return f"1−{_sci(1 - number)}" if number < 1 else f"1+{_sci(number - 1)}"
 
 
-def _fmt_value(value: Any) -> str:
+def _fmt_value(value: object) -> str:
     """One tensor element (head values, the worst element): exact for integers."""
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
@@ -150,7 +150,7 @@ def _fmt_value(value: Any) -> str:
     return str(value)
 
 
-def _fmt_shape(shape: Any) -> str:
+def _fmt_shape(shape: object) -> str:
     if shape is None:
         return "—"
     if isinstance(shape, list | tuple):
@@ -173,7 +173,7 @@ def _page_title(result: Mapping[str, Any]) -> str:
     return f"mldbg parity report: {a} vs {b} ({verdict})"
 
 
-def _side_label(side: Any) -> str:
+def _side_label(side: object) -> str:
     if not isinstance(side, Mapping):
         return "?"
     return str(side.get("label") or side.get("spec") or side.get("path") or "?")
@@ -200,8 +200,8 @@ def _header(result: Mapping[str, Any], entries: list[Entry]) -> str:
     )
 
 
-def _source_card(letter: str, role: str, side: Any) -> str:
-    side = side if isinstance(side, Mapping) else {}
+def _source_card(letter: str, role: str, given: object) -> str:
+    side: Mapping[str, object] = given if isinstance(given, Mapping) else {}
     label = _side_label(side)
     path = side.get("path")
     kind = side.get("kind")
@@ -237,7 +237,7 @@ def _tolerance_card(result: Mapping[str, Any]) -> str:
     )
 
 
-def _tol(value: Any) -> str:
+def _tol(value: object) -> str:
     return "dtype default" if value is None else _fmt(value)
 
 
@@ -357,7 +357,7 @@ def _notes(result: Mapping[str, Any]) -> str:
     return f'<section class="notes"><h3>Notes (never the culprit)</h3><ul>{items}{more}</ul></section>\n'
 
 
-def _culprit_max(value: Any) -> str:
+def _culprit_max(value: object) -> str:
     return "" if value is None else f"<span>max |a − b| <b>{_esc(_fmt(value))}</b></span>"
 
 
@@ -854,7 +854,7 @@ def _dtype_text(entry: Entry) -> str:
     return str(a) if a == b or b is None else f"{a} / {b}"
 
 
-def _metric_cell(value: Any, tip: str = "") -> str:
+def _metric_cell(value: object, tip: str = "") -> str:
     title = f' title="{_esc(tip)}"' if tip else ""
     number = _as_float(value)
     bad = number is not None and (math.isnan(number) or math.isinf(number))
@@ -1019,7 +1019,7 @@ def _unpaired_section(result: Mapping[str, Any]) -> str:
     )
 
 
-def _unpaired_list(title: str, side: Any, names: Iterable[Any]) -> str:
+def _unpaired_list(title: str, side: object, names: Iterable[object]) -> str:
     names = list(names)
     label = _esc(_side_label(side))
     if not names:

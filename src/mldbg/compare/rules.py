@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from .divergence import (
     CallKey,
@@ -43,6 +42,7 @@ from .divergence import (
     _missing_sibling,
     _worst_rel,
 )
+from .records import Boundary, Culprit, EntryResult, LocalErrors, Note, SideBySide, Site
 from .sources import Call, Source
 from .verdict import GROWTH
 
@@ -63,22 +63,21 @@ class Evidence:
     """What every rule reads: the reference's calls and the judged entries."""
 
     source: Source
-    results: list[dict[str, Any]]
+    results: list[EntryResult]
     b_calls: set[str] | None = None
     b_modules: set[str] | None = None
-    local: dict[str, Any] | None = None
+    local: LocalErrors | None = None
     b_sites: dict[CallKey, str] = field(default_factory=dict)
     paired: tuple[int, int] | None = None  # (entries of A paired, entries of A) when too few pair
-    by_call: dict[CallKey, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
-    failing: list[dict[str, Any]] = field(default_factory=list)
+    by_call: dict[CallKey, dict[str, list[EntryResult]]] = field(default_factory=dict)
+    failing: list[EntryResult] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.failing = [r for r in self.results if not r["ok"]]
         for result in self.results:
-            if result.get("module") is None:
-                continue
-            key = (result["module"], result["call"])
-            self.by_call.setdefault(key, {"in": [], "out": []})[result["role"]].append(result)
+            key, role = call_key(result), result.get("role")
+            if key is not None and role is not None:
+                self.by_call.setdefault(key, {"in": [], "out": []})[role].append(result)
 
     @property
     def calls(self) -> dict[CallKey, Call]:
@@ -89,9 +88,9 @@ class Evidence:
 class Verdict:
     """The culprit (or None), what was set aside, and the rule that decided."""
 
-    culprit: dict[str, Any] | None = None
-    boundaries: list[dict[str, Any]] = field(default_factory=list)
-    notes: list[dict[str, Any]] = field(default_factory=list)
+    culprit: Culprit | None = None
+    boundaries: list[Boundary] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
     rule: str | None = None
     undecided: str | None = None  # why no culprit can be named (too few entries pair)
 
@@ -323,11 +322,10 @@ def quantized(evidence: Evidence, verdict: Verdict) -> Verdict | None:
 
 def replay(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     """Local errors (each port module on the reference's inputs) name the culprit."""
-    local = evidence.local
-    if local is None or not local.get("culprit"):
+    found = None if evidence.local is None else evidence.local["culprit"]
+    if not found:
         return None
-    found = local["culprit"]
-    roles = evidence.by_call.get((found["module"], found["call"]), {"in": [], "out": []})
+    roles = evidence.by_call.get(call_key(found) or ("", 0), {"in": [], "out": []})
     entries = found["entries"]
     growth_culprit = verdict.culprit
     verdict.culprit = {
@@ -344,7 +342,7 @@ def replay(evidence: Evidence, verdict: Verdict) -> Verdict | None:
         "local": True,
         "by_growth": None
         if growth_culprit is None
-        else {k: growth_culprit[k] for k in ("name", "reason")},
+        else {"name": growth_culprit["name"], "reason": growth_culprit["reason"]},
     }
     verdict.rule = "replay"
     return verdict
@@ -396,11 +394,11 @@ def decide(evidence: Evidence) -> Verdict:
 
 def first_divergence(
     source: Source,
-    results: list[dict[str, Any]],
+    results: list[EntryResult],
     *,
     b_calls: set[str] | None = None,
     b_modules: set[str] | None = None,
-    local: dict[str, Any] | None = None,
+    local: LocalErrors | None = None,
     b_sites: dict[CallKey, str] | None = None,
     paired: tuple[int, int] | None = None,
 ) -> Verdict:
@@ -421,7 +419,7 @@ def first_divergence(
 @dataclass
 class _Suspect:
     call: Call
-    bad_out: list[dict[str, Any]]
+    bad_out: list[EntryResult]
     reason: str
     inputs_compared: bool
     in_err: float
@@ -447,7 +445,7 @@ def _suspects(evidence: Evidence, verdict: Verdict) -> list[_Suspect]:
         if k in calls and k not in boundary_keys and calls[k].end_order is not None
     )
 
-    def upstream(call: Call, roles: dict[str, list[dict[str, Any]]]) -> tuple[float, bool]:
+    def upstream(call: Call, roles: dict[str, list[EntryResult]]) -> tuple[float, bool]:
         if roles["in"]:
             return _worst_rel(roles["in"]), True
         before = [err for end, err in finished if end < (call.start_order or 0)]
@@ -481,7 +479,7 @@ def _suspects(evidence: Evidence, verdict: Verdict) -> list[_Suspect]:
     return found
 
 
-def _never_called(evidence: Evidence, call: Call, culprit: dict[str, Any]) -> dict[str, Any]:
+def _never_called(evidence: Evidence, call: Call, culprit: Culprit) -> Culprit:
     """A child (or the sibling just before) that the port has but never called, named
     instead of ``call``: the port skips it."""
     missing = _missing_child(
@@ -509,12 +507,13 @@ def _never_called(evidence: Evidence, call: Call, culprit: dict[str, Any]) -> di
 MAX_UNPAIRED_CHILDREN = 10  # listed on a culprit; the module tree says the rest
 
 
-def _unpaired_children(evidence: Evidence, culprit: dict[str, Any]) -> list[str]:
+def _unpaired_children(evidence: Evidence, culprit: Culprit) -> list[str]:
     """The culprit's children in the reference that the port has no module for at all
     (it computes them inline: mlx-lm's SiLU where transformers has ``act_fn``)."""
     if not evidence.b_modules or culprit.get("never_called_in_b"):
         return []
-    call = evidence.calls.get((culprit["module"], culprit["call"]))
+    key = call_key(culprit)
+    call = None if key is None else evidence.calls.get(key)
     if call is None:
         return []
     known = evidence.b_modules | (evidence.b_calls or set())
@@ -525,10 +524,11 @@ def _unpaired_children(evidence: Evidence, culprit: dict[str, Any]) -> list[str]
     return found[:MAX_UNPAIRED_CHILDREN]
 
 
-def _located(evidence: Evidence, culprit: dict[str, Any]) -> dict[str, Any]:
+def _located(evidence: Evidence, culprit: Culprit) -> Culprit:
     """Which model and which step: the culprit's top-level call (``transformer#2``: the
     denoiser's third call in a loop; ``<root>#0`` for a single model called once)."""
-    call = evidence.calls.get((culprit.get("module"), culprit.get("call")))  # type: ignore[arg-type]
+    key = call_key(culprit)
+    call = None if key is None else evidence.calls.get(key)
     if call is None:
         return {}
     by_seq = {c.seq: c for c in evidence.calls.values()}
@@ -538,7 +538,7 @@ def _located(evidence: Evidence, culprit: dict[str, Any]) -> dict[str, Any]:
     return {"model": top.module, "step": top.call}
 
 
-def _unexplained(evidence: Evidence, verdict: Verdict) -> list[dict[str, Any]]:
+def _unexplained(evidence: Evidence, verdict: Verdict) -> list[EntryResult]:
     boundary_keys = {(b["module"], b["call"]) for b in verdict.boundaries}
     moved = {name for b in verdict.boundaries for name in b["entries"]}
     return [
@@ -548,7 +548,7 @@ def _unexplained(evidence: Evidence, verdict: Verdict) -> list[dict[str, Any]]:
     ]
 
 
-def _model_outputs(evidence: Evidence) -> list[dict[str, Any]]:
+def _model_outputs(evidence: Evidence) -> list[EntryResult]:
     """The outputs of the last top-level call (the model's answer), when compared."""
     tops = [c for c in evidence.calls.values() if c.parent is None and c.end_order is not None]
     if not tops:
@@ -563,14 +563,16 @@ def _seen_later(evidence: Evidence, suspect: _Suspect) -> bool:
     if end is None:
         return True
     for result in evidence.failing:
-        call = evidence.calls.get((result.get("module"), result.get("call")))  # type: ignore[arg-type]
+        key = call_key(result)
+        call = None if key is None else evidence.calls.get(key)
         if call is not None and call.start_order > end:
             return True
     return False
 
 
-def _ended_before(evidence: Evidence, result: dict[str, Any], order: int) -> bool:
-    call = evidence.calls.get((result.get("module"), result.get("call")))  # type: ignore[arg-type]
+def _ended_before(evidence: Evidence, result: EntryResult, order: int) -> bool:
+    key = call_key(result)
+    call = None if key is None else evidence.calls.get(key)
     return call is not None and call.end_order is not None and call.end_order < order
 
 
@@ -583,7 +585,13 @@ def _previous_top_level(evidence: Evidence, call: Call) -> Call | None:
     return max(before, key=lambda c: c.end_order or 0) if before else None
 
 
-def _site(evidence: Evidence, call: Call) -> dict[str, Any]:
+def call_key(item: EntryResult | Culprit) -> CallKey | None:
+    """The (module, call) an entry or a culprit belongs to; None for a bare tensor."""
+    module, call = item.get("module"), item.get("call")
+    return None if module is None or call is None else (module, call)
+
+
+def _site(evidence: Evidence, call: Call) -> Site:
     """Where each script made this call (file:line), as captured."""
     return {
         "call": f"{call.module}#{call.call}",
@@ -592,7 +600,7 @@ def _site(evidence: Evidence, call: Call) -> dict[str, Any]:
     }
 
 
-def _side_by_side(result: dict[str, Any]) -> dict[str, Any]:
+def _side_by_side(result: EntryResult) -> SideBySide:
     """The first differing input: a few values of each side and the worst element."""
     return {
         "name": result["name"],
@@ -604,7 +612,7 @@ def _side_by_side(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _note(suspect: _Suspect, why: str) -> dict[str, Any]:
+def _note(suspect: _Suspect, why: str) -> Note:
     return {
         "name": suspect.name,
         "module": suspect.call.module,

@@ -20,21 +20,25 @@ from typing import Any
 
 from ..capture.sketch import ACCURACY, estimate, summarize_numpy
 from ..errors import UNREADABLE
+from .records import EntryResult
 from .sources import CompareInputError, Entry, Source
 
-_NONE = (
-    "max_abs",
-    "mean_abs",
-    "max_rel",
-    "range_ratio",
-    "rel_max",
-    "largest",
-    "min_atol",
-    "mismatched",
-    "head_a",
-    "head_b",
-    "worst",
-)
+
+def _not_measured() -> EntryResult:
+    """The element-wise numbers a sketch cannot give, ``None``."""
+    return {
+        "max_abs": None,
+        "mean_abs": None,
+        "max_rel": None,
+        "range_ratio": None,
+        "rel_max": None,
+        "largest": None,
+        "min_atol": None,
+        "mismatched": None,
+        "head_a": None,
+        "head_b": None,
+        "worst": None,
+    }
 
 
 def compare_summaries(
@@ -45,20 +49,15 @@ def compare_summaries(
     permutation: tuple[int, ...] | None,
     rtol: float,
     atol: float,
-) -> dict[str, Any]:
+) -> EntryResult:
     """The metric fields of one pair, estimated (``estimated`` says how)."""
-    result: dict[str, Any] = dict.fromkeys(_NONE)
+    result = _not_measured()
     if permutation is not None and ea.stats is not None and eb.stats is not None:
-        result.update(
-            error=(
-                f"summaries of different layouts ({ea.shape} vs {eb.shape}) cannot be compared: "
-                "capture this module in full (mode=full, within=MODULE)"
-            ),
-            ok=False,
-            numel=None,
-            rel_rms=None,
+        return _failed(
+            result,
+            f"summaries of different layouts ({ea.shape} vs {eb.shape}) cannot be compared: "
+            "capture this module in full (mode=full, within=MODULE)",
         )
-        return result
     try:
         sketch_a, stats_a = _sketch(a, ea, _inverse(permutation) if eb.stats is not None else None)
         sketch_b, stats_b = _sketch(b, eb, permutation if ea.stats is not None else None)
@@ -68,30 +67,43 @@ def compare_summaries(
             f"cannot read {exc.filename or ea.file}: {exc.strerror}", code=UNREADABLE
         ) from None
     except (ValueError, TypeError) as exc:
-        result.update(
-            error=f"cannot compare the summaries: {exc}", ok=False, numel=None, rel_rms=None
-        )
-        return result
-    exact = bool(numbers.pop("exact"))
-    identical = bool(numbers.pop("identical"))
+        return _failed(result, f"cannot compare the summaries: {exc}")
+    exact = bool(numbers["exact"])
     nonfinite = abs(numbers["nan_a"] - numbers["nan_b"]) + abs(numbers["inf_a"] - numbers["inf_b"])
     rel_rms = numbers["rel_rms"]
     rms_a = numbers["rms_a"] or 0.0
     if rtol == 0 and atol == 0:
-        ok = identical
+        ok = bool(numbers["identical"])
     else:
         ok = rel_rms is not None and rel_rms * rms_a <= atol + rtol * rms_a
-    result.update(numbers)
     result.update(
-        nonfinite_mismatched=nonfinite,
-        ok=bool(ok) and nonfinite == 0,
-        error=None,
-        estimated={
-            "method": "exact (small tensor)" if exact else "sketch",
-            "buckets": int(sketch_a.size),
-            "accuracy": 0.0 if exact else ACCURACY,
-        },
+        {
+            "numel": numbers["numel"],
+            "rel_rms": rel_rms,
+            "cosine": numbers["cosine"],
+            "rms_a": numbers["rms_a"],
+            "rms_b": numbers["rms_b"],
+            "range_a": numbers["range_a"],  # the width of the range: a summary keeps no more
+            "range_b": numbers["range_b"],
+            "nan_a": numbers["nan_a"],
+            "nan_b": numbers["nan_b"],
+            "inf_a": numbers["inf_a"],
+            "inf_b": numbers["inf_b"],
+            "nonfinite_mismatched": nonfinite,
+            "ok": bool(ok) and nonfinite == 0,
+            "error": None,
+            "estimated": {
+                "method": "exact (small tensor)" if exact else "sketch",
+                "buckets": int(sketch_a.size),
+                "accuracy": 0.0 if exact else ACCURACY,
+            },
+        }
     )
+    return result
+
+
+def _failed(result: EntryResult, error: str) -> EntryResult:
+    result.update({"error": error, "ok": False, "numel": None, "rel_rms": None})
     return result
 
 

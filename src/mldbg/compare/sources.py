@@ -14,8 +14,9 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..capture.ops import OP_CLASS_PREFIX
 from ..capture.safetensors_header import CorruptTensorFile, read_header
 from ..capture.store import CAPTURE_JSON, CAPTURES, INDEX, module_label
 from ..errors import (
@@ -34,6 +35,10 @@ from ..errors import (
 )
 from ..store.runs import RunDir, read_jsonl, resolve_run, runs_root
 from . import arrays
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 TENSOR_SUFFIXES = (".safetensors", ".npy", ".npz", ".pt")
 
@@ -86,6 +91,11 @@ class Call:
     amplification: float | None = None
     site: str | None = None  # "file:line" of the script line that made a top-level call
 
+    @property
+    def is_operation(self) -> bool:
+        """A framework operation recorded inside a module with ``ops=``, not a module."""
+        return self.class_name.startswith(OP_CLASS_PREFIX)
+
 
 @dataclass
 class Source:
@@ -98,7 +108,7 @@ class Source:
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
-    def load(self, entry: Entry) -> Any:
+    def load(self, entry: Entry) -> npt.NDArray[np.generic]:
         """The entry's tensor as a read-only numpy array (memory-mapped where possible)."""
         suffix = entry.file.suffix
         if suffix == ".npy":
@@ -111,6 +121,18 @@ class Source:
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "kind": self.kind, "path": str(self.path), "label": self.label}
+
+    def is_operation(self, entry: Entry) -> bool:
+        """Whether ``entry`` is a tensor of a framework operation recorded with ``ops=``
+        (path ``<module>:op<N>.<op>``, class ``op:<op>``).  Operations are aligned by value
+        inside their module call (``ops.py``), never by name: their names differ across
+        frameworks (torch's ``mul``/``cat``/``add`` rotation is MLX's one ``fast.rope``)
+        and their numbers shift with any extra operation."""
+        key = entry.call_key
+        if key is None or ":op" not in key[0]:
+            return False
+        call = self.calls.get(key)
+        return call is not None and call.is_operation
 
 
 # -- resolving a spec ------------------------------------------------------------------------
@@ -348,7 +370,7 @@ def _add_record(
 # -- plain tensors ---------------------------------------------------------------------------
 
 
-def _natural(text: str) -> list[Any]:
+def _natural(text: str) -> list[int | str]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
@@ -409,13 +431,16 @@ def _add_file(source: Source, file: Path, stem: str) -> None:
     keys = [k for k in header if k != "__metadata__"]
     for key in keys:
         entry = header[key]
-        info = {"shape": entry.get("shape", []), "dtype": entry.get("dtype", "?")}
+        stored: arrays.TensorHeader = {
+            "shape": [int(n) for n in entry.get("shape", [])],
+            "dtype": str(entry.get("dtype", "?")),
+        }
         # A one-tensor file (the tensor store's kind) is named by its file; several, by key.
         name = stem if len(keys) == 1 else (key if source.kind == "file" else f"{stem}.{key}")
-        _append(source, name, info, file, key)
+        _append(source, name, stored, file, key)
 
 
-def _append(source: Source, name: str, info: dict[str, Any], file: Path, key: str) -> None:
+def _append(source: Source, name: str, info: arrays.TensorHeader, file: Path, key: str) -> None:
     source.entries.append(
         Entry(
             name=name,

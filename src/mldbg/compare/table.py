@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import TypedDict
 
 from .. import budget
 from ..errors import BAD_ARGUMENT
+
+if TYPE_CHECKING:
+    from .sources import Source
 
 SORTS = ("order", "time", "self", "ratio")
 ROW_BYTES = 2_000
@@ -81,13 +86,33 @@ def module_table(
     return result
 
 
-def _calls(source: Any) -> dict[str, Any]:
+# One call of one side ("class" is a keyword: the functional spelling).
+_CallTimes = TypedDict(
+    "_CallTimes",
+    {
+        "module": str,
+        "call": int,
+        "class": str,
+        "depth": int,
+        "seq": int,
+        "parent": "int | None",
+        "seconds": "float | None",
+        "self_seconds": "float | None",
+        "in_dtypes": "list[str]",
+        "out_dtypes": "list[str]",
+        "error": "str | None",
+    },
+    total=False,
+)
+
+
+def _calls(source: Source) -> dict[str, Any]:
     """Each call of a capture: its dtypes (from the entries) and times (from the index)."""
     seconds = _seconds(source.path / "index.jsonl") if source.kind == "capture" else {}
-    calls: dict[tuple[str, int], dict[str, Any]] = {}
-    by_seq: dict[int, dict[str, Any]] = {}
+    calls: dict[tuple[str, int], _CallTimes] = {}
+    by_seq: dict[int, _CallTimes] = {}
     for key, call in sorted(source.calls.items(), key=lambda kv: kv[1].start_order):
-        item = {
+        item: _CallTimes = {
             "module": call.module,
             "call": call.call,
             "class": call.class_name,
@@ -138,8 +163,13 @@ def _seconds(index: Path) -> dict[int, float]:
     return found
 
 
-def _side(call: dict[str, Any]) -> dict[str, Any]:
-    side = {k: call[k] for k in ("seconds", "self_seconds", "in_dtypes", "out_dtypes")}
+def _side(call: _CallTimes) -> dict[str, object]:
+    side: dict[str, object] = {
+        "seconds": call["seconds"],
+        "self_seconds": call["self_seconds"],
+        "in_dtypes": call["in_dtypes"],
+        "out_dtypes": call["out_dtypes"],
+    }
     if call.get("error"):
         side["error"] = call["error"]
     return side

@@ -50,6 +50,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .records import EntryResult
 from .sources import Call, Source
 
 ROUNDING_C = 2.0  # bound on rel_rms, in units of u * sqrt(1 + depth)
@@ -370,7 +371,7 @@ def expected_error(
     return max(rounding_bound(u, depth), floor.bound) + QUANT_C * quant
 
 
-def scale_test(result: dict[str, Any], bound: float, *, check_max: bool = True) -> bool:
+def scale_test(result: EntryResult, bound: float, *, check_max: bool = True) -> bool:
     """Pass when the error relative to the reference's scale is within ``bound`` (RMS)
     and ``MAX_FACTOR * bound`` (the largest element against the largest value), with no
     NaN/Inf mismatch."""
@@ -386,7 +387,7 @@ def scale_test(result: dict[str, Any], bound: float, *, check_max: bool = True) 
     return rel_rms <= bound and rel_max <= MAX_FACTOR * bound
 
 
-def exact_scale(result: dict[str, Any], bound: float) -> float | None:
+def exact_scale(result: EntryResult, bound: float) -> float | None:
     """``s`` when ``b`` is ``s * a`` up to rounding (a scale moved across a boundary)."""
     cosine, rms_a, rms_b = result.get("cosine"), result.get("rms_a"), result.get("rms_b")
     if not (
@@ -404,7 +405,7 @@ def exact_scale(result: dict[str, Any], bound: float) -> float | None:
     return ratio if abs(abs(ratio) - 1.0) > MAX_FACTOR * bound else None
 
 
-def rel(value: Any) -> float:
+def rel(value: float | str | None) -> float:
     """A relative error as a float for comparisons ("inf"/"nan"/None made comparable)."""
     if value is None:
         return 0.0

@@ -37,11 +37,17 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..errors import BAD_WEIGHTS_INPUT
 from .mapping import NameMap, load_map, parse_map
 from .sources import CompareInputError, Entry, Source, find_captures, open_source
+
+if TYPE_CHECKING:  # numpy is imported where parameters are read
+    import numpy as np
+    import numpy.typing as npt
+
+    Values: TypeAlias = npt.NDArray[np.float64]  # a parameter's values, in float64
 
 FAILING = ("missing", "never_loaded", "layout", "shape", "values")
 WARNING = ("renamed", "dtype", "extra")
@@ -59,9 +65,9 @@ class Params:
     framework: str | None
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)
-    readers: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    readers: dict[str, Callable[[], Values]] = field(default_factory=dict)
 
-    def read(self, name: str) -> Any:
+    def read(self, name: str) -> Values:
         return self.readers[name]()
 
 
@@ -164,11 +170,11 @@ def _from_dict(values: dict[str, Any], label: str, framework: str | None) -> Par
     return params
 
 
-def _read_entry(source: Source, entry: Entry) -> Any:
+def _read_entry(source: Source, entry: Entry) -> Values:
     return _float64(source.load(entry))
 
 
-def _float64(value: Any) -> Any:
+def _float64(value: Any) -> Values:
     """Any tensor as a float64 numpy array (bf16 exactly)."""
     import numpy as np
 
@@ -359,7 +365,7 @@ def _rounding(dtype_a: str, dtype_b: str) -> float:
     return 0.0 if u is None else u
 
 
-def _close(a: Any, b: Any, u: float) -> bool:
+def _close(a: Values, b: Values, u: float) -> bool:
     import numpy as np
 
     if u == 0.0:
@@ -368,7 +374,7 @@ def _close(a: Any, b: Any, u: float) -> bool:
         return bool(np.all((np.abs(b - a) <= u * np.abs(a)) | (np.isnan(a) & np.isnan(b))))
 
 
-def _layout(a: Any, b: Any, u: float) -> str | None:
+def _layout(a: Values, b: Values, u: float) -> str | None:
     """``"OIHW→OHWI"``: the port's axes, in the reference's letters, when ``b`` equals
     ``a`` only through a permutation (None when none does)."""
     if a.ndim != b.ndim or a.ndim < 2 or a.ndim > MAX_PERMUTED_DIMS:
@@ -388,11 +394,11 @@ def _layout(a: Any, b: Any, u: float) -> str | None:
     return None
 
 
-def _constant(x: Any) -> bool:
+def _constant(x: Values) -> bool:
     return bool(x.size > 1 and (x == x.flat[0]).all())
 
 
-def _cosine(a: Any, b: Any) -> float | None:
+def _cosine(a: Values, b: Values) -> float | None:
     import numpy as np
 
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
@@ -401,7 +407,7 @@ def _cosine(a: Any, b: Any) -> float | None:
     return float(np.vdot(a, b)) / (na * nb)
 
 
-def _rel_rms(a: Any, b: Any) -> float | None:
+def _rel_rms(a: Values, b: Values) -> float | None:
     import numpy as np
 
     na = float(np.linalg.norm(a))

@@ -113,3 +113,34 @@ def test_ops_of_a_clean_port_all_have_a_counterpart(home: Path) -> None:
     assert f"operations inside {ATTENTION}#0 (3 in B" in text
     assert "each of B's has a counterpart in A within rounding" in text
     assert "diverging operation" not in text
+
+
+@pytest.mark.parametrize("framework", ["torch", "mlx"])
+def test_the_sensitivity_re_runs_own_work_is_not_recorded_as_operations(
+    home: Path, framework: str
+) -> None:
+    """The measurement a capture makes after each call (perturbing inputs, re-running,
+    comparing outputs) is the capture's work, not the model's: the operations recorded
+    inside the attention are the same with the sensitivity re-run on (the default) as
+    with it off."""
+    ref, ids = llama_family.reference("llama", "float32")
+    port = llama_family.mlx_model("llama", 10000.0)
+    llama_family.load_from(port, ref)
+
+    def operations(name: str, sensitivity: bool) -> list[str]:
+        if framework == "torch":
+            with (
+                torch.no_grad(),
+                mldbg.capture(ref, name, ops=ATTENTION, sensitivity=sensitivity) as cap,
+            ):
+                ref(ids)
+        else:
+            with mldbg.capture(port, name, ops=ATTENTION, sensitivity=sensitivity) as cap:
+                mx.eval(port(mx.array(ids.numpy())))
+        lines = [json.loads(line) for line in (cap.path / "index.jsonl").read_text().splitlines()]
+        return [r["class"] for r in lines if r["event"] == "call" and r["class"].startswith("op:")]
+
+    plain = operations("without", sensitivity=False)
+    measured = operations("with", sensitivity=True)
+    assert plain, "no operation recorded"
+    assert measured == plain

@@ -341,7 +341,29 @@ def measure(
     the descendants that ``owner``'s hooks see rounded.  ``row_dims``: the module maps
     each row of its input (its last ``row_dims`` dimensions) to the same row of its
     output, by its type (None when unknown): a leaf's re-run is then on sampled rows.
-    ``held``: the call's leaf children as they ran, for the rounding re-run."""
+    ``held``: the call's leaf children as they ran, for the rounding re-run.
+
+    All of it runs as a re-run (:func:`measuring`): drawing the perturbations and
+    comparing the outputs are the capture's work, so neither a capture nor the operations
+    recorded inside a module (``ops=``) see them."""
+    with _rerunning():
+        return _measure(
+            frame, rerun, args, kwargs, output, owner, with_children, perturbations, row_dims, held
+        )
+
+
+def _measure(
+    frame: Frame[T],
+    rerun: Rerun,
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
+    output: object,
+    owner: object,
+    with_children: bool,
+    perturbations: Perturbations,
+    row_dims: int | None,
+    held: Sequence[HeldCall],
+) -> Sensitivity | None:
     try:
         outputs = [x for x in _leaves(output) if frame.is_float(x)]
         values = [*_leaves(args), *_leaves(tuple(kwargs.values()))]

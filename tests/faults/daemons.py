@@ -37,9 +37,11 @@ def alive(pid: int) -> bool:
 class Daemon:
     """One ``mldbg serve`` process with its own config directory."""
 
-    def __init__(self, config: Path, umask: int | None = None) -> None:
+    def __init__(
+        self, config: Path, umask: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.config = config
-        self.env = {**os.environ, "MLDBG_CONFIG_DIR": str(config)}
+        self.env = {**os.environ, **(env or {}), "MLDBG_CONFIG_DIR": str(config)}
         # beside the config directory, not in it: the daemon itself creates that
         config.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = config.parent / f"{config.name}-daemon-{time.monotonic_ns()}.log"

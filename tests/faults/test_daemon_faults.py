@@ -356,3 +356,38 @@ def test_a_daemon_from_another_mldbg_is_replaced_when_idle_refused_when_busy(
         kill_quietly(fresh["pid"])
     finally:
         idle.stop()
+
+
+def test_a_daemon_of_another_installation_is_replaced_when_idle(tmp_path: Path) -> None:
+    """A daemon started from another copy of mldbg (another checkout or virtualenv, or a
+    worktree removed since) publishes the same verb table, but launches the debuggee's
+    agent from its own files, which may differ or be gone (an ImportError mid-session):
+    the CLI of this copy replaces it when idle, as it does a daemon of another version."""
+    import shutil
+
+    import mldbg
+
+    other = tmp_path / "other"
+    shutil.copytree(
+        Path(mldbg.__file__).parent, other / "mldbg", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    stale = Daemon(tmp_path / "config", env={"PYTHONPATH": str(other)})
+    try:
+        assert stale.info["package"] == str((other / "mldbg").resolve())
+        assert stale.info["verbs"] == verbs.fingerprint()  # the same table: not enough
+        ours = {k: v for k, v in stale.env.items() if k != "PYTHONPATH"}
+        listed = subprocess.run(
+            [sys.executable, "-m", "mldbg", "sessions", "--json"],
+            env=ours,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert "was replaced" in listed.stderr and str(other) in listed.stderr, listed.stderr
+        stale.process.wait(60)
+        fresh = json.loads((stale.config / "server.json").read_text())
+        assert fresh["package"] == str(Path(mldbg.__file__).resolve().parent), fresh
+        kill_quietly(fresh["pid"])
+    finally:
+        stale.stop()

@@ -43,6 +43,7 @@ from ..server.config import (
     config_dir,
     daemon_lock_held,
     lock_file,
+    package_dir,
     read_lock_info,
     read_server_info,
 )
@@ -302,11 +303,12 @@ def connect(autostart: bool = True, any_mldbg: bool = False) -> Client:
 
     A daemon that lives (it holds its lock) is never replaced: a busy one is waited for,
     so its sessions are never stranded behind a second daemon.  One started by another
-    mldbg (``verbs.fingerprint``) is replaced when idle, refused when it runs sessions,
-    unless ``any_mldbg`` (``serve --stop`` must reach whichever daemon runs).
+    mldbg (another verb table, or another installation: :func:`same_mldbg`) is replaced
+    when idle, refused when it runs sessions, unless ``any_mldbg`` (``serve --stop`` must
+    reach whichever daemon runs).
     """
     info = _find_daemon() or (_wait_for_daemon(START_TIMEOUT) if daemon_lock_held() else None)
-    if info is not None and not any_mldbg and info.get("verbs") != verbs.fingerprint():
+    if info is not None and not any_mldbg and not same_mldbg(info):
         _retire(info)  # started by another mldbg: replaced if idle, else an error says so
         info = None
     if info is not None:
@@ -320,6 +322,12 @@ def connect(autostart: bool = True, any_mldbg: bool = False) -> Client:
         if info is not None:
             return Client(info)
         return Client(_start_daemon(directory))
+
+
+def same_mldbg(info: ServerInfo) -> bool:
+    """Was this daemon started by this very mldbg: the same verb table and protocol
+    (``verbs.fingerprint``) loaded from the same package directory (``package_dir``)?"""
+    return info.get("verbs") == verbs.fingerprint() and info.get("package") == package_dir()
 
 
 def _retire(info: ServerInfo) -> None:
@@ -338,7 +346,8 @@ def _retire(info: ServerInfo) -> None:
     ]
     where = (
         f"the mldbg daemon (pid {info.get('pid', '?')}, mldbg {info.get('version', '?')}, "
-        f"started {info.get('started_at', '?')}) was started by a different mldbg than this one"
+        f"started {info.get('started_at', '?')}, from {info.get('package', 'an unknown place')}) "
+        f"was started by a different mldbg than this one ({package_dir()})"
     )
     if live:
         raise MldbgError(

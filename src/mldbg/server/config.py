@@ -39,7 +39,16 @@ class ServerInfo(_DaemonAddress, total=False):
     port: int
     version: str  # the mldbg that started it
     verbs: str  # verbs.fingerprint() of that mldbg
+    package: str  # the directory its mldbg package was loaded from (package_dir())
     started_at: str
+
+
+def package_dir() -> str:
+    """Where this process's mldbg package lives.  A daemon serves only clients of the
+    same installation: it launches the debuggee's agent from its own files, so a client
+    of another checkout or virtualenv (or one whose files were moved or removed since the
+    daemon started) would get that copy's behaviour, or an ImportError, not its own."""
+    return str(Path(__file__).resolve().parent.parent)
 
 
 def config_dir() -> Path:

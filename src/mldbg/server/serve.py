@@ -25,6 +25,7 @@ from .config import (
     ServerInfo,
     acquire_daemon_lock,
     config_dir,
+    package_dir,
     read_lock_info,
     remove_server_info,
     write_server_info,
@@ -53,6 +54,7 @@ def serve(port: int = 0) -> None:
         "token": token,
         "version": __version__,
         "verbs": verbs.fingerprint(),
+        "package": package_dir(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     lock = acquire_daemon_lock(info)

@@ -15,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from ..errors import (
     BAD_ARGUMENT,
@@ -32,9 +32,7 @@ from .paths import canonical, canonical_code_file
 
 if TYPE_CHECKING:
     from .. import results as R
-    from .functions import PendingFunction
     from .logtemplate import Part
-    from .tripwire import Tripwire
 
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # larger "source files" are generated data, not code
 _SOURCE_SUFFIXES = (".py", ".pyw", ".pyi")
@@ -340,6 +338,70 @@ def make_checkpoint_filter(name: str, condition: str | None = None) -> Checkpoin
         condition=condition,
         condition_code=_compile_expression(condition, "condition") if condition else None,
     )
+
+
+# -- the kinds that are not a line: a function not imported yet, the tripwire ----------------
+
+
+class LineSpec(TypedDict, total=False):
+    """What a function breakpoint hands on to the line breakpoint it becomes."""
+
+    condition: str | None
+    hits: str | None
+    log: str | None
+
+
+@dataclass
+class PendingFunction:
+    """A function breakpoint whose module is not there yet; set when it is."""
+
+    name: str
+    id: int
+    spec: LineSpec  # what the breakpoint will carry
+    hit_count: int = 0
+    this_thread: bool = False  # stop only the thread that hits it, once set
+
+    def to_json(self) -> R.BreakpointInfo:
+        info: R.BreakpointInfo = {
+            "id": self.id,
+            "function": self.name,
+            "pending": True,
+            "condition": self.spec.get("condition"),
+            "hits": self.spec.get("hits"),
+            "log": self.spec.get("log"),
+            "hit_count": 0,
+        }
+        if self.this_thread:
+            info["this_thread"] = True
+        return info
+
+
+@dataclass
+class Tripwire:
+    """One ``break --nonfinite`` setting, listed by ``breaks`` like any breakpoint."""
+
+    nonfinite: bool = True
+    max_abs: float | None = None
+    subnormal: bool = False
+    id: int = 0
+    hit_count: int = 0
+
+    def to_json(self) -> R.BreakpointInfo:
+        return {
+            "id": self.id,
+            "nonfinite": self.nonfinite,
+            "max_abs": self.max_abs,
+            "subnormal": self.subnormal,
+            "hit_count": self.hit_count,
+        }
+
+    def describe(self) -> str:
+        parts = ["NaN/Inf"] if self.nonfinite else []
+        if self.max_abs is not None:
+            parts.append(f"|x| > {self.max_abs:g}")
+        if self.subnormal:
+            parts.append("subnormal values")
+        return " or ".join(parts)
 
 
 class AnyBreakpoint(Protocol):

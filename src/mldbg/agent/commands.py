@@ -17,14 +17,16 @@ from .breakpoints import (
     Breakpoint,
     BreakpointError,
     CheckpointFilter,
+    LineSpec,
+    PendingFunction,
+    Tripwire,
     make_breakpoint,
     make_checkpoint_filter,
 )
 from .debugger import Debugger
 from .exception_breaks import ExceptionBreak, parse_types
-from .functions import LineSpec, PendingFunction, check_name, resolve
+from .functions import check_name, resolve
 from .paused import CommandError
-from .tripwire import Tripwire
 from .wire import reply
 
 if TYPE_CHECKING:

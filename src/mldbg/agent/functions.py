@@ -27,10 +27,9 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
 from types import CodeType, ModuleType
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BAD_ARGUMENT, NO_SUCH_FUNCTION, NOT_A_SOURCE_FILE
 from .breakpoints import BreakpointError, executable_lines
@@ -38,44 +37,11 @@ from .locate import search_roots
 from .paths import canonical
 
 if TYPE_CHECKING:
-    from .. import results as R
-
-
-class LineSpec(TypedDict, total=False):
-    """What a function breakpoint hands on to the line breakpoint it becomes."""
-
-    condition: str | None
-    hits: str | None
-    log: str | None
+    pass
 
 
 # A function's definition in the source: its body's first line is where it stops.
 Definition = ast.FunctionDef | ast.AsyncFunctionDef
-
-
-@dataclass
-class PendingFunction:
-    """A function breakpoint whose module is not there yet; set when it is."""
-
-    name: str
-    id: int
-    spec: LineSpec  # what the breakpoint will carry
-    hit_count: int = 0
-    this_thread: bool = False  # stop only the thread that hits it, once set
-
-    def to_json(self) -> R.BreakpointInfo:
-        info: R.BreakpointInfo = {
-            "id": self.id,
-            "function": self.name,
-            "pending": True,
-            "condition": self.spec.get("condition"),
-            "hits": self.spec.get("hits"),
-            "log": self.spec.get("log"),
-            "hit_count": 0,
-        }
-        if self.this_thread:
-            info["this_thread"] = True
-        return info
 
 
 def check_name(name: str) -> list[str]:

@@ -35,41 +35,31 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 from .paths import canonical_code_file, is_mldbg_file
 
 if TYPE_CHECKING:
-    from .. import results as R
-    from .debugger import Debugger
+    from typing import Unpack
+
+    from .breakpoints import Tripwire
+    from .paused import StopDetails
+
+
+class Stopper(Protocol):
+    """What the tripwire needs of the debugger (``debugger.Debugger``): the threads inside
+    the debugger itself (never checked), and a stop."""
+
+    _busy: set[int]
+
+    def stop(
+        self,
+        frame: FrameType,
+        reason: str,
+        all_threads: bool = True,
+        **details: Unpack[StopDetails],
+    ) -> None: ...
+
 
 MAX_TENSORS = 64  # tensors checked in one call's inputs or outputs
 MAX_DEPTH = 4  # nesting of tuples, lists and dicts walked into
 _TORCH_CALL_FILE = os.path.join("torch", "nn", "modules", "module.py")
 _DYNAMO_DIR = os.sep + os.path.join("torch", "_dynamo") + os.sep  # torch.compile's wrappers
-
-
-@dataclass
-class Tripwire:
-    """One ``break --nonfinite`` setting, listed by ``breaks`` like any breakpoint."""
-
-    nonfinite: bool = True
-    max_abs: float | None = None
-    subnormal: bool = False
-    id: int = 0
-    hit_count: int = 0
-
-    def to_json(self) -> R.BreakpointInfo:
-        return {
-            "id": self.id,
-            "nonfinite": self.nonfinite,
-            "max_abs": self.max_abs,
-            "subnormal": self.subnormal,
-            "hit_count": self.hit_count,
-        }
-
-    def describe(self) -> str:
-        parts = ["NaN/Inf"] if self.nonfinite else []
-        if self.max_abs is not None:
-            parts.append(f"|x| > {self.max_abs:g}")
-        if self.subnormal:
-            parts.append("subnormal values")
-        return " or ".join(parts)
 
 
 class Found(TypedDict, total=False):
@@ -123,7 +113,7 @@ def tripped() -> Tripped | None:
 class Wire:
     """The installed hooks for one debugger; ``arm(rule)`` / ``arm(None)`` switch them."""
 
-    def __init__(self, debugger: Debugger) -> None:
+    def __init__(self, debugger: Stopper) -> None:
         self.debugger = debugger
         self.rule: Tripwire | None = None
         self._local = threading.local()

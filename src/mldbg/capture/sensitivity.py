@@ -120,6 +120,25 @@ MAX_HEIGHT = 1
 # Rows a row-wise leaf re-runs on (when it has more than twice as many): the estimate's
 # relative spread is about the spread of the sampled rows' ratios over sqrt(SAMPLE_ROWS).
 SAMPLE_ROWS = 32
+# Activation classes that map each element on its own, by the name both torch.nn and
+# mlx.nn give them (each side keeps those its framework has): re-run on sampled rows.
+ELEMENTWISE_ACTIVATIONS = (
+    "ReLU",
+    "ReLU6",
+    "LeakyReLU",
+    "ELU",
+    "SELU",
+    "CELU",
+    "GELU",
+    "SiLU",
+    "Mish",
+    "Tanh",
+    "Sigmoid",
+    "Softplus",
+    "Hardswish",
+    "Hardsigmoid",
+    "Hardtanh",
+)
 # Signs kept per capture (bytes, on the tensors' devices); past it they are drawn again.
 SIGN_CACHE_BYTES = 128 * 1024 * 1024
 # Leaf outputs kept per open parent for its rounding re-run; past it they run again.
@@ -347,98 +366,80 @@ def measure(
     comparing the outputs are the capture's work, so neither a capture nor the operations
     recorded inside a module (``ops=``) see them."""
     with _rerunning():
-        return _measure(
-            frame, rerun, args, kwargs, output, owner, with_children, perturbations, row_dims, held
-        )
-
-
-def _measure(
-    frame: Frame[T],
-    rerun: Rerun,
-    args: tuple[object, ...],
-    kwargs: Mapping[str, object],
-    output: object,
-    owner: object,
-    with_children: bool,
-    perturbations: Perturbations,
-    row_dims: int | None,
-    held: Sequence[HeldCall],
-) -> Sensitivity | None:
-    try:
-        outputs = [x for x in _leaves(output) if frame.is_float(x)]
-        values = [*_leaves(args), *_leaves(tuple(kwargs.values()))]
-        float_inputs = any(frame.is_float(x) for x in values)
-        if not outputs or not (float_inputs or with_children):
-            return None
-        if not all(frame.is_float(x) or _is_plain_or_tensor(x) for x in values):
-            return None  # an object the call may update (a cache): never run it twice
-        finest = min(outputs, key=lambda x: _UNIT.get(frame.dtype_name(x), _UNIT["float32"]))
-        u_out = _UNIT.get(frame.dtype_name(finest), _UNIT["float32"])
-        drawn = [0]  # tensors perturbed so far by this re-run: each gets its own signs
-
-        def perturb(x: T, u: float) -> T:
-            ordinal, drawn[0] = drawn[0], drawn[0] + 1
-            return frame.perturb(x, perturbations.signs(frame, x, u, ordinal))
-
-        def moved(x: object) -> object:
-            if not frame.is_float(x):
-                return x
-            u_in = _UNIT.get(frame.dtype_name(x), _UNIT["float32"])
-            if u_in > u_out:
-                # A step the input's own dtype cannot hold (a bfloat16 timestep into a
-                # float32 embedding): perturbed in the dtype the op computes in.
-                x = frame.cast(x, finest)
-            # A finer input than the output (a float32 timestep into a bfloat16 model's
-            # time embedding) moves by its own step: both sides read it at that precision.
-            return perturb(x, min(u_in, u_out))
-
-        def rounded(x: object) -> object:
-            # A descendant's output is rounded to its own dtype by each implementation:
-            # one step of that dtype, kept in it (what reads it reads the same dtype).
-            if not frame.is_float(x):
-                return x
-            return perturb(x, _UNIT.get(frame.dtype_name(x), _UNIT["float32"]))
-
-        def change(again_output: object) -> float | None:
-            again = [x for x in _leaves(again_output) if frame.is_float(x)]
-            if len(again) != len(outputs):
+        try:
+            outputs = [x for x in _leaves(output) if frame.is_float(x)]
+            values = [*_leaves(args), *_leaves(tuple(kwargs.values()))]
+            float_inputs = any(frame.is_float(x) for x in values)
+            if not outputs or not (float_inputs or with_children):
                 return None
-            worst = 0.0
-            for before, after in zip(outputs, again, strict=True):
-                moved_by = frame.relative_change(before, after)
-                if moved_by is None:
+            if not all(frame.is_float(x) or _is_plain_or_tensor(x) for x in values):
+                return None  # an object the call may update (a cache): never run it twice
+            finest = min(outputs, key=lambda x: _UNIT.get(frame.dtype_name(x), _UNIT["float32"]))
+            u_out = _UNIT.get(frame.dtype_name(finest), _UNIT["float32"])
+            drawn = [0]  # tensors perturbed so far by this re-run: each gets its own signs
+
+            def perturb(x: T, u: float) -> T:
+                ordinal, drawn[0] = drawn[0], drawn[0] + 1
+                return frame.perturb(x, perturbations.signs(frame, x, u, ordinal))
+
+            def moved(x: object) -> object:
+                if not frame.is_float(x):
+                    return x
+                u_in = _UNIT.get(frame.dtype_name(x), _UNIT["float32"])
+                if u_in > u_out:
+                    # A step the input's own dtype cannot hold (a bfloat16 timestep into a
+                    # float32 embedding): perturbed in the dtype the op computes in.
+                    x = frame.cast(x, finest)
+                # A finer input than the output (a float32 timestep into a bfloat16 model's
+                # time embedding) moves by its own step: both sides read it at that precision.
+                return perturb(x, min(u_in, u_out))
+
+            def rounded(x: object) -> object:
+                # A descendant's output is rounded to its own dtype by each implementation:
+                # one step of that dtype, kept in it (what reads it reads the same dtype).
+                if not frame.is_float(x):
+                    return x
+                return perturb(x, _UNIT.get(frame.dtype_name(x), _UNIT["float32"]))
+
+            def change(again_output: object) -> float | None:
+                again = [x for x in _leaves(again_output) if frame.is_float(x)]
+                if len(again) != len(outputs):
                     return None
-                if math.isfinite(moved_by):
-                    worst = max(worst, moved_by)
-            return worst
+                worst = 0.0
+                for before, after in zip(outputs, again, strict=True):
+                    moved_by = frame.relative_change(before, after)
+                    if moved_by is None:
+                        return None
+                    if math.isfinite(moved_by):
+                        worst = max(worst, moved_by)
+                return worst
 
-        found: Sensitivity = {"step": u_out}
-        if float_inputs:  # what one rounding step of its inputs becomes
-            through: float | None = None
-            if row_dims is not None and len(outputs) == 1 and not kwargs and len(args) == 1:
-                through = _sampled_change(
-                    frame, rerun, args[0], outputs[0], row_dims, moved, perturbations
-                )
-            if through is None:
-                drawn[0] = 0
-                new_args = tuple(_map(moved, a) for a in args)
-                new_kwargs = {k: _map(moved, v) for k, v in kwargs.items()}
-                with _rerunning():
+            found: Sensitivity = {"step": u_out}
+            if float_inputs:  # what one rounding step of its inputs becomes
+                through: float | None = None
+                if row_dims is not None and len(outputs) == 1 and not kwargs and len(args) == 1:
+                    through = _sampled_change(
+                        frame, rerun, args[0], outputs[0], row_dims, moved, perturbations
+                    )
+                if through is None:
+                    drawn[0] = 0
+                    new_args = tuple(_map(moved, a) for a in args)
+                    new_kwargs = {k: _map(moved, v) for k, v in kwargs.items()}
                     through = change(rerun(new_args, new_kwargs))
-            if through is None:
-                return None
-            found["amplification"] = through / u_out
-            found["sensitivity"] = through
-        if with_children:  # what its own rounding becomes (inputs as they were)
-            drawn[0] = 0
-            with _rerunning(), _rounding(owner, rounded), _holding(owner, held):
-                own = change(rerun(args, dict(kwargs)))
-            if own is None:
-                return None
-            found["sensitivity"] = own
-        return found
-    except Exception:  # measuring must never break the model or the capture
-        return None
+                if through is None:
+                    return None
+                found["amplification"] = through / u_out
+                found["sensitivity"] = through
+            if with_children:  # what its own rounding becomes (inputs as they were)
+                drawn[0] = 0
+                with _rounding(owner, rounded), _holding(owner, held):
+                    own = change(rerun(args, dict(kwargs)))
+                if own is None:
+                    return None
+                found["sensitivity"] = own
+            return found
+        except Exception:  # measuring must never break the model or the capture
+            return None
 
 
 def row_sample(
@@ -486,7 +487,8 @@ def _sampled_change(
     perturbations: Perturbations,
 ) -> float | None:
     """A row-wise leaf's relative output change, from a re-run on ``SAMPLE_ROWS`` of its
-    rows; None where the call does not fit (then the whole call is re-run)."""
+    rows; None where the call does not fit (then the whole call is re-run).  Called by
+    :func:`measure`, within its re-run."""
     if not frame.is_float(x):
         return None
     x_shape, y_shape = frame.shape(x), frame.shape(y)
@@ -502,8 +504,7 @@ def _sampled_change(
     picked, counts, weights = row_sample(
         frame.row_energies(x, row_dims), y_energy, SAMPLE_ROWS, perturbations.offset()
     )
-    with _rerunning():
-        again = rerun((moved(frame.take_rows(x, row_dims, picked)),), {})
+    again = rerun((moved(frame.take_rows(x, row_dims, picked)),), {})
     if not frame.is_float(again):
         return None
     before = frame.take_rows(y, row_dims, picked)

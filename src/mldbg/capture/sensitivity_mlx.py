@@ -15,7 +15,14 @@ import mlx.nn as nn
 import numpy as np
 
 from .records import Sensitivity
-from .sensitivity import SEED, STATEFUL_IN_TRAINING, HeldCall, Perturbations, measure
+from .sensitivity import (
+    ELEMENTWISE_ACTIVATIONS,
+    SEED,
+    STATEFUL_IN_TRAINING,
+    HeldCall,
+    Perturbations,
+    measure,
+)
 
 
 def measure_mlx(
@@ -58,24 +65,7 @@ def measure_mlx(
 _FLOATING = (mx.float32, mx.float16, mx.bfloat16)
 _ROW_WISE = tuple(
     getattr(nn, name)
-    for name in (
-        "Linear",
-        "LayerNorm",
-        "RMSNorm",
-        "ReLU",
-        "ReLU6",
-        "LeakyReLU",
-        "ELU",
-        "SELU",
-        "CELU",
-        "GELU",
-        "SiLU",
-        "Mish",
-        "Tanh",
-        "Sigmoid",
-        "Softplus",
-        "Hardswish",
-    )
+    for name in ("Linear", "LayerNorm", "RMSNorm", *ELEMENTWISE_ACTIVATIONS)
     if hasattr(nn, name)
 )
 _ROW_WISE_CALLS = {kind.__call__ for kind in _ROW_WISE}

@@ -17,7 +17,14 @@ import torch
 from torch import nn
 
 from .records import Sensitivity
-from .sensitivity import SEED, HeldCall, Perturbations, held_output, measure
+from .sensitivity import (
+    ELEMENTWISE_ACTIVATIONS,
+    SEED,
+    HeldCall,
+    Perturbations,
+    held_output,
+    measure,
+)
 
 
 def measure_torch(
@@ -119,28 +126,9 @@ def _answer(module: nn.Module, owner: object) -> Callable[..., object]:
 _STRIDE = 1_000_003
 
 
-def _elementwise() -> tuple[type[nn.Module], ...]:
-    names = (
-        "ReLU",
-        "ReLU6",
-        "LeakyReLU",
-        "ELU",
-        "SELU",
-        "CELU",
-        "GELU",
-        "SiLU",
-        "Mish",
-        "Tanh",
-        "Sigmoid",
-        "Softplus",
-        "Hardswish",
-        "Hardsigmoid",
-        "Hardtanh",
-    )
-    return tuple(getattr(nn, name) for name in names if hasattr(nn, name))
-
-
-ELEMENTWISE = _elementwise()
+ELEMENTWISE: tuple[type[nn.Module], ...] = tuple(
+    getattr(nn, name) for name in ELEMENTWISE_ACTIVATIONS if hasattr(nn, name)
+)
 NORMS = tuple(getattr(nn, name) for name in ("LayerNorm", "RMSNorm") if hasattr(nn, name))
 
 

@@ -10,14 +10,12 @@ many items there are in all, with the call that gets the next page.
 from __future__ import annotations
 
 import fnmatch
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from .. import budget
 from .. import results as R
-from ..store.runs import CHECKPOINTS, EVENTS, describe_run, list_runs, resolve_run
+from ..store.runs import CHECKPOINTS, EVENTS, describe_run, iter_jsonl, list_runs, resolve_run
 
 CAPTURE_KEYS = (
     "name",
@@ -66,7 +64,7 @@ def checkpoints(
     path = found.file(CHECKPOINTS)
     kept: list[R.CheckpointRecord] = []
     total = bad = 0
-    for record in _records(path):
+    for record in iter_jsonl(path):
         if record is None:
             bad += 1
             continue
@@ -106,7 +104,7 @@ def trace(home: Path, run: str | None, last: int = 10) -> R.Trace:
     path = found.file(EVENTS)
     steps: list[R.TraceStep] = []
     total = 0
-    for record in _records(path):
+    for record in iter_jsonl(path):
         if record is None or record.get("event") != "stopped":
             continue
         total += 1
@@ -150,24 +148,6 @@ def _step(record: dict[str, Any]) -> R.TraceStep:
     if record.get("condition_error"):
         step["condition_error"] = record["condition_error"]
     return _bounded_record(step)
-
-
-def _records(path: Path) -> Iterator[dict[str, Any] | None]:
-    """Each line's record, or None for a line that cannot be read (a kill can cut one short)."""
-    try:
-        fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    with fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                yield None
-                continue
-            yield record if isinstance(record, dict) else None
 
 
 def _bounded_record(record: Record) -> Record:

@@ -11,13 +11,12 @@ holds statistics, not enough to say what rounding explains.  Standard library on
 from __future__ import annotations
 
 import fnmatch
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from .. import budget
-from .runs import CHECKPOINTS, RunDir, resolve_run
+from .runs import CHECKPOINTS, RunDir, iter_jsonl, resolve_run
 
 if TYPE_CHECKING:  # the result shapes, for the type checker
     from typing import TypeGuard
@@ -76,33 +75,24 @@ def compare_runs(
 
 def _records(run: RunDir, name: str | None, hit: int | None) -> tuple[list[_Record], bool]:
     kept: list[_Record] = []
-    try:
-        fh = open(run.file(CHECKPOINTS), encoding="utf-8", errors="replace")  # noqa: SIM115
-    except (FileNotFoundError, NotADirectoryError):
-        return kept, False
-    with fh:
-        for line in fh:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line a kill cut short
-            if not isinstance(record, dict):
-                continue
-            if name and not fnmatch.fnmatchcase(str(record.get("checkpoint_name")), name):
-                continue
-            if hit is not None and record.get("hit_count") != hit:
-                continue
-            if len(kept) >= MAX_RECORDS:
-                return kept, True
-            kept.append(  # as debug_checkpoint wrote it
-                cast(
-                    "_Record",
-                    {
-                        k: record.get(k)
-                        for k in ("checkpoint_name", "hit_count", "variables", "location")
-                    },
-                )
+    for record in iter_jsonl(run.file(CHECKPOINTS)):
+        if record is None:
+            continue  # a line a kill cut short
+        if name and not fnmatch.fnmatchcase(str(record.get("checkpoint_name")), name):
+            continue
+        if hit is not None and record.get("hit_count") != hit:
+            continue
+        if len(kept) >= MAX_RECORDS:
+            return kept, True
+        kept.append(  # as debug_checkpoint wrote it
+            cast(
+                "_Record",
+                {
+                    k: record.get(k)
+                    for k in ("checkpoint_name", "hit_count", "variables", "location")
+                },
             )
+        )
     return kept, False
 
 

@@ -16,7 +16,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -402,14 +402,14 @@ def resolve_run(home: Path, spec: str | None) -> RunDir:
     raise MldbgError(f"no run {spec!r} under {root}{hint}", code=UNKNOWN_RUN, runs=close)
 
 
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Records, and how many lines could not be read (a kill can cut the last one short)."""
-    records: list[dict[str, Any]] = []
-    bad = 0
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any] | None]:
+    """Each record of a JSON-lines file, one line at a time (a run's 100k checkpoint
+    records never sit in memory at once), or None for a line that cannot be read (a kill
+    can cut the last one short); nothing for a file that is not there."""
     try:
-        fh = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
-    except FileNotFoundError:
-        return records, 0
+        fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
+    except (FileNotFoundError, NotADirectoryError):
+        return
     with fh:
         for line in fh:
             if not line.strip():
@@ -417,12 +417,20 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
             try:
                 record = json.loads(line)
             except ValueError:
-                bad += 1
+                yield None
                 continue
-            if isinstance(record, dict):
-                records.append(record)
-            else:
-                bad += 1
+            yield record if isinstance(record, dict) else None
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Records, and how many lines could not be read (a kill can cut the last one short)."""
+    records: list[dict[str, Any]] = []
+    bad = 0
+    for record in iter_jsonl(path):
+        if record is None:
+            bad += 1
+        else:
+            records.append(record)
     return records, bad
 
 

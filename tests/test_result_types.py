@@ -143,7 +143,7 @@ def test_parity_answers_fit_their_result_types(
     captures = store_queries.captures(home)
     _fits("captures", captures)
     assert [c["name"] for c in captures["captures"]] == ["port", "ref"]
-    compared = compare_answer(home, {"a": "ref", "b": "port"}, None)
+    compared = compare_answer(home, a="ref", b="port")
     _fits("compare", compared)
     assert not compared["ok"] and compared["counts"]["failed"] >= 1
     table = module_table("ref", "port", home=home)

@@ -7,7 +7,6 @@ come only on request, paged, and every cut says what was left out and how to get
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,40 +20,42 @@ LISTS_SHOWN = {"boundary_differences": 20, "warnings": 20, "notes": 20}
 NOTE_ENTRIES_SHOWN = 20  # a note on compounded quantization noise lists every entry it covers
 
 
-def compare_answer(home: Path, args: dict[str, Any], client_cwd: str | None) -> dict[str, Any]:
-    """Run ``mldbg.compare`` for a client whose paths are relative to ``client_cwd``."""
+def compare_answer(
+    home: Path,
+    *,
+    a: str,
+    b: str,
+    rtol: float | None = None,
+    atol: float | None = None,
+    map: dict[str, Any] | str | None = None,
+    layout: str | None = None,
+    replay: str | None = None,
+    shards: dict[str, int | str] | None = None,
+    html: str | None = None,
+    passing: bool = False,
+    inputs: bool = False,
+    offset: int = 0,
+    limit: int = 20,
+) -> dict[str, Any]:
+    """Run ``mldbg.compare`` and bound its answer (:func:`bounded`); paths are the
+    caller's to resolve (the daemon makes a client's relative to where the client runs)."""
     from . import compare
 
-    base = client_cwd or os.getcwd()
-
-    def local(spec: str | None) -> str | None:
-        if spec is None:
-            return None
-        path = os.path.join(base, os.path.expanduser(spec))
-        return path if os.path.exists(path) else spec
-
-    mapping = args.get("map")
     result = compare(
-        local(args["a"]),
-        local(args["b"]),
-        rtol=args.get("rtol"),
-        atol=args.get("atol"),
-        map=mapping if isinstance(mapping, dict) else local(mapping),
-        layout=args.get("layout"),
-        replay=args.get("replay"),
-        html=local(args.get("html")) if args.get("html") else None,
+        a,
+        b,
+        rtol=rtol,
+        atol=atol,
+        map=map,
+        layout=layout,
+        replay=replay,
+        html=html,
         home=home,
-        shards=args.get("shards"),
+        shards=shards,
     ).result
-    answer = bounded(
-        result,
-        passing=bool(args.get("passing")),
-        inputs=bool(args.get("inputs")),
-        offset=int(args.get("offset") or 0),
-        limit=int(args["limit"]) if args.get("limit") is not None else 20,
-    )
-    if args.get("html"):
-        answer["html"] = local(args["html"])
+    answer = bounded(result, passing=passing, inputs=inputs, offset=offset, limit=limit)
+    if html:
+        answer["html"] = html
     return answer
 
 

@@ -646,22 +646,22 @@ def compare(
 ) -> R.CompareSummary:
     from ..compare.answer import compare_answer
 
-    args = {
-        "a": a,
-        "b": b,
-        "rtol": rtol,
-        "atol": atol,
-        "map": map,
-        "layout": layout,
-        "replay": replay,
-        "shards": shards,
-        "html": html,
-        "passing": passing,
-        "inputs": inputs,
-        "limit": limit,
-        "offset": offset,
-    }
-    answer = compare_answer(store_home(manager, where), args, where.client_cwd)
+    answer = compare_answer(
+        store_home(manager, where),
+        a=where.local(a),
+        b=where.local(b),
+        rtol=rtol,
+        atol=atol,
+        map=map if isinstance(map, dict) or map is None else where.local(map),
+        layout=layout,
+        replay=replay,
+        shards=shards,
+        html=where.local(html) if html else None,
+        passing=passing,
+        inputs=inputs,
+        offset=offset,
+        limit=limit,
+    )
     return cast("R.CompareSummary", answer)
 
 

@@ -11,6 +11,11 @@ MLX modules the sampled measurement agrees with the full re-run of the same weig
 (a subclass: an unknown type, re-run in full).  The verdicts it feeds are checked by
 the parity suites (tests/test_parity*.py), which run with the sampling on.
 
+A call of another type that reads one tensor and returns one (a user's MLP, a call
+with children) is re-run on sampled rows when a re-run of those rows reproduces the
+forward's rows: measured on rows, it agrees with its whole re-run; a module whose rows
+read one another, or that refuses another row count, is re-run whole.
+
 And a call with children's rounding re-run (inputs kept) does not run again a leaf that
 reads the very objects it read in the forward: it answers with its output then, and
 the measurement is the same number.
@@ -297,3 +302,118 @@ def test_a_leaf_output_changed_in_place_by_its_parent_runs_again(home: Path) -> 
         model(torch.randn(2, 8))
     assert model.inner.calls == 4
     assert _root_line(cap.path)["sensitivity"] < 1e-5  # one rounding step, not a doubling
+
+
+# -- a module of unknown type observed to be row-wise: measured on sampled rows ------------
+
+
+class _Rows(nn.Module):
+    """A user's MLP (children Linear, GELU, Linear; not a type the capture knows) that
+    notes how many rows each of its calls reads.  ``mix``: each row also reads the mean
+    of all rows (what attention over tokens or a norm over the sequence does).
+    ``strict``: it refuses any other row count than ``rows``.  A keyword argument
+    (``extra=...``) makes a call the capture cannot re-run on rows: the full re-run."""
+
+    def __init__(self, width: int, mix: bool = False, strict: int | None = None) -> None:
+        super().__init__()
+        self.mix, self.strict = mix, strict
+        self.up, self.act, self.down = (
+            nn.Linear(width, 3 * width),
+            nn.GELU(),
+            nn.Linear(3 * width, width),
+        )
+        self.rows: list[int] = []
+
+    def forward(self, x: torch.Tensor, extra: object = None) -> torch.Tensor:
+        self.rows.append(x.numel() // x.shape[-1])
+        if self.strict is not None and x.shape[-2] != self.strict:
+            raise ValueError(f"wants {self.strict} rows")
+        if self.mix:
+            x = x + x.mean(dim=-2, keepdim=True)
+        return self.down(self.act(self.up(x)))
+
+
+def _return_line(path: Path, module: str) -> dict[str, object]:
+    lines = [json.loads(x) for x in (path / "index.jsonl").read_text().splitlines()]
+    seq = next(r["seq"] for r in lines if r["event"] == "call" and r["module"] == module)
+    found: dict[str, object] = next(r for r in lines if r["event"] == "return" and r["seq"] == seq)
+    return found
+
+
+def test_a_row_wise_module_of_unknown_type_is_measured_on_rows(home: Path) -> None:
+    """A user's MLP over 8 * SAMPLE_ROWS rows: its re-runs read at most SAMPLE_ROWS rows
+    (the base, the perturbed inputs, its children's outputs rounded), and what they
+    measure agrees with the same call re-run on every row (a keyword argument makes the
+    call one the capture re-runs whole)."""
+    torch.manual_seed(7)
+    x = _activations(8 * SAMPLE_ROWS, 24)
+    found = {}
+    for name, kwargs in (("rows", {}), ("whole", {"extra": None})):
+        torch.manual_seed(8)  # the same weights for both
+        model = _Rows(24).eval()
+        with torch.no_grad(), mldbg.capture(model, name) as cap:
+            model(x, **kwargs)
+        found[name] = (_return_line(cap.path, ""), list(model.rows))
+    (rows_line, rows_seen), (whole_line, whole_seen) = found["rows"], found["whole"]
+    assert rows_seen[0] == whole_seen[0] == 8 * SAMPLE_ROWS  # the forward
+    assert len(rows_seen) == 4 and max(rows_seen[1:]) <= SAMPLE_ROWS, rows_seen
+    assert whole_seen[1:] == [8 * SAMPLE_ROWS] * 2, whole_seen
+    for key in ("amplification", "sensitivity"):
+        ratio = float(rows_line[key]) / float(whole_line[key])  # type: ignore[arg-type]
+        assert 0.75 < ratio < 1.33, (key, rows_line, whole_line)
+    assert rows_line["step"] == whole_line["step"] == U32
+
+
+@pytest.mark.parametrize("kind", ["mixes rows", "wants its row count"])
+def test_a_module_that_is_not_row_wise_is_rerun_whole(kind: str) -> None:
+    """Each row also reading the mean of all rows: a subset computes other rows (the
+    base is far from the forward's), so the call is re-run whole and measures exactly
+    what the whole re-run does; a module that refuses another row count the same."""
+    torch.manual_seed(9)
+    x = _activations(8 * SAMPLE_ROWS, 24)
+    model = _Rows(24, mix=kind == "mixes rows", strict=8 * SAMPLE_ROWS).eval()
+    if kind == "mixes rows":
+        model.strict = None
+    with torch.no_grad():
+        y = model(x)
+    on_rows = measure_torch(model, (x,), {}, y, perturbations=Perturbations())
+    whole = measure_torch(model, (x,), {"extra": None}, y, perturbations=Perturbations())
+    assert on_rows == whole and on_rows is not None
+    # forward, the subset tried (its base, and its perturbed run where the base ran),
+    # the measurement's whole re-run, then the whole measurement's
+    assert model.rows[0] == model.rows[-2] == model.rows[-1] == 8 * SAMPLE_ROWS
+    assert max(model.rows[1:-2]) <= SAMPLE_ROWS, model.rows
+
+
+def test_an_mlx_module_of_unknown_type_is_measured_on_rows() -> None:
+    """The same for MLX: a user's MLP class over 8 * SAMPLE_ROWS rows, measured on rows,
+    agrees with the whole re-run; one whose rows read the mean of all rows is re-run whole."""
+
+    class Mlp(mnn.Module):
+        def __init__(self, mix: bool) -> None:
+            super().__init__()
+            self.mix = mix
+            self.up, self.down = mnn.Linear(24, 72), mnn.Linear(72, 24)
+            self.rows: list[int] = []
+
+        def __call__(self, x: mx.array, extra: object = None) -> mx.array:
+            self.rows.append(x.size // x.shape[-1])
+            if self.mix:
+                x = x + x.mean(axis=-2, keepdims=True)
+            return self.down(mnn.gelu(self.up(x)))
+
+    x = mx.array(_activations(8 * SAMPLE_ROWS, 24).numpy())
+    for mix in (False, True):
+        model = Mlp(mix)
+        y = model(x)
+        mx.eval(y)
+        on_rows = measure_mlx(model, Mlp.__call__, (x,), {}, y)
+        seen = list(model.rows)
+        whole = measure_mlx(model, Mlp.__call__, (x,), {"extra": None}, y)
+        assert on_rows is not None and whole is not None
+        if mix:
+            assert on_rows == whole and seen[-1] == 8 * SAMPLE_ROWS
+        else:
+            assert max(seen[1:]) <= SAMPLE_ROWS, seen
+            ratio = on_rows["amplification"] / whole["amplification"]
+            assert 0.75 < ratio < 1.33, (on_rows, whole)

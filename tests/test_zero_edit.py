@@ -60,6 +60,13 @@ def captures_of(home: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
+def _measured_calls(home: Path, name: str) -> int:
+    """How many of capture ``name``'s calls carry a measured sensitivity."""
+    (index,) = (home / "runs").glob(f"*/captures/{name}/index.jsonl")
+    lines = [json.loads(line) for line in index.read_text().splitlines()]
+    return sum(1 for line in lines if line["event"] == "return" and "sensitivity" in line)
+
+
 def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     api: Api, scripts: Path, tmp_path: Path
 ) -> None:
@@ -142,7 +149,15 @@ def test_cli_start_capture_summary_then_calls_limit(
         timeout=240,
         what="the reference to end",
     )
-    cli("start", "--capture", "port", "--capture-weights", "--run", PORT)
+    cli(
+        "start",
+        "--capture",
+        "port",
+        "--capture-weights",
+        "--capture-no-sensitivity",
+        "--run",
+        PORT,
+    )
     wait_until(
         lambda: cli("wait", "--max-wait", "10", json_out=True)["state"] == "exited",
         timeout=240,
@@ -150,6 +165,9 @@ def test_cli_start_capture_summary_then_calls_limit(
     )
     found = captures_of(tmp_path / ".mldbg")
     assert found["ref"]["mode"] == "summary"
+    # The reference's calls were measured (the default), the port's were not.
+    assert _measured_calls(tmp_path / ".mldbg", "ref") > 0
+    assert _measured_calls(tmp_path / ".mldbg", "port") == 0
     budget = found["ref"]["budget"]
     # At most one 1021-float64 sketch (and a header) per tensor, whatever its size.
     assert budget["used"] <= found["ref"]["tensors"] * (8 * 1021 + 4096)

@@ -272,6 +272,12 @@ CAPTURE_ARGS = (
         False,
     ),
     Arg(
+        "capture_no_sensitivity",
+        bool,
+        "skip the sensitivity re-runs (faster; compare then bounds by rounding alone)",
+        False,
+    ),
+    Arg(
         "capture_replay",
         str,
         "replay each model on this reference capture instead (its modules fed the "

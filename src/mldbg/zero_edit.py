@@ -68,6 +68,7 @@ class Spec:
     inputs: bool = True
     ops: list[str] | None = None
     weights: bool = False
+    sensitivity: bool = True  # the re-runs that measure each call's floor (compare's bounds)
     replay: str | None = None  # replay each model on this reference capture instead
 
     @classmethod
@@ -106,6 +107,7 @@ class Spec:
             inputs=bool(data.get("inputs", True)),
             ops=list(ops) if ops else None,
             weights=bool(data.get("weights", False)),
+            sensitivity=bool(data.get("sensitivity", True)),
             replay=_replay_name(data.get("replay")),
         )
 
@@ -229,6 +231,7 @@ class Tracker:
                 budget=spec.budget,
                 within=spec.within,
                 ops=spec.ops,
+                sensitivity=spec.sensitivity,
             )
             capture.__enter__()
         except Exception as exc:  # never break the script: say why this model is not captured

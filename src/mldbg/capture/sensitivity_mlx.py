@@ -140,5 +140,8 @@ class MlxFrame:
         diff = (b - a).reshape(a.shape[0], -1)
         return np.asarray((diff * diff).sum(axis=1))
 
+    def reshape(self, x: mx.array, shape: tuple[int, ...]) -> mx.array:
+        return x.reshape(shape)
+
 
 _FRAME = MlxFrame()

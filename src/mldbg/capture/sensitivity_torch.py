@@ -234,5 +234,8 @@ class TorchFrame:
         with torch.no_grad():
             return _row_squares(_difference(before, after.detach()).flatten(1))
 
+    def reshape(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        return x.reshape(shape)
+
 
 _FRAME = TorchFrame()

@@ -113,6 +113,7 @@ def start(
     capture_calls: int | None = None,
     capture_ops: list[str] | None = None,
     capture_weights: bool = False,
+    capture_no_sensitivity: bool = False,
     capture_replay: str | None = None,
 ) -> R.State:
     assert session is not None
@@ -134,6 +135,7 @@ def start(
         "calls": capture_calls,
         "ops": capture_ops or None,
         "weights": True if capture_weights else None,
+        "sensitivity": False if capture_no_sensitivity else None,
         "replay": capture_replay,
     }
     settings = _capture_settings(capture, options)
@@ -183,6 +185,7 @@ class CaptureOptions(TypedDict):
     calls: int | None
     ops: list[str] | None
     weights: bool | None
+    sensitivity: bool | None
     replay: str | None
 
 

@@ -64,6 +64,43 @@ def test_background_capture_matches_direct_capture(home: Path) -> None:
     assert meta["state"] == "complete" and meta["background"] == {"waits": 0}
 
 
+def test_a_torch_summary_is_computed_off_the_model_thread_with_the_same_numbers(
+    home: Path,
+) -> None:
+    """A torch summary (statistics and sketch) is computed by the writer from the call's
+    copy, by default: the same index lines and sketches as computed inline, and the
+    in-place change after the call is not in it."""
+    torch.manual_seed(1)
+    model = InPlace()
+    x = torch.randn(64, 16)
+    with torch.no_grad(), mldbg.capture(model, "inline", mode="summary", background=False) as a:
+        model(x)
+    with torch.no_grad(), mldbg.capture(model, "queued", mode="summary") as b:
+        model(x)
+    assert b.background and not a.background
+    strip = ("file", "site", "seconds", "sensitivity")
+    lines_a = [{k: v for k, v in r.items() if k not in strip} for r in index(a.path)]
+    lines_b = [{k: v for k, v in r.items() if k not in strip} for r in index(b.path)]
+    assert lines_a == lines_b  # the statistics are in the index lines
+    for line_a, line_b in zip(index(a.path), index(b.path), strict=True):
+        if line_a.get("file"):
+            assert (a.path / line_a["file"]).read_bytes() == (b.path / line_b["file"]).read_bytes()
+    lin_out = next(
+        r for r in index(b.path) if r["event"] == "return" and r["seq"] == 1 and r.get("tensors")
+    )
+    assert all(t["stats"]["rms"] > 0.1 for t in lin_out["tensors"].values()), lin_out
+
+
+def test_a_summary_of_a_model_off_the_cpu_stays_on_its_device(home: Path) -> None:
+    """A model with a tensor on another device (``meta`` here, as a GPU's would be): its
+    summary is computed where its tensors are, inline, not from host copies; full
+    captures copy to the host anyway and stay in the background."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, device="meta"))
+    assert not mldbg.capture(model, "m", mode="summary").background
+    assert mldbg.capture(model, "f").background
+    assert mldbg.capture(torch.nn.Linear(4, 4), "c", mode="summary").background
+
+
 def test_writer_makes_the_producer_wait_when_full() -> None:
     """A writer stuck on a slow disk: the next submission past ``max_bytes`` waits until
     the queued bytes are written, then goes in; everything runs in submission order."""

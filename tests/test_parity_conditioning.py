@@ -196,7 +196,9 @@ def test_bf16_input_into_a_float32_op_is_perturbed_in_float32() -> None:
 
 def test_without_the_measurement_the_clean_port_fails_at_the_embedding() -> None:
     """``sensitivity=False`` (no re-runs: a faster capture) is what compare saw before
-    this bound: the clean port is blamed at the sine of large arguments."""
+    this bound: the clean port is blamed at the sine of large arguments.  The port's
+    own measurement (taken here) is not used in its place: the floors come from the
+    reference alone, or a port's ill-conditioned formula would excuse itself."""
     ref, port = pair()
     with torch.no_grad(), mldbg.capture(ref, "ref", sensitivity=False) as cap:
         ref(torch.tensor([937.0]))

@@ -104,16 +104,19 @@ class Capture:
         self.within = within
         self.ops = _patterns(ops, "ops")
         self.sensitivity = sensitivity
-        # Off the critical path by default where it pays: full captures (summaries are
-        # small).  An MLX summary is computed with MLX operations, which stay on the
+        # Off the critical path by default: a full capture's writes, and the statistics
+        # and sketch of a torch model's summary on the CPU (a summary writes little, but
+        # computing it is ~10 passes over each tensor: 2.4x a plain forward inline at 128
+        # tokens, 1.8x in the background, benchmarks/README.md).  On a GPU the summary
+        # stays on the device, inline (the writer would copy every tensor to the host for
+        # 8 KB).  An MLX summary is computed with MLX operations, which stay on the
         # model's thread: it is always written inline.
-        self.background = (
-            False
-            if self.framework == "mlx" and self.policy.mode == "summary"
-            else background
-            if background is not None
-            else self.policy.mode == "full"
-        )
+        if self.framework == "mlx" and self.policy.mode == "summary":
+            self.background = False
+        elif background is not None:
+            self.background = background
+        else:
+            self.background = self.policy.mode == "full" or self._backend().on_host(self._target)
         if within is not None:
             self.include = _within(self._backend(), self._target, within)
         self.path: Path | None = None
@@ -397,9 +400,9 @@ def capture(
     seeded sketch per tensor instead of the tensor; ``depth`` records only calls nested at
     most that deep (0: the model's own call); ``budget`` (bytes, or ``"1GB"``) caps what
     tensor files may take, skipping (and reporting) what does not fit; ``within`` records
-    only module ``within`` and what it contains, in full.  ``background`` (default: on
-    for full captures; MLX summaries stay inline) writes files from a writer thread with
-    bounded memory.
+    only module ``within`` and what it contains, in full.  ``background`` (default: on,
+    except for summaries of MLX models and of torch models on an accelerator) writes
+    files, and computes torch summaries, on a writer thread with bounded memory.
     ``sensitivity`` (default on) re-runs each leaf call once on inputs perturbed by one
     rounding step, and each call one call above its leaves twice (its inline work: an
     attention's softmax), so compare can bound ill-conditioned ops (README, "How a verdict

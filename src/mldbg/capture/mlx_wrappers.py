@@ -260,6 +260,12 @@ class Unwritable:
         self.reason = reason
 
 
+def on_host(model: nn.Module) -> bool:
+    """Unified memory, but a summary is computed with MLX operations, which stay on the
+    model's thread: never computed by the writer."""
+    return False
+
+
 def snapshotter() -> Callable[[object], Prepared | Unwritable]:
     """The background writer's hand-off, taken on the model's thread."""
 

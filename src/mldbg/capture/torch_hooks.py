@@ -370,6 +370,13 @@ def _writable(value: object) -> tuple[torch.Tensor, bool]:
     return tensor, shared
 
 
+def on_host(model: nn.Module) -> bool:
+    """Every parameter and buffer of ``model`` is on the CPU (a summary computed from the
+    writer's CPU copies then costs no transfer)."""
+    tensors = (*model.parameters(), *model.buffers())
+    return all(t.device.type == "cpu" for t in tensors)
+
+
 def snapshot(value: object) -> torch.Tensor:
     """A CPU copy of ``value`` the background writer can write later (the model may change
     its own tensors in place meanwhile); raises for what cannot be captured.  Moving to

@@ -126,6 +126,9 @@ def test_capture_options_are_checked_at_start(session: Session, scripts: Path) -
     answer = session.start(REFERENCE, capture_depth=2, expect=400)
     assert answer["code"] == "bad_argument"
     assert "capture name" in answer["error"]
+    answer = session.start(REFERENCE, capture_no_sensitivity=True, expect=400)
+    assert answer["code"] == "bad_argument"
+    assert "capture_no_sensitivity needs a capture name" in answer["error"]
 
 
 def test_cli_start_capture_summary_then_calls_limit(

@@ -194,8 +194,9 @@ def _capture_settings(capture: str | None, options: CaptureOptions) -> tuple[str
     given = [k for k, v in options.items() if v is not None and not (k == "mode" and v == "full")]
     if not capture:
         if given:
+            argument = "no_sensitivity" if given[0] == "sensitivity" else given[0]
             raise MldbgError(
-                f"capture_{given[0]} needs a capture name (capture=NAME)",
+                f"capture_{argument} needs a capture name (capture=NAME)",
                 code=BAD_ARGUMENT,
                 argument="capture",
             )

@@ -163,6 +163,25 @@ def test_compare_at_defaults_names_the_true_module(case: Case, home: Path) -> No
     check_verdict(z, result)
 
 
+@NO_DIFFUSERS
+def test_a_bug_inline_in_a_block_whose_output_stays_in_bounds_is_named(home: Path) -> None:
+    """PixArt in bfloat16 with the modulation wrong (computed inline in each block), other
+    weights (seed 1): block 0's output stays within its bfloat16 bound (the attention
+    branch is gated), so no call's *output* shows where the difference was made; but the
+    input of its attention, computed by the block between its children, differs while
+    everything before agrees.  The block is named, not the next block's attention (the
+    first call whose jump the difference reaches)."""
+    z = build(Case("pixart", "bfloat16", "modulation"), seed=1)
+    capture(z)
+    result = mldbg.compare("ref", "port", map=z.map).result
+    block_out = next(e for e in result["entries"] if e["name"] == "transformer_blocks.0#0.out")
+    assert block_out["ok"], summary(result)  # the premise: its own output hides the bug
+    check_verdict(z, result)
+    assert (
+        "computes inline for transformer_blocks.0.attn1#0" in result["first_divergence"]["reason"]
+    ), summary(result)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_replay_confirms_the_verdict(case: Case, home: Path) -> None:
     """Each port module on the reference's own inputs: local errors, free of upstream drift."""

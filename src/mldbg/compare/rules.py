@@ -16,8 +16,9 @@ boundary differences for the rules after it).  :data:`RULES` is the order; the R
 4. ``glue``: the first difference is an *input* of a top-level call (a later step of a
    loop, the next model of a pipeline, or the runs' very first inputs) while everything
    before agrees -> the code between the calls, named with both call sites.
-5. ``growth``: among calls whose output error grows beyond what their inputs explain,
-   the one whose jump explains what reaches the outputs (see :func:`growth`); a child or
+5. ``growth``: among calls whose output error grows beyond what their inputs explain
+   (or whose inline code made a child's inputs differ: :func:`_inline_suspects`), the
+   one whose jump explains what reaches the outputs (see :func:`growth`); a child or
    sibling the port has as a module but never calls is named instead.
 6. ``quantized``: no suspect, and all that fails is downstream of quantized port
    modules -> compounded quantization noise: a note, no culprit (replay can tell more).
@@ -474,8 +475,59 @@ def _suspects(evidence: Evidence, verdict: Verdict) -> list[_Suspect]:
         else:
             reason = "first output whose error grows (inputs not compared)"
         found.append(_Suspect(call, bad_out, reason, inputs_compared, in_err, out_err))
+    found.extend(_inline_suspects(evidence, verdict, {s.call.seq for s in found}))
     never = 1 << 62
     found.sort(key=lambda s: (never if s.call.end_order is None else s.call.end_order, s.call.seq))
+    return found
+
+
+def _inline_suspects(evidence: Evidence, verdict: Verdict, suspected: set[int]) -> list[_Suspect]:
+    """Calls that made a difference inline although their own outputs pass.
+
+    A block whose output stays within its bound (a gated branch, a residual that
+    dominates, a bfloat16 bound) can still have computed something wrong between its
+    children: a child's inputs differ beyond their bound while the block's own inputs,
+    and every output that ended before that child started, agree.  What the child read
+    was computed by the block's own code (a modulation, a scale, a mask), so the block
+    is a suspect, that intermediate standing for its output; without this the first
+    call the difference reaches with a large enough jump was named instead (a later
+    block's attention).  Differences set aside as moved across a boundary are not
+    counted; ``suspected``: calls already suspects by their outputs."""
+    calls, by_call = evidence.calls, evidence.by_call
+    boundary_keys = {(b["module"], b["call"]) for b in verdict.boundaries}
+    moved = {name for b in verdict.boundaries for name in b["entries"]}
+    by_seq = {c.seq: c for c in calls.values()}
+    found: list[_Suspect] = []
+    children = sorted(
+        (c for c in calls.values() if c.parent is not None), key=lambda c: c.start_order or 0
+    )
+    for child in children:
+        key = (child.module, child.call)
+        roles = by_call.get(key)
+        parent = by_seq.get(child.parent) if child.parent is not None else None
+        if roles is None or parent is None or parent.seq in suspected or key in boundary_keys:
+            continue
+        bad_in = [r for r in roles["in"] if _bad(r) and r["name"] not in moved]
+        parent_in = by_call.get((parent.module, parent.call), {"in": []})["in"]
+        if not bad_in or not parent_in or any(_bad(r) for r in parent_in):
+            continue
+        start = child.start_order or 0
+        if any(
+            _bad(r)
+            for r in evidence.results
+            if r["role"] == "out" and _ended_before(evidence, r, start)
+        ):
+            continue
+        in_err, out_err = _worst_rel(parent_in), _worst_rel(bad_in)
+        bound = max((r.get("expected_local") or 0.0) for r in bad_in)
+        if out_err <= GROWTH * in_err + bound:
+            continue
+        reason = (
+            f"inputs agree, but what it computes inline for {child.module}#{child.call} "
+            f"differs (relative error {out_err:.3g}) while everything before agrees"
+        )
+        found.append(_Suspect(parent, bad_in, reason, True, in_err, out_err))
+        suspected.add(parent.seq)
     return found
 
 

@@ -8,7 +8,7 @@ hold, for the code of ``compare/`` that builds and reads them.
 
 from __future__ import annotations
 
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 # A JSON float: a finite number, or "nan" / "inf" / "-inf" (never a bare NaN).
 JsonNumber = float | str
@@ -86,6 +86,8 @@ class Estimated(TypedDict):
     method: str
     buckets: int
     accuracy: float
+    # rel_rms is a lower bound of the error, not an estimate (summaries of two layouts)
+    lower_bound: NotRequired[bool]
 
 
 class LocalError(TypedDict, total=False):

@@ -11,11 +11,14 @@ What a sketch cannot give is left ``None``: element-wise numbers (``max_abs``,
 ``mismatched``, ``worst``), ``rel_max`` (the scale test then holds ``rel_rms`` alone).
 Under explicit ``--rtol/--atol`` the pair passes when the RMS error is within
 ``atol + rtol * rms(a)``.  Two summaries whose layouts differ (an NHWC port of an NCHW
-reference) cannot be compared: sketches do not commute with a transpose.
+reference) cannot be compared by their sketches (sketches do not commute with a
+transpose): their statistics give a lower bound of the error instead
+(:func:`_across_layouts`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..capture.sketch import ACCURACY, estimate, summarize_numpy
@@ -53,11 +56,7 @@ def compare_summaries(
     """The metric fields of one pair, estimated (``estimated`` says how)."""
     result = _not_measured()
     if permutation is not None and ea.stats is not None and eb.stats is not None:
-        return _failed(
-            result,
-            f"summaries of different layouts ({ea.shape} vs {eb.shape}) cannot be compared: "
-            "capture this module in full (mode=full, within=MODULE)",
-        )
+        return _across_layouts(result, ea.stats, eb.stats, rtol, atol)
     try:
         sketch_a, stats_a = _sketch(a, ea, _inverse(permutation) if eb.stats is not None else None)
         sketch_b, stats_b = _sketch(b, eb, permutation if ea.stats is not None else None)
@@ -71,11 +70,11 @@ def compare_summaries(
     exact = bool(numbers["exact"])
     nonfinite = abs(numbers["nan_a"] - numbers["nan_b"]) + abs(numbers["inf_a"] - numbers["inf_b"])
     rel_rms = numbers["rel_rms"]
-    rms_a = numbers["rms_a"] or 0.0
-    if rtol == 0 and atol == 0:
-        ok = bool(numbers["identical"])
-    else:
-        ok = rel_rms is not None and rel_rms * rms_a <= atol + rtol * rms_a
+    ok = (
+        bool(numbers["identical"])
+        if rtol == 0 and atol == 0
+        else _within(rel_rms, numbers["rms_a"], rtol, atol)
+    )
     result.update(
         {
             "numel": numbers["numel"],
@@ -100,6 +99,73 @@ def compare_summaries(
         }
     )
     return result
+
+
+def _across_layouts(
+    result: EntryResult, stats_a: dict[str, Any], stats_b: dict[str, Any], rtol: float, atol: float
+) -> EntryResult:
+    """Two summaries of different layouts (an NHWC port of an NCHW reference): sketches
+    do not commute with a transpose, but the statistics do not depend on the order of
+    the elements, and they bound the error from below.  For ``d = b - a`` over ``n``
+    finite elements, ``| ||b|| - ||a|| | <= ||d||`` (the triangle inequality) and
+    ``|sum b - sum a| <= sqrt(n) ||d||`` (Cauchy-Schwarz), so
+
+        rel_rms >= max(| ||b|| - ||a|| |, sqrt(n) |mean_b - mean_a|) / ||a||
+
+    That bound is the entry's ``rel_rms`` (``estimated.lower_bound``): a port that
+    agrees stays within its bound, and one that fails it differs at least that much,
+    but a difference that keeps the norm and the mean (a permutation of the elements)
+    passes unseen.  A full capture of the module (``within=``) measures it."""
+    numel = int(stats_a.get("numel") or 0)
+    finite_a = numel - int(stats_a.get("nan") or 0) - int(stats_a.get("inf") or 0)
+    norm_a, norm_b = float(stats_a.get("norm") or 0.0), float(stats_b.get("norm") or 0.0)
+    means = stats_a.get("mean"), stats_b.get("mean")
+    gap = abs(norm_b - norm_a)
+    if means[0] is not None and means[1] is not None and finite_a > 0:
+        gap = max(gap, math.sqrt(finite_a) * abs(float(means[1]) - float(means[0])))
+    rel_rms = gap / norm_a if norm_a > 0 else (0.0 if gap == 0 and norm_b == 0 else math.inf)
+    nan_a, nan_b = int(stats_a.get("nan") or 0), int(stats_b.get("nan") or 0)
+    inf_a, inf_b = int(stats_a.get("inf") or 0), int(stats_b.get("inf") or 0)
+    nonfinite = abs(nan_a - nan_b) + abs(inf_a - inf_b)
+    rms_a = norm_a / math.sqrt(numel) if numel else None
+    result.update(
+        {
+            "numel": numel,
+            "rel_rms": rel_rms,
+            "cosine": None,
+            "rms_a": rms_a,
+            "rms_b": norm_b / math.sqrt(numel) if numel else None,
+            "range_a": _width(stats_a),
+            "range_b": _width(stats_b),
+            "nan_a": nan_a,
+            "nan_b": nan_b,
+            "inf_a": inf_a,
+            "inf_b": inf_b,
+            "nonfinite_mismatched": nonfinite,
+            "ok": nonfinite == 0 and _within(rel_rms, rms_a, rtol, atol),
+            "error": None,
+            "estimated": {
+                "method": "statistics (the layouts differ): a lower bound",
+                "buckets": 0,
+                "accuracy": 0.0,
+                "lower_bound": True,
+            },
+        }
+    )
+    return result
+
+
+def _within(rel_rms: float | None, rms_a: float | None, rtol: float, atol: float) -> bool:
+    """The RMS error within ``atol + rtol * rms(a)`` (exactly zero when both are 0)."""
+    if rtol == 0 and atol == 0:
+        return rel_rms == 0
+    scale = rms_a or 0.0
+    return rel_rms is not None and rel_rms * scale <= atol + rtol * scale
+
+
+def _width(stats: dict[str, Any]) -> float | None:
+    low, high = stats.get("min"), stats.get("max")
+    return None if low is None or high is None else float(high) - float(low)
 
 
 def _failed(result: EntryResult, error: str) -> EntryResult:

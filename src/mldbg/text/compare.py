@@ -172,6 +172,7 @@ def _verdict(result: dict[str, Any]) -> None:
         else f"element-wise: rtol {result.get('rtol')}, atol {result.get('atol')}"
     )
     out.print(f"{summary} [dim](test: {tolerance})[/]")
+    _print_estimates(result["entries"])
     for side in ("a", "b"):
         names = result[f"unpaired_{side}"]
         if names:
@@ -230,6 +231,22 @@ def _verdict(result: dict[str, Any]) -> None:
 NOTES_SHOWN = 5
 OP_CALLS_SHOWN = 4  # module calls whose operations are summed up (all are in --json)
 OPS_BEFORE = 2  # agreeing operations shown before the first diverging one
+
+
+def _print_estimates(entries: list[dict[str, Any]]) -> None:
+    """How many entries a summary capture let compare only estimate, and how."""
+    estimated = [e["estimated"] for e in entries if e.get("estimated")]
+    if not estimated:
+        return
+    bounded = sum(1 for e in estimated if e.get("lower_bound"))
+    line = f"{len(estimated)} estimated from summaries"
+    if bounded:
+        line += (
+            f", {bounded} of them from statistics alone (the layouts differ): a lower bound "
+            "of the error, blind to a difference that keeps the norm and mean; capture such "
+            "a module in full (within=) to measure it"
+        )
+    out.print(f"[dim]{line}[/]")
 
 
 def _print_next_steps(result: dict[str, Any]) -> None:

@@ -426,10 +426,14 @@ def measure(
                         worst = max(worst, moved_by)
                 return worst
 
-            def rounding_rerun(a: tuple[object, ...]) -> object:
+            def rounding_rerun(
+                a: tuple[object, ...], k: Mapping[str, object], held: Sequence[HeldCall] = ()
+            ) -> object:
+                """A re-run with every captured descendant's output rounded (``held``:
+                the children that may answer from the forward, when ``a`` is its input)."""
                 drawn[0] = 0
-                with _rounding(owner, rounded):
-                    return rerun(a, {})
+                with _rounding(owner, rounded), _holding(owner, held):
+                    return rerun(a, dict(k))
 
             found: Sensitivity = {"step": u_out}
             own: float | None = None  # its own rounding's effect, when measured on rows
@@ -464,9 +468,7 @@ def measure(
             if with_children and own is not None:
                 found["sensitivity"] = own
             elif with_children:  # what its own rounding becomes (inputs as they were)
-                drawn[0] = 0
-                with _rounding(owner, rounded), _holding(owner, held):
-                    own = change(rerun(args, dict(kwargs)))
+                own = change(rounding_rerun(args, kwargs, held))
                 if own is None:
                     return None
                 found["sensitivity"] = own
@@ -510,6 +512,29 @@ def estimate_change(
     return math.sqrt(total / energy)
 
 
+def _drawn_rows(
+    frame: Frame[T], x: T, y: T, row_dims: int, perturbations: Perturbations
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float] | None:
+    """The rows of a call that reads ``x`` and returns ``y`` to re-run, as
+    :func:`row_sample` draws them, and ``y``'s energy; None when ``x`` has other leading
+    dimensions than ``y`` (rows: all but the last ``row_dims``), at most
+    ``2 * SAMPLE_ROWS`` rows, or ``y`` no finite energy (then the whole call is re-run)."""
+    x_shape, y_shape = frame.shape(x), frame.shape(y)
+    lead = len(x_shape) - row_dims
+    if lead < 1 or len(y_shape) != len(x_shape) or y_shape[:lead] != x_shape[:lead]:
+        return None
+    if math.prod(x_shape[:lead]) <= 2 * SAMPLE_ROWS:
+        return None
+    y_energy = frame.row_energies(y, row_dims)
+    energy = float(y_energy.sum())
+    if not energy > 0 or not math.isfinite(energy):
+        return None
+    picked, counts, weights = row_sample(
+        frame.row_energies(x, row_dims), y_energy, SAMPLE_ROWS, perturbations.offset()
+    )
+    return picked, counts, weights, energy
+
+
 def _sampled_change(
     frame: Frame[T],
     rerun: Rerun,
@@ -524,19 +549,10 @@ def _sampled_change(
     :func:`measure`, within its re-run."""
     if not frame.is_float(x):
         return None
-    x_shape, y_shape = frame.shape(x), frame.shape(y)
-    lead = len(x_shape) - row_dims
-    if lead < 1 or len(y_shape) != len(x_shape) or y_shape[:lead] != x_shape[:lead]:
+    drawn = _drawn_rows(frame, x, y, row_dims, perturbations)
+    if drawn is None:
         return None
-    if math.prod(x_shape[:lead]) <= 2 * SAMPLE_ROWS:
-        return None
-    y_energy = frame.row_energies(y, row_dims)
-    energy = float(y_energy.sum())
-    if not energy > 0 or not math.isfinite(energy):
-        return None
-    picked, counts, weights = row_sample(
-        frame.row_energies(x, row_dims), y_energy, SAMPLE_ROWS, perturbations.offset()
-    )
+    picked, counts, weights, energy = drawn
     again = rerun((moved(frame.take_rows(x, row_dims, picked)),), {})
     if not frame.is_float(again):
         return None
@@ -556,7 +572,7 @@ def _observed_change(
     y: T,
     moved: Callable[[object], object],
     perturbations: Perturbations,
-    rounding: Callable[[tuple[object, ...]], object] | None,
+    rounding: Callable[[tuple[object, ...], Mapping[str, object]], object] | None,
 ) -> tuple[float, float | None] | None:
     """A call of unknown type that reads one tensor and returns one, measured on
     ``SAMPLE_ROWS`` rows of its last dimension when it is *observed* to be row-wise:
@@ -578,18 +594,11 @@ def _observed_change(
     try:
         if not frame.is_float(x):
             return None
+        drawn = _drawn_rows(frame, x, y, 1, perturbations)
+        if drawn is None:
+            return None
+        picked, counts, weights, energy = drawn
         x_shape, y_shape = frame.shape(x), frame.shape(y)
-        if len(x_shape) < 2 or len(y_shape) != len(x_shape) or y_shape[:-1] != x_shape[:-1]:
-            return None
-        if math.prod(x_shape[:-1]) <= 2 * SAMPLE_ROWS:
-            return None
-        y_energy = frame.row_energies(y, 1)
-        energy = float(y_energy.sum())
-        if not energy > 0 or not math.isfinite(energy):
-            return None
-        picked, counts, weights = row_sample(
-            frame.row_energies(x, 1), y_energy, SAMPLE_ROWS, perturbations.offset()
-        )
         size = len(picked)
         # The sample keeps the input's rank (a leading 1 per outer dimension): a module
         # that unpacks ``batch, tokens, features`` still reads it.
@@ -618,7 +627,7 @@ def _observed_change(
             return None
         if rounding is None:
             return through, None
-        own = estimated(base, rows_of(rounding((subset,))))
+        own = estimated(base, rows_of(rounding((subset,), {})))
         return (through, own) if math.isfinite(own) else None
     except Exception:
         return None

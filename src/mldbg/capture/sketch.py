@@ -209,20 +209,28 @@ def estimate(
     b = np.asarray(sketch_b, dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"sketches of different sizes ({a.size} vs {b.size})")
-    numel = int(stats_a.get("numel") or 0)
+    numel = int(stats_a.get("numel") or 0)  # the sketches' size says the same
     difference = float(np.linalg.norm(b - a))
     norm_a = float(stats_a.get("norm") or 0.0)
     norm_b = float(stats_b.get("norm") or 0.0)
     sketch_norms = float(np.linalg.norm(a)) * float(np.linalg.norm(b))
-    rel_rms: float | None
-    if norm_a > 0:
-        rel_rms = difference / norm_a
-    else:
-        rel_rms = 0.0 if difference == 0 and norm_b == 0 else math.inf
+    return {
+        **paired_statistics(stats_a, stats_b),
+        "rel_rms": relative(difference, norm_a, norm_b),
+        "cosine": float(a @ b) / sketch_norms if sketch_norms > 0 else None,
+        "exact": numel <= SKETCH_SIZE,
+        "identical": difference == 0.0,
+    }
+
+
+def paired_statistics(stats_a: dict[str, Any], stats_b: dict[str, Any]) -> dict[str, Any]:
+    """What two tensors' statistics say exactly, whatever the order of their elements:
+    ``numel``, ``rms_a``/``rms_b``, the ranges' widths and the NaN/Inf counts."""
+    numel = int(stats_a.get("numel") or 0)
+    norm_a = float(stats_a.get("norm") or 0.0)
+    norm_b = float(stats_b.get("norm") or 0.0)
     return {
         "numel": numel,
-        "rel_rms": rel_rms,
-        "cosine": float(a @ b) / sketch_norms if sketch_norms > 0 else None,
         "rms_a": norm_a / math.sqrt(numel) if numel else None,
         "rms_b": norm_b / math.sqrt(numel) if numel else None,
         "range_a": _range(stats_a),
@@ -231,9 +239,14 @@ def estimate(
         "nan_b": int(stats_b.get("nan") or 0),
         "inf_a": int(stats_a.get("inf") or 0),
         "inf_b": int(stats_b.get("inf") or 0),
-        "exact": numel <= SKETCH_SIZE,
-        "identical": difference == 0.0,
     }
+
+
+def relative(difference: float, norm_a: float, norm_b: float) -> float:
+    """``difference / ||a||``: 0 when both are zero, infinite when only ``a`` is."""
+    if norm_a > 0:
+        return difference / norm_a
+    return 0.0 if difference == 0 and norm_b == 0 else math.inf
 
 
 def _range(stats: dict[str, Any]) -> float | None:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..capture.sketch import ACCURACY, estimate, summarize_numpy
+from ..capture.sketch import ACCURACY, estimate, paired_statistics, relative, summarize_numpy
 from ..errors import UNREADABLE
-from .records import EntryResult
+from .records import EntryResult, Estimated
 from .sources import CompareInputError, Entry, Source
 
 
@@ -68,37 +68,18 @@ def compare_summaries(
     except (ValueError, TypeError) as exc:
         return _failed(result, f"cannot compare the summaries: {exc}")
     exact = bool(numbers["exact"])
-    nonfinite = abs(numbers["nan_a"] - numbers["nan_b"]) + abs(numbers["inf_a"] - numbers["inf_b"])
     rel_rms = numbers["rel_rms"]
     ok = (
         bool(numbers["identical"])
         if rtol == 0 and atol == 0
         else _within(rel_rms, numbers["rms_a"], rtol, atol)
     )
-    result.update(
-        {
-            "numel": numbers["numel"],
-            "rel_rms": rel_rms,
-            "cosine": numbers["cosine"],
-            "rms_a": numbers["rms_a"],
-            "rms_b": numbers["rms_b"],
-            "range_a": numbers["range_a"],  # the width of the range: a summary keeps no more
-            "range_b": numbers["range_b"],
-            "nan_a": numbers["nan_a"],
-            "nan_b": numbers["nan_b"],
-            "inf_a": numbers["inf_a"],
-            "inf_b": numbers["inf_b"],
-            "nonfinite_mismatched": nonfinite,
-            "ok": bool(ok) and nonfinite == 0,
-            "error": None,
-            "estimated": {
-                "method": "exact (small tensor)" if exact else "sketch",
-                "buckets": int(sketch_a.size),
-                "accuracy": 0.0 if exact else ACCURACY,
-            },
-        }
-    )
-    return result
+    estimated: Estimated = {
+        "method": "exact (small tensor)" if exact else "sketch",
+        "buckets": int(sketch_a.size),
+        "accuracy": 0.0 if exact else ACCURACY,
+    }
+    return _judged(result, numbers, rel_rms, numbers["cosine"], ok, estimated)
 
 
 def _across_layouts(
@@ -116,40 +97,52 @@ def _across_layouts(
     agrees stays within its bound, and one that fails it differs at least that much,
     but a difference that keeps the norm and the mean (a permutation of the elements)
     passes unseen.  A full capture of the module (``within=``) measures it."""
-    numel = int(stats_a.get("numel") or 0)
-    finite_a = numel - int(stats_a.get("nan") or 0) - int(stats_a.get("inf") or 0)
+    numbers = paired_statistics(stats_a, stats_b)
+    finite_a = numbers["numel"] - numbers["nan_a"] - numbers["inf_a"]
     norm_a, norm_b = float(stats_a.get("norm") or 0.0), float(stats_b.get("norm") or 0.0)
     means = stats_a.get("mean"), stats_b.get("mean")
     gap = abs(norm_b - norm_a)
     if means[0] is not None and means[1] is not None and finite_a > 0:
         gap = max(gap, math.sqrt(finite_a) * abs(float(means[1]) - float(means[0])))
-    rel_rms = gap / norm_a if norm_a > 0 else (0.0 if gap == 0 and norm_b == 0 else math.inf)
-    nan_a, nan_b = int(stats_a.get("nan") or 0), int(stats_b.get("nan") or 0)
-    inf_a, inf_b = int(stats_a.get("inf") or 0), int(stats_b.get("inf") or 0)
-    nonfinite = abs(nan_a - nan_b) + abs(inf_a - inf_b)
-    rms_a = norm_a / math.sqrt(numel) if numel else None
+    rel_rms = relative(gap, norm_a, norm_b)
+    estimated: Estimated = {
+        "method": "statistics (the layouts differ): a lower bound",
+        "buckets": 0,
+        "accuracy": 0.0,
+        "lower_bound": True,
+    }
+    ok = _within(rel_rms, numbers["rms_a"], rtol, atol)
+    return _judged(result, numbers, rel_rms, None, ok, estimated)
+
+
+def _judged(
+    result: EntryResult,
+    numbers: dict[str, Any],
+    rel_rms: float | None,
+    cosine: float | None,
+    ok: bool,
+    estimated: Estimated,
+) -> EntryResult:
+    """``result`` with what the summaries say (``numbers``: ``paired_statistics``' fields)
+    and the verdict: ``ok`` unless the NaN/Inf counts differ."""
+    nonfinite = abs(numbers["nan_a"] - numbers["nan_b"]) + abs(numbers["inf_a"] - numbers["inf_b"])
     result.update(
         {
-            "numel": numel,
+            "numel": numbers["numel"],
             "rel_rms": rel_rms,
-            "cosine": None,
-            "rms_a": rms_a,
-            "rms_b": norm_b / math.sqrt(numel) if numel else None,
-            "range_a": _width(stats_a),
-            "range_b": _width(stats_b),
-            "nan_a": nan_a,
-            "nan_b": nan_b,
-            "inf_a": inf_a,
-            "inf_b": inf_b,
+            "cosine": cosine,
+            "rms_a": numbers["rms_a"],
+            "rms_b": numbers["rms_b"],
+            "range_a": numbers["range_a"],  # the width of the range: a summary keeps no more
+            "range_b": numbers["range_b"],
+            "nan_a": numbers["nan_a"],
+            "nan_b": numbers["nan_b"],
+            "inf_a": numbers["inf_a"],
+            "inf_b": numbers["inf_b"],
             "nonfinite_mismatched": nonfinite,
-            "ok": nonfinite == 0 and _within(rel_rms, rms_a, rtol, atol),
+            "ok": bool(ok) and nonfinite == 0,
             "error": None,
-            "estimated": {
-                "method": "statistics (the layouts differ): a lower bound",
-                "buckets": 0,
-                "accuracy": 0.0,
-                "lower_bound": True,
-            },
+            "estimated": estimated,
         }
     )
     return result
@@ -161,11 +154,6 @@ def _within(rel_rms: float | None, rms_a: float | None, rtol: float, atol: float
         return rel_rms == 0
     scale = rms_a or 0.0
     return rel_rms is not None and rel_rms * scale <= atol + rtol * scale
-
-
-def _width(stats: dict[str, Any]) -> float | None:
-    low, high = stats.get("min"), stats.get("max")
-    return None if low is None or high is None else float(high) - float(low)
 
 
 def _failed(result: EntryResult, error: str) -> EntryResult:

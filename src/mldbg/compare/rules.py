@@ -95,6 +95,12 @@ class Verdict:
     rule: str | None = None
     undecided: str | None = None  # why no culprit can be named (too few entries pair)
 
+    def set_aside(self) -> tuple[set[CallKey], set[str]]:
+        """The boundary differences' calls, and the entries they cover: what no rule
+        after ``boundary`` counts."""
+        calls = {(b["module"], b["call"]) for b in self.boundaries}
+        return calls, {name for b in self.boundaries for name in b["entries"]}
+
 
 Rule = Callable[[Evidence, Verdict], Verdict | None]
 
@@ -161,12 +167,7 @@ def glue(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     call = evidence.calls.get(key)  # type: ignore[arg-type]
     if call is None or call.parent is not None:
         return None
-    start = call.start_order
-    if any(
-        not r["ok"]
-        for r in evidence.results
-        if r["role"] == "out" and _ended_before(evidence, r, start)
-    ):
+    if any(not r["ok"] for r in _outputs_ended_before(evidence, call.start_order)):
         return None
     previous = _previous_top_level(evidence, call)
     roles = evidence.by_call.get((call.module, call.call), {"in": [], "out": []})
@@ -439,7 +440,7 @@ class _Suspect:
 def _suspects(evidence: Evidence, verdict: Verdict) -> list[_Suspect]:
     """Calls whose output error grows beyond what their inputs explain, in end order."""
     calls, by_call = evidence.calls, evidence.by_call
-    boundary_keys = {(b["module"], b["call"]) for b in verdict.boundaries}
+    boundary_keys, _moved = verdict.set_aside()
     finished = sorted(
         (calls[k].end_order or 0, _worst_rel(roles["out"]))
         for k, roles in by_call.items()
@@ -494,8 +495,7 @@ def _inline_suspects(evidence: Evidence, verdict: Verdict, suspected: set[int]) 
     block's attention).  Differences set aside as moved across a boundary are not
     counted; ``suspected``: calls already suspects by their outputs."""
     calls, by_call = evidence.calls, evidence.by_call
-    boundary_keys = {(b["module"], b["call"]) for b in verdict.boundaries}
-    moved = {name for b in verdict.boundaries for name in b["entries"]}
+    boundary_keys, moved = verdict.set_aside()
     by_seq = {c.seq: c for c in calls.values()}
     found: list[_Suspect] = []
     children = sorted(
@@ -511,12 +511,7 @@ def _inline_suspects(evidence: Evidence, verdict: Verdict, suspected: set[int]) 
         parent_in = by_call.get((parent.module, parent.call), {"in": []})["in"]
         if not bad_in or not parent_in or any(_bad(r) for r in parent_in):
             continue
-        start = child.start_order or 0
-        if any(
-            _bad(r)
-            for r in evidence.results
-            if r["role"] == "out" and _ended_before(evidence, r, start)
-        ):
+        if any(_bad(r) for r in _outputs_ended_before(evidence, child.start_order or 0)):
             continue
         in_err, out_err = _worst_rel(parent_in), _worst_rel(bad_in)
         bound = max((r.get("expected_local") or 0.0) for r in bad_in)
@@ -591,8 +586,7 @@ def _located(evidence: Evidence, culprit: Culprit) -> Culprit:
 
 
 def _unexplained(evidence: Evidence, verdict: Verdict) -> list[EntryResult]:
-    boundary_keys = {(b["module"], b["call"]) for b in verdict.boundaries}
-    moved = {name for b in verdict.boundaries for name in b["entries"]}
+    boundary_keys, moved = verdict.set_aside()
     return [
         r
         for r in evidence.failing
@@ -620,6 +614,11 @@ def _seen_later(evidence: Evidence, suspect: _Suspect) -> bool:
         if call is not None and call.start_order > end:
             return True
     return False
+
+
+def _outputs_ended_before(evidence: Evidence, order: int) -> list[EntryResult]:
+    """The output entries of every call that ended before ``order``."""
+    return [r for r in evidence.results if r["role"] == "out" and _ended_before(evidence, r, order)]
 
 
 def _ended_before(evidence: Evidence, result: EntryResult, order: int) -> bool:

@@ -240,6 +240,19 @@ def session(api: Api, tmp_path: Path) -> Iterator[Session]:
 
 
 @pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private run store for captures and compares made in this process: ``MLDBG_HOME``
+    under the test's ``tmp_path``, and the process's current run (process-wide) forgotten
+    before and after, so each test's captures land in a run of its own."""
+    from mldbg.store import current_run
+
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
+    current_run.reset()
+    yield tmp_path / "store"
+    current_run.reset()
+
+
+@pytest.fixture
 def write(tmp_path: Path):  # type: ignore[no-untyped-def]
     """Write a dedented script into the test's directory and return its path."""
 

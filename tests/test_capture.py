@@ -17,15 +17,8 @@ from torch import nn
 import mldbg
 from conftest import Session, line_of
 from mldbg.compare.arrays import map_safetensors
-from mldbg.store import current_run
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
+pytestmark = pytest.mark.usefixtures("home")  # a private run store (conftest)
 
 
 def index(cap: mldbg.Capture) -> list[dict]:

@@ -5,7 +5,6 @@ left exactly as they were; bad dicts refused before anything is written."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,8 @@ mx = pytest.importorskip("mlx.core")
 mnn = pytest.importorskip("mlx.nn")
 
 import mldbg  # noqa: E402
-from mldbg.store import current_run  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
+pytestmark = pytest.mark.usefixtures("home")  # a private run store (conftest)
 
 
 def calls(path: Path) -> list[tuple[str, int, int | None]]:

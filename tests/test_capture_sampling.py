@@ -24,7 +24,6 @@ the measurement is the same number.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +44,6 @@ from mldbg.capture.sensitivity import (  # noqa: E402
 )
 from mldbg.capture.sensitivity_mlx import measure_mlx  # noqa: E402
 from mldbg.capture.sensitivity_torch import TorchFrame, measure_torch, row_dims  # noqa: E402
-from mldbg.store import current_run  # noqa: E402
 
 U32 = 2.0**-24
 
@@ -199,14 +197,6 @@ def test_a_cancellation_between_two_operands_is_still_measured() -> None:
 # -- a call with children: leaves that read the same objects are not run again ---------------
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
-
-
 class _Counted(nn.Linear):
     """A Linear that counts its forwards (a subclass: re-run in full as a leaf)."""
 
@@ -333,13 +323,6 @@ class _Rows(nn.Module):
         return self.down(self.act(self.up(x)))
 
 
-def _return_line(path: Path, module: str) -> dict[str, object]:
-    lines = [json.loads(x) for x in (path / "index.jsonl").read_text().splitlines()]
-    seq = next(r["seq"] for r in lines if r["event"] == "call" and r["module"] == module)
-    found: dict[str, object] = next(r for r in lines if r["event"] == "return" and r["seq"] == seq)
-    return found
-
-
 def test_a_row_wise_module_of_unknown_type_is_measured_on_rows(home: Path) -> None:
     """A user's MLP over 8 * SAMPLE_ROWS rows: its re-runs read at most SAMPLE_ROWS rows
     (the base, the perturbed inputs, its children's outputs rounded), and what they
@@ -353,7 +336,7 @@ def test_a_row_wise_module_of_unknown_type_is_measured_on_rows(home: Path) -> No
         model = _Rows(24).eval()
         with torch.no_grad(), mldbg.capture(model, name) as cap:
             model(x, **kwargs)
-        found[name] = (_return_line(cap.path, ""), list(model.rows))
+        found[name] = (_root_line(cap.path), list(model.rows))
     (rows_line, rows_seen), (whole_line, whole_seen) = found["rows"], found["whole"]
     assert rows_seen[0] == whole_seen[0] == 8 * SAMPLE_ROWS  # the forward
     assert len(rows_seen) == 4 and max(rows_seen[1:]) <= SAMPLE_ROWS, rows_seen

@@ -27,13 +27,7 @@ import mldbg  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
 from parity_models import Pair, conv_pair, llama_pair, mlp_bf16_pair, torch_pair  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
+pytestmark = pytest.mark.usefixtures("home")  # a private run store (conftest)
 
 
 def capture_both(pair: Pair, *, inputs: bool = True) -> tuple[mldbg.Capture, mldbg.Capture]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +35,7 @@ U32 = 2.0**-24
 HALF = 32  # sines and cosines of 32 frequencies each
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
+pytestmark = pytest.mark.usefixtures("home")  # a private run store (conftest)
 
 
 class TorchTimesteps(nn.Module):

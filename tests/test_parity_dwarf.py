@@ -21,8 +21,7 @@ too (within ``DWARF`` of the later jump), the earlier one is named.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,10 @@ torch = pytest.importorskip("torch")
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 pytest.importorskip("diffusers")
-pytestmark = pytest.mark.slow  # real transformers, mlx-lm and diffusers models
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("home"),
+]  # real transformers, mlx-lm and diffusers models
 
 import mldbg  # noqa: E402
 from mldbg.compare.rules import DWARF  # noqa: E402
@@ -40,14 +42,6 @@ from mldbg.compare.verdict import GROWTH  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
 from parity_zoo import flux, llama_family  # noqa: E402
 from parity_zoo.core import ZooPort, as_numpy  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
 
 
 def llama_slip(eps: float) -> Callable[[ZooPort], str]:

@@ -18,7 +18,6 @@ Real diffusers models from tiny configs against the hand-written MLX ports of
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +26,15 @@ import pytest
 torch = pytest.importorskip("torch")
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("diffusers")
-pytestmark = pytest.mark.slow  # real diffusers transformers, both frameworks
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("home"),
+]  # real diffusers transformers, both frameworks
 
 import mldbg  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
 from parity_zoo import large_logits  # noqa: E402
 from parity_zoo.core import ZooPort  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
 
 
 def capture(z: ZooPort) -> tuple[Path, Path]:

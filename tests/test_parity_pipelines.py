@@ -27,7 +27,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,10 @@ torch = pytest.importorskip("torch")
 mx = pytest.importorskip("mlx.core")
 mnn = pytest.importorskip("mlx.nn")
 pytest.importorskip("diffusers")
-pytestmark = pytest.mark.slow  # a real diffusers transformer and scheduler
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("home"),
+]  # a real diffusers transformer and scheduler
 
 import mldbg  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
@@ -47,14 +50,6 @@ from parity_zoo.core import to_mlx  # noqa: E402
 
 STEPS = 3
 SHIFT = 3.0
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
 
 
 def reference_loop(model: Any, inputs: tuple[Any, ...]) -> torch.Tensor:

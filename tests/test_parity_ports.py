@@ -26,7 +26,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,6 @@ pytest.importorskip("mlx_lm")
 pytest.importorskip("transformers")
 
 import mldbg  # noqa: E402
-from mldbg.store import current_run  # noqa: E402
 from parity_zoo import BUGS, Case, ZooPort, all_cases, build  # noqa: E402
 from parity_zoo.core import as_numpy  # noqa: E402
 
@@ -60,14 +58,6 @@ def params(cases: list[Case]) -> list[Any]:
 
 CASES = params(all_cases())
 FLOAT_DTYPES = ("F32", "BF16", "F16")
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
 
 
 def capture(z: ZooPort, *, port: bool = True) -> None:

@@ -11,7 +11,6 @@ under 4 bits; replay, on the reference's own inputs, finds no culprit in a clean
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,10 @@ pytest.importorskip("torch")
 pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.slow  # real transformers and mlx-lm models
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("home"),
+]  # real transformers and mlx-lm models
 
 import mldbg  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
@@ -28,14 +30,6 @@ from parity_zoo import llama_family  # noqa: E402
 from parity_zoo.core import ZooPort  # noqa: E402
 
 LAYERS = 4
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
 
 
 def compared(z: ZooPort) -> dict:

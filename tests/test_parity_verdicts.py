@@ -14,7 +14,6 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,7 @@ from torch import nn  # noqa: E402
 import mldbg  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
-    current_run.reset()
-    yield tmp_path / "store"
-    current_run.reset()
+pytestmark = pytest.mark.usefixtures("home")  # a private run store (conftest)
 
 
 def run_torch(model: nn.Module, name: str, *args: Any, **kwargs: Any) -> Any:

@@ -354,9 +354,8 @@ def test_a_module_that_is_not_row_wise_is_rerun_whole(kind: str) -> None:
     what the whole re-run does; a module that refuses another row count the same."""
     torch.manual_seed(9)
     x = _activations(8 * SAMPLE_ROWS, 24)
-    model = _Rows(24, mix=kind == "mixes rows", strict=8 * SAMPLE_ROWS).eval()
-    if kind == "mixes rows":
-        model.strict = None
+    mixes = kind == "mixes rows"
+    model = _Rows(24, mix=mixes, strict=None if mixes else 8 * SAMPLE_ROWS).eval()
     with torch.no_grad():
         y = model(x)
     on_rows = measure_torch(model, (x,), {}, y, perturbations=Perturbations())

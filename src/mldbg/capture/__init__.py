@@ -207,6 +207,7 @@ class Capture:
             writer,
             backend.snapshotter(),
             settle=getattr(backend, "settle", None),
+            clock=backend.device_clock() if hasattr(backend, "device_clock") else None,
         )
         self._recorder.sensitivity = self.sensitivity
         self._started = time.perf_counter()

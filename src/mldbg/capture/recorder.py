@@ -11,12 +11,13 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..store.runs import PRIVATE_FILE
 from .budget import Policy
+from .device_async import DeviceClock, Mark
 from .flatten import Flat, flatten, flatten_call
 from .records import (
     CallExtra,
@@ -66,11 +67,14 @@ class Recorder:
         writer: BackgroundWriter | None = None,
         snapshot: SnapshotFn | None = None,
         settle: SettleFn | None = None,
+        clock: DeviceClock | None = None,
     ) -> None:
         self.directory = directory
         self.save = save
         self.inputs = inputs
         self.settle = settle
+        # Times calls on a GPU with events instead of waiting for it (capture/device_async.py).
+        self.clock = clock
         self.policy = policy or Policy()
         self.summarize = summarize
         # A BackgroundWriter (capture/writer.py): files and index lines written off the
@@ -175,16 +179,19 @@ class Recorder:
             if stack:
                 self._partial.add(stack[-1][0])
         stack.append((seq, call, path))
-        spent = time.perf_counter()
         collect = (lambda: flatten_call(args, kwargs)) if self.inputs and not below else None
-        self._emit(record, seq, "in", path, call, collect)
-        self._charge(spent)
-        self._starts()[seq] = (time.perf_counter(), self._overhead())
+        with self._capture_work():
+            self._emit(record, seq, "in", path, call, collect)
+        mark = None
+        if self.clock is not None:
+            mark = self.clock.mark((args, kwargs)) or self.clock.mark()
+        self._starts()[seq] = (time.perf_counter(), self._overhead(), mark, len(self._brackets()))
         return seq
 
     # -- timing: a call's own seconds, the capture's writes taken out ---------------------------
 
-    def _starts(self) -> dict[int, tuple[float, float]]:
+    def _starts(self) -> dict[int, tuple[float, float, Mark | None, int]]:
+        """Open calls' starts: (clock, capture time so far, GPU mark, brackets so far)."""
         starts = getattr(self._local, "starts", None)
         if starts is None:
             starts = self._local.starts = {}
@@ -193,18 +200,48 @@ class Recorder:
     def _overhead(self) -> float:
         return float(getattr(self._local, "overhead", 0.0))
 
+    def _brackets(self) -> list[tuple[Mark, Mark]]:
+        """This thread's capture work on the GPU, bracketed by events, since its
+        outermost open call started."""
+        brackets = getattr(self._local, "brackets", None)
+        if brackets is None:
+            brackets = self._local.brackets = []
+        return brackets
+
     def _charge(self, since: float) -> None:
         """Time spent recording (writing a child's tensors) is not the model's time."""
         self._local.overhead = self._overhead() + (time.perf_counter() - since)
 
-    def _seconds(self, seq: int, output: object) -> float | None:
+    @contextlib.contextmanager
+    def _capture_work(self) -> Iterator[None]:
+        """The capture's own work (copies, writes, re-runs): kept out of the time of the
+        calls around it, on the host's clock and, on a GPU, on the device's."""
+        since = time.perf_counter()
+        try:
+            if self.clock is None:
+                yield
+            else:
+                with self.clock.work(self._brackets()):
+                    yield
+        finally:
+            self._charge(since)
+
+    def _seconds(self, seq: int, output: object) -> float | Callable[[], float | None] | None:
+        """Call ``seq``'s own time: measured now on the host's clock, or, for a call on a
+        GPU, a function that reads it from the device's events later (on the writer
+        thread), so the host never waits for the device to time a call."""
         start = self._starts().pop(seq, None)
         if start is None:
             return None
+        began, overhead, mark, first = start
+        if mark is not None and self.clock is not None and output is not None:
+            end = self.clock.mark(output)
+            if end is not None:
+                clock, inside = self.clock, self._brackets()[first:]
+                return lambda: clock.seconds(mark, end, inside)
         if self.settle is not None and output is not None:
             with contextlib.suppress(Exception):  # timing must never break the model
                 self.settle(output)
-        began, overhead = start
         return max(0.0, time.perf_counter() - began - (self._overhead() - overhead))
 
     def open_seq(self, path: str) -> int | None:
@@ -245,12 +282,8 @@ class Recorder:
         ``seconds``."""
         if not self.wants_sensitivity(seq):
             return None
-        since = time.perf_counter()
-        try:
-            found = measure(seq in self._with_children)
-        finally:
-            self._charge(since)
-        return found  # {"sensitivity", "step"}, or None
+        with self._capture_work():
+            return measure(seq in self._with_children)  # {"sensitivity", "step"}, or None
 
     def exit(
         self,
@@ -310,18 +343,31 @@ class Recorder:
             below = seq in self._below
             self._below.discard(seq)
         record: ReturnLine = {"event": "return", "seq": seq, "end": end, **(extra or {})}
+        # inclusive of its children, exclusive of the capture
         seconds = self._seconds(seq, None if error is not None else output)
-        if seconds is not None:
-            record["seconds"] = seconds  # inclusive of its children, exclusive of the capture
-        spent = time.perf_counter()
-        if error is not None:
-            record["error"] = _describe(error)
-            self._emit(record, seq, "out", path, call, None)
-        elif below:
-            self._emit(record, seq, "out", path, call, None)
-        else:
-            self._emit(record, seq, "out", path, call, lambda: flatten(output, "out"))
-        self._charge(spent)
+        if not stack:
+            self._local.brackets = []  # the outermost call ended: no one reads them
+        timed: Callable[[], None] | None = None
+        if callable(seconds):
+            read = seconds
+
+            def timed() -> None:
+                if (value := read()) is not None:
+                    record["seconds"] = value
+
+            if self.writer is None:
+                timed()  # an inline capture waits for the device anyway, to copy
+                timed = None
+        elif seconds is not None:
+            record["seconds"] = seconds
+        with self._capture_work():
+            if error is not None:
+                record["error"] = _describe(error)
+                self._emit(record, seq, "out", path, call, None, timed)
+            elif below:
+                self._emit(record, seq, "out", path, call, None, timed)
+            else:
+                self._emit(record, seq, "out", path, call, lambda: flatten(output, "out"), timed)
 
     def _emit(
         self,
@@ -331,9 +377,11 @@ class Recorder:
         path: str,
         call: int,
         collect: Callable[[], Flat] | None,
+        timed: Callable[[], None] | None = None,
     ) -> None:
         """Write the call's tensors and append its index line: now, or through the writer
-        (tensors named and copied now, as they are at this point of the forward)."""
+        (tensors named and copied now, as they are at this point of the forward; ``timed``,
+        run there first, puts the call's GPU time on the line)."""
         if self.writer is None:
             if collect is not None:
                 record.update(self._write(seq, role, path, call, collect))
@@ -354,6 +402,8 @@ class Recorder:
         taken = flat
 
         def job() -> None:
+            if timed is not None:
+                timed()
             if taken is not None:
                 record.update(self._write(seq, role, path, call, lambda: taken))
             self._append(record, path, call, role)

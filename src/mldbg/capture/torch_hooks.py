@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .device_async import DeviceClock, PendingCopy
 from .recorder import Recorder
 from .records import TensorInfo
 from .safetensors_header import header_entries
@@ -350,6 +351,9 @@ def _writable(value: object) -> tuple[torch.Tensor, bool]:
     cannot be captured."""
     import torch
 
+    from .device_async import ready
+
+    value = ready(value)  # a copy from a GPU, once it is done
     if not isinstance(value, torch.Tensor):
         import numpy as np
 
@@ -377,16 +381,39 @@ def on_host(model: nn.Module) -> bool:
     return all(t.device.type == "cpu" for t in tensors)
 
 
-def snapshot(value: object) -> torch.Tensor:
+def snapshot(value: object) -> torch.Tensor | PendingCopy:
     """A CPU copy of ``value`` the background writer can write later (the model may change
     its own tensors in place meanwhile); raises for what cannot be captured.  Moving to
     the CPU or making contiguous already copies: only a tensor still sharing the model's
-    memory is cloned."""
+    memory is cloned.  A CUDA tensor's copy is only queued on its stream, into pinned
+    memory, and the writer waits for it (capture/device_async.py)."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and _unsupported_dtype(value.dtype) is None:
+        pending = PendingCopy.start(value.detach())
+        if pending is not None:
+            return pending
     tensor, shared = _writable(value)
     return tensor.clone() if shared else tensor
 
 
-def snapshotter() -> Callable[[object], torch.Tensor]:
+def device_clock() -> DeviceClock | None:
+    """Event timing for a process that uses CUDA (calls timed without waiting for the
+    GPU); None otherwise: calls are timed on the host's clock, as on the CPU."""
+    if not DeviceClock.active():
+        return None
+    return DeviceClock(_first_tensor)
+
+
+def _first_tensor(value: object) -> torch.Tensor | None:
+    """The first CUDA tensor in a call's arguments or output (the device it runs on)."""
+    for tensor in _tensors_in(value, 0):
+        if tensor.device.type == "cuda":
+            return tensor
+    return None
+
+
+def snapshotter() -> Callable[[object], torch.Tensor | PendingCopy]:
     """The background writer's hand-off: a copy of every tensor, every time.
 
     One copy per tensor per call, even when calls pass one tensor along (a layer's
@@ -421,8 +448,10 @@ def summarize(value: object) -> tuple[np.ndarray, dict[str, Any], list[int], str
     """A summary capture's record of one tensor: sketch and statistics, on its device."""
     import torch
 
+    from .device_async import ready
     from .sketch import dtype_name, summarize_torch
 
+    value = ready(value)
     if not isinstance(value, torch.Tensor):
         import numpy as np
 

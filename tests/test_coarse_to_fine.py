@@ -74,8 +74,11 @@ def test_deep_model_culprit_found_within_1gb_in_two_runs_of_each_script(
         assert narrow["within_a"] == narrow["within_b"] == f"blocks.{deep_model.BUGGY_BLOCK}"
         with captured(width=300) as buffer:  # the human answer says where to look next
             compare_render.show(first.result)
+        tensor = deep_model.TOKENS * deep_model.HIDDEN * 4
+        assert narrow["mode"] == "full" and narrow["full_bytes"] == 11 * 2 * tensor  # 369 MB
         assert (
-            f"next: capture both scripts again in full inside the culprit only: mldbg start --capture NAME --capture-within blocks.{deep_model.BUGGY_BLOCK}"
+            "next: capture both scripts again in full inside the culprit only (about 369MB): "
+            f"mldbg start --capture NAME --capture-within blocks.{deep_model.BUGGY_BLOCK}"
             in buffer.getvalue()
         )
         # Run 2 of each script: in full, inside that block only.
@@ -89,7 +92,6 @@ def test_deep_model_culprit_found_within_1gb_in_two_runs_of_each_script(
     assert second.first_divergence is not None
     assert second.first_divergence["module"] == f"blocks.{deep_model.BUGGY_BLOCK}.mix"
     assert "narrow" not in second.result  # full tensors: nothing coarser to narrow
-    tensor = deep_model.TOKENS * deep_model.HIDDEN * 4
     for name in ("ref-coarse", "port-coarse", "ref-fine", "port-fine"):
         budget = capture_meta(home, name)["budget"]
         assert budget["limit"] == GB
@@ -100,6 +102,102 @@ def test_deep_model_culprit_found_within_1gb_in_two_runs_of_each_script(
     )
     # The fine pass wrote the block's eleven calls in full: real tensors, hundreds of MB.
     assert capture_meta(home, "ref-fine")["budget"]["used"] > 11 * 2 * tensor
+
+
+class Lin(torch.nn.Module):
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.linear, self.bug = torch.nn.Linear(64, 64), bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.linear(x))
+        return y * 1.01 if self.bug else y
+
+
+class Block(torch.nn.Module):
+    def __init__(self, bug: int | None) -> None:
+        super().__init__()
+        self.inner = torch.nn.ModuleList(Lin(bug == m) for m in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x
+        for module in self.inner:
+            y = module(y)
+        return x + 0.1 * y
+
+
+class Stage(torch.nn.Module):
+    def __init__(self, bug: tuple[int, int] | None) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            Block(bug[1] if bug and bug[0] == b else None) for b in range(8)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class TwoLevels(torch.nn.Module):
+    """Six stages of eight blocks of three small modules: a culprit stage's full capture
+    is larger than the budget the coarse pass ran under."""
+
+    def __init__(self, bug: tuple[int, int, int] | None) -> None:
+        super().__init__()
+        self.stages = torch.nn.ModuleList(
+            Stage(bug[1:] if bug and bug[0] == s else None) for s in range(6)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for stage in self.stages:
+            x = stage(x)
+        return x
+
+
+def test_a_culprit_too_large_for_the_budget_is_narrowed_by_summaries_first(home: Path) -> None:
+    """Coarse, then summaries inside the culprit (its full capture would not fit), then
+    in full inside the block that names: three runs of each side, each within budget."""
+    torch.manual_seed(0)
+    a = TwoLevels(None).eval()
+    torch.manual_seed(0)
+    b = TwoLevels((3, 5, 1)).eval()
+    x = torch.randn(64, 64)
+    budget = 1_000_000  # one stage in full: 8 blocks of 7 calls, ~1.9 MB
+
+    def run(model: torch.nn.Module, name: str, **options: Any) -> None:
+        with torch.no_grad(), mldbg.capture(model, name, budget=budget, **options):
+            model(x)
+
+    run(a, "r1", mode="summary", depth=1)
+    run(b, "p1", mode="summary", depth=1)
+    first = mldbg.compare("r1", "p1", home=home)
+    assert first.first_divergence is not None
+    assert first.first_divergence["module"] == "stages.3"
+    narrow = first.result["narrow"]
+    assert narrow["mode"] == "summary" and narrow["full_bytes"] > budget
+    assert "--capture-within stages.3 --capture-mode summary --capture-depth 1" in narrow["hint"]
+    # The estimate is what a full capture inside the stage writes (tensors of one size).
+    with torch.no_grad(), mldbg.capture(a, "whole-stage", within="stages.3") as whole:
+        a(x)
+    written = json.loads((whole.path / "capture.json").read_text())["budget"]["used"]
+    assert abs(narrow["full_bytes"] - written) < 0.02 * written  # the files' headers aside
+
+    run(a, "r2", mode="summary", depth=1, within="stages.3")
+    run(b, "p2", mode="summary", depth=1, within="stages.3")
+    second = mldbg.compare("r2", "p2", home=home)
+    assert second.first_divergence is not None
+    assert second.first_divergence["module"] == "stages.3.blocks.5"
+    assert second.result["narrow"]["mode"] == "full"  # the block fits: in full next
+
+    run(a, "r3", within="stages.3.blocks.5")
+    run(b, "p3", within="stages.3.blocks.5")
+    third = mldbg.compare("r3", "p3", home=home)
+    assert third.first_divergence is not None
+    assert third.first_divergence["module"] == "stages.3.blocks.5.inner.1"
+    for name in ("r1", "p1", "r2", "p2", "r3", "p3"):
+        report = capture_meta(home, name)["budget"]
+        assert report["used"] <= budget and not report["exhausted"], (name, report)
 
 
 def test_budget_is_enforced_and_reported(home: Path) -> None:

@@ -48,6 +48,14 @@ def parse_size(value: int | float | str | None) -> int | None:
     return int(number * base**power)
 
 
+def size_text(nbytes: int) -> str:
+    """Bytes the way ``parse_size`` reads them back (decimal units): ``23.6GB``, ``410MB``."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g}{unit}"
+    return f"{nbytes}B"
+
+
 def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"unknown capture mode {mode!r}: use 'full' or 'summary'")

@@ -9,10 +9,12 @@ This says so in the comparison's ``narrow`` field, with the module's path on eac
 
 from __future__ import annotations
 
+from ..capture.budget import size_text
 from ..capture.store import ROOT
+from .arrays import numpy_dtype
 from .mapping import split_name
 from .records import Culprit, EntryResult, NarrowHint, WeightsHint
-from .sources import Source
+from .sources import Entry, Source
 
 
 def is_coarse(source: Source) -> bool:
@@ -23,7 +25,10 @@ def is_coarse(source: Source) -> bool:
 def narrow_hint(
     a: Source, b: Source, culprit: Culprit | None, results: list[EntryResult]
 ) -> NarrowHint | None:
-    """``{"within_a", "within_b", "hint"}`` when a coarse comparison named a culprit."""
+    """``{"within_a", "within_b", "mode", "full_bytes", "hint"}`` when a coarse comparison
+    named a culprit: capture in full inside it, or, when that would take more than the
+    coarse pass's byte budget, as summaries one level down inside it (a third pass then
+    goes in full inside the module that one names)."""
     if culprit is None or culprit.get("module") is None or not (is_coarse(a) or is_coarse(b)):
         return None
     module_a = str(culprit["module"])
@@ -37,16 +42,86 @@ def narrow_hint(
                 break
     within_a = "" if module_a == ROOT else module_a
     within_b = "" if module_b == ROOT else module_b
-    both = f"--capture-within {within_a or ROOT}"
+    full = fine_pass_bytes(a, module_a)
+    limits = [n for n in (_budget_limit(a), _budget_limit(b)) if n is not None]
+    limit = min(limits) if limits else None
+    summary = full is not None and limit is not None and full > limit and _has_children(a, module_a)
+    where = f"--capture-within {within_a or ROOT}"
     port = "" if within_b == within_a else f" (the port: --capture-within {within_b or ROOT})"
+    cost = f" (about {size_text(full)})" if full is not None else ""
+    if summary:
+        assert full is not None and limit is not None
+        hint = (
+            f"a full capture inside the culprit would write about {size_text(full)}, over "
+            f"the {size_text(limit)} budget: capture both scripts again as summaries one "
+            f"level down inside it: mldbg start --capture NAME {where} --capture-mode summary "
+            f"--capture-depth 1 --capture-budget {size_text(limit)}{port} --run SCRIPT; "
+            "then compare those, and narrow again"
+        )
+    else:
+        hint = (
+            f"capture both scripts again in full inside the culprit only{cost}: "
+            f"mldbg start --capture NAME {where}{port} --run SCRIPT; then compare those"
+        )
     return {
         "within_a": within_a,
         "within_b": within_b,
-        "hint": (
-            f"capture both scripts again in full inside the culprit only: "
-            f"mldbg start --capture NAME {both}{port} --run SCRIPT; then compare those"
-        ),
+        "mode": "summary" if summary else "full",
+        "full_bytes": full,
+        "hint": hint,
     }
+
+
+def fine_pass_bytes(source: Source, module: str) -> int | None:
+    """About what a full capture inside ``module`` (every call of it) would write: the
+    tensors of its recorded calls exactly (a summary keeps each tensor's shape and
+    dtype), and each call below the coarse pass's depth (recorded without tensors) at
+    the size of its closest recorded ancestor's own call.  None when the culprit's calls
+    are not in the source (a directory of tensor files)."""
+    by_seq = {call.seq: call for call in source.calls.values()}
+    roots = [call.seq for call in source.calls.values() if call.module == module]
+    if not roots:
+        return None
+    children: dict[int, list[int]] = {}
+    for call in by_seq.values():
+        if call.parent is not None:
+            children.setdefault(call.parent, []).append(call.seq)
+    sizes: dict[tuple[str, int], int] = {}
+    for entry in source.entries:
+        if entry.call_key is not None and not source.is_operation(entry):
+            sizes[entry.call_key] = sizes.get(entry.call_key, 0) + _entry_bytes(entry)
+    total = 0
+    pending = [(seq, 0) for seq in roots]
+    while pending:
+        seq, inherited = pending.pop()
+        call = by_seq[seq]
+        own = sizes.get((call.module, call.call))
+        size = inherited if own is None else own
+        total += size
+        pending.extend((child, size) for child in children.get(seq, []))
+    return total
+
+
+def _entry_bytes(entry: Entry) -> int:
+    count = 1
+    for dim in entry.shape:
+        count *= max(int(dim), 0)
+    try:
+        width = numpy_dtype(entry.dtype).itemsize
+    except Exception:  # a dtype numpy has no name for: counted as 4 bytes
+        width = 4
+    return count * width
+
+
+def _budget_limit(source: Source) -> int | None:
+    limit = source.meta.get("budget_limit")
+    return int(limit) if isinstance(limit, int | float) and limit > 0 else None
+
+
+def _has_children(source: Source, module: str) -> bool:
+    """Whether any call of ``module`` contains a module call (a leaf cannot be narrowed)."""
+    seqs = {call.seq for call in source.calls.values() if call.module == module}
+    return any(call.parent in seqs and not call.is_operation for call in source.calls.values())
 
 
 def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint | None:

@@ -263,10 +263,15 @@ class LocalErrors(TypedDict):
 
 
 class NarrowHint(TypedDict):
-    """Where a coarse comparison says to capture again in full (``narrow.py``)."""
+    """Where a coarse comparison says to capture next (``narrow.py``): in full inside the
+    culprit, or, when that would not fit the coarse pass's budget, as summaries one
+    level down inside it."""
 
     within_a: str
     within_b: str
+    mode: str  # "full" | "summary"
+    # What a full capture inside the culprit would write (side A), about: None unknown.
+    full_bytes: int | None
     hint: str
 
 

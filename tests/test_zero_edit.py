@@ -119,6 +119,59 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
         audit_weights("ref", "bug", home=home)
 
 
+def _top_level_calls(home: Path, name: str) -> list[dict[str, Any]]:
+    (index,) = (home / "runs").glob(f"*/captures/{name}/index.jsonl")
+    lines = [json.loads(line) for line in index.read_text().splitlines()]
+    return [line for line in lines if line["event"] == "call" and line["module"] == ""]
+
+
+def test_generation_loops_that_split_the_prompt_differently_are_aligned(
+    api: Api, scripts: Path, tmp_path: Path
+) -> None:
+    """transformers' generate (the prompt in one call) against mlx-lm's generate_step
+    (the prompt's last token alone, one call ahead), both unmodified: the prefill is
+    compared with the port's two calls joined, each step with its counterpart."""
+    home = tmp_path / ".mldbg"
+    sessions = [Session(api, f"gen{i}", tmp_path) for i in range(3)]
+    try:
+        run_captured(sessions[0], REFERENCE, "generate", capture="ref")
+        run_captured(sessions[1], PORT, "10000", "generate", capture="port")
+        run_captured(sessions[2], PORT, "1000000", "generate", capture="bug", capture_calls=3)
+    finally:
+        for s in sessions:
+            api.http.post(f"{s.base}/terminate")
+    # Every call of the MLX model recorded once, at the top (not again inside itself).
+    port_calls = _top_level_calls(home, "port")
+    assert [c["call"] for c in port_calls] == list(range(6))
+    assert all(c["parent"] is None for c in port_calls)
+    assert len(_top_level_calls(home, "bug")) == 3  # --capture-calls 3, each one closed
+    (index,) = (home / "runs").glob("*/captures/bug/index.jsonl")
+    lines = [json.loads(line) for line in index.read_text().splitlines()]
+    assert sum(1 for x in lines if x["event"] == "call") == sum(
+        1 for x in lines if x["event"] == "return"
+    )
+
+    clean = mldbg.compare("ref", "port", home=home)
+    assert clean.ok, clean.first_divergence
+    aligned = clean.result["calls_aligned"]
+    assert aligned["groups"][0] == {"a": [0], "b": [0, 1], "positions": 8}
+    assert [g["b"] for g in aligned["groups"][1:]] == [[2], [3], [4]]
+    assert aligned["unpaired_calls_b"] == [5]  # mlx-lm's call one token ahead
+    joined = clean.entry("model.layers.1.mlp#0.out")
+    assert joined["shape_a"] == joined["shape_b"] == [1, 8, 64]
+    logits = clean.entry("lm_head#0.out")  # the reference kept the last position only
+    assert logits["shape_b"] == [1, 1, 128] and logits["ok"]
+    assert clean.entry("model.layers.1.mlp#3.out")["shape_b"] == [1, 1, 64]
+
+    buggy = mldbg.compare("ref", "bug", home=home)
+    assert not buggy.ok and buggy.first_divergence is not None
+    assert buggy.first_divergence["module"] == "model.layers.0.self_attn"
+    assert buggy.first_divergence["call"] == 0  # in the prefill, the port's calls joined
+    with captured(width=300) as buffer:
+        compare_render.show(clean.result)
+    assert "calls aligned" in buffer.getvalue()
+
+
 def test_capture_options_are_checked_at_start(session: Session, scripts: Path) -> None:
     answer = session.start(REFERENCE, capture="ref", capture_budget="lots", expect=400)
     assert answer["code"] == "bad_argument"

@@ -165,6 +165,9 @@ class Tracker:
         """One call of a module (``module.__call__`` is ``function``): captured when it is
         a model's, else passed through; its result, whatever the module returns."""
         state = self.thread
+        # MLX: the capture's recording class already on the instance (a call after the
+        # model's first) recorded this call and called this wrapper through its parent
+        recorded = mlx and _RECORDING in type(module).__dict__
         model = None
         if not self.closed and self._eligible(module, state):
             model = self._model_for(module)
@@ -183,9 +186,9 @@ class Tracker:
                 state.depth -= 1
         state.in_model += 1
         try:
-            if mlx:  # through the recording class the capture put on the instance
+            if mlx and not recorded:  # the first call: through the class just put on it
                 return type(module).__call__(module, *args, **kwargs)
-            return function(module, *args, **kwargs)  # the capture's hooks record it
+            return function(module, *args, **kwargs)  # torch: the capture's hooks record it
         finally:
             state.in_model -= 1
             state.depth -= 1
@@ -272,7 +275,7 @@ class Tracker:
     def _close(self, model: _Model) -> None:
         model.open = False
         if model.capture is not None:
-            model.capture.__exit__(None, None, None)
+            model.capture.close_when_idle()
 
     def finish(self) -> None:
         """Close every open capture (writes each ``capture.json``); later calls run plain."""

@@ -1,5 +1,6 @@
 import json
 import math
+import sys
 
 import torch
 import transformers
@@ -31,5 +32,10 @@ ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
 with open("ids.json", "w") as fh:
     json.dump(ids.tolist(), fh)
 with torch.no_grad():
-    logits = model(input_ids=ids).logits
-print("reference done", tuple(logits.shape))
+    if sys.argv[1:] == ["generate"]:  # greedy decoding with a cache: one call per token
+        logits = model.generate(
+            ids, max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0
+        )
+    else:
+        logits = model(input_ids=ids).logits
+print("reference done", tuple(logits.shape), logits.flatten()[-4:].tolist())

@@ -24,6 +24,12 @@ weights = model.sanitize(mx.load("weights.safetensors"))
 model.load_weights(list(weights.items()))
 with open("ids.json") as fh:
     ids = mx.array(json.load(fh))
-logits = model(ids)
+if sys.argv[2:] == ["generate"]:  # mlx-lm's own loop: the prompt's last token alone
+    from mlx_lm.generate import generate_step
+
+    tokens = [token for token, _ in generate_step(ids[0], model, max_tokens=4)]
+    logits = mx.array(tokens)
+else:
+    logits = model(ids)
 mx.eval(logits)
-print("port done", logits.shape)
+print("port done", logits.shape, logits.flatten()[-4:].tolist())

@@ -297,6 +297,17 @@ class Capture:
         except Exception as error:
             self._errors.append(f"finishing the capture: {type(error).__name__}: {error}")
 
+    def close_when_idle(self) -> None:
+        """Close the capture now or, while a call of the model is under way on this thread,
+        as soon as it ends.  (An MLX model's recording class records a call's end after
+        the code it called returns: ``start --capture-calls N``'s last call would
+        otherwise lose its end.)"""
+        recorder = self._recorder
+        if recorder is not None and recorder.busy_here():
+            recorder.on_idle = lambda: self.__exit__(None, None, None)
+        else:
+            self.__exit__(None, None, None)
+
     def save_weights(self) -> Path | None:
         """Write the model's parameters and buffers, as they are now, to ``weights.safetensors``
         in the capture (for ``mldbg weights``); None when the capture has no directory.

@@ -103,6 +103,13 @@ class Recorder:
         self.errors: list[str] = []
         self.error_count = 0
 
+    # Run once, when this thread's outermost open call has ended (Capture.close_when_idle).
+    on_idle: Callable[[], None] | None = None
+
+    def busy_here(self) -> bool:
+        """Whether a recorded call is under way on this thread."""
+        return bool(self._stack())
+
     def _stack(self) -> list[tuple[int, int, str]]:
         """This thread's open calls as (seq, call index, module path), outermost first."""
         stack = getattr(self._local, "stack", None)
@@ -303,6 +310,9 @@ class Recorder:
             self._exit(seq, path, output, error, extra, held)
         finally:
             self._local.busy -= 1
+        if self.on_idle is not None and not self._stack():
+            then, self.on_idle = self.on_idle, None
+            then()
 
     def _exit(
         self,

@@ -138,6 +138,9 @@ def compare(
         source_b: Any = open_gathered(_spec(b), base, shards)
     else:
         source_b = open_source(_spec(b), base)
+    from .sequence_calls import align_calls
+
+    source_a, source_b, aligned = align_calls(source_a, source_b)
     replay_source = None
     if replay is not None:
         replay_source = open_source(_spec(getattr(replay, "capture", replay)), base)
@@ -151,6 +154,8 @@ def compare(
         replay=replay_source,
         progress=progress,
     )
+    if aligned is not None:  # generation loops that split the sequence differently
+        result["calls_aligned"] = aligned
     comparison = Comparison(result)
     if html is not None:
         comparison.write_html(html)

@@ -173,6 +173,9 @@ def _verdict(result: dict[str, Any]) -> None:
     )
     out.print(f"{summary} [dim](test: {tolerance})[/]")
     _print_estimates(result["entries"])
+    aligned = result.get("calls_aligned")
+    if aligned:  # two generation loops that split the sequence differently
+        out.print(f"[dim]calls aligned: {escape(str(aligned.get('note')))}[/]")
     for side in ("a", "b"):
         names = result[f"unpaired_{side}"]
         if names:

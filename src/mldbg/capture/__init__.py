@@ -117,8 +117,13 @@ class Capture:
             self.background = background
         else:
             self.background = self.policy.mode == "full" or self._backend().on_host(self._target)
-        if within is not None:
-            self.include = _within(self._backend(), self._target, within)
+        # Calls outside ``within`` are still recorded, on the index only (no tensors, as
+        # for calls below ``depth``), and measured: the module's inputs carry what every
+        # call before it rounded (an ill-conditioned timestep embedding's floor included),
+        # and compare can bound them only from the whole call tree.
+        self.within_patterns = (
+            None if within is None else _within(self._backend(), self._target, within)
+        )
         self.path: Path | None = None
         self._entered = False
         self._directory: CaptureDir | None = None
@@ -143,6 +148,11 @@ class Capture:
         except Exception:  # the list is a hint for compare; never fail the capture on it
             return []
         return paths[:MAX_MODULES]
+
+    def inside(self, path: str) -> bool:
+        """Whether call ``path``'s tensors are recorded: inside ``within`` (if given)."""
+        patterns = self.within_patterns
+        return patterns is None or any(fnmatch.fnmatchcase(module_label(path), p) for p in patterns)
 
     def keeps(self, path: str) -> bool:
         """Whether module ``path`` is recorded: matches an include (if any), no exclude."""
@@ -209,6 +219,8 @@ class Capture:
             settle=getattr(backend, "settle", None),
         )
         self._recorder.sensitivity = self.sensitivity
+        if self.within_patterns is not None:
+            self._recorder.inside = self.inside
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)

@@ -84,6 +84,7 @@ class Recorder:
         self._calls: dict[str, int] = {}
         self._with_children: set[int] = set()  # calls during which another call started
         self._below: set[int] = set()  # open calls below the depth limit (no tensors)
+        self._outside: set[int] = set()  # open calls outside ``within`` (no tensors)
         # Per open call with children: how many calls deep its subtree is so far.
         self._height: dict[int, int] = {}
         # Open calls with a child below the depth limit: not re-run (a coarse pass).
@@ -149,6 +150,7 @@ class Recorder:
             # Its parent is no leaf (even when this call is below the depth limit).
             self._with_children.add(stack[-1][0])
         below = not self.policy.records(len(stack))
+        outside = not below and self.inside is not None and not self.inside(path)
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -174,9 +176,14 @@ class Recorder:
                 self._below.add(seq)
             if stack:
                 self._partial.add(stack[-1][0])
+        elif outside:
+            record["outside_within"] = True
+            with self._lock:
+                self._outside.add(seq)
         stack.append((seq, call, path))
         spent = time.perf_counter()
-        collect = (lambda: flatten_call(args, kwargs)) if self.inputs and not below else None
+        written = self.inputs and not (below or outside)
+        collect = (lambda: flatten_call(args, kwargs)) if written else None
         self._emit(record, seq, "in", path, call, collect)
         self._charge(spent)
         self._starts()[seq] = (time.perf_counter(), self._overhead())
@@ -216,6 +223,9 @@ class Recorder:
 
     # Whether calls are re-run for their sensitivity (``capture(sensitivity=...)``).
     sensitivity = True
+    # ``capture(within=...)``: whether a module path's tensors are recorded (None: all).
+    # A call outside is on the index (``outside_within``) and measured, without tensors.
+    inside: Callable[[str], bool] | None = None
 
     def wants_sensitivity(self, seq: int) -> bool:
         """Call ``seq`` (still open, and recorded with its tensors) is to be measured: the
@@ -307,8 +317,9 @@ class Recorder:
         with self._lock:
             end = self._ends
             self._ends += 1
-            below = seq in self._below
+            below = seq in self._below or seq in self._outside
             self._below.discard(seq)
+            self._outside.discard(seq)
         record: ReturnLine = {"event": "return", "seq": seq, "end": end, **(extra or {})}
         seconds = self._seconds(seq, None if error is not None else output)
         if seconds is not None:

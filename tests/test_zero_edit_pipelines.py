@@ -111,3 +111,82 @@ def test_an_mlx_model_called_in_a_loop_is_recorded_once_per_call(tmp_path: Path)
     assert calls.count(("", 1)) == 1 and ("", 3) not in calls
     blocks = [line for line in lines if line["event"] == "call" and line["module"] == "blocks.0"]
     assert [line["call"] for line in blocks] == [0, 1, 2]
+
+
+# -- a later model of a pipeline: its first inputs carry what the models before it rounded ----
+
+FLUX_THEN_DECODER = """
+    import sys
+    import numpy as np
+    import torch
+    from parity_zoo import flux
+    from parity_zoo.core import to_mlx
+
+    ref, inputs = flux.reference("float32")
+    torch.manual_seed(1)
+    decoder = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)).eval()
+    latents, text, pooled, sigma, img_ids, txt_ids = inputs
+    sigmas = [1.0, 0.5, 0.0]
+    if sys.argv[1] == "torch":  # the reference: diffusers' transformer
+        with torch.no_grad():
+            for s, following in zip(sigmas[:-1], sigmas[1:]):
+                v = ref(latents, text, pooled, torch.tensor([s]), img_ids, txt_ids).sample
+                latents = latents + (following - s) * v
+    else:  # the port: the MLX transformer, same weights, same loop
+        import mlx.core as mx
+
+        port = flux.port_of(ref, "float32")
+        x = to_mlx(latents)
+        args = [to_mlx(t) for t in (text, pooled)]
+        for s, following in zip(sigmas[:-1], sigmas[1:]):
+            v = port(x, *args, mx.array([s]), to_mlx(img_ids), to_mlx(txt_ids))
+            x = x + (following - s) * v
+            mx.eval(x)
+        latents = torch.from_numpy(np.array(x))
+        if sys.argv[2:] == ["glue-bug"]:
+            latents = latents * 1.01  # the code between the two models
+    with torch.no_grad():
+        decoder(latents)
+"""
+
+
+@pytest.mark.parametrize("glue_bug", [False, True], ids=["clean", "glue-bug"])
+def test_a_later_models_first_inputs_are_bounded_by_the_models_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, glue_bug: bool
+) -> None:
+    """The decoder (``NAME.2``) reads what the transformer (``NAME``) computed: in a clean
+    MLX port its first inputs differ by the transformer's rounding (its timestep
+    embedding's sine of ~1000 first), which compare read as "the two runs were given
+    different inputs".  Its capture now lists its ``upstream`` captures, whose leaf calls
+    and conditioning floors bound those inputs; a real difference made between the two
+    models is still named, and the reason says it entered before this model."""
+    pytest.importorskip("mlx.core")
+    pytest.importorskip("diffusers")
+    import mldbg
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    ref_dir, port_dir = tmp_path / "ref", tmp_path / "port"
+    ref_dir.mkdir()
+    port_dir.mkdir()
+    run_script(ref_dir, FLUX_THEN_DECODER, "torch", name="ref")
+    port_args = ["mlx", "glue-bug"] if glue_bug else ["mlx"]
+    run_script(port_dir, FLUX_THEN_DECODER, *port_args, name="port", sensitivity=False)
+
+    def captured(directory: Path, name: str) -> str:
+        (path,) = (directory / ".mldbg" / "runs").glob(f"*/captures/{name}")
+        return str(path)
+
+    transformer = mldbg.compare(captured(ref_dir, "ref"), captured(port_dir, "port"))
+    assert transformer.ok, json.dumps(transformer.first_divergence)[:600]
+    decoder = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2"))
+    if not glue_bug:
+        assert decoder.ok, json.dumps(decoder.first_divergence)[:600]
+    (ref_meta,) = (ref_dir / ".mldbg" / "runs").glob("*/captures/ref.2/capture.json")
+    returns = [line for line in index_of(ref_dir, "ref") if line["event"] == "return"]
+    upstream = [{"capture": "ref", "ended": len(returns)}]  # the transformer had ended
+    assert json.loads(ref_meta.read_text())["upstream"] == upstream
+    if not glue_bug:
+        return
+    culprit = decoder.first_divergence
+    assert culprit is not None and culprit["name"] == "<root>#0"
+    assert "before this model" in culprit["reason"] and "(ref)" in culprit["reason"]

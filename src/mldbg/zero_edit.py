@@ -238,6 +238,7 @@ class Tracker:
                 within=spec.within,
                 ops=spec.ops,
                 sensitivity=spec.sensitivity,
+                upstream=self._upstream(),
             )
             capture.__enter__()
         except Exception as exc:  # never break the script: say why this model is not captured
@@ -253,6 +254,16 @@ class Tracker:
                 self.problems.append(message)
                 print(message, file=sys.stderr)
         return capture
+
+    def _upstream(self) -> list[dict[str, Any]]:
+        """The captures of the models called before this one, each with how many of its
+        calls have ended: what this model's inputs may already carry (compare bounds its
+        first inputs by their rounding, compare/upstream.py)."""
+        return [
+            {"capture": m.capture.name, "ended": m.capture.calls_ended}
+            for m in self.models.values()
+            if m.capture is not None and m.capture.path is not None
+        ]
 
     def _replay(self, model: _Model) -> None:
         """``mldbg.replay`` of this model on its reference capture (``REF``, ``REF.2``… for

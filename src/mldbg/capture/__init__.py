@@ -82,6 +82,7 @@ class Capture:
         background: bool | None = None,
         sensitivity: bool = True,
         ops: str | Iterable[str] | None = None,
+        upstream: list[dict[str, Any]] | None = None,
     ) -> None:
         # Several models (a pipeline's): one container holds them under their names.
         self.models = list(model) if _is_pipeline(model) else None
@@ -104,6 +105,9 @@ class Capture:
         self.within = within
         self.ops = _patterns(ops, "ops")
         self.sensitivity = sensitivity
+        # The captures of the models this process ran before this one ([{"capture",
+        # "ended"}]: how many of their calls had ended), for compare (compare/upstream.py).
+        self.upstream = upstream
         # Off the critical path by default: a full capture's writes, and the statistics
         # and sketch of a torch model's summary on the CPU (a summary writes little, but
         # computing it is ~10 passes over each tensor: 2.4x a plain forward inline at 128
@@ -193,6 +197,7 @@ class Capture:
                     # has but never calls (a skipped norm) from one it lacks altogether.
                     "modules": self._module_paths(backend, target),
                     **({"models": self.models} if self.models else {}),
+                    **({"upstream": self.upstream} if self.upstream else {}),
                 },
             )
         except OSError as exc:  # no room for even the directory: the model runs uncaptured
@@ -335,6 +340,11 @@ class Capture:
             **({"skipped": dict(list(skipped.items())[:50])} if skipped else {}),
         }
         return final
+
+    @property
+    def calls_ended(self) -> int:
+        """How many recorded calls have ended so far (the index's ``end`` counter)."""
+        return self._recorder.calls_ended if self._recorder is not None else 0
 
     @property
     def records(self) -> int:

@@ -133,6 +133,12 @@ class Recorder:
         finally:
             self._local.busy -= 1
 
+    @property
+    def calls_ended(self) -> int:
+        """How many calls have ended (the next return line's ``end``)."""
+        with self._lock:
+            return self._ends
+
     def busy(self) -> bool:
         """Whether this thread is inside the recorder (its own tensor copies are no ops)."""
         return bool(getattr(self._local, "busy", 0))

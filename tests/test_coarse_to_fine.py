@@ -243,6 +243,38 @@ def test_within_names_a_module_or_says_which_exist(home: Path) -> None:
         mldbg.capture(model, "x", within="layers.3")
 
 
+@pytest.mark.parametrize("bug", [None, "rope"])
+def test_within_bounds_its_inputs_by_the_calls_before_it(home: Path, bug: str | None) -> None:
+    """The fine pass of a cross-framework port: the attention's inputs carry what the
+    blocks before it rounded (Flux's timestep embedding, sin of ~900, first): a clean
+    MLX port agrees inside it, and a RoPE pairing bug is named there.  Before, only the
+    attention's calls were on the index, so its first inputs were the capture's first and
+    any rounding in them read as "the two runs were given different inputs"."""
+    pytest.importorskip("diffusers")
+    mx = pytest.importorskip("mlx.core")
+    from parity_zoo import flux
+
+    zoo = flux.build("float32", bug)
+    within = "transformer_blocks.0.attn"
+    with torch.no_grad(), mldbg.capture(zoo.ref, "ref", within=within) as ref:
+        zoo.run_ref()
+    with mldbg.capture(zoo.port, "port", within=within, sensitivity=False):
+        mx.eval(zoo.run_port())
+    result = mldbg.compare("ref", "port")
+    assert all(e["module"].startswith(within) for e in result.entries)
+    if bug is None:
+        assert result.ok, json.dumps(result.first_divergence)[:800]
+    else:
+        assert result.first_divergence is not None
+        assert result.first_divergence["module"] == within, result.first_divergence
+    # Calls outside are on the index, measured, without tensors.
+    lines = [json.loads(line) for line in (ref.path / "index.jsonl").read_text().splitlines()]
+    outside = [line for line in lines if line.get("outside_within")]
+    assert outside and not any(line.get("tensors") for line in outside)
+    recorded = {line["module"] for line in lines if line.get("tensors") and "module" in line}
+    assert within in recorded and all(m.startswith(within) for m in recorded)
+
+
 @pytest.mark.parametrize("where", ["spread", "one_row", "one_channel"])
 def test_sketch_estimates_relative_error(where: str) -> None:
     """The sketch's estimate of ||b - a|| / ||a|| against the exact value, for rounding-like

@@ -165,12 +165,10 @@ class Tracker:
         """One call of a module (``module.__call__`` is ``function``): captured when it is
         a model's, else passed through; its result, whatever the module returns."""
         state = self.thread
-        # MLX: the capture's recording class already on the instance (a call after the
-        # model's first) recorded this call and called this wrapper through its parent
-        recorded = mlx and _RECORDING in type(module).__dict__
         model = None
+        opened = False  # this call opened the model's capture
         if not self.closed and self._eligible(module, state):
-            model = self._model_for(module)
+            model, opened = self._model_for(module)
         state.depth += 1
         if model is None:
             try:
@@ -186,7 +184,11 @@ class Tracker:
                 state.depth -= 1
         state.in_model += 1
         try:
-            if mlx and not recorded:  # the first call: through the class just put on it
+            if mlx and opened:
+                # Python chose the instance's class before the capture swapped in its
+                # recording class: go through it once.  Every later call enters that
+                # recording class first (it records, then calls this wrapper), so going
+                # through it again would record the call twice, one inside the other.
                 return type(module).__call__(module, *args, **kwargs)
             return function(module, *args, **kwargs)  # torch: the capture's hooks record it
         finally:
@@ -203,22 +205,23 @@ class Tracker:
         names = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")
         return any(fnmatch.fnmatchcase(n, p) for p in self.spec.models for n in names)
 
-    def _model_for(self, module: object) -> _Model | None:
+    def _model_for(self, module: object) -> tuple[_Model | None, bool]:
+        """The model ``module`` is (None: not captured), and whether it was opened now."""
         with self.lock:
             known = self.models.get(id(module))
             if known is not None:
-                return known if known.open else None
+                return (known if known.open else None), False
             index = len(self.models)
             if index >= MAX_MODELS:
-                return None
+                return None, False
             name = self.spec.name if index == 0 else f"{self.spec.name}.{index + 1}"
             if self.spec.replay is not None:  # replayed once, at its first call
                 model = self.models[id(module)] = _Model(module, None, name)
                 model.replay_pending = True
-                return model
+                return model, True
             capture = self._open(module, name)
             model = self.models[id(module)] = _Model(module, capture, name)
-            return model if model.open else None
+            return (model if model.open else None), True
 
     def _open(self, module: object, name: str) -> Capture | None:
         from .capture import Capture
@@ -235,6 +238,7 @@ class Tracker:
                 within=spec.within,
                 ops=spec.ops,
                 sensitivity=spec.sensitivity,
+                upstream=self._upstream(),
             )
             capture.__enter__()
         except Exception as exc:  # never break the script: say why this model is not captured
@@ -250,6 +254,16 @@ class Tracker:
                 self.problems.append(message)
                 print(message, file=sys.stderr)
         return capture
+
+    def _upstream(self) -> list[dict[str, Any]]:
+        """The captures of the models called before this one, each with how many of its
+        calls have ended: what this model's inputs may already carry (compare bounds its
+        first inputs by their rounding, compare/upstream.py)."""
+        return [
+            {"capture": m.capture.name, "ended": m.capture.calls_ended}
+            for m in self.models.values()
+            if m.capture is not None and m.capture.path is not None
+        ]
 
     def _replay(self, model: _Model) -> None:
         """``mldbg.replay`` of this model on its reference capture (``REF``, ``REF.2``… for

@@ -82,6 +82,7 @@ class Capture:
         background: bool | None = None,
         sensitivity: bool = True,
         ops: str | Iterable[str] | None = None,
+        upstream: list[dict[str, Any]] | None = None,
     ) -> None:
         # Several models (a pipeline's): one container holds them under their names.
         self.models = list(model) if _is_pipeline(model) else None
@@ -104,6 +105,9 @@ class Capture:
         self.within = within
         self.ops = _patterns(ops, "ops")
         self.sensitivity = sensitivity
+        # The captures of the models this process ran before this one ([{"capture",
+        # "ended"}]: how many of their calls had ended), for compare (compare/upstream.py).
+        self.upstream = upstream
         # Off the critical path by default: a full capture's writes, and the statistics
         # and sketch of a torch model's summary on the CPU (a summary writes little, but
         # computing it is ~10 passes over each tensor: 2.4x a plain forward inline at 128
@@ -117,8 +121,13 @@ class Capture:
             self.background = background
         else:
             self.background = self.policy.mode == "full" or self._backend().on_host(self._target)
-        if within is not None:
-            self.include = _within(self._backend(), self._target, within)
+        # Calls outside ``within`` are still recorded, on the index only (no tensors, as
+        # for calls below ``depth``), and measured: the module's inputs carry what every
+        # call before it rounded (an ill-conditioned timestep embedding's floor included),
+        # and compare can bound them only from the whole call tree.
+        self.within_patterns = (
+            None if within is None else _within(self._backend(), self._target, within)
+        )
         self.path: Path | None = None
         self._entered = False
         self._directory: CaptureDir | None = None
@@ -143,6 +152,11 @@ class Capture:
         except Exception:  # the list is a hint for compare; never fail the capture on it
             return []
         return paths[:MAX_MODULES]
+
+    def inside(self, path: str) -> bool:
+        """Whether call ``path``'s tensors are recorded: inside ``within`` (if given)."""
+        patterns = self.within_patterns
+        return patterns is None or any(fnmatch.fnmatchcase(module_label(path), p) for p in patterns)
 
     def keeps(self, path: str) -> bool:
         """Whether module ``path`` is recorded: matches an include (if any), no exclude."""
@@ -183,6 +197,7 @@ class Capture:
                     # has but never calls (a skipped norm) from one it lacks altogether.
                     "modules": self._module_paths(backend, target),
                     **({"models": self.models} if self.models else {}),
+                    **({"upstream": self.upstream} if self.upstream else {}),
                 },
             )
         except OSError as exc:  # no room for even the directory: the model runs uncaptured
@@ -210,6 +225,8 @@ class Capture:
             clock=backend.device_clock() if hasattr(backend, "device_clock") else None,
         )
         self._recorder.sensitivity = self.sensitivity
+        if self.within_patterns is not None:
+            self._recorder.inside = self.inside
         self._started = time.perf_counter()
         try:
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
@@ -335,6 +352,11 @@ class Capture:
             **({"skipped": dict(list(skipped.items())[:50])} if skipped else {}),
         }
         return final
+
+    @property
+    def calls_ended(self) -> int:
+        """How many recorded calls have ended so far (the index's ``end`` counter)."""
+        return self._recorder.calls_ended if self._recorder is not None else 0
 
     @property
     def records(self) -> int:

@@ -88,6 +88,7 @@ class Recorder:
         self._calls: dict[str, int] = {}
         self._with_children: set[int] = set()  # calls during which another call started
         self._below: set[int] = set()  # open calls below the depth limit (no tensors)
+        self._outside: set[int] = set()  # open calls outside ``within`` (no tensors)
         # Per open call with children: how many calls deep its subtree is so far.
         self._height: dict[int, int] = {}
         # Open calls with a child below the depth limit: not re-run (a coarse pass).
@@ -143,6 +144,12 @@ class Recorder:
         finally:
             self._local.busy -= 1
 
+    @property
+    def calls_ended(self) -> int:
+        """How many calls have ended (the next return line's ``end``)."""
+        with self._lock:
+            return self._ends
+
     def busy(self) -> bool:
         """Whether this thread is inside the recorder (its own tensor copies are no ops)."""
         return bool(getattr(self._local, "busy", 0))
@@ -159,7 +166,11 @@ class Recorder:
         if stack:
             # Its parent is no leaf (even when this call is below the depth limit).
             self._with_children.add(stack[-1][0])
-        below = not self.policy.records(len(stack))
+        outside = self.inside is not None and not self.inside(path)
+        # Depth counts from the captured model, or, with ``within``, from that module.
+        with self._lock:
+            level = sum(1 for open_seq, _c, _p in stack if open_seq not in self._outside)
+        below = not outside and not self.policy.records(level)
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -185,8 +196,13 @@ class Recorder:
                 self._below.add(seq)
             if stack:
                 self._partial.add(stack[-1][0])
+        elif outside:
+            record["outside_within"] = True
+            with self._lock:
+                self._outside.add(seq)
         stack.append((seq, call, path))
-        collect = (lambda: flatten_call(args, kwargs)) if self.inputs and not below else None
+        written = self.inputs and not (below or outside)
+        collect = (lambda: flatten_call(args, kwargs)) if written else None
         with self._capture_work():
             self._emit(record, seq, "in", path, call, collect)
         mark = None
@@ -260,6 +276,9 @@ class Recorder:
 
     # Whether calls are re-run for their sensitivity (``capture(sensitivity=...)``).
     sensitivity = True
+    # ``capture(within=...)``: whether a module path's tensors are recorded (None: all).
+    # A call outside is on the index (``outside_within``) and measured, without tensors.
+    inside: Callable[[str], bool] | None = None
 
     def wants_sensitivity(self, seq: int) -> bool:
         """Call ``seq`` (still open, and recorded with its tensors) is to be measured: the
@@ -350,8 +369,9 @@ class Recorder:
         with self._lock:
             end = self._ends
             self._ends += 1
-            below = seq in self._below
+            below = seq in self._below or seq in self._outside
             self._below.discard(seq)
+            self._outside.discard(seq)
         record: ReturnLine = {"event": "return", "seq": seq, "end": end, **(extra or {})}
         # inclusive of its children, exclusive of the capture
         seconds = self._seconds(seq, None if error is not None else output)

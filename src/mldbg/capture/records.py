@@ -71,6 +71,7 @@ CallLine = TypedDict(
         "depth": int,
         "site": NotRequired[str],
         "below_depth": NotRequired[bool],
+        "outside_within": NotRequired[bool],
         "quant": NotRequired[Quantization],
         "file": NotRequired[str],
         "tensors": NotRequired[dict[str, TensorInfo]],

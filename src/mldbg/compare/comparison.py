@@ -24,6 +24,7 @@ from .propose import propose_map
 from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors
 from .rules import CallKey, call_key, first_divergence
 from .sources import CompareInputError, Source
+from .upstream import upstream_of
 from .verdict import (
     NO_FLOOR,
     Depths,
@@ -373,9 +374,11 @@ def judge(
     growing (each round adds calls, so at most one round per call; in practice a few)."""
     errors = _input_errors(results)
     explained: set[tuple[str, int]] = set()
+    earlier = upstream_of(a)  # a later model of a pipeline: what ran before it
     for _round in range(len(a.calls) + 1):
         floors = amplified(a.calls, {k: e for k, e in errors.items() if k in explained})
-        _judge_entries(a, results, quantized, depths(a, quantized, floors), strict, local)
+        depth_of = depths(a, quantized, floors, (earlier.leaves, earlier.floor))
+        _judge_entries(a, results, quantized, depth_of, strict, local)
         passing = _inputs_passing(results) & errors.keys()
         if passing <= explained:
             return

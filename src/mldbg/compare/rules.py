@@ -173,7 +173,15 @@ def glue(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     roles = evidence.by_call.get((call.module, call.call), {"in": [], "out": []})
     differing = [r for r in roles["in"] if not r["ok"]]
     here = _site(evidence, call)
-    if previous is None:
+    earlier = _earlier_models(evidence.source)
+    if previous is None and earlier:
+        reason = (
+            f"the inputs of {call.module}#{call.call}, this model's first call, differ beyond "
+            f"what the models its run called before it ({earlier}) round: the difference "
+            f"enters before this model, in the code that feeds it (glue) or in an earlier "
+            f"model: compare those first"
+        )
+    elif previous is None:
         reason = (
             f"the two runs were given different inputs: {call.module}#{call.call} "
             "is the first call and its inputs differ"
@@ -640,6 +648,18 @@ def call_key(item: EntryResult | Culprit) -> CallKey | None:
     """The (module, call) an entry or a culprit belongs to; None for a bare tensor."""
     module, call = item.get("module"), item.get("call")
     return None if module is None or call is None else (module, call)
+
+
+def _earlier_models(source: Source) -> str:
+    """The captures of the models a zero-edit run called before this one, as a list
+    (at most five named), or "" (compare/upstream.py)."""
+    listed = source.meta.get("upstream")
+    if not isinstance(listed, list):
+        return ""
+    names = [str(i.get("capture")) for i in listed if isinstance(i, dict) and i.get("capture")]
+    if len(names) > 5:
+        return ", ".join([*names[:2], "…", *names[-2:]]) + f" ({len(names)} captures)"
+    return ", ".join(names)
 
 
 def _site(evidence: Evidence, call: Call) -> Site:

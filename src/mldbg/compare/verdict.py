@@ -150,10 +150,14 @@ def depths(
     source: Source,
     quantized: dict[tuple[str, int], float],
     amplified: dict[tuple[str, int], Floor] | None = None,
+    upstream: tuple[int, Floor] = (0, NO_FLOOR),
 ) -> Depths:
     """Op-chain depths of every call of ``source`` (the reference); ``quantized`` maps
     the reference calls whose port counterpart is quantized to their expected error;
-    ``amplified`` the floors of calls that amplify their inputs' error (:func:`amplified`)."""
+    ``amplified`` the floors of calls that amplify their inputs' error (:func:`amplified`);
+    ``upstream`` the leaf calls and the floor of the models that ran before it in its
+    process (a later model of a pipeline, :mod:`.upstream`), on every call's inputs."""
+    before_all, floor_before_all = upstream
     calls = source.calls
     by_seq = {c.seq: key for key, c in calls.items()}
     children: dict[int, list[int]] = {}
@@ -172,14 +176,15 @@ def depths(
     floors = _Floors(calls, amplified or {})
     for key, call in calls.items():
         end = call.end_order if call.end_order is not None else 1 << 62
-        result.before[key] = bisect.bisect_left(ends, call.start_order)
-        result.through[key] = bisect.bisect_right(ends, end)
+        result.before[key] = before_all + bisect.bisect_left(ends, call.start_order)
+        result.through[key] = before_all + bisect.bisect_right(ends, end)
         start = call.start_order or 0
         result.quant_before[key] = _quant_noise(q for e, q in quant_ends if e < start)
         result.quant_through[key] = _quant_noise(q for e, q in quant_ends if e <= end)
         # A call's ancestors compute inline what their children read (the softmax whose
         # output an attention's ``to_out`` projects): their own floors bound it too.
         around = floors.around(call, calls, by_seq)
+        around = _larger(around, floor_before_all)
         result.cond_before[key] = _larger(floors.ended_before(call.start_order), around)
         result.cond_through[key] = _larger(floors.through(key, call, end), around)
     # Leaves and quantized calls inside each subtree (a call counts itself when a leaf).

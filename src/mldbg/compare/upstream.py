@@ -1,0 +1,87 @@
+"""A later model of a pipeline captured without editing: what the models before it rounded.
+
+``start --capture NAME`` makes one capture per model (``NAME``, ``NAME.2``, ...): the
+text encoders, the denoiser, the VAE.  The VAE's first inputs are computed from the
+denoiser's outputs, so a clean port gives it inputs that already differ by everything
+the earlier models rounded (and by what their ill-conditioned ops, a timestep embedding's
+sine of ~1000, made of one rounding step).  Judged alone, that capture's first call
+would read "the two runs were given different inputs".
+
+So each such capture's ``capture.json`` lists its ``upstream``: the earlier captures of
+its process and how many of their calls had ended when it opened (``[{"capture",
+"ended"}]``).  From the reference's own upstream captures (never the port's, as for every
+floor) compare takes the leaf calls that had ended then, added to every entry's depth,
+and the largest conditioning floor among them (their measured sensitivity, see
+:mod:`.verdict`), which rides on everything after it as it does within one capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..capture.store import check_capture_name
+from .sources import Source, open_capture
+from .verdict import COND_C, NO_FLOOR, Floor
+
+MAX_UPSTREAM = 64  # captures listed (a process opens at most that many models)
+
+
+@dataclass
+class Upstream:
+    """What the earlier models of the reference's process left on its inputs."""
+
+    leaves: int = 0  # leaf calls that ended before this capture opened
+    floor: Floor = NO_FLOOR  # the largest conditioning floor among them
+    captures: list[str] = field(default_factory=list)  # their names, in order
+    missing: list[str] = field(default_factory=list)  # listed but not found (warned)
+
+
+NONE = Upstream()
+
+
+def upstream_of(source: Source) -> Upstream:
+    """The earlier captures ``source``'s process made before it (its ``upstream``)."""
+    listed = source.meta.get("upstream")
+    if source.kind != "capture" or not isinstance(listed, list) or not listed:
+        return NONE
+    found = Upstream()
+    for item in listed[:MAX_UPSTREAM]:
+        name, ended = _item(item)
+        if name is None:
+            continue
+        found.captures.append(name)
+        directory = source.path.parent / name
+        try:
+            earlier = open_capture(name, directory)
+        except Exception:  # gone, or unreadable: say so, judge without it
+            found.missing.append(name)
+            continue
+        parents = {c.parent for c in earlier.calls.values() if c.parent is not None}
+        for key, call in earlier.calls.items():
+            if call.end is None or call.end >= ended:
+                continue
+            if call.seq not in parents:
+                found.leaves += 1
+            if call.sensitivity:
+                bound = COND_C * call.sensitivity
+                if bound > found.floor.bound:
+                    found.floor = Floor(bound, (f"{name}:{key[0]}", key[1]), call.sensitivity)
+    warning = (
+        f"{source.label}: the earlier models' captures {', '.join(found.missing)} are "
+        "gone: its first inputs are judged as if nothing ran before it"
+    )
+    if found.missing and warning not in source.warnings:
+        source.warnings.append(warning)
+    return found
+
+
+def _item(item: Any) -> tuple[str | None, int]:
+    if not isinstance(item, dict):
+        return None, 0
+    name, ended = item.get("capture"), item.get("ended")
+    try:
+        name = check_capture_name(str(name))  # a sibling directory's name, never a path
+    except ValueError:
+        return None, 0
+    return name, ended if isinstance(ended, int) and ended > 0 else 0

@@ -1,0 +1,192 @@
+"""Zero-edit capture of pipelines: several models, several calls each, as scripts call them.
+
+Each script here is run unmodified in a real subprocess with ``$MLDBG_CAPTURE`` set, the
+way the agent runs it under ``start --capture`` (``zero_edit.install_from_environment()``
+before the script, ``finish()`` after): the captures it leaves are then read back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RUNNER = textwrap.dedent(
+    """
+    import runpy, sys
+    from mldbg import zero_edit
+    tracker = zero_edit.install_from_environment()
+    sys.argv = sys.argv[1:]
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    finally:
+        tracker.finish()
+    """
+)
+
+
+def run_script(
+    directory: Path, script: str, *args: str, **settings: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (its source) in ``directory`` with ``settings`` as ``$MLDBG_CAPTURE``."""
+    path = directory / "script.py"
+    path.write_text(textwrap.dedent(script))
+    env = {
+        **os.environ,
+        "MLDBG_CAPTURE": json.dumps(settings),
+        "MLDBG_HOME": str(directory / ".mldbg"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(path), *args],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def index_of(directory: Path, name: str) -> list[dict[str, Any]]:
+    (index,) = (directory / ".mldbg" / "runs").glob(f"*/captures/{name}/index.jsonl")
+    return [json.loads(line) for line in index.read_text().splitlines()]
+
+
+def top_level_calls(lines: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return [
+        (line["module"], line["call"])
+        for line in lines
+        if line["event"] == "call" and line["parent"] is None
+    ]
+
+
+MLX_LOOP = """
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+            self.b = nn.Linear(8, 8)
+
+        def __call__(self, x):
+            return self.b(nn.gelu(self.a(x)))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = [Block(), Block()]
+
+        def __call__(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    mx.random.seed(0)
+    model = Model()
+    x = mx.random.normal((2, 8))
+    for step in range(3):
+        x = model(x)
+        mx.eval(x)
+"""
+
+
+def test_an_mlx_model_called_in_a_loop_is_recorded_once_per_call(tmp_path: Path) -> None:
+    """Every call after the first entered the recording class, which called the zero-edit
+    wrapper, which went through the recording class again: ``<root>#1`` held a nested
+    ``<root>#2`` with the whole tree, and the port's step k no longer met the reference's."""
+    pytest.importorskip("mlx.core")
+    run_script(tmp_path, MLX_LOOP, name="loop")
+    lines = index_of(tmp_path, "loop")
+    assert top_level_calls(lines) == [("", 0), ("", 1), ("", 2)]
+    calls = [(line["module"], line["call"]) for line in lines if line["event"] == "call"]
+    assert calls.count(("", 1)) == 1 and ("", 3) not in calls
+    blocks = [line for line in lines if line["event"] == "call" and line["module"] == "blocks.0"]
+    assert [line["call"] for line in blocks] == [0, 1, 2]
+
+
+# -- a later model of a pipeline: its first inputs carry what the models before it rounded ----
+
+FLUX_THEN_DECODER = """
+    import sys
+    import numpy as np
+    import torch
+    from parity_zoo import flux
+    from parity_zoo.core import to_mlx
+
+    ref, inputs = flux.reference("float32")
+    torch.manual_seed(1)
+    decoder = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)).eval()
+    latents, text, pooled, sigma, img_ids, txt_ids = inputs
+    sigmas = [1.0, 0.5, 0.0]
+    if sys.argv[1] == "torch":  # the reference: diffusers' transformer
+        with torch.no_grad():
+            for s, following in zip(sigmas[:-1], sigmas[1:]):
+                v = ref(latents, text, pooled, torch.tensor([s]), img_ids, txt_ids).sample
+                latents = latents + (following - s) * v
+    else:  # the port: the MLX transformer, same weights, same loop
+        import mlx.core as mx
+
+        port = flux.port_of(ref, "float32")
+        x = to_mlx(latents)
+        args = [to_mlx(t) for t in (text, pooled)]
+        for s, following in zip(sigmas[:-1], sigmas[1:]):
+            v = port(x, *args, mx.array([s]), to_mlx(img_ids), to_mlx(txt_ids))
+            x = x + (following - s) * v
+            mx.eval(x)
+        latents = torch.from_numpy(np.array(x))
+        if sys.argv[2:] == ["glue-bug"]:
+            latents = latents * 1.01  # the code between the two models
+    with torch.no_grad():
+        decoder(latents)
+"""
+
+
+@pytest.mark.parametrize("glue_bug", [False, True], ids=["clean", "glue-bug"])
+def test_a_later_models_first_inputs_are_bounded_by_the_models_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, glue_bug: bool
+) -> None:
+    """The decoder (``NAME.2``) reads what the transformer (``NAME``) computed: in a clean
+    MLX port its first inputs differ by the transformer's rounding (its timestep
+    embedding's sine of ~1000 first), which compare read as "the two runs were given
+    different inputs".  Its capture now lists its ``upstream`` captures, whose leaf calls
+    and conditioning floors bound those inputs; a real difference made between the two
+    models is still named, and the reason says it entered before this model."""
+    pytest.importorskip("mlx.core")
+    pytest.importorskip("diffusers")
+    import mldbg
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    ref_dir, port_dir = tmp_path / "ref", tmp_path / "port"
+    ref_dir.mkdir()
+    port_dir.mkdir()
+    run_script(ref_dir, FLUX_THEN_DECODER, "torch", name="ref")
+    port_args = ["mlx", "glue-bug"] if glue_bug else ["mlx"]
+    run_script(port_dir, FLUX_THEN_DECODER, *port_args, name="port", sensitivity=False)
+
+    def captured(directory: Path, name: str) -> str:
+        (path,) = (directory / ".mldbg" / "runs").glob(f"*/captures/{name}")
+        return str(path)
+
+    transformer = mldbg.compare(captured(ref_dir, "ref"), captured(port_dir, "port"))
+    assert transformer.ok, json.dumps(transformer.first_divergence)[:600]
+    decoder = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2"))
+    if not glue_bug:
+        assert decoder.ok, json.dumps(decoder.first_divergence)[:600]
+    (ref_meta,) = (ref_dir / ".mldbg" / "runs").glob("*/captures/ref.2/capture.json")
+    returns = [line for line in index_of(ref_dir, "ref") if line["event"] == "return"]
+    upstream = [{"capture": "ref", "ended": len(returns)}]  # the transformer had ended
+    assert json.loads(ref_meta.read_text())["upstream"] == upstream
+    if not glue_bug:
+        return
+    culprit = decoder.first_divergence
+    assert culprit is not None and culprit["name"] == "<root>#0"
+    assert "before this model" in culprit["reason"] and "(ref)" in culprit["reason"]

@@ -154,3 +154,41 @@ def test_cli_audits_files(cli: Any, tmp_path: Path) -> None:
     assert bad["code"] == "unknown_source"
     np.testing.assert_array_equal(np.array(port.norm.weight), np.ones(8))
     json.dumps(answer)
+
+
+def test_checkpoint_directories_and_one_tensor_files_keep_their_keys(tmp_path: Path) -> None:
+    """A model saved as shards (``model-00001-of-00002.safetensors``…, as transformers and
+    mlx-lm save large models) is one set of parameters named by their keys, not by
+    ``<file stem>.<key>`` (as compare names a directory of tensors); a file holding one
+    parameter names it by its key too.  Before, every parameter was ``renamed`` or
+    ``missing``."""
+    from mlx.utils import tree_flatten
+    from safetensors.torch import save_file
+
+    ref = reference()
+    state = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    names = sorted(state)
+    (tmp_path / "ref").mkdir()
+    save_file(
+        {k: state[k] for k in names[:3]}, str(tmp_path / "ref/model-00001-of-00002.safetensors")
+    )
+    save_file(
+        {k: state[k] for k in names[3:]}, str(tmp_path / "ref/model-00002-of-00002.safetensors")
+    )
+    port = load(fresh_port(), ref.state_dict(), buggy=False)
+    (tmp_path / "port").mkdir()
+    mx.save_safetensors(
+        str(tmp_path / "port/model.safetensors"), dict(tree_flatten(port.parameters()))
+    )
+    rename = {"rename": {"head.weight": "fc.weight", "head.bias": "fc.bias"}}
+    result = audit_weights(tmp_path / "ref", tmp_path / "port", map=rename)
+    assert result["ok"], render_audit(result)
+    assert result["counts"] == {"ok": len(names)}
+    save_file({"conv.weight": state["conv.weight"]}, str(tmp_path / "conv_only.safetensors"))
+    one = audit_weights(tmp_path / "conv_only.safetensors", tmp_path / "port", map=rename)
+    assert {r["name"] for r in one["parameters"] if r["name"]} == {"conv.weight"}
+    assert next(r for r in one["parameters"] if r["name"] == "conv.weight")["status"] == "ok"
+    # Two shards holding the same parameter: said, not silently one of them.
+    save_file({"conv.weight": state["conv.weight"]}, str(tmp_path / "ref/extra.safetensors"))
+    with pytest.raises(Exception, match="conv.weight"):
+        audit_weights(tmp_path / "ref", tmp_path / "port")

@@ -41,6 +41,18 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..errors import BAD_WEIGHTS_INPUT
 from .mapping import NameMap, load_map, parse_map
+from .quantized import (
+    Packed,
+    QuantSpec,
+    config_quantization,
+    decode,
+    find_packed,
+    infer_spec,
+    input_rounding,
+    parse_quantization,
+    settings_block,
+    spec_from_settings,
+)
 from .sources import CompareInputError, Entry, Source, find_captures, open_source
 
 if TYPE_CHECKING:  # numpy is imported where parameters are read
@@ -50,7 +62,7 @@ if TYPE_CHECKING:  # numpy is imported where parameters are read
     Values: TypeAlias = npt.NDArray[np.float64]  # a parameter's values, in float64
 
 FAILING = ("missing", "never_loaded", "layout", "shape", "values")
-WARNING = ("renamed", "dtype", "extra")
+WARNING = ("renamed", "quantized", "dtype", "extra")
 # Layout conversions a port is expected to make (MLX convolutions are channels-last).
 EXPECTED_LAYOUTS = {"OIHW→OHWI", "OIL→OLI", "OIDHW→ODHWI"}
 _LETTERS = {2: "OI", 3: "OIL", 4: "OIHW", 5: "OIDHW"}
@@ -59,16 +71,37 @@ MAX_PERMUTED_DIMS = 5
 
 @dataclass
 class Params:
-    """Parameters by name, each read (as float64 numpy) only when compared."""
+    """Parameters by name, each read (as float64 numpy) only when compared.
+
+    A quantized weight (``quant``) reads as the values its codes decode to, with each
+    element's allowance beside them (see ``quantized.py``); its ``scales``/``biases``
+    are folded into it.  ``packed`` holds the quantized weights found but not yet
+    resolved (their settings may need the reference's shape); ``unresolved`` the reason
+    for those whose settings no source gives."""
 
     label: str
     framework: str | None
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)
     readers: dict[str, Callable[[], Values]] = field(default_factory=dict)
+    packed: dict[str, Packed] = field(default_factory=dict)
+    settings: dict[str, Any] | None = None  # quantization given or from config.json
+    settings_source: str = ""
+    quant: dict[str, QuantSpec] = field(default_factory=dict)
+    decoders: dict[str, Callable[[], tuple[Values, Values]]] = field(default_factory=dict)
+    unresolved: dict[str, str] = field(default_factory=dict)
 
     def read(self, name: str) -> Values:
+        if name in self.decoders:
+            return self.decoders[name]()[0]
         return self.readers[name]()
+
+    def read_with_allowance(self, name: str) -> tuple[Values, Values | float]:
+        """The values and how far each may be from the reference's for a reason other
+        than a bug (quantization); 0.0 for a plain parameter."""
+        if name in self.decoders:
+            return self.decoders[name]()
+        return self.readers[name](), 0.0
 
 
 def audit_weights(
@@ -78,20 +111,31 @@ def audit_weights(
     map: str | os.PathLike[str] | Mapping[str, Any] | None = None,  # noqa: A002 - compare's name
     fresh: Any = None,
     home: str | os.PathLike[str] | None = None,
+    quantization: Any = None,
 ) -> dict[str, Any]:
     """Audit ``port``'s parameters against ``reference``'s (see the module docstring).
 
     Each of ``reference``/``port``/``fresh`` is a torch or MLX module (its parameters and
     buffers as loaded), a dict of tensors (torch, MLX or numpy), or a path: a
-    ``.safetensors``/``.npz``/``.pt`` file or a directory of them.  Raises
-    :class:`CompareInputError` for bad input."""
+    ``.safetensors``/``.npz``/``.pt`` file or a directory of them.  ``quantization``
+    (``{"mode", "bits", "group_size"}``, a mode name, or ``"bits=4,group_size=64"``) says
+    how the port's packed weights are quantized where no module or ``config.json`` says
+    it and the shapes leave it open.  Raises :class:`CompareInputError` for bad input."""
     from ..store.runs import mldbg_home
 
     base = Path(home) if home is not None else mldbg_home()
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)
+    given = parse_quantization(quantization)
     ref = collect(reference, base, "reference")
     prt = collect(port, base, "port")
     init = collect(fresh, base, "fresh") if fresh is not None else None
+    for side in (prt, init):
+        if side is not None and given is not None:
+            side.settings, side.settings_source = given, "given"
+    resolve_quantized(prt, ref, names.to_a)
+    resolve_quantized(ref, prt, _inverse(prt, names))
+    if init is not None:
+        resolve_quantized(init, ref, names.to_a)
     return audit(ref, prt, names, init)
 
 
@@ -106,13 +150,76 @@ def collect(value: Any, home: Path, role: str) -> Params:
         from mlx.utils import tree_flatten
 
         flat = dict(tree_flatten(value.parameters()))
-        return _from_dict(flat, f"{type(value).__name__} (mlx)", "mlx")
+        params = _from_dict(flat, f"{type(value).__name__} (mlx)", "mlx")
+        for path, module in value.named_modules():
+            spec = _module_spec(module)
+            weight = f"{path}.weight" if path else "weight"
+            if spec is not None and weight in params.packed:
+                params.packed[weight].spec = spec
+        return params
     if isinstance(value, Mapping):
         return _from_dict(dict(value), f"{role} (dict of {len(value)})", None)
     raise CompareInputError(
         f"{role}: give a torch or MLX module, a dict of tensors, or a .safetensors/.npz/.pt "
         f"file or directory, not {type(value).__name__}",
         code=BAD_WEIGHTS_INPUT,
+    )
+
+
+def _module_spec(module: Any) -> QuantSpec | None:
+    """What an MLX quantized module (``QuantizedLinear``, ``QuantizedEmbedding``, mlx-lm's
+    ``QuantizedSwitchLinear``…) says of itself: its ``mode``, ``bits``, ``group_size``."""
+    bits, group = getattr(module, "bits", None), getattr(module, "group_size", None)
+    if not isinstance(bits, int) or not isinstance(group, int):
+        return None
+    return QuantSpec(str(getattr(module, "mode", "affine") or "affine"), bits, group, "module")
+
+
+def _inverse(port: Params, names: NameMap) -> Callable[[str], str]:
+    """The port's name for a reference name (for a quantized reference's shape hints)."""
+    back = {names.to_a(name): name for name in port.shapes}
+    return lambda name: back.get(name, name)
+
+
+def resolve_quantized(side: Params, other: Params, other_name: Callable[[str], str]) -> None:
+    """Fold each packed weight of ``side`` and its scales/biases into one parameter that
+    reads as its decoded values (``Params.quant``), its settings from the module, the
+    settings given or in ``config.json``, or else the shapes against ``other``'s
+    parameter of the same name."""
+    for name, packed in side.packed.items():
+        spec: QuantSpec | str | None = packed.spec
+        if spec is None and side.settings is not None:
+            said = spec_from_settings(side.settings, packed.prefix, side.settings_source)
+            if said is False:
+                continue  # the settings say this module is not quantized
+            spec = said if isinstance(said, QuantSpec) else None
+        if spec is None:
+            spec = infer_spec(packed, other.shapes.get(other_name(name)))
+        for companion in (packed.scales, packed.biases):
+            if companion is not None:
+                side.shapes.pop(companion, None)
+                side.dtypes.pop(companion, None)
+                side.readers.pop(companion, None)
+        if isinstance(spec, str):
+            side.unresolved[name] = spec
+            continue
+        if not _fits(packed, spec):
+            side.unresolved[name] = (
+                f"a packed quantized weight ({list(packed.shape)} words, "
+                f"{list(packed.scales_shape)} scales) that {spec.describe()} does not fit"
+            )
+            continue
+        side.quant[name] = spec
+        side.shapes[name] = packed.logical_shape(spec)
+        side.decoders[name] = functools.partial(decode, packed, spec)
+
+
+def _fits(packed: Packed, spec: QuantSpec) -> bool:
+    n = packed.shape[-1] * 32
+    return (
+        n % spec.bits == 0
+        and (n // spec.bits) == packed.scales_shape[-1] * spec.group_size
+        and (packed.biases is not None) == (spec.mode == "affine")
     )
 
 
@@ -128,13 +235,70 @@ def _framework_of(value: Any) -> str | None:
 
 def _from_path(spec: str, home: Path) -> Params:
     weights = _capture_weights(spec, home)
-    source = open_source(str(weights) if weights is not None else spec, home)
-    params = Params(source.label, None)
-    for entry in source.entries:
-        params.shapes[entry.name] = tuple(entry.shape)
-        params.dtypes[entry.name] = entry.dtype
-        params.readers[entry.name] = functools.partial(_read_entry, source, entry)
+    path = weights if weights is not None else Path(spec).expanduser()
+    found = _parameter_files(path) if path.exists() else None
+    # A capture or run named, or the error that says why; else each file of the checkpoint.
+    sources = (
+        [open_source(spec, home)]
+        if found is None
+        else [open_source(str(file), home) for file in found]
+    )
+    params = Params(str(path) if len(sources) > 1 else sources[0].label, None)
+    raw: dict[str, tuple[Source, Entry]] = {}
+    for source in sources:
+        for entry in source.entries:
+            # Keyed by the name inside the file: compare names a one-tensor file by its stem.
+            name = entry.key or entry.name
+            if name in raw:
+                raise CompareInputError(
+                    f"{path}: {name!r} is in both {raw[name][0].label} and {source.label}",
+                    code=BAD_WEIGHTS_INPUT,
+                )
+            raw[name] = (source, entry)
+            params.shapes[name] = tuple(entry.shape)
+            params.dtypes[name] = entry.dtype
+            params.readers[name] = functools.partial(_read_entry, source, entry)
+    params.packed = find_packed(
+        params.shapes, params.dtypes, lambda name: raw[name][0].load(raw[name][1]), to_float64
+    )
+    if weights is None:
+        params.settings = config_quantization(path)
+        params.settings_source = "config.json"
+    else:
+        params.settings = _capture_quantization(weights.parent)
+        params.settings_source = "capture"
     return params
+
+
+def _parameter_files(path: Path) -> list[Path] | None:
+    """The files of a checkpoint: the file itself, or a directory's own tensor files
+    (shards, as transformers, diffusers and mlx-lm save them); None for a directory that
+    is a capture or run (``open_source`` reads those)."""
+    from .sources import TENSOR_SUFFIXES
+
+    if path.is_file():
+        return [path]
+    if (path / "capture.json").is_file() or (path / "run.json").is_file():
+        return None
+    files = sorted(
+        p
+        for p in path.iterdir()
+        if p.is_file() and p.suffix in TENSOR_SUFFIXES and not p.name.startswith(".")
+    )
+    return files or None
+
+
+def _capture_quantization(directory: Path) -> dict[str, Any] | None:
+    """The quantized modules a capture's ``save_weights`` recorded (``capture.json``:
+    ``weights.quantization``, one entry per module path)."""
+    import json
+
+    try:
+        meta = json.loads((directory / "capture.json").read_text())
+    except (OSError, ValueError):
+        return None
+    block = (meta.get("weights") or {}).get("quantization") if isinstance(meta, dict) else None
+    return settings_block(block, "capture.json: weights.quantization") if block else None
 
 
 def _capture_weights(spec: str, home: Path) -> Path | None:
@@ -166,15 +330,16 @@ def _from_dict(values: dict[str, Any], label: str, framework: str | None) -> Par
     for name, value in values.items():
         params.shapes[name] = tuple(int(n) for n in value.shape)
         params.dtypes[name] = dtype_name(value.dtype)
-        params.readers[name] = functools.partial(_float64, value)
+        params.readers[name] = functools.partial(to_float64, value)
+    params.packed = find_packed(params.shapes, params.dtypes, values.__getitem__, to_float64)
     return params
 
 
 def _read_entry(source: Source, entry: Entry) -> Values:
-    return _float64(source.load(entry))
+    return to_float64(source.load(entry))
 
 
-def _float64(value: Any) -> Values:
+def to_float64(value: Any) -> Values:
     """Any tensor as a float64 numpy array (bf16 exactly)."""
     import numpy as np
 
@@ -228,6 +393,7 @@ def audit(ref: Params, port: Params, names: NameMap, fresh: Params | None) -> di
         row.update(found[0])
         rows.append(row)
     for _mapped, other in extra:
+        note = "in the port only (a buffer it computes, or a name the map misses)"
         rows.append(
             {
                 "name": None,
@@ -235,7 +401,8 @@ def audit(ref: Params, port: Params, names: NameMap, fresh: Params | None) -> di
                 "status": "extra",
                 "shape_port": list(port.shapes[other]),
                 "dtype_port": port.dtypes[other],
-                "note": "in the port only (a buffer it computes, or a name the map misses)",
+                "note": note + (f"; {port.unresolved[other]}" if other in port.unresolved else ""),
+                **({"quant": port.quant[other].as_dict()} if other in port.quant else {}),
             }
         )
     counts: dict[str, int] = {}
@@ -277,13 +444,31 @@ def _row(
 def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None) -> dict[str, Any]:
     import numpy as np
 
-    a, b = ref.read(name), port.read(other)
+    if other in port.unresolved or name in ref.unresolved:
+        row = _row(ref, port, name, other, "shape", "")
+        row["note"] = port.unresolved.get(other) or ref.unresolved[name]
+        return row
+    a, slack_a = ref.read_with_allowance(name)
+    b, slack_b = port.read_with_allowance(other)
+    quant = port.quant.get(other) or ref.quant.get(name)
     u = _rounding(ref.dtypes[name], port.dtypes[other])
+    for side, key in ((port, other), (ref, name)):
+        if key in side.quant:
+            u = max(u, input_rounding(side.packed[key], side.quant[key]))
     row = _row(ref, port, name, other, "ok", "")
+    if quant is not None:
+        row["quant"] = _quant_fields(ref, port, name, other)
     row["rel_rms"] = _rel_rms(a, b) if a.shape == b.shape else None
     dtype_changed = ref.dtypes[name] != port.dtypes[other]
-    if a.shape == b.shape and _close(a, b, u):
-        if dtype_changed:
+    if a.shape == b.shape and _close(a, b, u, slack_a, slack_b):
+        if quant is not None:
+            row["quant"]["worst"] = _worst(a, b, u, slack_a, slack_b)
+            row.update(
+                status="quantized",
+                note=f"within what {quant.describe()} explains "
+                f"(worst element at {row['quant']['worst']:.2g} of its allowance)",
+            )
+        elif dtype_changed:
             row.update(
                 status="dtype",
                 note=f"{ref.dtypes[name]} → {port.dtypes[other]}, values within one rounding",
@@ -297,18 +482,27 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
                 status="never_loaded", note="identical to a fresh initialization of the port"
             )
             return row
-    layout = _layout(a, b, u)
+    layout = _layout(a, b, u, slack_a, slack_b)
     if layout is not None:
         expected = layout in EXPECTED_LAYOUTS
         row.update(
             layout=layout,
-            status="dtype" if expected and dtype_changed else "ok" if expected else "layout",
+            status=(
+                "quantized"
+                if expected and quant is not None
+                else "dtype"
+                if expected and dtype_changed
+                else "ok"
+                if expected
+                else "layout"
+            ),
             note=(
                 f"stored as {layout.split('→')[1]}, the port framework's layout"
                 if expected
                 else f"equal only through the permutation {layout}: transposed by mistake"
                 + (" (a transposed linear weight)" if layout == "OI→IO" else "")
-            ),
+            )
+            + (f", within what {quant.describe()} explains" if quant is not None else ""),
         )
         return row
     if a.shape != b.shape:
@@ -330,8 +524,28 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
             status="never_loaded", note="uncorrelated with the reference: a random initialization"
         )
         return row
+    if quant is not None:
+        row["quant"]["worst"] = _worst(a, b, u, slack_a, slack_b)
+        row.update(
+            status="values",
+            note=f"outside what {quant.describe()} explains: an element is "
+            f"{row['quant']['worst']:.3g}x its allowance",
+        )
+        return row
     row.update(status="values", note="same name and shape, different values")
     return row
+
+
+def _quant_fields(ref: Params, port: Params, name: str, other: str) -> dict[str, Any]:
+    """The quantization of the pair's weights (the port's; the reference's as ``reference``
+    when it is quantized too)."""
+    fields: dict[str, Any] = {}
+    if other in port.quant:
+        fields.update(port.quant[other].as_dict())
+        fields["scales_dtype"] = port.packed[other].scales_dtype
+    if name in ref.quant:
+        fields["reference"] = ref.quant[name].as_dict()
+    return fields
 
 
 def _renamed(
@@ -346,13 +560,15 @@ def _renamed(
     ]
     if not candidates:
         return None
-    a = ref.read(name)
+    a, slack_a = ref.read_with_allowance(name)
     for other in candidates:
-        b = port.read(other)
+        b, slack_b = port.read_with_allowance(other)
         u = _rounding(ref.dtypes[name], port.dtypes[other])
-        if a.shape == b.shape and _close(a, b, u):
+        if other in port.quant:
+            u = max(u, input_rounding(port.packed[other], port.quant[other]))
+        if a.shape == b.shape and _close(a, b, u, slack_a, slack_b):
             return {"rel_rms": _rel_rms(a, b)}, other
-        layout = _layout(a, b, u)
+        layout = _layout(a, b, u, slack_a, slack_b)
         if layout is not None:
             return {"layout": layout}, other
     return None
@@ -365,18 +581,38 @@ def _rounding(dtype_a: str, dtype_b: str) -> float:
     return 0.0 if u is None else u
 
 
-def _close(a: Values, b: Values, u: float) -> bool:
+def _close(
+    a: Values, b: Values, u: float, slack_a: Values | float = 0.0, slack_b: Values | float = 0.0
+) -> bool:
+    """``|b − a| ≤ u·|a| + slack`` element by element (exact when both are zero)."""
     import numpy as np
 
-    if u == 0.0:
+    if u == 0.0 and np.isscalar(slack_a) and np.isscalar(slack_b) and not (slack_a or slack_b):
         return bool(np.array_equal(a, b, equal_nan=True))
     with np.errstate(invalid="ignore"):
-        return bool(np.all((np.abs(b - a) <= u * np.abs(a)) | (np.isnan(a) & np.isnan(b))))
+        allowed = u * np.abs(a) + slack_a + slack_b
+        return bool(np.all((np.abs(b - a) <= allowed) | (np.isnan(a) & np.isnan(b))))
 
 
-def _layout(a: Values, b: Values, u: float) -> str | None:
+def _worst(
+    a: Values, b: Values, u: float, slack_a: Values | float, slack_b: Values | float
+) -> float:
+    """The largest ``|b − a|`` over its allowance (≤ 1 when every element is explained)."""
+    import numpy as np
+
+    allowed = u * np.abs(a) + slack_a + slack_b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(allowed > 0, np.abs(b - a) / allowed, np.where(a == b, 0.0, np.inf))
+    return float(np.max(ratio)) if ratio.size else 0.0
+
+
+def _layout(
+    a: Values, b: Values, u: float, slack_a: Values | float = 0.0, slack_b: Values | float = 0.0
+) -> str | None:
     """``"OIHW→OHWI"``: the port's axes, in the reference's letters, when ``b`` equals
     ``a`` only through a permutation (None when none does)."""
+    import numpy as np
+
     if a.ndim != b.ndim or a.ndim < 2 or a.ndim > MAX_PERMUTED_DIMS:
         return None
     identity = tuple(range(a.ndim))
@@ -385,7 +621,8 @@ def _layout(a: Values, b: Values, u: float) -> str | None:
             continue
         if tuple(b.shape[p] for p in perm) != a.shape:
             continue
-        if _close(a, b.transpose(perm), u):
+        moved = slack_b if isinstance(slack_b, float) else np.transpose(slack_b, perm)
+        if _close(a, b.transpose(perm), u, slack_a, moved):
             letters = _LETTERS[a.ndim]
             port_letters = [""] * a.ndim
             for i, p in enumerate(perm):

@@ -1,0 +1,242 @@
+"""Weight audit of quantized MLX ports: a float transformers reference against mlx-lm's own
+model, loaded from it and quantized by ``mlx.nn.quantize`` / mlx-lm's ``quantize_model``.
+
+A quantized Linear or Embedding stores packed ``uint32`` codes, ``scales`` and (affine)
+``biases``.  Before the audit knew them, a clean 4-bit Llama port was reported as 16
+``shape`` problems and 32 ``extra`` parameters.  Now each weight is decoded and judged
+against what its quantization may change element by element (the bound from its own
+scales), and a real loading bug in a quantized port is still named: a weight transposed
+before quantizing, one never loaded, one loaded with the wrong values.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+mx = pytest.importorskip("mlx.core")
+mnn = pytest.importorskip("mlx.nn")
+pytest.importorskip("mlx_lm")
+pytest.importorskip("transformers")
+
+
+from mlx.utils import tree_flatten  # noqa: E402
+
+from mldbg.compare.sources import CompareInputError  # noqa: E402
+from mldbg.compare.weights import audit_weights, render_audit  # noqa: E402
+from parity_zoo import llama_family  # noqa: E402
+
+QUANTIZED_PER_LAYER = 7  # q, k, v, o, gate, up, down
+
+
+def port(arch: str, dtype: str, *, mistakes: bool = False, **quantize: Any) -> Any:
+    """mlx-lm's model loaded from the reference, then quantized; with ``mistakes``, the
+    loader transposes two weights (a square and a rectangular one), never loads one and
+    scales another, all before quantizing."""
+    ref, _ids = llama_family.reference(arch, dtype)
+    model = llama_family.mlx_model(arch, llama_family.SIZES.rope_theta)
+    llama_family.load_from(model, ref)
+    if mistakes:
+        layer0, layer1 = model.model.layers[0], model.model.layers[1]
+        layer0.self_attn.q_proj.weight = layer0.self_attn.q_proj.weight.T  # 64 x 64
+        layer0.mlp.gate_proj.weight = layer0.mlp.gate_proj.weight.T  # 128 x 64 -> 64 x 128
+        mx.random.seed(5)
+        o_proj = layer1.self_attn.o_proj
+        o_proj.weight = 0.02 * mx.random.normal(o_proj.weight.shape).astype(o_proj.weight.dtype)
+        layer0.self_attn.k_proj.weight = layer0.self_attn.k_proj.weight * 1.5
+    mnn.quantize(model, **quantize)
+    mx.eval(model.parameters())
+    return model
+
+
+def rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["name"] or row["name_port"]: row for row in result["parameters"]}
+
+
+CLEAN = [
+    ("llama", "float32", {"bits": 4, "group_size": 64}, "affine"),
+    ("qwen2", "bfloat16", {"bits": 8, "group_size": 32}, "affine"),
+    ("qwen3", "float16", {"bits": 3, "group_size": 64}, "affine"),
+    ("llama", "bfloat16", {"mode": "mxfp4"}, "mxfp4"),
+    ("qwen2", "float32", {"mode": "mxfp8"}, "mxfp8"),
+    ("llama", "float32", {"mode": "nvfp4"}, "nvfp4"),
+]
+
+
+@pytest.mark.parametrize(("arch", "dtype", "quantize", "mode"), CLEAN, ids=lambda v: str(v))
+def test_a_clean_quantized_port_passes_with_its_quantization_reported(
+    arch: str, dtype: str, quantize: dict[str, Any], mode: str, tmp_path: Path
+) -> None:
+    ref, _ids = llama_family.reference(arch, dtype)
+    model = port(arch, dtype, **quantize)
+    layers = llama_family.SIZES.num_hidden_layers
+    expected = layers * QUANTIZED_PER_LAYER + 2  # and the embedding and lm_head
+    result = audit_weights(ref, model)
+    assert result["ok"], render_audit(result)
+    assert result["counts"]["quantized"] == expected
+    assert "extra" not in result["counts"] and "shape" not in result["counts"]
+    head = rows(result)["lm_head.weight"]
+    assert head["quant"]["mode"] == mode and head["quant"]["source"] == "module"
+    assert head["quant"]["bits"] == quantize.get("bits", 8 if mode == "mxfp8" else 4)
+    assert 0 < head["quant"]["worst"] <= 1
+    # The same port saved to a file: the settings come from the shapes.
+    path = tmp_path / "port.safetensors"
+    mx.save_safetensors(str(path), dict(tree_flatten(model.parameters())))
+    saved = audit_weights(ref, path)
+    assert saved["ok"], render_audit(saved)
+    assert saved["counts"]["quantized"] == expected
+    assert rows(saved)["lm_head.weight"]["quant"]["source"] == "shapes"
+    assert rows(saved)["lm_head.weight"]["quant"]["mode"] == mode
+
+
+@pytest.mark.parametrize("quantize", [{"bits": 4, "group_size": 64}, {"mode": "mxfp4"}])
+def test_loading_mistakes_in_a_quantized_port_are_named(
+    quantize: dict[str, Any], tmp_path: Path
+) -> None:
+    ref, _ids = llama_family.reference("llama", "float32")
+    model = port("llama", "float32", mistakes=True, **quantize)
+    path = tmp_path / "port.safetensors"
+    mx.save_safetensors(str(path), dict(tree_flatten(model.parameters())))
+    for given in (model, path):
+        result = audit_weights(ref, given)
+        found = rows(result)
+        assert not result["ok"]
+        for name in (
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.mlp.gate_proj.weight",
+        ):
+            assert found[name]["status"] == "layout", found[name]
+            assert found[name]["layout"] == "OI→IO"
+        assert found["model.layers.1.self_attn.o_proj.weight"]["status"] == "never_loaded"
+        scaled = found["model.layers.0.self_attn.k_proj.weight"]
+        assert scaled["status"] == "values" and scaled["quant"]["worst"] > 1
+        assert "outside what" in scaled["note"]
+        failing = [r["name"] for r in result["problems"] if r["status"] not in ("quantized", "ok")]
+        assert len(failing) == 4, failing
+
+
+def test_fresh_quantized_port_names_never_loaded_exactly() -> None:
+    ref, _ids = llama_family.reference("llama", "float32")
+
+    def built(load: bool) -> Any:
+        mx.random.seed(11)
+        model = llama_family.mlx_model("llama", llama_family.SIZES.rope_theta)
+        if load:
+            weights = {k: v for k, v in ref.state_dict().items() if "o_proj" not in k}
+            model.load_weights([(k, mx.array(v.numpy())) for k, v in weights.items()], strict=False)
+        mnn.quantize(model, bits=4, group_size=64)
+        mx.eval(model.parameters())
+        return model
+
+    result = audit_weights(ref, built(True), fresh=built(False))
+    found = rows(result)
+    for layer in range(llama_family.SIZES.num_hidden_layers):
+        row = found[f"model.layers.{layer}.self_attn.o_proj.weight"]
+        assert row["status"] == "never_loaded" and "fresh" in row["note"]
+    assert result["counts"]["never_loaded"] == llama_family.SIZES.num_hidden_layers
+
+
+def test_an_mlx_lm_saved_model_with_mixed_bits_reads_its_config(tmp_path: Path) -> None:
+    """mlx-lm's own conversion: 4 bits, the head at 8 (a per-module entry in the config),
+    saved as mlx-lm saves it; the audit takes the settings from ``config.json``."""
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    ref, _ids = llama_family.reference("llama", "float32")
+    model = llama_family.mlx_model("llama", llama_family.SIZES.rope_theta)
+    llama_family.load_from(model, ref)
+
+    def predicate(path: str, module: Any) -> bool | dict[str, Any]:
+        return {"bits": 8, "group_size": 64} if path == "lm_head" else True
+
+    model, config = quantize_model(model, {"model_type": "llama"}, 64, 4, quant_predicate=predicate)
+    save_model(tmp_path / "port", model)
+    save_config(config, tmp_path / "port" / "config.json")
+    result = audit_weights(ref, tmp_path / "port")
+    assert result["ok"], render_audit(result)
+    found = rows(result)
+    assert found["lm_head.weight"]["quant"] == {
+        **found["lm_head.weight"]["quant"],
+        "bits": 8,
+        "source": "config.json",
+    }
+    assert found["model.embed_tokens.weight"]["quant"]["bits"] == 4
+    # A config that contradicts the stored shapes is reported, not decoded wrongly.
+    config["quantization"] = {"group_size": 32, "bits": 4, "mode": "affine"}
+    (tmp_path / "port" / "config.json").write_text(json.dumps(config))
+    wrong = audit_weights(ref, tmp_path / "port")
+    assert not wrong["ok"]
+    assert "does not fit" in rows(wrong)["lm_head.weight"]["note"]
+
+
+def test_ambiguous_shapes_ask_for_the_quantization_and_take_it(tmp_path: Path) -> None:
+    """A renamed quantized head has no reference parameter to size it by: its packed
+    shape fits several settings, so the audit says so and asks; given them, the
+    rename is found in the decoded values."""
+    ref, _ids = llama_family.reference("llama", "float32")
+    model = port("llama", "float32", bits=4, group_size=64)
+    flat = dict(tree_flatten(model.parameters()))
+    for part in ("weight", "scales", "biases"):
+        flat[f"output.{part}"] = flat.pop(f"lm_head.{part}")
+    path = tmp_path / "port.safetensors"
+    mx.save_safetensors(str(path), flat)
+    asked = audit_weights(ref, path)
+    extra = rows(asked)["output.weight"]
+    assert extra["status"] == "extra" and "give quantization=" in extra["note"]
+    for given in ("bits=4,group_size=64", {"mode": "affine", "bits": 4, "group_size": 64}):
+        told = audit_weights(ref, path, quantization=given)
+        assert told["ok"], render_audit(told)
+        assert rows(told)["lm_head.weight"]["status"] == "renamed"
+        assert told["proposed_map"] == {"rename": {"output.weight": "lm_head.weight"}}
+    with pytest.raises(CompareInputError, match="no affine quantization with 7 bits"):
+        audit_weights(ref, path, quantization="bits=7,group_size=64")
+
+
+def test_cli_takes_the_quantization(cli: Any, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    ref, _ids = llama_family.reference("llama", "float32")
+    save_file(
+        {k: v.contiguous() for k, v in ref.state_dict().items()}, str(tmp_path / "ref.safetensors")
+    )
+    model = port("llama", "float32", mode="mxfp4")
+    mx.save_safetensors(str(tmp_path / "port.safetensors"), dict(tree_flatten(model.parameters())))
+    answer = cli(
+        "weights", "ref.safetensors", "port.safetensors", "--quantization", "mxfp4", json_out=True
+    )
+    assert answer["ok"] is True and answer["counts"]["quantized"] == 16
+    assert answer["problems"][0]["quant"]["source"] == "given"
+    bad = cli(
+        "weights",
+        "ref.safetensors",
+        "port.safetensors",
+        "--quantization",
+        "q4",
+        expect=None,
+        json_out=True,
+    )
+    assert bad["code"] == "bad_weights_input"
+
+
+def test_a_capture_records_what_its_quantized_modules_are(home: Path) -> None:
+    """``save_weights`` (``start --capture-weights``) writes the packed tensors and, in
+    ``capture.json``, each quantized module's settings: the audit decodes by them."""
+    import mldbg
+
+    ref, ids = llama_family.reference("llama", "float32")
+    model = port("llama", "float32", bits=8, group_size=64)
+    with mldbg.capture(model, "port") as cap:
+        cap.save_weights()
+        mx.eval(model(mx.array(ids.numpy())))
+    meta = json.loads((cap.path / "capture.json").read_text())
+    assert meta["weights"]["quantization"]["lm_head"] == {
+        "mode": "affine",
+        "bits": 8,
+        "group_size": 64,
+    }
+    result = audit_weights(ref, "port", home=home)
+    assert result["ok"], render_audit(result)
+    assert rows(result)["lm_head.weight"]["quant"]["source"] == "capture"

@@ -240,3 +240,57 @@ def test_a_capture_records_what_its_quantized_modules_are(home: Path) -> None:
     result = audit_weights(ref, "port", home=home)
     assert result["ok"], render_audit(result)
     assert rows(result)["lm_head.weight"]["quant"]["source"] == "capture"
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_tied_embeddings_on_the_reference_side_only_are_reported_not_missing(
+    bits: int | None,
+) -> None:
+    """transformers' state dict lists a tied ``lm_head.weight`` (the embedding's own
+    tensor); mlx-lm's tied model has no ``lm_head`` and multiplies by the embedding.  Before,
+    ``lm_head.weight`` was ``missing`` and a clean port failed.  A head the reference does
+    not tie stays ``missing``."""
+    import dataclasses
+
+    sizes = dataclasses.replace(llama_family.SIZES)
+    config, cls = llama_family._hf_config("llama", sizes)
+    config.tie_word_embeddings = True
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    ref = cls(config).eval()
+    from mlx_lm.models import llama
+
+    def mlx_port(tied_ref: Any) -> Any:
+        model = llama.Model(
+            llama.ModelArgs(
+                model_type="llama",
+                hidden_size=sizes.hidden_size,
+                num_hidden_layers=sizes.num_hidden_layers,
+                intermediate_size=sizes.intermediate_size,
+                num_attention_heads=sizes.num_attention_heads,
+                num_key_value_heads=sizes.num_key_value_heads,
+                head_dim=sizes.head_dim,
+                rms_norm_eps=sizes.rms_norm_eps,
+                vocab_size=sizes.vocab_size,
+                rope_theta=sizes.rope_theta,
+                tie_word_embeddings=True,
+            )
+        )
+        weights = {k: mx.array(v.detach().numpy()) for k, v in tied_ref.state_dict().items()}
+        model.load_weights(list(model.sanitize(weights).items()))
+        if bits is not None:
+            mnn.quantize(model, bits=bits, group_size=64)
+        mx.eval(model.parameters())
+        return model
+
+    result = audit_weights(ref, mlx_port(ref))
+    assert result["ok"], render_audit(result)
+    head = rows(result)["lm_head.weight"]
+    assert head["status"] == "tied" and "model.embed_tokens.weight" in head["note"]
+    untied = cls(config)
+    untied.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        untied.lm_head.weight = torch.nn.Parameter(torch.randn_like(untied.lm_head.weight))
+    assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
+    other = audit_weights(untied, mlx_port(ref))
+    assert rows(other)["lm_head.weight"]["status"] == "missing"

@@ -304,8 +304,10 @@ class Capture:
             return None
         backend = self._backend()
         quantized: dict[str, dict[str, Any]] = {}
+        buffers: list[str] = []
         if self.framework == "torch":
             tensors = dict(self._target.state_dict())
+            buffers = [name for name, _ in self._target.named_buffers() if name in tensors]
         else:
             from mlx.utils import tree_flatten
 
@@ -324,6 +326,7 @@ class Capture:
             "bytes": final.stat().st_size,
             **({"skipped": dict(list(skipped.items())[:50])} if skipped else {}),
             **({"quantization": quantized} if quantized else {}),
+            **({"buffers": buffers[:10_000]} if buffers else {}),
         }
         return final
 

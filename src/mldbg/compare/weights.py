@@ -62,10 +62,19 @@ if TYPE_CHECKING:  # numpy is imported where parameters are read
     Values: TypeAlias = npt.NDArray[np.float64]  # a parameter's values, in float64
 
 FAILING = ("missing", "never_loaded", "layout", "shape", "values")
-WARNING = ("renamed", "quantized", "dtype", "extra")
-# Layout conversions a port is expected to make (MLX convolutions are channels-last).
-EXPECTED_LAYOUTS = {"OIHW→OHWI", "OIL→OLI", "OIDHW→ODHWI"}
+WARNING = ("renamed", "tied", "buffer", "quantized", "dtype", "extra")
+# Layout conversions a port is expected to make (MLX convolutions are channels-last; a
+# torch ConvTranspose kernel is (in, out, k…), MLX's (out, k…, in)).
+EXPECTED_LAYOUTS = {
+    "OIHW→OHWI",
+    "OIL→OLI",
+    "OIDHW→ODHWI",
+    "IOHW→OHWI",
+    "IOL→OLI",
+    "IODHW→ODHWI",
+}
 _LETTERS = {2: "OI", 3: "OIL", 4: "OIHW", 5: "OIDHW"}
+_TRANSPOSED_CONV_LETTERS = {3: "IOL", 4: "IOHW", 5: "IODHW"}
 MAX_PERMUTED_DIMS = 5
 
 
@@ -90,6 +99,8 @@ class Params:
     quant: dict[str, QuantSpec] = field(default_factory=dict)
     decoders: dict[str, Callable[[], tuple[Values, Values]]] = field(default_factory=dict)
     unresolved: dict[str, str] = field(default_factory=dict)
+    classes: dict[str, str] = field(default_factory=dict)  # module path: class, when known
+    buffers: set[str] = field(default_factory=set)  # names that are buffers, when known
 
     def read(self, name: str) -> Values:
         if name in self.decoders:
@@ -145,13 +156,18 @@ def collect(value: Any, home: Path, role: str) -> Params:
         return _from_path(os.fspath(value), home)
     kind = _framework_of(value)
     if kind == "torch":
-        return _from_dict(value.state_dict(), f"{type(value).__name__} (torch)", "torch")
+        state = value.state_dict()
+        params = _from_dict(state, f"{type(value).__name__} (torch)", "torch")
+        params.classes = {path: type(m).__name__ for path, m in value.named_modules()}
+        params.buffers = {name for name, _ in value.named_buffers() if name in state}
+        return params
     if kind == "mlx":
         from mlx.utils import tree_flatten
 
         flat = dict(tree_flatten(value.parameters()))
         params = _from_dict(flat, f"{type(value).__name__} (mlx)", "mlx")
         for path, module in value.named_modules():
+            params.classes[path] = type(module).__name__
             spec = _module_spec(module)
             weight = f"{path}.weight" if path else "weight"
             if spec is not None and weight in params.packed:
@@ -265,9 +281,24 @@ def _from_path(spec: str, home: Path) -> Params:
         params.settings = config_quantization(path)
         params.settings_source = "config.json"
     else:
-        params.settings = _capture_quantization(weights.parent)
+        saved = _capture_saved(weights.parent)
+        block = saved.get("quantization")
+        where = "capture.json: weights.quantization"
+        params.settings = settings_block(block, where) if block else None
         params.settings_source = "capture"
+        params.buffers = {str(name) for name in saved.get("buffers") or ()}
+        params.classes = _capture_classes(weights.parent, home)
     return params
+
+
+def _capture_classes(directory: Path, home: Path) -> dict[str, str]:
+    """Module path: class, from the capture's recorded calls (a ConvTranspose kernel's
+    layout depends on it)."""
+    try:
+        source = open_source(str(directory), home)
+    except CompareInputError:
+        return {}
+    return {call.module: call.class_name for call in source.calls.values()}
 
 
 def _parameter_files(path: Path) -> list[Path] | None:
@@ -288,17 +319,17 @@ def _parameter_files(path: Path) -> list[Path] | None:
     return files or None
 
 
-def _capture_quantization(directory: Path) -> dict[str, Any] | None:
-    """The quantized modules a capture's ``save_weights`` recorded (``capture.json``:
-    ``weights.quantization``, one entry per module path)."""
+def _capture_saved(directory: Path) -> dict[str, Any]:
+    """What a capture's ``save_weights`` recorded in ``capture.json`` (``weights``): the
+    quantized modules' settings, one entry per module path, and the buffers' names."""
     import json
 
     try:
         meta = json.loads((directory / "capture.json").read_text())
     except (OSError, ValueError):
-        return None
-    block = (meta.get("weights") or {}).get("quantization") if isinstance(meta, dict) else None
-    return settings_block(block, "capture.json: weights.quantization") if block else None
+        return {}
+    saved = meta.get("weights") if isinstance(meta, dict) else None
+    return saved if isinstance(saved, dict) else {}
 
 
 def _capture_weights(spec: str, home: Path) -> Path | None:
@@ -384,6 +415,18 @@ def audit(ref: Params, port: Params, names: NameMap, fresh: Params | None) -> di
     renames: dict[str, str] = {}
     for name in missing:
         found = _renamed(ref, port, name, extra)
+        tie = _tied(ref, name, missing) if found is None else None
+        if tie is not None:
+            note = (
+                f"tied to {tie!r} in the reference (the same values); the port keeps "
+                f"{tie!r} only and uses it for both"
+            )
+            rows.append(_row(ref, port, name, None, "tied", note))
+            continue
+        if found is None and name in ref.buffers:
+            note = "a buffer of the reference, not in the port: computed there, or not needed?"
+            rows.append(_row(ref, port, name, None, "buffer", note))
+            continue
         if found is None:
             rows.append(_row(ref, port, name, None, "missing", "not in the port"))
             continue
@@ -482,7 +525,8 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
                 status="never_loaded", note="identical to a fresh initialization of the port"
             )
             return row
-    layout = _layout(a, b, u, slack_a, slack_b)
+    transposed_conv = _is_transposed_conv(ref, name) or _is_transposed_conv(port, other)
+    layout = _layout(a, b, u, slack_a, slack_b, transposed_conv)
     if layout is not None:
         expected = layout in EXPECTED_LAYOUTS
         row.update(
@@ -500,7 +544,7 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
                 f"stored as {layout.split('→')[1]}, the port framework's layout"
                 if expected
                 else f"equal only through the permutation {layout}: transposed by mistake"
-                + (" (a transposed linear weight)" if layout == "OI→IO" else "")
+                + _layout_hint(layout, transposed_conv)
             )
             + (f", within what {quant.describe()} explains" if quant is not None else ""),
         )
@@ -534,6 +578,47 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
         return row
     row.update(status="values", note="same name and shape, different values")
     return row
+
+
+def _tied(ref: Params, name: str, missing: list[str]) -> str | None:
+    """The reference parameter the port has whose values ``name`` shares exactly (an
+    output head tied to the embedding: transformers' state dict lists both)."""
+    import numpy as np
+
+    shape = ref.shapes[name]
+    candidates = [
+        other
+        for other in ref.shapes
+        if other != name and other not in missing and ref.shapes[other] == shape
+    ]
+    if not candidates or not shape:
+        return None
+    values = ref.read(name)
+    if _constant(values) or values.size < 2:
+        return None  # equal constants (norms at 1) are no evidence of a tie
+    for other in candidates:
+        if np.array_equal(ref.read(other), values):
+            return other
+    return None
+
+
+def _is_transposed_conv(side: Params, name: str) -> bool:
+    """Whether ``name`` belongs to a ConvTranspose module (known from a module or a
+    capture's classes; files do not say)."""
+    return "ConvTranspose" in side.classes.get(name.rpartition(".")[0], "")
+
+
+def _layout_hint(layout: str, transposed_conv: bool) -> str:
+    if layout == "OI→IO":
+        return " (a transposed linear weight)"
+    if transposed_conv and layout.startswith("IO") and layout.endswith("O"):
+        return " (a transposed convolution converted as a convolution: MLX wants it O…I)"
+    if not transposed_conv and layout in ("OIHW→IHWO", "OIL→ILO", "OIDHW→IDHWO"):
+        return (
+            " unless this is a ConvTranspose kernel (torch IO…, MLX O…I: this is then its "
+            "right layout): audit the modules or captures so the class is known"
+        )
+    return ""
 
 
 def _quant_fields(ref: Params, port: Params, name: str, other: str) -> dict[str, Any]:
@@ -607,10 +692,16 @@ def _worst(
 
 
 def _layout(
-    a: Values, b: Values, u: float, slack_a: Values | float = 0.0, slack_b: Values | float = 0.0
+    a: Values,
+    b: Values,
+    u: float,
+    slack_a: Values | float = 0.0,
+    slack_b: Values | float = 0.0,
+    transposed_conv: bool = False,
 ) -> str | None:
-    """``"OIHW→OHWI"``: the port's axes, in the reference's letters, when ``b`` equals
-    ``a`` only through a permutation (None when none does)."""
+    """``"OIHW→OHWI"``: the port's axes, in the reference's letters (``IOHW`` for a
+    ConvTranspose kernel), when ``b`` equals ``a`` only through a permutation (None when
+    none does)."""
     import numpy as np
 
     if a.ndim != b.ndim or a.ndim < 2 or a.ndim > MAX_PERMUTED_DIMS:
@@ -623,7 +714,11 @@ def _layout(
             continue
         moved = slack_b if isinstance(slack_b, float) else np.transpose(slack_b, perm)
         if _close(a, b.transpose(perm), u, slack_a, moved):
-            letters = _LETTERS[a.ndim]
+            letters = (
+                _TRANSPOSED_CONV_LETTERS.get(a.ndim, _LETTERS[a.ndim])
+                if transposed_conv
+                else _LETTERS[a.ndim]
+            )
             port_letters = [""] * a.ndim
             for i, p in enumerate(perm):
                 port_letters[p] = letters[i]

@@ -294,3 +294,63 @@ def test_tied_embeddings_on_the_reference_side_only_are_reported_not_missing(
     assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
     other = audit_weights(untied, mlx_port(ref))
     assert rows(other)["lm_head.weight"]["status"] == "missing"
+
+
+def test_fused_projections_are_named_as_the_parts_they_hold() -> None:
+    """A port that fuses what the reference splits (``qkv_proj`` for q/k/v, ``gate_up_proj``
+    for gate/up, as Phi-3 and many hand-written ports do) and a reference that fuses what
+    the port splits (GPT-2's ``c_attn``, q/k/v side by side along its last axis).  Before,
+    the parts were ``missing`` and the whole ``extra``."""
+    import numpy as np
+    import transformers
+
+    ref, _ids = llama_family.reference("llama", "float32")
+    state = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    port: dict[str, Any] = {}
+    for name, value in state.items():
+        if ".k_proj." in name or ".v_proj." in name or ".up_proj." in name:
+            continue
+        if ".q_proj." in name:
+            parts = [state[name.replace("q_proj", p)] for p in ("q_proj", "k_proj", "v_proj")]
+            port[name.replace("q_proj", "qkv_proj")] = mx.array(np.concatenate(parts))
+        elif ".gate_proj." in name:
+            parts = [state[name], state[name.replace("gate_proj", "up_proj")]]
+            port[name.replace("gate_proj", "gate_up_proj")] = mx.array(np.concatenate(parts))
+        else:
+            port[name] = mx.array(value)
+    result = audit_weights(ref, port)
+    assert result["ok"], render_audit(result)
+    found = rows(result)
+    k_proj = found["model.layers.1.self_attn.k_proj.weight"]
+    assert k_proj["status"] == "fused"
+    assert k_proj["fused"] == {
+        "into": "model.layers.1.self_attn.qkv_proj.weight",
+        "axis": 0,
+        "start": 64,
+        "stop": 96,
+    }
+    assert found["model.layers.0.mlp.gate_up_proj.weight"]["status"] == "fused"
+    # A wrong part is not fused: v's rows replaced, v stays missing, the whole extra.
+    broken = dict(port)
+    qkv = np.array(broken["model.layers.0.self_attn.qkv_proj.weight"])
+    qkv[96:] = np.random.default_rng(0).normal(size=qkv[96:].shape)
+    broken["model.layers.0.self_attn.qkv_proj.weight"] = mx.array(qkv)
+    bad = audit_weights(ref, broken)
+    assert not bad["ok"]
+    assert rows(bad)["model.layers.0.self_attn.v_proj.weight"]["status"] == "missing"
+
+    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50, n_positions=16)
+    gpt2 = transformers.GPT2Model(config).eval()
+    split: dict[str, Any] = {}
+    for name, value in gpt2.state_dict().items():
+        if ".c_attn." in name:
+            for i, part in enumerate(("q", "k", "v")):
+                chunk = np.split(value.numpy(), 3, axis=-1)[i]
+                split[name.replace("c_attn", part)] = mx.array(chunk)
+        else:
+            split[name] = mx.array(value.numpy())
+    split_result = audit_weights(gpt2, split)
+    assert split_result["ok"], render_audit(split_result)
+    whole = rows(split_result)["h.0.attn.c_attn.weight"]
+    assert whole["status"] == "fused" and "along axis 1" in whole["note"]
+    assert rows(split_result)["h.0.attn.v.bias"]["fused"]["start"] == 64

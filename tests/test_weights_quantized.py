@@ -354,3 +354,16 @@ def test_fused_projections_are_named_as_the_parts_they_hold() -> None:
     whole = rows(split_result)["h.0.attn.c_attn.weight"]
     assert whole["status"] == "fused" and "along axis 1" in whole["note"]
     assert rows(split_result)["h.0.attn.v.bias"]["fused"]["start"] == 64
+
+
+def test_gpt2s_conv1d_weights_moved_to_linear_are_its_layout() -> None:
+    """transformers' GPT-2 keeps its projections in ``Conv1D`` modules, weight ``(in,
+    out)``; mlx-lm's port transposes them into Linear ``(out, in)``: the right layout
+    (``IO→OI``), not a transposed linear.  Before, all eight were ``layout`` failures."""
+    from parity_zoo import gpt2
+
+    z = gpt2.build("float32", None)
+    result = audit_weights(z.ref, z.port, map=z.map)
+    assert result["ok"], render_audit(result)
+    c_attn = rows(result)["transformer.h.0.attn.c_attn.weight"]
+    assert c_attn["status"] == "ok" and c_attn["layout"] == "IO→OI"

@@ -72,9 +72,12 @@ EXPECTED_LAYOUTS = {
     "IOHW→OHWI",
     "IOL→OLI",
     "IODHW→ODHWI",
+    "IO→OI",
 }
 _LETTERS = {2: "OI", 3: "OIL", 4: "OIHW", 5: "OIDHW"}
-_TRANSPOSED_CONV_LETTERS = {3: "IOL", 4: "IOHW", 5: "IODHW"}
+# Kernels stored input-first: torch's ConvTranspose (in, out, k…) and transformers'
+# ``Conv1D`` (GPT-2's projections: (in, out), a Linear's weight transposed).
+_INPUT_FIRST_LETTERS = {2: "IO", 3: "IOL", 4: "IOHW", 5: "IODHW"}
 MAX_PERMUTED_DIMS = 5
 
 
@@ -745,9 +748,11 @@ def _tied(ref: Params, name: str, missing: list[str]) -> str | None:
 
 
 def _is_transposed_conv(side: Params, name: str) -> bool:
-    """Whether ``name`` belongs to a ConvTranspose module (known from a module or a
-    capture's classes; files do not say)."""
-    return "ConvTranspose" in side.classes.get(name.rpartition(".")[0], "")
+    """Whether ``name`` is an input-first kernel: a ConvTranspose module's, or the weight
+    of transformers' ``Conv1D`` (known from a module or a capture's classes; files do
+    not say)."""
+    cls = side.classes.get(name.rpartition(".")[0], "")
+    return "ConvTranspose" in cls or (cls == "Conv1D" and len(side.shapes.get(name, ())) == 2)
 
 
 def _layout_hint(layout: str, transposed_conv: bool) -> str:
@@ -857,7 +862,7 @@ def _layout(
         moved = slack_b if isinstance(slack_b, float) else np.transpose(slack_b, perm)
         if _close(a, b.transpose(perm), u, slack_a, moved):
             letters = (
-                _TRANSPOSED_CONV_LETTERS.get(a.ndim, _LETTERS[a.ndim])
+                _INPUT_FIRST_LETTERS[a.ndim]
                 if transposed_conv
                 else _LETTERS[a.ndim]
             )

@@ -861,11 +861,7 @@ def _layout(
             continue
         moved = slack_b if isinstance(slack_b, float) else np.transpose(slack_b, perm)
         if _close(a, b.transpose(perm), u, slack_a, moved):
-            letters = (
-                _INPUT_FIRST_LETTERS[a.ndim]
-                if transposed_conv
-                else _LETTERS[a.ndim]
-            )
+            letters = _INPUT_FIRST_LETTERS[a.ndim] if transposed_conv else _LETTERS[a.ndim]
             port_letters = [""] * a.ndim
             for i, p in enumerate(perm):
                 port_letters[p] = letters[i]

@@ -144,3 +144,75 @@ def test_the_sensitivity_re_runs_own_work_is_not_recorded_as_operations(
     measured = operations("with", sensitivity=True)
     assert plain, "no operation recorded"
     assert measured == plain
+
+
+def _manual_attention(bug: str | None) -> type:
+    """mlx-lm's Llama attention spelled out as many ports write it: the key/value heads
+    repeated for the query heads, softmax of the scaled, causally masked scores; with
+    ``bug``: the heads tiled (``[0, 1, 0, 1]`` instead of ``[0, 0, 1, 1]``), no mask, or
+    the scale doubled."""
+    from mlx_lm.models import llama
+
+    class ManualAttention(llama.Attention):
+        def __call__(self, x: mx.array, mask: object = None, cache: object = None) -> mx.array:
+            batch, length, _ = x.shape
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q = q.reshape(batch, length, self.n_heads, -1).transpose(0, 2, 1, 3)
+            k = k.reshape(batch, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            v = v.reshape(batch, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            q, k = self.rope(q), self.rope(k)
+            repeat = self.n_heads // self.n_kv_heads
+            if bug == "tiled_heads":
+                k, v = mx.tile(k, (1, repeat, 1, 1)), mx.tile(v, (1, repeat, 1, 1))
+            else:
+                k, v = mx.repeat(k, repeat, axis=1), mx.repeat(v, repeat, axis=1)
+            scale = self.scale * (2.0 if bug == "scale" else 1.0)
+            scores = (q @ k.swapaxes(-1, -2)) * scale
+            if bug != "no_mask":
+                scores = scores + mx.triu(mx.full((length, length), -mx.inf), k=1)
+            out = mx.softmax(scores, axis=-1) @ v
+            return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+
+    return ManualAttention
+
+
+@pytest.mark.parametrize(
+    ("bug", "diverging"),
+    [(None, None), ("tiled_heads", "tile"), ("no_mask", "softmax"), ("scale", "softmax")],
+)
+def test_a_spelled_out_attention_against_torch_sdpa(
+    home: Path, bug: str | None, diverging: str | None
+) -> None:
+    """transformers' "sdpa" attention runs one fused ``F.scaled_dot_product_attention``
+    (with ``enable_gqa``: the key heads are never repeated in memory), so a port's
+    ``repeat`` and ``softmax`` had nothing to match: a clean port's ``repeat`` was named
+    as the first diverging operation, and every bug was blamed on it.  The capture now
+    records what SDPA computes on the way (the repeated keys and values, the scores, the
+    probabilities), so the head repeat, the mask and the scale are each told apart."""
+    from parity_zoo.core import swap_class
+
+    ref, ids = llama_family.reference("llama", "float32")
+    port = llama_family.mlx_model("llama", 10000.0)
+    llama_family.load_from(port, ref)
+    for layer in port.model.layers:
+        swap_class(layer.self_attn, lambda _cls: _manual_attention(bug))
+    attention = ref.model.layers[0].self_attn
+    implementation = attention.config._attn_implementation
+    attention.config._attn_implementation = "sdpa"
+    try:
+        with torch.no_grad(), mldbg.capture(ref, "ref", ops=ATTENTION):
+            ref(ids)
+    finally:
+        attention.config._attn_implementation = implementation
+    current_run.reset()
+    with mldbg.capture(port, "port", ops=ATTENTION):
+        mx.eval(port(mx.array(ids.numpy())))
+    result = mldbg.compare("ref", "port", home=home).result
+    (item,) = result["ops"]
+    classes = [op["class_a"] for op in item["ops"] if op.get("class_a")]
+    assert "scaled_dot_product_attention.probs" in classes
+    if diverging is None:
+        assert result["ok"] and item["first_divergence"] is None, item
+    else:
+        assert not result["ok"]
+        assert item["first_divergence"]["class_b"] == diverging, item["first_divergence"]

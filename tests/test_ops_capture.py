@@ -216,3 +216,76 @@ def test_a_spelled_out_attention_against_torch_sdpa(
     else:
         assert not result["ok"]
         assert item["first_divergence"]["class_b"] == diverging, item["first_divergence"]
+
+
+class FusedNormBlock(torch.nn.Module):
+    """A reference whose norm is one fused ``F.rms_norm`` call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(16))
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.nn.functional.rms_norm(x, (16,), self.weight, 1e-6))
+
+
+class FusedNormModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = FusedNormBlock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+def test_a_module_that_agrees_has_no_diverging_operation(home: Path) -> None:
+    """The port spells the norm out (``square``, ``mean``, ``rsqrt``): steps the fused
+    reference never shows, so they have no counterpart within rounding; the block's
+    outputs agree, so none of them is named diverging (before, ``square`` was).  With
+    the port's eps wrong, the block diverges and an operation is named."""
+    import mlx.nn as mnn
+
+    torch.manual_seed(0)
+    ref = FusedNormModel().eval()
+    x = torch.randn(1, 8, 16)
+
+    class Block(mnn.Module):
+        def __init__(self, eps: float) -> None:
+            super().__init__()
+            self.weight = mx.array(ref.block.weight.detach().numpy())
+            self.fc = mnn.Linear(16, 16)
+            self.fc.weight = mx.array(ref.block.fc.weight.detach().numpy())
+            self.fc.bias = mx.array(ref.block.fc.bias.detach().numpy())
+            self.eps = eps
+
+        def __call__(self, h: mx.array) -> mx.array:
+            mean_square = mx.mean(mx.square(h), axis=-1, keepdims=True)
+            return self.fc(h * mx.rsqrt(mean_square + self.eps) * self.weight)
+
+    class Model(mnn.Module):
+        def __init__(self, eps: float) -> None:
+            super().__init__()
+            self.block = Block(eps)
+
+        def __call__(self, h: mx.array) -> mx.array:
+            return self.block(h)
+
+    with torch.no_grad(), mldbg.capture(ref, "ref", ops="block"):
+        ref(x)
+    for eps, name in ((1e-6, "clean"), (1.0, "bug")):
+        current_run.reset()
+        port = Model(eps)
+        with mldbg.capture(port, name, ops="block"):
+            mx.eval(port(mx.array(x.numpy())))
+    clean = mldbg.compare("ref", "clean", home=home).result
+    (item,) = clean["ops"]
+    assert clean["ok"] and item["module_ok"] is True
+    assert item["first_divergence"] is None, item["first_divergence"]
+    assert any(op["ok"] is False for op in item["ops"])  # square: no counterpart, still listed
+    assert "agree" in item["note"]
+    assert "outputs agree" in rendered(clean)
+    bug = mldbg.compare("ref", "bug", home=home).result
+    (item,) = bug["ops"]
+    assert not bug["ok"] and item["module_ok"] is False
+    assert item["first_divergence"] is not None

@@ -163,7 +163,12 @@ def compare_sources(
         document["narrow"] = narrow
     from .ops import compare_ops
 
-    ops = compare_ops(a, b)
+    agree: dict[tuple[str, int], bool] = {}  # each module call: do all its outputs pass?
+    for pair, result in zip(alignment.pairs, results, strict=True):
+        if pair.a.role == "out" and pair.a.module is not None:
+            key = (pair.a.module, pair.a.call or 0)
+            agree[key] = agree.get(key, True) and bool(result["ok"])
+    ops = compare_ops(a, b, agree)
     if ops is not None:  # captured with ops=: which operation inside diverges first
         document["ops"] = ops
     return document

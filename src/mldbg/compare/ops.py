@@ -16,6 +16,7 @@ only the port's side is searched, as the port is what gets fixed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..capture.ops import OP_CLASS_PREFIX
@@ -45,8 +46,14 @@ def _op_outputs(source: Source) -> dict[tuple[str, int], list[Entry]]:
     return found
 
 
-def compare_ops(a: Source, b: Source) -> list[OpsItem] | None:
-    """One item per module call with operations recorded on both sides (None: none)."""
+def compare_ops(
+    a: Source, b: Source, module_ok: Mapping[tuple[str, int], bool] | None = None
+) -> list[OpsItem] | None:
+    """One item per module call with operations recorded on both sides (None: none).
+
+    ``module_ok`` says, per module call, whether its outputs passed compare: an
+    operation of a module call that agrees is never its first divergence (a step the
+    reference does not show, such as a fused kernel's inside, is not a bug)."""
     ops_a, ops_b = _op_outputs(a), _op_outputs(b)
     shared = [key for key in ops_b if key in ops_a]
     if not shared:
@@ -54,7 +61,18 @@ def compare_ops(a: Source, b: Source) -> list[OpsItem] | None:
     depth = depths(a, {})
     items = []
     for key in shared:
-        items.append(_align(a, b, key, ops_a[key][:MAX_OPS], ops_b[key][:MAX_OPS], depth))
+        item = _align(a, b, key, ops_a[key][:MAX_OPS], ops_b[key][:MAX_OPS], depth)
+        agrees = (module_ok or {}).get(key)
+        item["module_ok"] = agrees
+        if agrees and item["first_divergence"] is not None:
+            item["first_divergence"] = None
+            unmatched = sum(1 for op in item["ops"] if op.get("ok") is False)
+            item["note"] = (
+                f"the module's outputs agree: {unmatched} of B's operations with no "
+                "counterpart within rounding are steps A computes otherwise or keeps "
+                "inside a fused kernel, not a divergence"
+            )
+        items.append(item)
     return items
 
 
@@ -126,6 +144,8 @@ def _align(
         "first_divergence": first,
         "ops": listed[:MAX_LISTED],
         "truncated": len(listed) > MAX_LISTED,
+        "module_ok": None,
+        "note": None,
     }
 
 

@@ -279,6 +279,9 @@ def _print_ops(item: dict[str, Any]) -> None:
         + ")"
     )
     first = item.get("first_divergence")
+    if first is None and item.get("note"):
+        out.print(f"{head}: [green]{escape(str(item['note']))}[/]")
+        return
     if first is None:
         unmatched = sum(1 for op in ops if op.get("ok") is None)
         tail = f"; {unmatched} with no same-sized operation in A" if unmatched else ""

@@ -289,3 +289,36 @@ def test_a_module_that_agrees_has_no_diverging_operation(home: Path) -> None:
     (item,) = bug["ops"]
     assert not bug["ok"] and item["module_ok"] is False
     assert item["first_divergence"] is not None
+
+
+@pytest.mark.parametrize("bug", [None, "rope"])
+def test_ops_inside_a_flux_attention_carry_the_drift_of_its_inputs(
+    home: Path, bug: str | None
+) -> None:
+    """diffusers' Flux attention (its processor applies the rotary tables with
+    ``apply_rotary_emb``: real cos/sin, interleaved pairs) against a hand-written MLX
+    port.  The first block's inputs already differ by ~4e-6 (the timestep's sines of
+    arguments near 900 upstream): before, every operation inside was out of its bound
+    (2e-6, from its own depth alone) and the first ``linear`` was named.  An operation
+    is now allowed what compare allowed its module; the port that rotates halves instead
+    of pairs is named at its rotation."""
+    from parity_zoo import flux
+
+    attention = "transformer_blocks.0.attn"
+    z = flux.build("float32", bug)
+    with torch.no_grad(), mldbg.capture(z.ref, "ref", ops=attention):
+        z.ref(*z.ref_inputs)
+    current_run.reset()
+    with mldbg.capture(z.port, "port", ops=attention):
+        mx.eval(z.port(*z.port_inputs))
+    result = mldbg.compare("ref", "port", home=home).result
+    (item,) = result["ops"]
+    if bug is None:
+        assert result["ok"] and item["first_divergence"] is None
+        assert all(op["ok"] is not False for op in item["ops"]), item["ops"]
+    else:
+        first = item["first_divergence"]
+        assert first["class_b"] == "concatenate", first  # [-x[..., d:], x[..., :d]]
+        assert first["class_a"] == "flatten"  # diffusers' stack([-imag, real]).flatten(3)
+        before = item["ops"][: item["ops"].index(first)]
+        assert before and all(op["ok"] for op in before if op["ok"] is not None)

@@ -17,6 +17,7 @@ only the port's side is searched, as the port is what gets fixed.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..capture.ops import OP_CLASS_PREFIX
@@ -46,14 +47,31 @@ def _op_outputs(source: Source) -> dict[tuple[str, int], list[Entry]]:
     return found
 
 
+@dataclass(frozen=True)
+class ModuleVerdict:
+    """What compare said of a module call's outputs: whether all passed, and the largest
+    error it allowed them (its bound: depth, conditioning floors, quantization)."""
+
+    ok: bool = True
+    expected: float | None = None
+
+    def add(self, ok: bool, expected: object) -> ModuleVerdict:
+        bound = float(expected) if isinstance(expected, int | float) else None
+        widest = max((x for x in (self.expected, bound) if x is not None), default=None)
+        return ModuleVerdict(self.ok and ok, widest)
+
+
 def compare_ops(
-    a: Source, b: Source, module_ok: Mapping[tuple[str, int], bool] | None = None
+    a: Source, b: Source, modules: Mapping[tuple[str, int], ModuleVerdict] | None = None
 ) -> list[OpsItem] | None:
     """One item per module call with operations recorded on both sides (None: none).
 
-    ``module_ok`` says, per module call, whether its outputs passed compare: an
-    operation of a module call that agrees is never its first divergence (a step the
-    reference does not show, such as a fused kernel's inside, is not a bug)."""
+    ``modules`` says, per module call, what compare judged of its outputs.  Its bound is
+    also each of its operations' least bound: an operation inside carries the error its
+    module's inputs already had (drift from upstream, an ill-conditioned op before it),
+    which the operation's own depth does not count.  An operation of a module call that
+    agrees is never its first divergence (a step the reference does not show, such as a
+    fused kernel's inside, is not a bug)."""
     ops_a, ops_b = _op_outputs(a), _op_outputs(b)
     shared = [key for key in ops_b if key in ops_a]
     if not shared:
@@ -61,8 +79,10 @@ def compare_ops(
     depth = depths(a, {})
     items = []
     for key in shared:
-        item = _align(a, b, key, ops_a[key][:MAX_OPS], ops_b[key][:MAX_OPS], depth)
-        agrees = (module_ok or {}).get(key)
+        verdict = (modules or {}).get(key)
+        floor = verdict.expected if verdict is not None else None
+        item = _align(a, b, key, ops_a[key][:MAX_OPS], ops_b[key][:MAX_OPS], depth, floor)
+        agrees = verdict.ok if verdict is not None else None
         item["module_ok"] = agrees
         if agrees and item["first_divergence"] is not None:
             item["first_divergence"] = None
@@ -83,6 +103,7 @@ def _align(
     ours: list[Entry],
     theirs: list[Entry],
     depth: Depths,
+    floor: float | None = None,
 ) -> OpsItem:
     import numpy as np
 
@@ -122,6 +143,8 @@ def _align(
             call_key = (entry_a.module or "", entry_a.call or 0)
             u = unit_roundoff(entry_a.dtype, entry_b.dtype)
             bound = expected_error(u, depth.through.get(call_key, 0), 0.0)
+            if bound is not None and floor is not None:
+                bound = max(bound, floor)
             ok = relative <= bound if bound is not None else relative == 0.0
             item.update(
                 {

@@ -122,3 +122,48 @@ def test_shard_rules_are_checked(tmp_path: Path) -> None:
         gather.SHARD_RULES_LIMIT,
         gather.PATTERN_LIMIT,
     )
+
+
+LLAMA = Path(__file__).parent / "ranks_scripts" / "tp_llama.py"
+# Split by heads: q/k/v column parallel, o_proj's input the same heads; the MLP's gate/up
+# column parallel, down_proj's input the same slices.  o_proj/down_proj outputs are partial
+# sums, all-reduced by a hook on their parent (so the parents' outputs are whole).
+LLAMA_SHARDS = {
+    "*.q_proj#*.out*": -1,
+    "*.k_proj#*.out*": -1,
+    "*.v_proj#*.out*": -1,
+    "*.o_proj#*.in*": -1,
+    "*.o_proj#*.out*": "sum",
+    "*.gate_proj#*.out*": -1,
+    "*.up_proj#*.out*": -1,
+    "*.act_fn#*": -1,
+    "*.down_proj#*.in*": -1,
+    "*.down_proj#*.out*": "sum",
+}
+
+
+def test_a_tensor_parallel_llama_split_by_heads(api: Api, tmp_path: Path) -> None:
+    """transformers' Llama split over 2 gloo ranks by attention heads (GQA: one key head
+    per rank) and MLP slices, launched through ``torch.distributed.run`` with ``start
+    --capture``, gathered with the declared splits and compared with the one-process
+    model; a rank that loads the other rank's key head is named at ``k_proj``."""
+    shutil.copy(LLAMA, tmp_path / LLAMA.name)
+    home = tmp_path / ".mldbg"
+    run(api, "llama-ref", tmp_path, {"script": LLAMA.name, "capture": "ref"})
+    torchrun = {"module": "torch.distributed.run", "args": ["--nproc_per_node", "2", LLAMA.name]}
+    run(api, "llama-tp", tmp_path, {**torchrun, "capture": "tp"})
+    run(
+        api,
+        "llama-bug",
+        tmp_path,
+        {**torchrun, "args": [*torchrun["args"], "bug"], "capture": "bug"},
+    )
+    clean = mldbg.compare("ref", "tp@rank*", shards=LLAMA_SHARDS, home=home)
+    assert clean.ok, (
+        clean.first_divergence,
+        [e for e in clean.result["entries"] if not e["ok"]][:3],
+    )
+    assert clean.entry("layers.0.self_attn.k_proj#0.out")["shape_b"] == [1, 8, 32]
+    buggy = mldbg.compare("ref", "bug@rank*", shards=LLAMA_SHARDS, home=home)
+    assert not buggy.ok
+    assert buggy.first_divergence["module"] == "layers.0.self_attn.k_proj"

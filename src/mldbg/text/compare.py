@@ -242,7 +242,8 @@ def _print_estimates(entries: list[dict[str, Any]]) -> None:
     line = f"{len(estimated)} estimated from summaries"
     if bounded:
         line += (
-            f", {bounded} of them from statistics alone (the layouts differ): a lower bound "
+            f", {bounded} of them from statistics alone (the layouts differ, or ranks' "
+            "slices were gathered): a lower bound "
             "of the error, blind to a difference that keeps the norm and mean; capture such "
             "a module in full (within=) to measure it"
         )

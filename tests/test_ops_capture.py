@@ -322,3 +322,22 @@ def test_ops_inside_a_flux_attention_carry_the_drift_of_its_inputs(
         assert first["class_a"] == "flatten"  # diffusers' stack([-imag, real]).flatten(3)
         before = item["ops"][: item["ops"].index(first)]
         assert before and all(op["ok"] for op in before if op["ok"] is not None)
+
+
+def test_ops_pair_through_the_name_map(home: Path) -> None:
+    """mlx-lm's GPT-2 names its modules ``model.h.0…`` where transformers says
+    ``transformer.h.0…``: compare pairs them through the map, and the operations inside
+    the attention must be paired the same way (before, no ``ops`` item came out)."""
+    from parity_zoo import gpt2
+
+    z = gpt2.build("float32", "attn_scale")
+    with torch.no_grad(), mldbg.capture(z.ref, "ref", ops="transformer.h.1.attn"):
+        z.ref(*z.ref_inputs)
+    current_run.reset()
+    with mldbg.capture(z.port, "port", ops="model.h.1.attn"):
+        mx.eval(z.port(*z.port_inputs))
+    result = mldbg.compare("ref", "port", map=z.map, home=home).result
+    (item,) = result["ops"]
+    assert item["name"] == "transformer.h.1.attn#0"
+    assert item["module_ok"] is False
+    assert item["first_divergence"]["class_b"] == "fast.scaled_dot_product_attention"

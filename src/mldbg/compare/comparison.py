@@ -170,7 +170,7 @@ def compare_sources(
             verdicts[key] = verdicts.get(key, ModuleVerdict()).add(
                 bool(result["ok"]), result.get("expected")
             )
-    ops = compare_ops(a, b, verdicts)
+    ops = compare_ops(a, b, verdicts, names)
     if ops is not None:  # captured with ops=: which operation inside diverges first
         document["ops"] = ops
     return document

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..capture.ops import OP_CLASS_PREFIX
+from .mapping import NameMap, split_name
 from .records import OpMatch, OpsItem
 from .sources import Entry, Source
 from .verdict import Depths, depths, expected_error, unit_roundoff
@@ -62,7 +63,10 @@ class ModuleVerdict:
 
 
 def compare_ops(
-    a: Source, b: Source, modules: Mapping[tuple[str, int], ModuleVerdict] | None = None
+    a: Source,
+    b: Source,
+    modules: Mapping[tuple[str, int], ModuleVerdict] | None = None,
+    names: NameMap | None = None,
 ) -> list[OpsItem] | None:
     """One item per module call with operations recorded on both sides (None: none).
 
@@ -71,8 +75,9 @@ def compare_ops(
     module's inputs already had (drift from upstream, an ill-conditioned op before it),
     which the operation's own depth does not count.  An operation of a module call that
     agrees is never its first divergence (a step the reference does not show, such as a
-    fused kernel's inside, is not a bug)."""
-    ops_a, ops_b = _op_outputs(a), _op_outputs(b)
+    fused kernel's inside, is not a bug).  B's module calls are named in A's terms
+    through ``names`` (compare's map), as its entries are."""
+    ops_a, ops_b = _op_outputs(a), _in_a_terms(_op_outputs(b), names)
     shared = [key for key in ops_b if key in ops_a]
     if not shared:
         return None
@@ -94,6 +99,20 @@ def compare_ops(
             )
         items.append(item)
     return items
+
+
+def _in_a_terms(
+    found: dict[tuple[str, int], list[Entry]], names: NameMap | None
+) -> dict[tuple[str, int], list[Entry]]:
+    """B's (module, call) keys after the map (``model.h.1.attn`` -> ``transformer.h.1.attn``)."""
+    if names is None:
+        return found
+    mapped: dict[tuple[str, int], list[Entry]] = {}
+    for (module, call), entries in found.items():
+        parts = split_name(names.to_a(f"{module}#{call}.out"))
+        key = (parts[0], parts[1]) if parts else (module, call)
+        mapped.setdefault(key, []).extend(entries)
+    return mapped
 
 
 def _align(

@@ -144,3 +144,200 @@ def test_the_sensitivity_re_runs_own_work_is_not_recorded_as_operations(
     measured = operations("with", sensitivity=True)
     assert plain, "no operation recorded"
     assert measured == plain
+
+
+def _manual_attention(bug: str | None) -> type:
+    """mlx-lm's Llama attention spelled out as many ports write it: the key/value heads
+    repeated for the query heads, softmax of the scaled, causally masked scores; with
+    ``bug``: the heads tiled (``[0, 1, 0, 1]`` instead of ``[0, 0, 1, 1]``), no mask, or
+    the scale doubled."""
+    from mlx_lm.models import llama
+
+    class ManualAttention(llama.Attention):
+        def __call__(self, x: mx.array, mask: object = None, cache: object = None) -> mx.array:
+            batch, length, _ = x.shape
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q = q.reshape(batch, length, self.n_heads, -1).transpose(0, 2, 1, 3)
+            k = k.reshape(batch, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            v = v.reshape(batch, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            q, k = self.rope(q), self.rope(k)
+            repeat = self.n_heads // self.n_kv_heads
+            if bug == "tiled_heads":
+                k, v = mx.tile(k, (1, repeat, 1, 1)), mx.tile(v, (1, repeat, 1, 1))
+            else:
+                k, v = mx.repeat(k, repeat, axis=1), mx.repeat(v, repeat, axis=1)
+            scale = self.scale * (2.0 if bug == "scale" else 1.0)
+            scores = (q @ k.swapaxes(-1, -2)) * scale
+            if bug != "no_mask":
+                scores = scores + mx.triu(mx.full((length, length), -mx.inf), k=1)
+            out = mx.softmax(scores, axis=-1) @ v
+            return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+
+    return ManualAttention
+
+
+@pytest.mark.parametrize(
+    ("bug", "diverging"),
+    [(None, None), ("tiled_heads", "tile"), ("no_mask", "softmax"), ("scale", "softmax")],
+)
+def test_a_spelled_out_attention_against_torch_sdpa(
+    home: Path, bug: str | None, diverging: str | None
+) -> None:
+    """transformers' "sdpa" attention runs one fused ``F.scaled_dot_product_attention``
+    (with ``enable_gqa``: the key heads are never repeated in memory), so a port's
+    ``repeat`` and ``softmax`` had nothing to match: a clean port's ``repeat`` was named
+    as the first diverging operation, and every bug was blamed on it.  The capture now
+    records what SDPA computes on the way (the repeated keys and values, the scores, the
+    probabilities), so the head repeat, the mask and the scale are each told apart."""
+    from parity_zoo.core import swap_class
+
+    ref, ids = llama_family.reference("llama", "float32")
+    port = llama_family.mlx_model("llama", 10000.0)
+    llama_family.load_from(port, ref)
+    for layer in port.model.layers:
+        swap_class(layer.self_attn, lambda _cls: _manual_attention(bug))
+    attention = ref.model.layers[0].self_attn
+    implementation = attention.config._attn_implementation
+    attention.config._attn_implementation = "sdpa"
+    try:
+        with torch.no_grad(), mldbg.capture(ref, "ref", ops=ATTENTION):
+            ref(ids)
+    finally:
+        attention.config._attn_implementation = implementation
+    current_run.reset()
+    with mldbg.capture(port, "port", ops=ATTENTION):
+        mx.eval(port(mx.array(ids.numpy())))
+    result = mldbg.compare("ref", "port", home=home).result
+    (item,) = result["ops"]
+    classes = [op["class_a"] for op in item["ops"] if op.get("class_a")]
+    assert "scaled_dot_product_attention.probs" in classes
+    if diverging is None:
+        assert result["ok"] and item["first_divergence"] is None, item
+    else:
+        assert not result["ok"]
+        assert item["first_divergence"]["class_b"] == diverging, item["first_divergence"]
+
+
+class FusedNormBlock(torch.nn.Module):
+    """A reference whose norm is one fused ``F.rms_norm`` call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(16))
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.nn.functional.rms_norm(x, (16,), self.weight, 1e-6))
+
+
+class FusedNormModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = FusedNormBlock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+def test_a_module_that_agrees_has_no_diverging_operation(home: Path) -> None:
+    """The port spells the norm out (``square``, ``mean``, ``rsqrt``): steps the fused
+    reference never shows, so they have no counterpart within rounding; the block's
+    outputs agree, so none of them is named diverging (before, ``square`` was).  With
+    the port's eps wrong, the block diverges and an operation is named."""
+    import mlx.nn as mnn
+
+    torch.manual_seed(0)
+    ref = FusedNormModel().eval()
+    x = torch.randn(1, 8, 16)
+
+    class Block(mnn.Module):
+        def __init__(self, eps: float) -> None:
+            super().__init__()
+            self.weight = mx.array(ref.block.weight.detach().numpy())
+            self.fc = mnn.Linear(16, 16)
+            self.fc.weight = mx.array(ref.block.fc.weight.detach().numpy())
+            self.fc.bias = mx.array(ref.block.fc.bias.detach().numpy())
+            self.eps = eps
+
+        def __call__(self, h: mx.array) -> mx.array:
+            mean_square = mx.mean(mx.square(h), axis=-1, keepdims=True)
+            return self.fc(h * mx.rsqrt(mean_square + self.eps) * self.weight)
+
+    class Model(mnn.Module):
+        def __init__(self, eps: float) -> None:
+            super().__init__()
+            self.block = Block(eps)
+
+        def __call__(self, h: mx.array) -> mx.array:
+            return self.block(h)
+
+    with torch.no_grad(), mldbg.capture(ref, "ref", ops="block"):
+        ref(x)
+    for eps, name in ((1e-6, "clean"), (1.0, "bug")):
+        current_run.reset()
+        port = Model(eps)
+        with mldbg.capture(port, name, ops="block"):
+            mx.eval(port(mx.array(x.numpy())))
+    clean = mldbg.compare("ref", "clean", home=home).result
+    (item,) = clean["ops"]
+    assert clean["ok"] and item["module_ok"] is True
+    assert item["first_divergence"] is None, item["first_divergence"]
+    assert any(op["ok"] is False for op in item["ops"])  # square: no counterpart, still listed
+    assert "agree" in item["note"]
+    assert "outputs agree" in rendered(clean)
+    bug = mldbg.compare("ref", "bug", home=home).result
+    (item,) = bug["ops"]
+    assert not bug["ok"] and item["module_ok"] is False
+    assert item["first_divergence"] is not None
+
+
+@pytest.mark.parametrize("bug", [None, "rope"])
+def test_ops_inside_a_flux_attention_carry_the_drift_of_its_inputs(
+    home: Path, bug: str | None
+) -> None:
+    """diffusers' Flux attention (its processor applies the rotary tables with
+    ``apply_rotary_emb``: real cos/sin, interleaved pairs) against a hand-written MLX
+    port.  The first block's inputs already differ by ~4e-6 (the timestep's sines of
+    arguments near 900 upstream): before, every operation inside was out of its bound
+    (2e-6, from its own depth alone) and the first ``linear`` was named.  An operation
+    is now allowed what compare allowed its module; the port that rotates halves instead
+    of pairs is named at its rotation."""
+    from parity_zoo import flux
+
+    attention = "transformer_blocks.0.attn"
+    z = flux.build("float32", bug)
+    with torch.no_grad(), mldbg.capture(z.ref, "ref", ops=attention):
+        z.ref(*z.ref_inputs)
+    current_run.reset()
+    with mldbg.capture(z.port, "port", ops=attention):
+        mx.eval(z.port(*z.port_inputs))
+    result = mldbg.compare("ref", "port", home=home).result
+    (item,) = result["ops"]
+    if bug is None:
+        assert result["ok"] and item["first_divergence"] is None
+        assert all(op["ok"] is not False for op in item["ops"]), item["ops"]
+    else:
+        first = item["first_divergence"]
+        assert first["class_b"] == "concatenate", first  # [-x[..., d:], x[..., :d]]
+        assert first["class_a"] == "flatten"  # diffusers' stack([-imag, real]).flatten(3)
+        before = item["ops"][: item["ops"].index(first)]
+        assert before and all(op["ok"] for op in before if op["ok"] is not None)
+
+
+def test_ops_pair_through_the_name_map(home: Path) -> None:
+    """mlx-lm's GPT-2 names its modules ``model.h.0…`` where transformers says
+    ``transformer.h.0…``: compare pairs them through the map, and the operations inside
+    the attention must be paired the same way (before, no ``ops`` item came out)."""
+    from parity_zoo import gpt2
+
+    z = gpt2.build("float32", "attn_scale")
+    with torch.no_grad(), mldbg.capture(z.ref, "ref", ops="transformer.h.1.attn"):
+        z.ref(*z.ref_inputs)
+    current_run.reset()
+    with mldbg.capture(z.port, "port", ops="model.h.1.attn"):
+        mx.eval(z.port(*z.port_inputs))
+    result = mldbg.compare("ref", "port", map=z.map, home=home).result
+    (item,) = result["ops"]
+    assert item["name"] == "transformer.h.1.attn#0"
+    assert item["module_ok"] is False
+    assert item["first_divergence"]["class_b"] == "fast.scaled_dot_product_attention"

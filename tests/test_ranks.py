@@ -122,3 +122,118 @@ def test_shard_rules_are_checked(tmp_path: Path) -> None:
         gather.SHARD_RULES_LIMIT,
         gather.PATTERN_LIMIT,
     )
+
+
+LLAMA = Path(__file__).parent / "ranks_scripts" / "tp_llama.py"
+# Split by heads: q/k/v column parallel, o_proj's input the same heads; the MLP's gate/up
+# column parallel, down_proj's input the same slices.  o_proj/down_proj outputs are partial
+# sums, all-reduced by a hook on their parent (so the parents' outputs are whole).
+LLAMA_SHARDS = {
+    "*.q_proj#*.out*": -1,
+    "*.k_proj#*.out*": -1,
+    "*.v_proj#*.out*": -1,
+    "*.o_proj#*.in*": -1,
+    "*.o_proj#*.out*": "sum",
+    "*.gate_proj#*.out*": -1,
+    "*.up_proj#*.out*": -1,
+    "*.act_fn#*": -1,
+    "*.down_proj#*.in*": -1,
+    "*.down_proj#*.out*": "sum",
+}
+
+
+def test_a_tensor_parallel_llama_split_by_heads(api: Api, tmp_path: Path) -> None:
+    """transformers' Llama split over 2 gloo ranks by attention heads (GQA: one key head
+    per rank) and MLP slices, launched through ``torch.distributed.run`` with ``start
+    --capture``, gathered with the declared splits and compared with the one-process
+    model; a rank that loads the other rank's key head is named at ``k_proj``."""
+    shutil.copy(LLAMA, tmp_path / LLAMA.name)
+    home = tmp_path / ".mldbg"
+    run(api, "llama-ref", tmp_path, {"script": LLAMA.name, "capture": "ref"})
+    torchrun = {"module": "torch.distributed.run", "args": ["--nproc_per_node", "2", LLAMA.name]}
+    run(api, "llama-tp", tmp_path, {**torchrun, "capture": "tp"})
+    run(
+        api,
+        "llama-bug",
+        tmp_path,
+        {**torchrun, "args": [*torchrun["args"], "bug"], "capture": "bug"},
+    )
+    clean = mldbg.compare("ref", "tp@rank*", shards=LLAMA_SHARDS, home=home)
+    assert clean.ok, (
+        clean.first_divergence,
+        [e for e in clean.result["entries"] if not e["ok"]][:3],
+    )
+    assert clean.entry("layers.0.self_attn.k_proj#0.out")["shape_b"] == [1, 8, 32]
+    buggy = mldbg.compare("ref", "bug@rank*", shards=LLAMA_SHARDS, home=home)
+    assert not buggy.ok
+    assert buggy.first_divergence["module"] == "layers.0.self_attn.k_proj"
+
+
+def _mlp_ranks(home: Path, mode: str, monkeypatch: pytest.MonkeyPatch, bias_slip: bool) -> None:
+    """The reference MLP and its 2-way split, captured in this process: ``RANK`` and
+    ``WORLD_SIZE`` name each capture as torchrun's ranks would (no collective runs: fc2's
+    outputs stay partial sums, as before an all-reduce)."""
+    import torch
+    from torch import nn
+
+    from mldbg.store import current_run
+
+    class MLP(nn.Module):
+        def __init__(self, inner: int) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(16, inner)
+            self.act = nn.GELU()
+            self.fc2 = nn.Linear(inner, 16, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc2(self.act(self.fc1(x)))
+
+    torch.manual_seed(0)
+    full, x = MLP(64), torch.randn(4, 16)
+    monkeypatch.setenv("MLDBG_HOME", str(home))
+    current_run.reset()
+    with torch.no_grad(), mldbg.capture(full, "ref", mode=mode):
+        full(x)
+    for rank in (0, 1):
+        current_run.reset()
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        part = MLP(32)
+        start = 0 if bias_slip else rank * 32
+        with torch.no_grad():
+            part.fc1.weight.copy_(full.fc1.weight[rank * 32 : (rank + 1) * 32])
+            part.fc1.bias.copy_(full.fc1.bias[start : start + 32])
+            part.fc2.weight.copy_(full.fc2.weight[:, rank * 32 : (rank + 1) * 32])
+            with mldbg.capture(part, "tp", mode=mode):
+                part(x)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    current_run.reset()
+
+
+@pytest.mark.parametrize("mode", ["summary", "full"])
+def test_summary_captures_of_ranks_are_gathered_by_what_their_statistics_allow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A coarse pass at scale captures summaries (statistics + a sketch) on every rank.
+    Sketches do not concatenate (each rank's is of its own slice, bucketed by its own
+    element indices): gathered along a dimension, two clean ranks were compared sketch
+    against sketch and fc1 was named at a relative error of 1.4.  Along a dimension the
+    ranks' statistics combine exactly and bound the error from below; partial sums' sketches
+    add up exactly (the sketch is linear), so "sum" keeps its estimate.  A rank that
+    loads the wrong slice of fc1's bias is still named."""
+    home = tmp_path / ".mldbg"
+    shards = {"fc1#*.out*": -1, "act#*": -1, "fc2#*.in*": -1, "fc2#*.out*": "sum"}
+    _mlp_ranks(home, mode, monkeypatch, bias_slip=False)
+    clean = mldbg.compare("ref", "tp@rank*", shards=shards, home=home)
+    by_name = {e["name"]: e for e in clean.result["entries"]}
+    for name in ("fc1#0.out", "act#0.out", "fc2#0.out"):
+        assert by_name[name]["ok"], by_name[name]
+    if mode == "summary":
+        fc1 = by_name["fc1#0.out"]["estimated"]
+        assert fc1["lower_bound"] and "gathered" in fc1["method"]
+        assert by_name["fc2#0.out"]["estimated"]["method"] != fc1["method"]
+    _mlp_ranks(tmp_path / "bug", mode, monkeypatch, bias_slip=True)
+    buggy = mldbg.compare("ref", "tp@rank*", shards=shards, home=tmp_path / "bug")
+    assert buggy.first_divergence is not None
+    assert buggy.first_divergence["module"] == "fc1"

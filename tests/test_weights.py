@@ -154,3 +154,147 @@ def test_cli_audits_files(cli: Any, tmp_path: Path) -> None:
     assert bad["code"] == "unknown_source"
     np.testing.assert_array_equal(np.array(port.norm.weight), np.ones(8))
     json.dumps(answer)
+
+
+def test_checkpoint_directories_and_one_tensor_files_keep_their_keys(tmp_path: Path) -> None:
+    """A model saved as shards (``model-00001-of-00002.safetensors``…, as transformers and
+    mlx-lm save large models) is one set of parameters named by their keys, not by
+    ``<file stem>.<key>`` (as compare names a directory of tensors); a file holding one
+    parameter names it by its key too.  Before, every parameter was ``renamed`` or
+    ``missing``."""
+    from mlx.utils import tree_flatten
+    from safetensors.torch import save_file
+
+    ref = reference()
+    state = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    names = sorted(state)
+    (tmp_path / "ref").mkdir()
+    save_file(
+        {k: state[k] for k in names[:3]}, str(tmp_path / "ref/model-00001-of-00002.safetensors")
+    )
+    save_file(
+        {k: state[k] for k in names[3:]}, str(tmp_path / "ref/model-00002-of-00002.safetensors")
+    )
+    port = load(fresh_port(), ref.state_dict(), buggy=False)
+    (tmp_path / "port").mkdir()
+    mx.save_safetensors(
+        str(tmp_path / "port/model.safetensors"), dict(tree_flatten(port.parameters()))
+    )
+    rename = {"rename": {"head.weight": "fc.weight", "head.bias": "fc.bias"}}
+    result = audit_weights(tmp_path / "ref", tmp_path / "port", map=rename)
+    assert result["ok"], render_audit(result)
+    assert result["counts"] == {"ok": len(names)}
+    save_file({"conv.weight": state["conv.weight"]}, str(tmp_path / "conv_only.safetensors"))
+    one = audit_weights(tmp_path / "conv_only.safetensors", tmp_path / "port", map=rename)
+    assert {r["name"] for r in one["parameters"] if r["name"]} == {"conv.weight"}
+    assert next(r for r in one["parameters"] if r["name"] == "conv.weight")["status"] == "ok"
+    # Two shards holding the same parameter: said, not silently one of them.
+    save_file({"conv.weight": state["conv.weight"]}, str(tmp_path / "ref/extra.safetensors"))
+    with pytest.raises(Exception, match="conv.weight"):
+        audit_weights(tmp_path / "ref", tmp_path / "port")
+
+
+class Decoder(torch.nn.Module):
+    """A decoder's upsampling as diffusers writes it (``Upsample2D`` with a transposed
+    convolution: torch's kernel is ``(in, out, kh, kw)``), a 1-D one, a batch norm (its
+    running statistics and ``num_batches_tracked`` are buffers) and a persistent
+    ``position_ids`` buffer, as BERT/CLIP embeddings keep one."""
+
+    def __init__(self) -> None:
+        from diffusers.models.upsampling import Upsample1D, Upsample2D
+
+        super().__init__()
+        self.up = Upsample2D(6, use_conv_transpose=True)  # as many channels in as out
+        self.up1d = Upsample1D(6, use_conv_transpose=True, out_channels=5)
+        self.norm = torch.nn.BatchNorm2d(6)
+        self.register_buffer("position_ids", torch.arange(8).unsqueeze(0))
+
+    def forward(self, x: Any) -> Any:
+        return self.up1d(self.norm(self.up(x)).flatten(2))
+
+
+class DecoderPort(mnn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = {"conv": mnn.ConvTranspose2d(6, 6, 4, stride=2, padding=1)}
+        self.up1d = {"conv": mnn.ConvTranspose1d(6, 5, 4, stride=2, padding=1)}
+        self.norm = mnn.BatchNorm(6)
+
+
+def decoder_pair(rule: tuple[int, ...]) -> tuple[Decoder, DecoderPort]:
+    torch.manual_seed(0)
+    ref = Decoder()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_()
+        ref.norm.running_mean.normal_()
+        ref.norm.running_var.uniform_(0.5, 2.0)
+    w = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    port = DecoderPort()
+    port.load_weights(
+        [
+            ("up.conv.weight", mx.array(w["up.conv.weight"].transpose(rule))),
+            ("up.conv.bias", mx.array(w["up.conv.bias"])),
+            ("up1d.conv.weight", mx.array(w["up1d.conv.weight"].transpose(1, 2, 0))),
+            ("up1d.conv.bias", mx.array(w["up1d.conv.bias"])),
+            *[(f"norm.{k}", mx.array(w[f"norm.{k}"])) for k in ("weight", "bias")],
+            *[(f"norm.{k}", mx.array(w[f"norm.{k}"])) for k in ("running_mean", "running_var")],
+        ]
+    )
+    mx.eval(port.parameters())
+    return ref, port
+
+
+def test_transposed_convolutions_and_buffers_of_a_clean_decoder_port_pass() -> None:
+    """torch's ConvTranspose kernels are ``(in, out, k…)``, MLX's ``(out, k…, in)``: the
+    right conversion is ``IOHW→OHWI``, named in the transposed convolution's own letters.
+    Buffers the port has no use for (``num_batches_tracked``, ``position_ids``) are
+    reported, not failed.  Before: ``up.conv.weight`` was a ``layout`` failure
+    (``OIHW→IHWO``) and each buffer ``missing``."""
+    ref, port = decoder_pair((1, 2, 3, 0))
+    result = audit_weights(ref, port)
+    assert result["ok"], render_audit(result)
+    found = {row["name"]: row for row in result["parameters"]}
+    assert found["up.conv.weight"]["layout"] == "IOHW→OHWI"
+    assert found["up1d.conv.weight"]["layout"] == "IOL→OLI"
+    for name in ("norm.num_batches_tracked", "position_ids"):
+        assert found[name]["status"] == "buffer", found[name]
+    assert found["norm.running_mean"]["status"] == "ok"
+
+
+def test_a_transposed_convolution_converted_by_the_conv_rule_is_named() -> None:
+    """The classic slip: the ConvTranspose kernel moved as a Conv kernel
+    (``(0, 2, 3, 1)``), which with as many input as output channels keeps the shape."""
+    ref, port = decoder_pair((0, 2, 3, 1))
+    result = audit_weights(ref, port)
+    found = {row["name"]: row for row in result["parameters"]}
+    assert not result["ok"]
+    row = found["up.conv.weight"]
+    assert row["status"] == "layout" and row["layout"] == "IOHW→IHWO", row
+    assert "transposed convolution" in row["note"]
+
+
+def test_a_missing_constant_parameter_is_not_taken_for_a_tie() -> None:
+    """Two norms both at 1 share their values; the port missing one is ``missing``."""
+    ref = reference()
+    with torch.no_grad():
+        ref.norm.weight.fill_(1.0)
+    state = {k: v for k, v in ref.state_dict().items() if k != "norm.weight"}
+    state["other.weight"] = torch.ones(8)
+    result = audit_weights({**state, "norm.weight": ref.norm.weight}, state)
+    assert {r["name"]: r["status"] for r in result["parameters"]}["norm.weight"] == "missing"
+
+
+def test_a_captures_classes_name_its_transposed_convolutions(home: Path) -> None:
+    """Saved by ``--capture-weights`` (``save_weights``), the reference is a file: the
+    classes its capture recorded say which kernels are ConvTranspose ones."""
+    import mldbg
+
+    ref, port = decoder_pair((1, 2, 3, 0))
+    with torch.no_grad(), mldbg.capture(ref.eval(), "ref") as cap:
+        cap.save_weights()
+        ref(torch.randn(1, 6, 4, 4))
+    result = audit_weights("ref", port, home=home)
+    assert result["ok"], render_audit(result)
+    found = {row["name"]: row for row in result["parameters"]}
+    assert found["up.conv.weight"]["layout"] == "IOHW→OHWI"

@@ -936,6 +936,13 @@ VERBS: tuple[Verb, ...] = (
                 "the port's parameters as initialized (nothing loaded): never-loaded ones match",
                 kind="path",
             ),
+            Arg(
+                "quantization",
+                str,
+                "how the port's packed weights are quantized, where neither a config.json nor "
+                "their shapes say: a mode (mxfp4, mxfp8, nvfp4) or bits=4,group_size=64"
+                "[,mode=affine]",
+            ),
             Arg("limit", int, "at most this many problems listed (failures first)", 50, minimum=0),
             HOME,
             STORE_SESSION,
@@ -943,8 +950,9 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         store=True,
         errors=(BAD_COMPARE_INPUT, BAD_WEIGHTS_INPUT, BAD_MAP, UNKNOWN_SOURCE),
-        description="Each parameter: ok, dtype, never_loaded, layout, shape, values, missing, "
-        "extra or renamed (with proposed_map).",
+        description="Each parameter: ok, dtype, quantized (within what its quantization "
+        "explains), never_loaded, layout, shape, values, missing, extra or renamed (with "
+        "proposed_map).",
     ),
     Verb(
         "tensors",

@@ -332,12 +332,16 @@ class Capture:
         if self._directory is None:
             return None
         backend = self._backend()
+        quantized: dict[str, dict[str, Any]] = {}
+        buffers: list[str] = []
         if self.framework == "torch":
             tensors = dict(self._target.state_dict())
+            buffers = [name for name, _ in self._target.named_buffers() if name in tensors]
         else:
             from mlx.utils import tree_flatten
 
             tensors = dict(tree_flatten(self._target.parameters()))
+            quantized = _quantized_modules(self._target)
         final = self._directory.path / WEIGHTS
         tmp = self._directory.path / f".{WEIGHTS}.{os.getpid()}.safetensors"
         try:
@@ -350,6 +354,8 @@ class Capture:
             "tensors": len(written),
             "bytes": final.stat().st_size,
             **({"skipped": dict(list(skipped.items())[:50])} if skipped else {}),
+            **({"quantization": quantized} if quantized else {}),
+            **({"buffers": buffers[:10_000]} if buffers else {}),
         }
         return final
 
@@ -459,3 +465,16 @@ def capture(
         sensitivity=sensitivity,
         ops=ops,
     )
+
+
+def _quantized_modules(model: Any) -> dict[str, dict[str, Any]]:
+    """``{module path: {mode, bits, group_size}}`` for each quantized MLX module (what
+    the packed ``weight``/``scales``/``biases`` in ``weights.safetensors`` mean: the
+    weights audit decodes them with it)."""
+    found: dict[str, dict[str, Any]] = {}
+    for path, module in model.named_modules():
+        bits, group = getattr(module, "bits", None), getattr(module, "group_size", None)
+        if isinstance(bits, int) and isinstance(group, int) and "scales" in module:
+            mode = str(getattr(module, "mode", "affine") or "affine")
+            found[path] = {"mode": mode, "bits": bits, "group_size": group}
+    return found

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import ModuleType
@@ -181,7 +182,12 @@ def attach_torch(scope: OpScope, named: list[tuple[str, nn.Module]]) -> Callable
         ) -> object:
             if not scope.active() or not _returns_tensors(func):
                 return func(*args, **(kwargs or {}))
-            return scope.record(_torch_name(func), func, args, kwargs)
+            name = _torch_name(func)
+            output = scope.record(name, func, args, kwargs)
+            if name == "scaled_dot_product_attention":
+                for part, tensor in sdpa_parts(args, kwargs or {}):
+                    scope.record(f"{name}.{part}", _given(tensor), (), None)
+            return output
 
     mode = _Recording()
     handles: list[RemovableHandle] = []
@@ -208,6 +214,61 @@ def attach_torch(scope: OpScope, named: list[tuple[str, nn.Module]]) -> Callable
             handle.remove()
 
     return detach
+
+
+SDPA_PARTS_LIMIT = 1 << 24  # elements of the attention scores above which none is recorded
+
+
+def sdpa_parts(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """What ``F.scaled_dot_product_attention`` computes on the way, by its definition:
+    the keys and values repeated per query head (``enable_gqa``), the scaled scores
+    ``q kᵀ · scale`` and the probabilities ``softmax(scores + mask)``.  A port that
+    spells attention out (``repeat``, ``softmax``) has these as operations; a reference
+    whose fused kernel keeps them inside would give those no counterpart, and an eager
+    port's clean ``repeat`` was named as diverging.  Recorded as operations
+    ``scaled_dot_product_attention.keys`` / ``.values`` / ``.scores`` / ``.probs`` after
+    the call itself (none when the scores would hold more than ``SDPA_PARTS_LIMIT``
+    elements, or the arguments are not tensors of at least 2 axes)."""
+    import torch
+
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in (q, k, v)):
+        return []
+    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+    assert isinstance(v, torch.Tensor)
+    length, source = q.shape[-2], k.shape[-2]
+    if q.numel() // q.shape[-1] * source > SDPA_PARTS_LIMIT:
+        return []
+    parts: list[tuple[str, Any]] = []
+    with torch.no_grad():
+        if q.dim() >= 3 and k.dim() >= 3 and q.shape[-3] != k.shape[-3]:
+            if q.shape[-3] % k.shape[-3]:
+                return []
+            repeat = q.shape[-3] // k.shape[-3]
+            k = k.repeat_interleave(repeat, dim=-3)
+            v = v.repeat_interleave(repeat, dim=-3)
+            parts += [("keys", k), ("values", v)]
+        scale = bound.get("scale")
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+        parts.append(("scores", scores))
+        mask = bound.get("attn_mask")
+        if bound.get("is_causal"):
+            keep = torch.ones(length, source, dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        if isinstance(mask, torch.Tensor):
+            if mask.dtype == torch.bool:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            else:
+                scores = scores + mask
+        parts.append(("probs", torch.softmax(scores, dim=-1)))
+    return parts
+
+
+def _given(tensor: object) -> Callable[[], object]:
+    return lambda: tensor
 
 
 _NOT_OPS = {"__get__", "__set__", "dim", "size", "numel", "is_floating_point", "__len__"}

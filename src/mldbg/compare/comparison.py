@@ -162,9 +162,16 @@ def compare_sources(
     narrow = narrow_hint(a, b, culprit, results)
     if narrow is not None:  # a coarse pass: where the fine one should look
         document["narrow"] = narrow
-    from .ops import compare_ops
+    from .ops import ModuleVerdict, compare_ops
 
-    ops = compare_ops(a, b)
+    verdicts: dict[tuple[str, int], ModuleVerdict] = {}  # each module call's outputs
+    for pair, result in zip(alignment.pairs, results, strict=True):
+        if pair.a.role == "out" and pair.a.module is not None:
+            key = (pair.a.module, pair.a.call or 0)
+            verdicts[key] = verdicts.get(key, ModuleVerdict()).add(
+                bool(result["ok"]), result.get("expected")
+            )
+    ops = compare_ops(a, b, verdicts, names)
     if ops is not None:  # captured with ops=: which operation inside diverges first
         document["ops"] = ops
     return document

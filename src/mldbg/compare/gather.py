@@ -139,6 +139,7 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
         if rule != "sum":
             axis = int(rule) % len(shape) if shape else 0
             shape[axis] = sum(int(p.shape[axis]) for _s, p in parts)
+        stats = _gathered_stats(rule, parts) if entry.stats is not None else None
         gathered.splits[entry.name] = _Split(rule, parts)
         gathered.entries.append(
             Entry(
@@ -151,9 +152,72 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
                 module=entry.module,
                 call=entry.call,
                 role=entry.role,
+                stats=stats,
             )
         )
     return gathered
+
+
+def _gathered_stats(rule: int | str, parts: list[tuple[Source, Entry]]) -> dict[str, Any]:
+    """The statistics of a summary tensor gathered from the ranks' summaries.
+
+    Along a dimension they combine exactly (counts add, extremes and the sum of squares
+    too); the sketches do not (each rank's buckets its own slice by its own element
+    indices), so the entry is marked ``gathered: "concatenated"`` and compare bounds its
+    error by the statistics alone.  Partial sums have the same shape on every rank, so
+    their sketches add up to the sketch of the sum (the sketch is linear; ``load`` adds
+    them): ``gathered: "summed"``, its mean exact (means add), its norm the summed
+    sketch's (an estimate; exact for small tensors), its extremes unknown."""
+    import math
+
+    import numpy as np
+
+    stats = [dict(part.stats or {}) for _source, part in parts]
+    nan = sum(int(s.get("nan") or 0) for s in stats)
+    inf = sum(int(s.get("inf") or 0) for s in stats)
+    if rule == "sum":
+        total = np.sum(
+            [np.asarray(src.load(part), dtype=np.float64) for src, part in parts], axis=0
+        )
+        means = [float(s["mean"]) for s in stats if s.get("mean") is not None]
+        mean = sum(means) if len(means) == len(stats) else None
+        numel = int(stats[0].get("numel") or 0)
+        norm = float(np.linalg.norm(total))
+        return {
+            "numel": numel,
+            "nan": nan,
+            "inf": inf,
+            "min": None,
+            "max": None,
+            "mean": mean,
+            "norm": norm,
+            "rms": norm / math.sqrt(numel) if numel else None,
+            "gathered": "summed",
+        }
+    numel = sum(int(s.get("numel") or 0) for s in stats)
+    finite = [
+        int(s.get("numel") or 0) - int(s.get("nan") or 0) - int(s.get("inf") or 0) for s in stats
+    ]
+    norm = math.sqrt(sum(float(s.get("norm") or 0.0) ** 2 for s in stats))
+    weighted = [
+        (float(s["mean"]), n)
+        for s, n in zip(stats, finite, strict=True)
+        if s.get("mean") is not None
+    ]
+    count = sum(n for _m, n in weighted)
+    lows = [float(s["min"]) for s in stats if s.get("min") is not None]
+    highs = [float(s["max"]) for s in stats if s.get("max") is not None]
+    return {
+        "numel": numel,
+        "nan": nan,
+        "inf": inf,
+        "min": min(lows) if lows else None,
+        "max": max(highs) if highs else None,
+        "mean": sum(m * n for m, n in weighted) / count if count else None,
+        "norm": norm,
+        "rms": norm / math.sqrt(sum(finite)) if sum(finite) else None,
+        "gathered": "concatenated",
+    }
 
 
 def _rank_of(meta: dict[str, Any]) -> int:

@@ -16,9 +16,12 @@ only the port's side is searched, as the port is what gets fixed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..capture.ops import OP_CLASS_PREFIX
+from .mapping import NameMap, split_name
 from .records import OpMatch, OpsItem
 from .sources import Entry, Source
 from .verdict import Depths, depths, expected_error, unit_roundoff
@@ -45,17 +48,71 @@ def _op_outputs(source: Source) -> dict[tuple[str, int], list[Entry]]:
     return found
 
 
-def compare_ops(a: Source, b: Source) -> list[OpsItem] | None:
-    """One item per module call with operations recorded on both sides (None: none)."""
-    ops_a, ops_b = _op_outputs(a), _op_outputs(b)
+@dataclass(frozen=True)
+class ModuleVerdict:
+    """What compare said of a module call's outputs: whether all passed, and the largest
+    error it allowed them (its bound: depth, conditioning floors, quantization)."""
+
+    ok: bool = True
+    expected: float | None = None
+
+    def add(self, ok: bool, expected: object) -> ModuleVerdict:
+        bound = float(expected) if isinstance(expected, int | float) else None
+        widest = max((x for x in (self.expected, bound) if x is not None), default=None)
+        return ModuleVerdict(self.ok and ok, widest)
+
+
+def compare_ops(
+    a: Source,
+    b: Source,
+    modules: Mapping[tuple[str, int], ModuleVerdict] | None = None,
+    names: NameMap | None = None,
+) -> list[OpsItem] | None:
+    """One item per module call with operations recorded on both sides (None: none).
+
+    ``modules`` says, per module call, what compare judged of its outputs.  Its bound is
+    also each of its operations' least bound: an operation inside carries the error its
+    module's inputs already had (drift from upstream, an ill-conditioned op before it),
+    which the operation's own depth does not count.  An operation of a module call that
+    agrees is never its first divergence (a step the reference does not show, such as a
+    fused kernel's inside, is not a bug).  B's module calls are named in A's terms
+    through ``names`` (compare's map), as its entries are."""
+    ops_a, ops_b = _op_outputs(a), _in_a_terms(_op_outputs(b), names)
     shared = [key for key in ops_b if key in ops_a]
     if not shared:
         return None
     depth = depths(a, {})
     items = []
     for key in shared:
-        items.append(_align(a, b, key, ops_a[key][:MAX_OPS], ops_b[key][:MAX_OPS], depth))
+        verdict = (modules or {}).get(key)
+        floor = verdict.expected if verdict is not None else None
+        item = _align(a, b, key, ops_a[key][:MAX_OPS], ops_b[key][:MAX_OPS], depth, floor)
+        agrees = verdict.ok if verdict is not None else None
+        item["module_ok"] = agrees
+        if agrees and item["first_divergence"] is not None:
+            item["first_divergence"] = None
+            unmatched = sum(1 for op in item["ops"] if op.get("ok") is False)
+            item["note"] = (
+                f"the module's outputs agree: {unmatched} of B's operations with no "
+                "counterpart within rounding are steps A computes otherwise or keeps "
+                "inside a fused kernel, not a divergence"
+            )
+        items.append(item)
     return items
+
+
+def _in_a_terms(
+    found: dict[tuple[str, int], list[Entry]], names: NameMap | None
+) -> dict[tuple[str, int], list[Entry]]:
+    """B's (module, call) keys after the map (``model.h.1.attn`` -> ``transformer.h.1.attn``)."""
+    if names is None:
+        return found
+    mapped: dict[tuple[str, int], list[Entry]] = {}
+    for (module, call), entries in found.items():
+        parts = split_name(names.to_a(f"{module}#{call}.out"))
+        key = (parts[0], parts[1]) if parts else (module, call)
+        mapped.setdefault(key, []).extend(entries)
+    return mapped
 
 
 def _align(
@@ -65,6 +122,7 @@ def _align(
     ours: list[Entry],
     theirs: list[Entry],
     depth: Depths,
+    floor: float | None = None,
 ) -> OpsItem:
     import numpy as np
 
@@ -104,6 +162,8 @@ def _align(
             call_key = (entry_a.module or "", entry_a.call or 0)
             u = unit_roundoff(entry_a.dtype, entry_b.dtype)
             bound = expected_error(u, depth.through.get(call_key, 0), 0.0)
+            if bound is not None and floor is not None:
+                bound = max(bound, floor)
             ok = relative <= bound if bound is not None else relative == 0.0
             item.update(
                 {
@@ -126,6 +186,8 @@ def _align(
         "first_divergence": first,
         "ops": listed[:MAX_LISTED],
         "truncated": len(listed) > MAX_LISTED,
+        "module_ok": None,
+        "note": None,
     }
 
 

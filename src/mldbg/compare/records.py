@@ -306,3 +306,5 @@ class OpsItem(TypedDict):
     first_divergence: OpMatch | None
     ops: list[OpMatch]
     truncated: bool
+    module_ok: bool | None  # the module call's outputs passed compare (None: not paired)
+    note: str | None  # why no operation is named although some have no counterpart

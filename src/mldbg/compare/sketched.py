@@ -57,6 +57,19 @@ def compare_summaries(
     result = _not_measured()
     if permutation is not None and ea.stats is not None and eb.stats is not None:
         return _across_layouts(result, ea.stats, eb.stats, rtol, atol)
+    if _concatenated(ea) or _concatenated(eb):
+        # Ranks' summaries gathered along a dimension (compare/gather.py): no sketch of
+        # the whole exists, but its statistics do, and they bound the error from below.
+        try:
+            stats_a = ea.stats if ea.stats is not None else _sketch(a, ea, None)[1]
+            stats_b = eb.stats if eb.stats is not None else _sketch(b, eb, None)[1]
+        except OSError as exc:
+            raise CompareInputError(
+                f"cannot read {exc.filename or ea.file}: {exc.strerror}", code=UNREADABLE
+            ) from None
+        return _across_layouts(
+            result, stats_a, stats_b, rtol, atol, "statistics (gathered from the ranks' summaries)"
+        )
     try:
         sketch_a, stats_a = _sketch(a, ea, _inverse(permutation) if eb.stats is not None else None)
         sketch_b, stats_b = _sketch(b, eb, permutation if ea.stats is not None else None)
@@ -82,8 +95,17 @@ def compare_summaries(
     return _judged(result, numbers, rel_rms, numbers["cosine"], ok, estimated)
 
 
+def _concatenated(entry: Entry) -> bool:
+    return entry.stats is not None and entry.stats.get("gathered") == "concatenated"
+
+
 def _across_layouts(
-    result: EntryResult, stats_a: dict[str, Any], stats_b: dict[str, Any], rtol: float, atol: float
+    result: EntryResult,
+    stats_a: dict[str, Any],
+    stats_b: dict[str, Any],
+    rtol: float,
+    atol: float,
+    why: str = "statistics (the layouts differ)",
 ) -> EntryResult:
     """Two summaries of different layouts (an NHWC port of an NCHW reference): sketches
     do not commute with a transpose, but the statistics do not depend on the order of
@@ -106,7 +128,7 @@ def _across_layouts(
         gap = max(gap, math.sqrt(finite_a) * abs(float(means[1]) - float(means[0])))
     rel_rms = relative(gap, norm_a, norm_b)
     estimated: Estimated = {
-        "method": "statistics (the layouts differ): a lower bound",
+        "method": f"{why}: a lower bound",
         "buckets": 0,
         "accuracy": 0.0,
         "lower_bound": True,

@@ -41,6 +41,18 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..errors import BAD_WEIGHTS_INPUT
 from .mapping import NameMap, load_map, parse_map
+from .quantized import (
+    Packed,
+    QuantSpec,
+    config_quantization,
+    decode,
+    find_packed,
+    infer_spec,
+    input_rounding,
+    parse_quantization,
+    settings_block,
+    spec_from_settings,
+)
 from .sources import CompareInputError, Entry, Source, find_captures, open_source
 
 if TYPE_CHECKING:  # numpy is imported where parameters are read
@@ -50,25 +62,60 @@ if TYPE_CHECKING:  # numpy is imported where parameters are read
     Values: TypeAlias = npt.NDArray[np.float64]  # a parameter's values, in float64
 
 FAILING = ("missing", "never_loaded", "layout", "shape", "values")
-WARNING = ("renamed", "dtype", "extra")
-# Layout conversions a port is expected to make (MLX convolutions are channels-last).
-EXPECTED_LAYOUTS = {"OIHW→OHWI", "OIL→OLI", "OIDHW→ODHWI"}
+WARNING = ("renamed", "fused", "tied", "buffer", "quantized", "dtype", "extra")
+# Layout conversions a port is expected to make (MLX convolutions are channels-last; a
+# torch ConvTranspose kernel is (in, out, k…), MLX's (out, k…, in)).
+EXPECTED_LAYOUTS = {
+    "OIHW→OHWI",
+    "OIL→OLI",
+    "OIDHW→ODHWI",
+    "IOHW→OHWI",
+    "IOL→OLI",
+    "IODHW→ODHWI",
+    "IO→OI",
+}
 _LETTERS = {2: "OI", 3: "OIL", 4: "OIHW", 5: "OIDHW"}
+# Kernels stored input-first: torch's ConvTranspose (in, out, k…) and transformers'
+# ``Conv1D`` (GPT-2's projections: (in, out), a Linear's weight transposed).
+_INPUT_FIRST_LETTERS = {2: "IO", 3: "IOL", 4: "IOHW", 5: "IODHW"}
 MAX_PERMUTED_DIMS = 5
 
 
 @dataclass
 class Params:
-    """Parameters by name, each read (as float64 numpy) only when compared."""
+    """Parameters by name, each read (as float64 numpy) only when compared.
+
+    A quantized weight (``quant``) reads as the values its codes decode to, with each
+    element's allowance beside them (see ``quantized.py``); its ``scales``/``biases``
+    are folded into it.  ``packed`` holds the quantized weights found but not yet
+    resolved (their settings may need the reference's shape); ``unresolved`` the reason
+    for those whose settings no source gives."""
 
     label: str
     framework: str | None
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)
     readers: dict[str, Callable[[], Values]] = field(default_factory=dict)
+    packed: dict[str, Packed] = field(default_factory=dict)
+    settings: dict[str, Any] | None = None  # quantization given or from config.json
+    settings_source: str = ""
+    quant: dict[str, QuantSpec] = field(default_factory=dict)
+    decoders: dict[str, Callable[[], tuple[Values, Values]]] = field(default_factory=dict)
+    unresolved: dict[str, str] = field(default_factory=dict)
+    classes: dict[str, str] = field(default_factory=dict)  # module path: class, when known
+    buffers: set[str] = field(default_factory=set)  # names that are buffers, when known
 
     def read(self, name: str) -> Values:
+        if name in self.decoders:
+            return self.decoders[name]()[0]
         return self.readers[name]()
+
+    def read_with_allowance(self, name: str) -> tuple[Values, Values | float]:
+        """The values and how far each may be from the reference's for a reason other
+        than a bug (quantization); 0.0 for a plain parameter."""
+        if name in self.decoders:
+            return self.decoders[name]()
+        return self.readers[name](), 0.0
 
 
 def audit_weights(
@@ -78,20 +125,31 @@ def audit_weights(
     map: str | os.PathLike[str] | Mapping[str, Any] | None = None,  # noqa: A002 - compare's name
     fresh: Any = None,
     home: str | os.PathLike[str] | None = None,
+    quantization: Any = None,
 ) -> dict[str, Any]:
     """Audit ``port``'s parameters against ``reference``'s (see the module docstring).
 
     Each of ``reference``/``port``/``fresh`` is a torch or MLX module (its parameters and
     buffers as loaded), a dict of tensors (torch, MLX or numpy), or a path: a
-    ``.safetensors``/``.npz``/``.pt`` file or a directory of them.  Raises
-    :class:`CompareInputError` for bad input."""
+    ``.safetensors``/``.npz``/``.pt`` file or a directory of them.  ``quantization``
+    (``{"mode", "bits", "group_size"}``, a mode name, or ``"bits=4,group_size=64"``) says
+    how the port's packed weights are quantized where no module or ``config.json`` says
+    it and the shapes leave it open.  Raises :class:`CompareInputError` for bad input."""
     from ..store.runs import mldbg_home
 
     base = Path(home) if home is not None else mldbg_home()
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)
+    given = parse_quantization(quantization)
     ref = collect(reference, base, "reference")
     prt = collect(port, base, "port")
     init = collect(fresh, base, "fresh") if fresh is not None else None
+    for side in (prt, init):
+        if side is not None and given is not None:
+            side.settings, side.settings_source = given, "given"
+    resolve_quantized(prt, ref, names.to_a)
+    resolve_quantized(ref, prt, _inverse(prt, names))
+    if init is not None:
+        resolve_quantized(init, ref, names.to_a)
     return audit(ref, prt, names, init)
 
 
@@ -101,18 +159,86 @@ def collect(value: Any, home: Path, role: str) -> Params:
         return _from_path(os.fspath(value), home)
     kind = _framework_of(value)
     if kind == "torch":
-        return _from_dict(value.state_dict(), f"{type(value).__name__} (torch)", "torch")
+        state = value.state_dict()
+        params = _from_dict(state, f"{type(value).__name__} (torch)", "torch")
+        params.classes = {path: type(m).__name__ for path, m in value.named_modules()}
+        params.buffers = {name for name, _ in value.named_buffers() if name in state}
+        return params
     if kind == "mlx":
         from mlx.utils import tree_flatten
 
         flat = dict(tree_flatten(value.parameters()))
-        return _from_dict(flat, f"{type(value).__name__} (mlx)", "mlx")
+        params = _from_dict(flat, f"{type(value).__name__} (mlx)", "mlx")
+        for path, module in value.named_modules():
+            params.classes[path] = type(module).__name__
+            spec = _module_spec(module)
+            weight = f"{path}.weight" if path else "weight"
+            if spec is not None and weight in params.packed:
+                params.packed[weight].spec = spec
+        return params
     if isinstance(value, Mapping):
         return _from_dict(dict(value), f"{role} (dict of {len(value)})", None)
     raise CompareInputError(
         f"{role}: give a torch or MLX module, a dict of tensors, or a .safetensors/.npz/.pt "
         f"file or directory, not {type(value).__name__}",
         code=BAD_WEIGHTS_INPUT,
+    )
+
+
+def _module_spec(module: Any) -> QuantSpec | None:
+    """What an MLX quantized module (``QuantizedLinear``, ``QuantizedEmbedding``, mlx-lm's
+    ``QuantizedSwitchLinear``…) says of itself: its ``mode``, ``bits``, ``group_size``."""
+    bits, group = getattr(module, "bits", None), getattr(module, "group_size", None)
+    if not isinstance(bits, int) or not isinstance(group, int):
+        return None
+    return QuantSpec(str(getattr(module, "mode", "affine") or "affine"), bits, group, "module")
+
+
+def _inverse(port: Params, names: NameMap) -> Callable[[str], str]:
+    """The port's name for a reference name (for a quantized reference's shape hints)."""
+    back = {names.to_a(name): name for name in port.shapes}
+    return lambda name: back.get(name, name)
+
+
+def resolve_quantized(side: Params, other: Params, other_name: Callable[[str], str]) -> None:
+    """Fold each packed weight of ``side`` and its scales/biases into one parameter that
+    reads as its decoded values (``Params.quant``), its settings from the module, the
+    settings given or in ``config.json``, or else the shapes against ``other``'s
+    parameter of the same name."""
+    for name, packed in side.packed.items():
+        spec: QuantSpec | str | None = packed.spec
+        if spec is None and side.settings is not None:
+            said = spec_from_settings(side.settings, packed.prefix, side.settings_source)
+            if said is False:
+                continue  # the settings say this module is not quantized
+            spec = said if isinstance(said, QuantSpec) else None
+        if spec is None:
+            spec = infer_spec(packed, other.shapes.get(other_name(name)))
+        for companion in (packed.scales, packed.biases):
+            if companion is not None:
+                side.shapes.pop(companion, None)
+                side.dtypes.pop(companion, None)
+                side.readers.pop(companion, None)
+        if isinstance(spec, str):
+            side.unresolved[name] = spec
+            continue
+        if not _fits(packed, spec):
+            side.unresolved[name] = (
+                f"a packed quantized weight ({list(packed.shape)} words, "
+                f"{list(packed.scales_shape)} scales) that {spec.describe()} does not fit"
+            )
+            continue
+        side.quant[name] = spec
+        side.shapes[name] = packed.logical_shape(spec)
+        side.decoders[name] = functools.partial(decode, packed, spec)
+
+
+def _fits(packed: Packed, spec: QuantSpec) -> bool:
+    n = packed.shape[-1] * 32
+    return (
+        n % spec.bits == 0
+        and (n // spec.bits) == packed.scales_shape[-1] * spec.group_size
+        and (packed.biases is not None) == (spec.mode == "affine")
     )
 
 
@@ -128,13 +254,85 @@ def _framework_of(value: Any) -> str | None:
 
 def _from_path(spec: str, home: Path) -> Params:
     weights = _capture_weights(spec, home)
-    source = open_source(str(weights) if weights is not None else spec, home)
-    params = Params(source.label, None)
-    for entry in source.entries:
-        params.shapes[entry.name] = tuple(entry.shape)
-        params.dtypes[entry.name] = entry.dtype
-        params.readers[entry.name] = functools.partial(_read_entry, source, entry)
+    path = weights if weights is not None else Path(spec).expanduser()
+    found = _parameter_files(path) if path.exists() else None
+    # A capture or run named, or the error that says why; else each file of the checkpoint.
+    sources = (
+        [open_source(spec, home)]
+        if found is None
+        else [open_source(str(file), home) for file in found]
+    )
+    params = Params(str(path) if len(sources) > 1 else sources[0].label, None)
+    raw: dict[str, tuple[Source, Entry]] = {}
+    for source in sources:
+        for entry in source.entries:
+            # Keyed by the name inside the file: compare names a one-tensor file by its stem.
+            name = entry.key or entry.name
+            if name in raw:
+                raise CompareInputError(
+                    f"{path}: {name!r} is in both {raw[name][0].label} and {source.label}",
+                    code=BAD_WEIGHTS_INPUT,
+                )
+            raw[name] = (source, entry)
+            params.shapes[name] = tuple(entry.shape)
+            params.dtypes[name] = entry.dtype
+            params.readers[name] = functools.partial(_read_entry, source, entry)
+    params.packed = find_packed(
+        params.shapes, params.dtypes, lambda name: raw[name][0].load(raw[name][1]), to_float64
+    )
+    if weights is None:
+        params.settings = config_quantization(path)
+        params.settings_source = "config.json"
+    else:
+        saved = _capture_saved(weights.parent)
+        block = saved.get("quantization")
+        where = "capture.json: weights.quantization"
+        params.settings = settings_block(block, where) if block else None
+        params.settings_source = "capture"
+        params.buffers = {str(name) for name in saved.get("buffers") or ()}
+        params.classes = _capture_classes(weights.parent, home)
     return params
+
+
+def _capture_classes(directory: Path, home: Path) -> dict[str, str]:
+    """Module path: class, from the capture's recorded calls (a ConvTranspose kernel's
+    layout depends on it)."""
+    try:
+        source = open_source(str(directory), home)
+    except CompareInputError:
+        return {}
+    return {call.module: call.class_name for call in source.calls.values()}
+
+
+def _parameter_files(path: Path) -> list[Path] | None:
+    """The files of a checkpoint: the file itself, or a directory's own tensor files
+    (shards, as transformers, diffusers and mlx-lm save them); None for a directory that
+    is a capture or run (``open_source`` reads those)."""
+    from .sources import TENSOR_SUFFIXES
+
+    if path.is_file():
+        return [path]
+    if (path / "capture.json").is_file() or (path / "run.json").is_file():
+        return None
+    files = sorted(
+        p
+        for p in path.iterdir()
+        if p.is_file() and p.suffix in TENSOR_SUFFIXES and not p.name.startswith(".")
+    )
+    return files or None
+
+
+def _capture_saved(directory: Path) -> dict[str, Any]:
+    """What a capture's ``save_weights`` recorded in ``capture.json`` (``weights``): the
+    quantized modules' settings, one entry per module path, and the buffers' names."""
+    import json
+
+    try:
+        meta = json.loads((directory / "capture.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    saved = meta.get("weights") if isinstance(meta, dict) else None
+    return saved if isinstance(saved, dict) else {}
 
 
 def _capture_weights(spec: str, home: Path) -> Path | None:
@@ -166,15 +364,16 @@ def _from_dict(values: dict[str, Any], label: str, framework: str | None) -> Par
     for name, value in values.items():
         params.shapes[name] = tuple(int(n) for n in value.shape)
         params.dtypes[name] = dtype_name(value.dtype)
-        params.readers[name] = functools.partial(_float64, value)
+        params.readers[name] = functools.partial(to_float64, value)
+    params.packed = find_packed(params.shapes, params.dtypes, values.__getitem__, to_float64)
     return params
 
 
 def _read_entry(source: Source, entry: Entry) -> Values:
-    return _float64(source.load(entry))
+    return to_float64(source.load(entry))
 
 
-def _float64(value: Any) -> Values:
+def to_float64(value: Any) -> Values:
     """Any tensor as a float64 numpy array (bf16 exactly)."""
     import numpy as np
 
@@ -217,8 +416,22 @@ def audit(ref: Params, port: Params, names: NameMap, fresh: Params | None) -> di
         rows.append(_pair(ref, port, name, other, fresh))
     extra = list(port_by_ref_name.items())  # (name in A's terms, port's own name)
     renames: dict[str, str] = {}
+    fused_rows, missing, extra = _fused(ref, port, missing, extra)
+    rows.extend(fused_rows)
     for name in missing:
         found = _renamed(ref, port, name, extra)
+        tie = _tied(ref, name, missing) if found is None else None
+        if tie is not None:
+            note = (
+                f"tied to {tie!r} in the reference (the same values); the port keeps "
+                f"{tie!r} only and uses it for both"
+            )
+            rows.append(_row(ref, port, name, None, "tied", note))
+            continue
+        if found is None and name in ref.buffers:
+            note = "a buffer of the reference, not in the port: computed there, or not needed?"
+            rows.append(_row(ref, port, name, None, "buffer", note))
+            continue
         if found is None:
             rows.append(_row(ref, port, name, None, "missing", "not in the port"))
             continue
@@ -228,6 +441,7 @@ def audit(ref: Params, port: Params, names: NameMap, fresh: Params | None) -> di
         row.update(found[0])
         rows.append(row)
     for _mapped, other in extra:
+        note = "in the port only (a buffer it computes, or a name the map misses)"
         rows.append(
             {
                 "name": None,
@@ -235,7 +449,8 @@ def audit(ref: Params, port: Params, names: NameMap, fresh: Params | None) -> di
                 "status": "extra",
                 "shape_port": list(port.shapes[other]),
                 "dtype_port": port.dtypes[other],
-                "note": "in the port only (a buffer it computes, or a name the map misses)",
+                "note": note + (f"; {port.unresolved[other]}" if other in port.unresolved else ""),
+                **({"quant": port.quant[other].as_dict()} if other in port.quant else {}),
             }
         )
     counts: dict[str, int] = {}
@@ -277,13 +492,31 @@ def _row(
 def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None) -> dict[str, Any]:
     import numpy as np
 
-    a, b = ref.read(name), port.read(other)
+    if other in port.unresolved or name in ref.unresolved:
+        row = _row(ref, port, name, other, "shape", "")
+        row["note"] = port.unresolved.get(other) or ref.unresolved[name]
+        return row
+    a, slack_a = ref.read_with_allowance(name)
+    b, slack_b = port.read_with_allowance(other)
+    quant = port.quant.get(other) or ref.quant.get(name)
     u = _rounding(ref.dtypes[name], port.dtypes[other])
+    for side, key in ((port, other), (ref, name)):
+        if key in side.quant:
+            u = max(u, input_rounding(side.packed[key], side.quant[key]))
     row = _row(ref, port, name, other, "ok", "")
+    if quant is not None:
+        row["quant"] = _quant_fields(ref, port, name, other)
     row["rel_rms"] = _rel_rms(a, b) if a.shape == b.shape else None
     dtype_changed = ref.dtypes[name] != port.dtypes[other]
-    if a.shape == b.shape and _close(a, b, u):
-        if dtype_changed:
+    if a.shape == b.shape and _close(a, b, u, slack_a, slack_b):
+        if quant is not None:
+            row["quant"]["worst"] = _worst(a, b, u, slack_a, slack_b)
+            row.update(
+                status="quantized",
+                note=f"within what {quant.describe()} explains "
+                f"(worst element at {row['quant']['worst']:.2g} of its allowance)",
+            )
+        elif dtype_changed:
             row.update(
                 status="dtype",
                 note=f"{ref.dtypes[name]} → {port.dtypes[other]}, values within one rounding",
@@ -297,18 +530,28 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
                 status="never_loaded", note="identical to a fresh initialization of the port"
             )
             return row
-    layout = _layout(a, b, u)
+    transposed_conv = _is_transposed_conv(ref, name) or _is_transposed_conv(port, other)
+    layout = _layout(a, b, u, slack_a, slack_b, transposed_conv)
     if layout is not None:
         expected = layout in EXPECTED_LAYOUTS
         row.update(
             layout=layout,
-            status="dtype" if expected and dtype_changed else "ok" if expected else "layout",
+            status=(
+                "quantized"
+                if expected and quant is not None
+                else "dtype"
+                if expected and dtype_changed
+                else "ok"
+                if expected
+                else "layout"
+            ),
             note=(
                 f"stored as {layout.split('→')[1]}, the port framework's layout"
                 if expected
                 else f"equal only through the permutation {layout}: transposed by mistake"
-                + (" (a transposed linear weight)" if layout == "OI→IO" else "")
-            ),
+                + _layout_hint(layout, transposed_conv)
+            )
+            + (f", within what {quant.describe()} explains" if quant is not None else ""),
         )
         return row
     if a.shape != b.shape:
@@ -330,8 +573,211 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
             status="never_loaded", note="uncorrelated with the reference: a random initialization"
         )
         return row
+    if quant is not None:
+        row["quant"]["worst"] = _worst(a, b, u, slack_a, slack_b)
+        row.update(
+            status="values",
+            note=f"outside what {quant.describe()} explains: an element is "
+            f"{row['quant']['worst']:.3g}x its allowance",
+        )
+        return row
     row.update(status="values", note="same name and shape, different values")
     return row
+
+
+def _fused(
+    ref: Params, port: Params, missing: list[str], extra: list[tuple[str, str]]
+) -> tuple[list[dict[str, Any]], list[str], list[tuple[str, str]]]:
+    """Parameters one side keeps fused (``qkv_proj``, ``gate_up_proj``) and the other
+    split: a tensor that is exactly the concatenation, along one axis, of parameters of
+    the other side's same module (``…self_attn.q_proj.weight`` … for
+    ``…self_attn.qkv_proj.weight``), each within rounding.  Each part and the whole get a
+    ``fused`` row (loaded right, under another structure); the rest is returned."""
+    rows: list[dict[str, Any]] = []
+    by_port = {other: mapped for mapped, other in extra}
+    # The port fuses what the reference splits, then the other way round.
+    for mapped, other in list(extra):
+        parts = _concatenation(port, other, mapped, ref, [n for n in missing])
+        if parts is None:
+            continue
+        axis, spans = parts
+        listed = ", ".join(name for name, _, _ in spans)
+        rows.append(
+            _row_port(port, other, "fused", f"the concatenation of {listed} along axis {axis}")
+        )
+        for name, start, stop in spans:
+            row = _row(ref, port, name, other, "fused", "")
+            row["note"] = f"[{start}:{stop}] along axis {axis} of the port's fused {other!r}"
+            row["fused"] = {"into": other, "axis": axis, "start": start, "stop": stop}
+            rows.append(row)
+            missing = [n for n in missing if n != name]
+        del by_port[other]
+    for name in list(missing):
+        candidates = [(by_port[o], o) for o in by_port]
+        parts = _concatenation(ref, name, name, port, [o for _, o in candidates], by_port)
+        if parts is None:
+            continue
+        axis, spans = parts
+        listed = ", ".join(other for other, _, _ in spans)
+        rows.append(
+            _row(
+                ref, port, name, None, "fused", f"split in the port into {listed} along axis {axis}"
+            )
+        )
+        for other, start, stop in spans:
+            row = _row_port(port, other, "fused", f"[{start}:{stop}] along axis {axis} of {name!r}")
+            row["fused"] = {"into": name, "axis": axis, "start": start, "stop": stop}
+            rows.append(row)
+            del by_port[other]
+        missing.remove(name)
+    return rows, missing, [(mapped, other) for other, mapped in by_port.items()]
+
+
+def _row_port(port: Params, other: str, status: str, note: str) -> dict[str, Any]:
+    return {
+        "name": None,
+        "name_port": other,
+        "status": status,
+        "shape_port": list(port.shapes[other]),
+        "dtype_port": port.dtypes[other],
+        "note": note,
+    }
+
+
+def _module_and_leaf(name: str) -> tuple[str, str]:
+    """``model.layers.0.self_attn`` and ``weight`` for ``model.layers.0.self_attn.q_proj.weight``."""
+    head, _, leaf = name.rpartition(".")
+    return head.rpartition(".")[0], leaf
+
+
+def _concatenation(
+    whole_side: Params,
+    whole: str,
+    whole_mapped: str,
+    parts_side: Params,
+    candidates: list[str],
+    mapped: Mapping[str, str] | None = None,
+) -> tuple[int, list[tuple[str, int, int]]] | None:
+    """``(axis, [(part, start, stop)…])`` when ``whole`` is exactly the concatenation of
+    some ``candidates`` (siblings of the same module, the same leaf name) along one axis."""
+    import numpy as np
+
+    shape = whole_side.shapes[whole]
+    home = _module_and_leaf(whole_mapped)
+    siblings = [
+        c
+        for c in candidates
+        if _module_and_leaf(mapped[c] if mapped else c) == home
+        and len(parts_side.shapes[c]) == len(shape)
+        and c not in parts_side.unresolved
+    ]
+    if len(siblings) < 2 or whole in whole_side.unresolved:
+        return None
+    values, slack = whole_side.read_with_allowance(whole)
+    for axis in range(len(shape)):
+        fitting = [
+            c
+            for c in siblings
+            if all(
+                n == m or i == axis
+                for i, (n, m) in enumerate(zip(parts_side.shapes[c], shape, strict=True))
+            )
+        ]
+        if sum(parts_side.shapes[c][axis] for c in fitting) < shape[axis]:
+            continue
+        spans: list[tuple[str, int, int]] = []
+        taken = np.zeros(shape[axis], dtype=bool)
+        rows = np.moveaxis(values, axis, 0).reshape(shape[axis], -1)
+        row_slack = (
+            slack if isinstance(slack, float) else np.moveaxis(slack, axis, 0).reshape(rows.shape)
+        )
+        for c in fitting:
+            part, part_slack = parts_side.read_with_allowance(c)
+            u = _rounding(whole_side.dtypes[whole], parts_side.dtypes[c])
+            length = part.shape[axis]
+            first = np.moveaxis(part, axis, 0).reshape(length, -1)[0]
+            first_slack = (
+                part_slack
+                if isinstance(part_slack, float)
+                else np.moveaxis(part_slack, axis, 0).reshape(length, -1)[0]
+            )
+            # Where the part's first slice sits in the whole: the only starts worth a look.
+            with np.errstate(invalid="ignore"):
+                fits = np.all(
+                    np.abs(rows - first) <= u * np.abs(first) + first_slack + row_slack, axis=1
+                )
+            for begin in np.flatnonzero(fits[: shape[axis] - length + 1]):
+                stop = int(begin) + length
+                if taken[begin:stop].any():
+                    continue
+                piece = np.take(values, range(begin, stop), axis=axis)
+                piece_slack = (
+                    slack
+                    if isinstance(slack, float)
+                    else np.take(slack, range(begin, stop), axis=axis)
+                )
+                if _close(part, piece, u, part_slack, piece_slack):
+                    spans.append((c, int(begin), stop))
+                    taken[begin:stop] = True
+                    break
+        if len(spans) >= 2 and taken.all():
+            return axis, sorted(spans, key=lambda span: span[1])
+    return None
+
+
+def _tied(ref: Params, name: str, missing: list[str]) -> str | None:
+    """The reference parameter the port has whose values ``name`` shares exactly (an
+    output head tied to the embedding: transformers' state dict lists both)."""
+    import numpy as np
+
+    shape = ref.shapes[name]
+    candidates = [
+        other
+        for other in ref.shapes
+        if other != name and other not in missing and ref.shapes[other] == shape
+    ]
+    if not candidates or not shape:
+        return None
+    values = ref.read(name)
+    if _constant(values) or values.size < 2:
+        return None  # equal constants (norms at 1) are no evidence of a tie
+    for other in candidates:
+        if np.array_equal(ref.read(other), values):
+            return other
+    return None
+
+
+def _is_transposed_conv(side: Params, name: str) -> bool:
+    """Whether ``name`` is an input-first kernel: a ConvTranspose module's, or the weight
+    of transformers' ``Conv1D`` (known from a module or a capture's classes; files do
+    not say)."""
+    cls = side.classes.get(name.rpartition(".")[0], "")
+    return "ConvTranspose" in cls or (cls == "Conv1D" and len(side.shapes.get(name, ())) == 2)
+
+
+def _layout_hint(layout: str, transposed_conv: bool) -> str:
+    if layout == "OI→IO":
+        return " (a transposed linear weight)"
+    if transposed_conv and layout.startswith("IO") and layout.endswith("O"):
+        return " (a transposed convolution converted as a convolution: MLX wants it O…I)"
+    if not transposed_conv and layout in ("OIHW→IHWO", "OIL→ILO", "OIDHW→IDHWO"):
+        return (
+            " unless this is a ConvTranspose kernel (torch IO…, MLX O…I: this is then its "
+            "right layout): audit the modules or captures so the class is known"
+        )
+    return ""
+
+
+def _quant_fields(ref: Params, port: Params, name: str, other: str) -> dict[str, Any]:
+    """The quantization of the pair's weights (the port's; the reference's as ``reference``
+    when it is quantized too)."""
+    fields: dict[str, Any] = {}
+    if other in port.quant:
+        fields.update(port.quant[other].as_dict())
+        fields["scales_dtype"] = port.packed[other].scales_dtype
+    if name in ref.quant:
+        fields["reference"] = ref.quant[name].as_dict()
+    return fields
 
 
 def _renamed(
@@ -346,13 +792,15 @@ def _renamed(
     ]
     if not candidates:
         return None
-    a = ref.read(name)
+    a, slack_a = ref.read_with_allowance(name)
     for other in candidates:
-        b = port.read(other)
+        b, slack_b = port.read_with_allowance(other)
         u = _rounding(ref.dtypes[name], port.dtypes[other])
-        if a.shape == b.shape and _close(a, b, u):
+        if other in port.quant:
+            u = max(u, input_rounding(port.packed[other], port.quant[other]))
+        if a.shape == b.shape and _close(a, b, u, slack_a, slack_b):
             return {"rel_rms": _rel_rms(a, b)}, other
-        layout = _layout(a, b, u)
+        layout = _layout(a, b, u, slack_a, slack_b)
         if layout is not None:
             return {"layout": layout}, other
     return None
@@ -365,18 +813,44 @@ def _rounding(dtype_a: str, dtype_b: str) -> float:
     return 0.0 if u is None else u
 
 
-def _close(a: Values, b: Values, u: float) -> bool:
+def _close(
+    a: Values, b: Values, u: float, slack_a: Values | float = 0.0, slack_b: Values | float = 0.0
+) -> bool:
+    """``|b − a| ≤ u·|a| + slack`` element by element (exact when both are zero)."""
     import numpy as np
 
-    if u == 0.0:
+    if u == 0.0 and np.isscalar(slack_a) and np.isscalar(slack_b) and not (slack_a or slack_b):
         return bool(np.array_equal(a, b, equal_nan=True))
     with np.errstate(invalid="ignore"):
-        return bool(np.all((np.abs(b - a) <= u * np.abs(a)) | (np.isnan(a) & np.isnan(b))))
+        allowed = u * np.abs(a) + slack_a + slack_b
+        return bool(np.all((np.abs(b - a) <= allowed) | (np.isnan(a) & np.isnan(b))))
 
 
-def _layout(a: Values, b: Values, u: float) -> str | None:
-    """``"OIHW→OHWI"``: the port's axes, in the reference's letters, when ``b`` equals
-    ``a`` only through a permutation (None when none does)."""
+def _worst(
+    a: Values, b: Values, u: float, slack_a: Values | float, slack_b: Values | float
+) -> float:
+    """The largest ``|b − a|`` over its allowance (≤ 1 when every element is explained)."""
+    import numpy as np
+
+    allowed = u * np.abs(a) + slack_a + slack_b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(allowed > 0, np.abs(b - a) / allowed, np.where(a == b, 0.0, np.inf))
+    return float(np.max(ratio)) if ratio.size else 0.0
+
+
+def _layout(
+    a: Values,
+    b: Values,
+    u: float,
+    slack_a: Values | float = 0.0,
+    slack_b: Values | float = 0.0,
+    transposed_conv: bool = False,
+) -> str | None:
+    """``"OIHW→OHWI"``: the port's axes, in the reference's letters (``IOHW`` for a
+    ConvTranspose kernel), when ``b`` equals ``a`` only through a permutation (None when
+    none does)."""
+    import numpy as np
+
     if a.ndim != b.ndim or a.ndim < 2 or a.ndim > MAX_PERMUTED_DIMS:
         return None
     identity = tuple(range(a.ndim))
@@ -385,8 +859,9 @@ def _layout(a: Values, b: Values, u: float) -> str | None:
             continue
         if tuple(b.shape[p] for p in perm) != a.shape:
             continue
-        if _close(a, b.transpose(perm), u):
-            letters = _LETTERS[a.ndim]
+        moved = slack_b if isinstance(slack_b, float) else np.transpose(slack_b, perm)
+        if _close(a, b.transpose(perm), u, slack_a, moved):
+            letters = _INPUT_FIRST_LETTERS[a.ndim] if transposed_conv else _LETTERS[a.ndim]
             port_letters = [""] * a.ndim
             for i, p in enumerate(perm):
                 port_letters[p] = letters[i]

@@ -679,13 +679,19 @@ def weights(
     port: str,
     map: str | None = None,
     fresh: str | None = None,
+    quantization: str | None = None,
     limit: int = 50,
 ) -> R.WeightAudit:
     from ..compare.weights import audit_weights
 
     home = store_home(manager, where)
     result = audit_weights(
-        where.local(reference), where.local(port), map=map, fresh=fresh, home=home
+        where.local(reference),
+        where.local(port),
+        map=map,
+        fresh=fresh,
+        home=home,
+        quantization=quantization,
     )
     result.pop("parameters", None)  # every parameter: the Python API's; the answer is bounded
     problems = result["problems"]

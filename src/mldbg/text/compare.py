@@ -245,7 +245,8 @@ def _print_estimates(entries: list[dict[str, Any]]) -> None:
     line = f"{len(estimated)} estimated from summaries"
     if bounded:
         line += (
-            f", {bounded} of them from statistics alone (the layouts differ): a lower bound "
+            f", {bounded} of them from statistics alone (the layouts differ, or ranks' "
+            "slices were gathered): a lower bound "
             "of the error, blind to a difference that keeps the norm and mean; capture such "
             "a module in full (within=) to measure it"
         )
@@ -282,6 +283,9 @@ def _print_ops(item: dict[str, Any]) -> None:
         + ")"
     )
     first = item.get("first_divergence")
+    if first is None and item.get("note"):
+        out.print(f"{head}: [green]{escape(str(item['note']))}[/]")
+        return
     if first is None:
         unmatched = sum(1 for op in ops if op.get("ok") is None)
         tail = f"; {unmatched} with no same-sized operation in A" if unmatched else ""

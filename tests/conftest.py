@@ -200,6 +200,29 @@ def config_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("config")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every ``mldbg`` a test runs without the test daemon's settings uses a private
+    config directory, never the user's ``~/.mldbg``: its daemon may be another
+    checkout's (a CLI call would fail with ``daemon_skew``), and a daemon a CLI call
+    starts there on demand is stopped when the session ends instead of left running."""
+    private = tmp_path_factory.mktemp("cli-config")
+    before = os.environ.get("MLDBG_CONFIG_DIR")
+    os.environ["MLDBG_CONFIG_DIR"] = str(private)
+    yield
+    if before is None:
+        os.environ.pop("MLDBG_CONFIG_DIR", None)
+    else:
+        os.environ["MLDBG_CONFIG_DIR"] = before
+    if (private / "server.json").exists():
+        subprocess.run(
+            [sys.executable, "-m", "mldbg", "serve", "--stop"],
+            env={**os.environ, "MLDBG_CONFIG_DIR": str(private)},
+            capture_output=True,
+            timeout=60,
+        )
+
+
 @pytest.fixture(scope="session")
 def daemon(config_dir: Path) -> Iterator[dict[str, Any]]:
     env = {**os.environ, "MLDBG_CONFIG_DIR": str(config_dir)}

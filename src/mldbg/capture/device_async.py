@@ -48,6 +48,8 @@ class PendingCopy:
         then copies synchronously, as before."""
         import torch
 
+        if type(tensor) is not torch.Tensor:  # a subclass (DTensor…): its own copy rules
+            return None
         if tensor.device.type != "cuda" or tensor.layout != torch.strided or tensor.is_quantized:
             return None
         try:
@@ -58,7 +60,7 @@ class PendingCopy:
         with torch.cuda.device(tensor.device):
             # conj/neg bits resolved on the device: the host buffer holds plain values
             host.copy_(tensor.resolve_conj().resolve_neg(), non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)  # the writer sleeps on it, not spins
             done.record(stream)
         return PendingCopy(host, done)
 
@@ -112,7 +114,7 @@ class DeviceClock:
                     return None
                 index = tensor.device.index
                 device = torch.cuda.current_device() if index is None else index
-            event = torch.cuda.Event(enable_timing=True)
+            event = torch.cuda.Event(enable_timing=True, blocking=True)
             event.record(torch.cuda.current_stream(device))
         except Exception:  # timing must never break the model
             return None

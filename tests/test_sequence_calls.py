@@ -60,12 +60,12 @@ class TinyLM(torch.nn.Module):
 
 
 def generate(
-    model: TinyLM, ids: torch.Tensor, chunks: list[int], steps: int, name: str
+    model: TinyLM, ids: torch.Tensor, chunks: list[int], steps: int, name: str, mode: str = "full"
 ) -> list[int]:
     """Greedy decoding: the prompt in ``chunks``, then ``steps`` tokens, one call each."""
     model.attn.keys, model.attn.values = [], []
     out: list[int] = []
-    with torch.no_grad(), mldbg.capture(model, name):
+    with torch.no_grad(), mldbg.capture(model, name, mode=mode):
         start = 0
         for size in chunks:
             logits = model(ids[:, start : start + size], last_only=len(chunks) == 1)
@@ -102,6 +102,23 @@ def test_a_chunked_prefill_is_compared_with_a_whole_one(home: Path) -> None:
     assert not found.ok and found.first_divergence is not None
     assert found.first_divergence["module"] == "attn"
     assert found.first_divergence["call"] == 0
+
+
+def test_summaries_of_a_chunked_prefill_join_by_their_statistics(home: Path) -> None:
+    torch.manual_seed(0)
+    reference = TinyLM()
+    port = TinyLM()
+    port.load_state_dict(reference.state_dict())
+    ids = torch.randint(0, 32, (1, 8), generator=torch.Generator().manual_seed(3))
+    generate(reference, ids, [8], 2, "ref", mode="summary")
+    generate(port, ids, [3, 4, 1], 2, "port", mode="summary")
+    result = mldbg.compare("ref", "port", home=home)
+    assert result.ok, result.first_divergence
+    joined = result.entry("mlp#0.out")
+    assert joined["shape_b"] == [1, 8, 16] and joined["estimated"]["lower_bound"]
+    assert result.entry("mlp#1.out")["estimated"]["method"] != joined["estimated"]["method"]
+    # the reference's last-position logits cannot be cut from a summary of all 8
+    assert "head#0.out" in result.unpaired_a
 
 
 def test_calls_that_do_not_meet_are_left_unpaired() -> None:

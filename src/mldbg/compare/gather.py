@@ -139,7 +139,7 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
         if rule != "sum":
             axis = int(rule) % len(shape) if shape else 0
             shape[axis] = sum(int(p.shape[axis]) for _s, p in parts)
-        stats = _gathered_stats(rule, parts) if entry.stats is not None else None
+        stats = gathered_stats(rule, parts) if entry.stats is not None else None
         gathered.splits[entry.name] = _Split(rule, parts)
         gathered.entries.append(
             Entry(
@@ -158,7 +158,7 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
     return gathered
 
 
-def _gathered_stats(rule: int | str, parts: list[tuple[Source, Entry]]) -> dict[str, Any]:
+def gathered_stats(rule: int | str, parts: list[tuple[Source, Entry]]) -> dict[str, Any]:
     """The statistics of a summary tensor gathered from the ranks' summaries.
 
     Along a dimension they combine exactly (counts add, extremes and the sum of squares

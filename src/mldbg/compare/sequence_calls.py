@@ -20,8 +20,10 @@ last positions.
 The positions come from the first module output inside each top-level call (an
 embedding's ``[batch, sequence, hidden]``): its one axis whose size changes between
 calls is the sequence; every other axis must agree on both sides, or nothing is
-regrouped.  Tensors that do not split along the sequence (a mask of another shape, a
-summary's sketch) are left out of a group of several calls, with the reason.
+regrouped.  Tensors that do not split along the sequence (a mask of another shape) are
+left out of a group of several calls, with the reason.  Summaries join by their
+statistics, which combine exactly (their sketches do not): such an entry is compared by
+the statistics' lower bound, as ranks' gathered summaries are.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from .gather import gathered_stats
 from .sources import Call, Entry, Source
 
 if TYPE_CHECKING:
@@ -109,7 +112,7 @@ def align_calls(a: Source, b: Source) -> tuple[Source, Source, AlignedCalls | No
     left_out: dict[str, str] = {}
     joined_a = _regroup(a, tops_a, [ga for ga, _gb, _n in groups], rest_a, lengths_a, left_out)
     joined_b = _regroup(b, tops_b, [gb for _ga, gb, _n in groups], rest_b, lengths_b, left_out)
-    _trim_to_last_positions(joined_a, joined_b)
+    _trim_to_last_positions(joined_a, joined_b, left_out)
     listed = sorted(groups, key=lambda g: -(len(g[0]) + len(g[1])))[:MAX_GROUPS_LISTED]
     listed.sort(key=lambda g: g[0][0])
     several = [g for g in groups if len(g[0]) > 1 or len(g[1]) > 1]
@@ -293,10 +296,14 @@ def _join_call(
             left_out[f"{source.label}: {entry.name}"] = why
             continue
         axis = why
+        present = [p for p in pieces if p is not None]
         shape = list(entry.shape)
-        shape[axis] = sum(int(p.shape[axis]) for p in pieces if p is not None)
-        out.entries.append(replace(entry, name=name, call=number, shape=shape))
-        out.joined[name] = _Joined(axis, [p for p in pieces if p is not None])
+        shape[axis] = sum(int(p.shape[axis]) for p in present)
+        stats = None
+        if entry.stats is not None:  # summaries: their statistics join exactly, sketches not
+            stats = gathered_stats(axis, [(source, p) for p in present])
+        out.entries.append(replace(entry, name=name, call=number, shape=shape, stats=stats))
+        out.joined[name] = _Joined(axis, present)
 
 
 def _suffix(name: str) -> str:
@@ -310,8 +317,8 @@ def _why_not_joined(pieces: list[Entry | None], lengths: list[int]) -> int | str
     if any(p is None for p in pieces):
         return "not in every call of the group"
     entries = [p for p in pieces if p is not None]
-    if any(e.stats is not None for e in entries):
-        return "a summary (statistics and a sketch) cannot be joined with another"
+    if len({e.stats is None for e in entries}) != 1:
+        return "a summary in some of the calls only"
     if len({len(e.shape) for e in entries}) != 1:
         return "its calls' tensors have different numbers of axes"
     for axis in range(len(entries[0].shape)):
@@ -325,7 +332,7 @@ def _why_not_joined(pieces: list[Entry | None], lengths: list[int]) -> int | str
     )
 
 
-def _trim_to_last_positions(a: JoinedSource, b: JoinedSource) -> None:
+def _trim_to_last_positions(a: JoinedSource, b: JoinedSource, left_out: dict[str, str]) -> None:
     """Where one side kept only the last positions of a joined tensor (transformers
     computes a prefill's logits for its last position), compare the other side's last
     positions: a module call's one entry of a role, or entries of the same name."""
@@ -349,6 +356,13 @@ def _trim_to_last_positions(a: JoinedSource, b: JoinedSource) -> None:
                 if i != ax
             )
             if same_elsewhere and 0 < int(match.shape[ax]) < int(entry.shape[ax]):
+                if entry.stats is not None:  # a summary's last positions are not kept
+                    joined.entries.remove(entry)
+                    left_out[f"{joined.label}: {name}"] = (
+                        "a summary of all positions cannot be cut to the last ones the other "
+                        "side kept"
+                    )
+                    continue
                 join.keep_last = int(match.shape[ax])
                 entry.shape = list(match.shape)
 

@@ -246,7 +246,7 @@ def _print_estimates(entries: list[dict[str, Any]]) -> None:
     if bounded:
         line += (
             f", {bounded} of them from statistics alone (the layouts differ, or ranks' "
-            "slices were gathered): a lower bound "
+            "slices or a generation loop's calls were joined): a lower bound "
             "of the error, blind to a difference that keeps the norm and mean; capture such "
             "a module in full (within=) to measure it"
         )

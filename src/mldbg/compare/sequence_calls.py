@@ -96,8 +96,7 @@ def align_calls(a: Source, b: Source) -> tuple[Source, Source, AlignedCalls | No
     tops_a, tops_b = _top_calls(a), _top_calls(b)
     if not tops_a or not tops_b or tops_a[0].module != tops_b[0].module:
         return a, b, None
-    probes_a = [_probe(a, call) for call in tops_a]
-    probes_b = [_probe(b, call) for call in tops_b]
+    probes_a, probes_b = _probes(a, tops_a), _probes(b, tops_b)
     if any(p is None for p in probes_a) or any(p is None for p in probes_b):
         return a, b, None
     shapes = [list(p.shape) for p in (*probes_a, *probes_b) if p is not None]
@@ -158,20 +157,21 @@ def _descendants(source: Source) -> dict[int, int]:
     return top
 
 
-def _probe(source: Source, top: Call) -> Entry | None:
-    """The first module output inside the top-level call ``top`` (an embedding's)."""
+def _probes(source: Source, tops: list[Call]) -> list[Entry | None]:
+    """For each top-level call, the first module output inside it (an embedding's)."""
     ancestors = _descendants(source)
     by_key = {(c.module, c.call): c for c in source.calls.values()}
-    best: Entry | None = None
+    best: dict[int, Entry] = {}
     for entry in source.entries:
         if entry.role != "out" or entry.call_key is None:
             continue
         call = by_key.get(entry.call_key)
-        if call is None or call.seq == top.seq or call.is_operation:
+        if call is None or call.parent is None or call.is_operation:
             continue
-        if ancestors.get(call.seq) == top.seq and (best is None or entry.order < best.order):
-            best = entry
-    return best
+        top = ancestors.get(call.seq)
+        if top is not None and (top not in best or entry.order < best[top].order):
+            best[top] = entry
+    return [best.get(top.seq) for top in tops]
 
 
 def _sequence_axis(shapes: list[list[int]]) -> int | None:
@@ -339,12 +339,15 @@ def _trim_to_last_positions(a: JoinedSource, b: JoinedSource, left_out: dict[str
     for joined, other in ((a, b), (b, a)):
         mine = _by_role(joined)
         theirs = _by_role(other)
+        named = {e.name: e for e in joined.entries}
+        other_named = {e.name: e for e in other.entries}
+        dropped: set[str] = set()
         for name, join in joined.joined.items():
-            entry = next((e for e in joined.entries if e.name == name), None)
+            entry = named.get(name)
             if entry is None or entry.call_key is None:
                 continue
             key = (*entry.call_key, entry.role)
-            match = next((e for e in other.entries if e.name == name), None)
+            match = other_named.get(name)
             if match is None and len(mine.get(key, [])) == 1 and len(theirs.get(key, [])) == 1:
                 match = theirs[key][0]
             if match is None or len(match.shape) != len(entry.shape):
@@ -357,7 +360,7 @@ def _trim_to_last_positions(a: JoinedSource, b: JoinedSource, left_out: dict[str
             )
             if same_elsewhere and 0 < int(match.shape[ax]) < int(entry.shape[ax]):
                 if entry.stats is not None:  # a summary's last positions are not kept
-                    joined.entries.remove(entry)
+                    dropped.add(name)
                     left_out[f"{joined.label}: {name}"] = (
                         "a summary of all positions cannot be cut to the last ones the other "
                         "side kept"
@@ -365,6 +368,8 @@ def _trim_to_last_positions(a: JoinedSource, b: JoinedSource, left_out: dict[str
                     continue
                 join.keep_last = int(match.shape[ax])
                 entry.shape = list(match.shape)
+        if dropped:
+            joined.entries = [e for e in joined.entries if e.name not in dropped]
 
 
 def _by_role(source: JoinedSource) -> dict[tuple[str, int, str | None], list[Entry]]:

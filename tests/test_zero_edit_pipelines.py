@@ -190,3 +190,52 @@ def test_a_later_models_first_inputs_are_bounded_by_the_models_before_it(
     culprit = decoder.first_divergence
     assert culprit is not None and culprit["name"] == "<root>#0"
     assert "before this model" in culprit["reason"] and "(ref)" in culprit["reason"]
+
+
+# -- a model the pipeline drives through a method: the VAE's decode -------------------------
+
+VAE_DECODE = """
+    import torch
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    denoiser = torch.nn.Linear(4, 4).eval()
+    vae = AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=16,
+    ).eval()
+    with torch.no_grad():
+        latents = denoiser(torch.randn(1, 8, 8, 4)).permute(0, 3, 1, 2)
+        image = vae.decode(latents).sample  # never vae(...): decode calls its parts
+"""
+
+
+@pytest.mark.parametrize("models", [None, ["AutoencoderKL"]], ids=["outermost", "by-class"])
+def test_a_model_driven_through_its_method_is_one_model(
+    tmp_path: Path, models: list[str] | None
+) -> None:
+    """diffusers pipelines call ``vae.decode(z)``, never ``vae(z)``: the outermost module
+    calls were ``post_quant_conv`` and ``decoder``, two models of their own (and the
+    numbering of every model after them shifted), and ``--capture-model AutoencoderKL``
+    captured nothing at all.  The module whose method is running is the model now."""
+    pytest.importorskip("diffusers")
+    settings: dict[str, Any] = {"name": "pipe"}
+    if models:
+        settings["models"] = models
+    run_script(tmp_path, VAE_DECODE, **settings)
+    metas = {
+        path.parent.name: json.loads(path.read_text())
+        for path in (tmp_path / ".mldbg" / "runs").glob("*/captures/*/capture.json")
+    }
+    vae = "pipe" if models else "pipe.2"
+    assert sorted(metas) == (["pipe"] if models else ["pipe", "pipe.2"])
+    assert metas[vae]["model_class"].endswith("AutoencoderKL")
+    calls = top_level_calls(index_of(tmp_path, vae))
+    assert calls == [("post_quant_conv", 0), ("decoder", 0)]
+    if not models:
+        assert metas["pipe"]["model_class"].endswith("Linear")

@@ -20,7 +20,8 @@ imports it (or at once, when it already has).
 **Which models**: by default, the outermost module calls (a module called while no
 other module call is under way: the model the script calls, not its layers).  With
 ``models``, the outermost calls of modules whose class name matches one of the glob
-patterns (``LlamaModel``, ``*UNet*``), wherever they are called from.  Each such
+patterns (``LlamaModel``, ``*UNet*``), wherever they are called from.  A module whose
+method calls its own submodules (``vae.decode(z)``) is the model of those calls.  Each such
 model becomes one capture, open from its first call to the end of the script (or to
 its ``calls``-th call): the first model is ``NAME``, the next ones ``NAME.2``,
 ``NAME.3``… in the order of their first calls, which is the same in a reference script
@@ -37,7 +38,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .capture.budget import check_mode, parse_size
@@ -146,6 +147,7 @@ class Tracker:
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
+        self.bases: tuple[type, ...] = ()  # the module classes patched (torch's, MLX's)
         self.thread = _Thread()
         self.lock = threading.RLock()
         self.models: dict[int, _Model] = {}
@@ -167,8 +169,9 @@ class Tracker:
         state = self.thread
         model = None
         opened = False  # this call opened the model's capture
-        if not self.closed and self._eligible(module, state):
-            model, opened = self._model_for(module)
+        target = None if self.closed else self._model_of(module, state)
+        if target is not None:
+            model, opened = self._model_for(target)
         state.depth += 1
         if model is None:
             try:
@@ -194,16 +197,54 @@ class Tracker:
         finally:
             state.in_model -= 1
             state.depth -= 1
-            self._called(model)
+            if module is model.module:  # not a submodule its method called (vae.decode)
+                self._called(model)
 
-    def _eligible(self, module: object, state: _Thread) -> bool:
+    def _model_of(self, module: object, state: _Thread) -> object | None:
+        """The model this call belongs to (None: not a model's call).
+
+        By default the outermost call (no module call under way on this thread); with
+        ``models``, a call of a class those patterns name, outside any captured model.
+        Either way, a module whose *method* is running and called this one, its own
+        submodule, is the model instead: diffusers' ``vae.decode(z)`` calls
+        ``post_quant_conv`` and ``decoder`` itself, and the VAE, never called as such,
+        is the model (the outermost such module; ``--capture-model AutoencoderKL``
+        names it).  Only calls no module call encloses are looked at that way."""
         if self.spec.models is None:
-            return state.depth == 0
+            if state.depth:
+                return None
+            owners = self._owners(module)
+            return owners[-1] if owners else module
         if state.in_model:
-            return False
+            return None
+        if not state.depth:
+            matching = [m for m in self._owners(module) if self._matches(m)]
+            if matching:
+                return matching[-1]
+        return module if self._matches(module) else None
+
+    def _matches(self, module: object) -> bool:
         cls = type(module)
         names = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")
-        return any(fnmatch.fnmatchcase(n, p) for p in self.spec.models for n in names)
+        return any(fnmatch.fnmatchcase(n, p) for p in self.spec.models or () for n in names)
+
+    def _owners(self, module: object) -> list[object]:
+        """Modules whose methods are running on this thread and that hold ``module``
+        (itself included), innermost first: each frame whose first parameter is
+        ``self`` and holds a module of a patched framework."""
+        found: list[object] = []
+        looked: set[int] = set()
+        frame: FrameType | None = sys._getframe(2)  # the caller of the patched __call__
+        while frame is not None:
+            code = frame.f_code
+            if code.co_argcount and code.co_varnames[0] == "self" and code.co_filename != __file__:
+                value = frame.f_locals.get("self")
+                if value is not None and id(value) not in looked:
+                    looked.add(id(value))
+                    if isinstance(value, self.bases) and _holds(value, module):
+                        found.append(value)
+            frame = frame.f_back
+        return found
 
     def _model_for(self, module: object) -> tuple[_Model | None, bool]:
         """The model ``module`` is (None: not captured), and whether it was opened now."""
@@ -311,6 +352,7 @@ class Tracker:
         if getattr(original, _MARK, False):
             return
         tracker = self
+        self.bases = (*self.bases, base)
 
         def __call__(self: object, *args: object, **kwargs: object) -> object:
             return tracker.call(self, original, args, kwargs, mlx=False)
@@ -322,6 +364,7 @@ class Tracker:
         """Wrap the ``__call__`` of every ``mlx.nn.Module`` subclass, now and as defined."""
         base = base_py.Module
         tracker = self
+        self.bases = (*self.bases, base)
         previous = base.__dict__.get("__init_subclass__")
 
         def __init_subclass__(cls: type, **kwargs: object) -> None:
@@ -351,6 +394,17 @@ class Tracker:
         __call__.__wrapped__ = function  # type: ignore[attr-defined]
         __call__.__doc__ = function.__doc__
         setattr(cls, "__call__", __call__)  # noqa: B010 - the class attribute, on purpose
+
+
+def _holds(owner: Any, module: object) -> bool:
+    """Whether ``module`` is ``owner`` or one of its submodules (torch and MLX modules
+    both list theirs, themselves included, with ``modules()``)."""
+    if owner is module:
+        return True
+    try:
+        return any(m is module for m in owner.modules())
+    except Exception:  # an odd module: not an owner
+        return False
 
 
 # -- patch on import ---------------------------------------------------------------------------

@@ -195,6 +195,7 @@ def test_a_later_models_first_inputs_are_bounded_by_the_models_before_it(
 # -- a model the pipeline drives through a method: the VAE's decode -------------------------
 
 VAE_DECODE = """
+    import sys
     import torch
     from diffusers import AutoencoderKL
 
@@ -209,6 +210,9 @@ VAE_DECODE = """
         norm_num_groups=4,
         sample_size=16,
     ).eval()
+    if sys.argv[1:] == ["bug"]:  # a port that loaded one weight wrong
+        with torch.no_grad():
+            vae.decoder.up_blocks[0].resnets[0].conv1.weight.mul_(1.5)
     with torch.no_grad():
         latents = denoiser(torch.randn(1, 8, 8, 4)).permute(0, 3, 1, 2)
         image = vae.decode(latents).sample  # never vae(...): decode calls its parts
@@ -239,3 +243,41 @@ def test_a_model_driven_through_its_method_is_one_model(
     assert calls == [("post_quant_conv", 0), ("decoder", 0)]
     if not models:
         assert metas["pipe"]["model_class"].endswith("Linear")
+
+
+def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
+    tmp_path: Path,
+) -> None:
+    """The coarse pass names a module of the pipeline's second model (``pipe.2``); the
+    ``narrow`` hint's fine pass (``--capture-within``) applies to every model of the run:
+    the ones without that module ran uncaptured with a "not captured" line each on the
+    script's stderr, and the hint said "then compare those" where the capture to compare
+    is ``NAME.2``.  Now they stay quiet, and the hint names ``NAME.2``."""
+    pytest.importorskip("diffusers")
+    import mldbg
+
+    ref_dir, port_dir = tmp_path / "ref", tmp_path / "port"
+    ref_dir.mkdir()
+    port_dir.mkdir()
+    coarse = {"mode": "summary", "depth": 2}
+    run_script(ref_dir, VAE_DECODE, "clean", name="ref", **coarse)
+    run_script(port_dir, VAE_DECODE, "bug", name="port", sensitivity=False, **coarse)
+
+    def captured(directory: Path, name: str) -> str:
+        (path,) = (directory / ".mldbg" / "runs").glob(f"*/captures/{name}")
+        return str(path)
+
+    result = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2")).result
+    narrow = result["narrow"]
+    assert narrow is not None, result["first_divergence"]
+    within = narrow["within_a"]
+    assert within.startswith("decoder.up_blocks.0"), narrow
+    assert "compare NAME.2 with the port's NAME.2" in narrow["hint"]
+    fine = run_script(ref_dir, VAE_DECODE, "clean", name="fine", within=within)
+    assert "not captured" not in fine.stderr, fine.stderr
+    run_script(port_dir, VAE_DECODE, "bug", name="fine", within=within, sensitivity=False)
+    fine_result = mldbg.compare(captured(ref_dir, "fine.2"), captured(port_dir, "fine.2"))
+    culprit = fine_result.first_divergence
+    assert culprit is not None and culprit["module"] == "decoder.up_blocks.0.resnets.0.conv1"
+    nowhere = run_script(ref_dir, VAE_DECODE, "clean", name="none", within="up_blocks.9")
+    assert "no model has the module within='up_blocks.9'" in nowhere.stderr

@@ -153,6 +153,7 @@ class Tracker:
         self.models: dict[int, _Model] = {}
         self.closed = False
         self.problems: list[str] = []
+        self.without_within: list[str] = []  # models without the ``within`` module
 
     # -- the wrapper body shared by both frameworks -------------------------------------------
 
@@ -265,7 +266,7 @@ class Tracker:
             return (model if model.open else None), True
 
     def _open(self, module: object, name: str) -> Capture | None:
-        from .capture import Capture
+        from .capture import Capture, NoSuchModule
 
         spec = self.spec
         try:
@@ -282,6 +283,11 @@ class Tracker:
                 upstream=self._upstream(),
             )
             capture.__enter__()
+        except NoSuchModule as exc:
+            # A pipeline's other models lack the module the fine pass looks inside: they
+            # run uncaptured, quietly; ``finish`` speaks up if no model had it.
+            self.without_within.append(f"{name} ({type(module).__name__}): {exc}")
+            return None
         except Exception as exc:  # never break the script: say why this model is not captured
             message = f"mldbg capture {name!r} ({type(module).__name__}): not captured: {exc}"
             self.problems.append(message)
@@ -339,6 +345,17 @@ class Tracker:
             for model in self.models.values():
                 if model.open:
                     self._close(model)
+            if self.without_within and not self.captures():
+                shown = self.without_within[:3]
+                more = len(self.without_within) - len(shown)
+                message = (
+                    f"mldbg capture {self.spec.name!r}: no model has the module "
+                    f"within={self.spec.within!r}, nothing was captured: "
+                    + "; ".join(shown)
+                    + (f"; and {more} more" if more else "")
+                )
+                self.problems.append(message)
+                print(message, file=sys.stderr)
 
     def captures(self) -> list[Capture]:
         return [m.capture for m in self.models.values() if m.capture is not None]

@@ -39,14 +39,31 @@ def narrow_hint(
     within_b = "" if module_b == ROOT else module_b
     both = f"--capture-within {within_a or ROOT}"
     port = "" if within_b == within_a else f" (the port: --capture-within {within_b or ROOT})"
+    suffix = _model_suffix(a)
+    then = (
+        f"then compare NAME{suffix} with the port's NAME{suffix} (the same model of each "
+        "run; the others, which lack that module, are not captured)"
+        if suffix
+        else "then compare those"
+    )
     return {
         "within_a": within_a,
         "within_b": within_b,
         "hint": (
             f"capture both scripts again in full inside the culprit only: "
-            f"mldbg start --capture NAME {both}{port} --run SCRIPT; then compare those"
+            f"mldbg start --capture NAME {both}{port} --run SCRIPT; {then}"
         ),
     }
+
+
+def _model_suffix(source: Source) -> str:
+    """``.3`` for the third model a zero-edit run captured (``NAME.3``, its capture
+    listing the ones before it), else "": a fine pass of that run names it alike."""
+    name = str(source.meta.get("name") or "")
+    stem, dot, number = name.rpartition(".")
+    if source.meta.get("upstream") and dot and stem and number.isdigit():
+        return f".{number}"
+    return ""
 
 
 def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint | None:

@@ -281,3 +281,57 @@ def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
     assert culprit is not None and culprit["module"] == "decoder.up_blocks.0.resnets.0.conv1"
     nowhere = run_script(ref_dir, VAE_DECODE, "clean", name="none", within="up_blocks.9")
     assert "no model has the module within='up_blocks.9'" in nowhere.stderr
+
+
+FLUX_CALLED_TWO_WAYS = """
+    import sys
+    import torch
+    from parity_zoo import flux
+    from parity_zoo.core import to_mlx
+
+    ref, (latents, text, pooled, sigma, img_ids, txt_ids) = flux.reference("float32")
+    if sys.argv[1] == "torch":  # as diffusers' FluxPipeline calls it: by keyword
+        with torch.no_grad():
+            ref(
+                hidden_states=latents,
+                timestep=sigma,
+                guidance=None,
+                pooled_projections=pooled,
+                encoder_hidden_states=text,
+                txt_ids=txt_ids,
+                img_ids=img_ids,
+                return_dict=False,
+            )
+    else:  # the MLX port takes its own positional order, RoPE pairing wrong
+        import mlx.core as mx
+
+        port = flux.port_of(ref, "float32", "rope")
+        inputs = (latents, text, pooled, sigma, img_ids, txt_ids)
+        mx.eval(port(*(to_mlx(t) for t in inputs)))
+"""
+
+
+def test_replay_feeds_the_reference_inputs_through_the_ports_own_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--capture-replay``: the reference's root was called with ``hidden_states=``,
+    ``encoder_hidden_states=``..., the port's root takes ``(latents, text, pooled,
+    sigma, img_ids, txt_ids)``.  Replay rebuilt the port's arguments from the reference's
+    names (none known to the port: then in the capture file's order, alphabetical), the
+    port's forward failed on them, the capture was left ``failed`` and nothing said so.
+    Now the script's own call says how the port takes them, paired as at every module."""
+    pytest.importorskip("mlx.core")
+    pytest.importorskip("diffusers")
+    import mldbg
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
+    run_script(tmp_path, FLUX_CALLED_TWO_WAYS, "torch", name="ref")
+    run_script(tmp_path, FLUX_CALLED_TWO_WAYS, "mlx", name="bug", sensitivity=False)
+    replayed = run_script(tmp_path, FLUX_CALLED_TWO_WAYS, "mlx", name="rep", replay="ref")
+    assert "mldbg replay" not in replayed.stderr, replayed.stderr
+    (meta,) = (tmp_path / ".mldbg" / "runs").glob("*/captures/rep/capture.json")
+    assert json.loads(meta.read_text())["state"] == "complete"
+    culprit = mldbg.compare("ref", "bug", replay="rep").first_divergence
+    assert culprit is not None and culprit["module"] == "transformer_blocks.0.attn"
+    assert culprit.get("local") is True

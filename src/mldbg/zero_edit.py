@@ -182,7 +182,7 @@ class Tracker:
         if model.replay_pending:  # nested calls pass through: depth is already counted
             model.replay_pending = False
             try:
-                self._replay(model)
+                self._replay(model, module, args, kwargs)
                 return function(module, *args, **kwargs)  # the script's own call, plain
             finally:
                 state.depth -= 1
@@ -312,20 +312,42 @@ class Tracker:
             if m.capture is not None and m.capture.path is not None
         ]
 
-    def _replay(self, model: _Model) -> None:
+    def _replay(
+        self, model: _Model, called: object, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         """``mldbg.replay`` of this model on its reference capture (``REF``, ``REF.2``… for
-        the second and later models), written as the capture ``NAME`` (``NAME.2``…)."""
+        the second and later models), written as the capture ``NAME`` (``NAME.2``…).  The
+        script's own first call (``args``, ``kwargs``) says how the port's root takes its
+        inputs; the reference's replace its tensors."""
         from .compare.replay import replay
 
         assert self.spec.replay is not None
         suffix = model.name[len(self.spec.name) :]  # "", ".2", ...
         reference = self.spec.replay + suffix
-        try:
-            model.replayed = replay(model.module, reference, name=model.name)
-        except Exception as exc:  # never break the script: say why
-            message = f"mldbg replay {model.name!r} on {reference!r}: {type(exc).__name__}: {exc}"
+        where = f"mldbg replay {model.name!r} on {reference!r}"
+        if called is not model.module:  # vae.decode(z): no call of the model to feed
+            message = (
+                f"{where}: not replayed: the script drives {type(model.module).__name__} "
+                f"through a method (its first call is of a submodule, "
+                f"{type(called).__name__}), and replay feeds the model's own call"
+            )
             self.problems.append(message)
             print(message, file=sys.stderr)
+            return
+        try:
+            model.replayed = replay(
+                model.module, reference, name=model.name, root_call=(args, kwargs)
+            )
+        except Exception as exc:  # never break the script: say why
+            message = f"{where}: {type(exc).__name__}: {exc}"
+            self.problems.append(message)
+            print(message, file=sys.stderr)
+            return
+        failed = model.replayed.result.get("error")
+        if failed:  # the port's forward failed on the reference's inputs: say so
+            message = f"{where}: the port's forward failed on the reference's inputs: {failed}"
+            self.problems.append(message[:2000])
+            print(message[:2000], file=sys.stderr)
 
     def _called(self, model: _Model) -> None:
         with self.lock:

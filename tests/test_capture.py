@@ -140,6 +140,23 @@ def test_torch_capture_keeps_bf16_and_closes_calls_when_forward_raises(home: Pat
         assert not module._forward_hooks and not module._forward_pre_hooks
 
 
+def test_a_model_under_inference_mode_is_captured_and_measured(home: Path) -> None:
+    """Tensors made under ``torch.inference_mode()`` keep no version counter: reading it
+    (to hold a leaf's output for its parent's rounding re-run) raised RuntimeError into
+    the model's forward, so a script that ran its model that way crashed under capture."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4)).eval()
+    x = torch.randn(2, 8)
+    with torch.inference_mode(), mldbg.capture(model, "inference") as cap:
+        model(x)
+    lines = [json.loads(line) for line in (cap.path / "index.jsonl").read_text().splitlines()]
+    returns = [line for line in lines if line["event"] == "return"]
+    assert len(returns) == 4 and all("error" not in line for line in returns)
+    assert sum("sensitivity" in line for line in returns) == 4  # three leaves, their parent
+    result = mldbg.compare("inference", "inference")
+    assert result.ok
+
+
 def test_include_exclude_and_inputs_off(home: Path) -> None:
     net = Net().eval()
     with (

@@ -164,6 +164,28 @@ def test_missing_capture_lists_the_known_ones(
     assert human.returncode == 2 and "captures under" in human.stdout + human.stderr
 
 
+def test_a_missing_capture_among_many_lists_the_closest_and_says_how_many_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline run makes NAME, NAME.2, ... NAME.5 per script: the listing was the first
+    20 names in alphabetical order (other runs' captures, not ``port.5``) and never said
+    that more were left out."""
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "store"))
+    current_run.reset()
+    net = torch.nn.Linear(2, 2)
+    for name in [f"aa{i}" for i in range(30)] + ["port", "port.2", "port.5"]:
+        with mldbg.capture(net, name):
+            net(torch.ones(1, 2))
+    current_run.reset()
+    with pytest.raises(mldbg.CompareInputError) as raised:
+        mldbg.compare("port.6", "port")
+    error = raised.value.to_json()
+    assert error["captures"][:3] == ["port.5", "port.2", "port"]
+    assert error["captures_total"] == 33
+    assert "closest first: port.5, port.2, port," in str(error["error"])
+    assert "and 13 more (mldbg captures)" in str(error["error"])
+
+
 def test_corrupt_files_are_named(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
     a, b = dirs
     (b / "step4.npy").write_bytes(b"not numpy at all")

@@ -190,3 +190,148 @@ def test_a_later_models_first_inputs_are_bounded_by_the_models_before_it(
     culprit = decoder.first_divergence
     assert culprit is not None and culprit["name"] == "<root>#0"
     assert "before this model" in culprit["reason"] and "(ref)" in culprit["reason"]
+
+
+# -- a model the pipeline drives through a method: the VAE's decode -------------------------
+
+VAE_DECODE = """
+    import sys
+    import torch
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    denoiser = torch.nn.Linear(4, 4).eval()
+    vae = AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=16,
+    ).eval()
+    if sys.argv[1:] == ["bug"]:  # a port that loaded one weight wrong
+        with torch.no_grad():
+            vae.decoder.up_blocks[0].resnets[0].conv1.weight.mul_(1.5)
+    with torch.no_grad():
+        latents = denoiser(torch.randn(1, 8, 8, 4)).permute(0, 3, 1, 2)
+        image = vae.decode(latents).sample  # never vae(...): decode calls its parts
+"""
+
+
+@pytest.mark.parametrize("models", [None, ["AutoencoderKL"]], ids=["outermost", "by-class"])
+def test_a_model_driven_through_its_method_is_one_model(
+    tmp_path: Path, models: list[str] | None
+) -> None:
+    """diffusers pipelines call ``vae.decode(z)``, never ``vae(z)``: the outermost module
+    calls were ``post_quant_conv`` and ``decoder``, two models of their own (and the
+    numbering of every model after them shifted), and ``--capture-model AutoencoderKL``
+    captured nothing at all.  The module whose method is running is the model now."""
+    pytest.importorskip("diffusers")
+    settings: dict[str, Any] = {"name": "pipe"}
+    if models:
+        settings["models"] = models
+    run_script(tmp_path, VAE_DECODE, **settings)
+    metas = {
+        path.parent.name: json.loads(path.read_text())
+        for path in (tmp_path / ".mldbg" / "runs").glob("*/captures/*/capture.json")
+    }
+    vae = "pipe" if models else "pipe.2"
+    assert sorted(metas) == (["pipe"] if models else ["pipe", "pipe.2"])
+    assert metas[vae]["model_class"].endswith("AutoencoderKL")
+    calls = top_level_calls(index_of(tmp_path, vae))
+    assert calls == [("post_quant_conv", 0), ("decoder", 0)]
+    if not models:
+        assert metas["pipe"]["model_class"].endswith("Linear")
+
+
+def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
+    tmp_path: Path,
+) -> None:
+    """The coarse pass names a module of the pipeline's second model (``pipe.2``); the
+    ``narrow`` hint's fine pass (``--capture-within``) applies to every model of the run:
+    the ones without that module ran uncaptured with a "not captured" line each on the
+    script's stderr, and the hint said "then compare those" where the capture to compare
+    is ``NAME.2``.  Now they stay quiet, and the hint names ``NAME.2``."""
+    pytest.importorskip("diffusers")
+    import mldbg
+
+    ref_dir, port_dir = tmp_path / "ref", tmp_path / "port"
+    ref_dir.mkdir()
+    port_dir.mkdir()
+    coarse = {"mode": "summary", "depth": 2}
+    run_script(ref_dir, VAE_DECODE, "clean", name="ref", **coarse)
+    run_script(port_dir, VAE_DECODE, "bug", name="port", sensitivity=False, **coarse)
+
+    def captured(directory: Path, name: str) -> str:
+        (path,) = (directory / ".mldbg" / "runs").glob(f"*/captures/{name}")
+        return str(path)
+
+    result = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2")).result
+    narrow = result["narrow"]
+    assert narrow is not None, result["first_divergence"]
+    within = narrow["within_a"]
+    assert within.startswith("decoder.up_blocks.0"), narrow
+    assert "compare NAME.2 with the port's NAME.2" in narrow["hint"]
+    fine = run_script(ref_dir, VAE_DECODE, "clean", name="fine", within=within)
+    assert "not captured" not in fine.stderr, fine.stderr
+    run_script(port_dir, VAE_DECODE, "bug", name="fine", within=within, sensitivity=False)
+    fine_result = mldbg.compare(captured(ref_dir, "fine.2"), captured(port_dir, "fine.2"))
+    culprit = fine_result.first_divergence
+    assert culprit is not None and culprit["module"] == "decoder.up_blocks.0.resnets.0.conv1"
+    nowhere = run_script(ref_dir, VAE_DECODE, "clean", name="none", within="up_blocks.9")
+    assert "no model has the module within='up_blocks.9'" in nowhere.stderr
+
+
+FLUX_CALLED_TWO_WAYS = """
+    import sys
+    import torch
+    from parity_zoo import flux
+    from parity_zoo.core import to_mlx
+
+    ref, (latents, text, pooled, sigma, img_ids, txt_ids) = flux.reference("float32")
+    if sys.argv[1] == "torch":  # as diffusers' FluxPipeline calls it: by keyword
+        with torch.no_grad():
+            ref(
+                hidden_states=latents,
+                timestep=sigma,
+                guidance=None,
+                pooled_projections=pooled,
+                encoder_hidden_states=text,
+                txt_ids=txt_ids,
+                img_ids=img_ids,
+                return_dict=False,
+            )
+    else:  # the MLX port takes its own positional order, RoPE pairing wrong
+        import mlx.core as mx
+
+        port = flux.port_of(ref, "float32", "rope")
+        inputs = (latents, text, pooled, sigma, img_ids, txt_ids)
+        mx.eval(port(*(to_mlx(t) for t in inputs)))
+"""
+
+
+def test_replay_feeds_the_reference_inputs_through_the_ports_own_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--capture-replay``: the reference's root was called with ``hidden_states=``,
+    ``encoder_hidden_states=``..., the port's root takes ``(latents, text, pooled,
+    sigma, img_ids, txt_ids)``.  Replay rebuilt the port's arguments from the reference's
+    names (none known to the port: then in the capture file's order, alphabetical), the
+    port's forward failed on them, the capture was left ``failed`` and nothing said so.
+    Now the script's own call says how the port takes them, paired as at every module."""
+    pytest.importorskip("mlx.core")
+    pytest.importorskip("diffusers")
+    import mldbg
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
+    run_script(tmp_path, FLUX_CALLED_TWO_WAYS, "torch", name="ref")
+    run_script(tmp_path, FLUX_CALLED_TWO_WAYS, "mlx", name="bug", sensitivity=False)
+    replayed = run_script(tmp_path, FLUX_CALLED_TWO_WAYS, "mlx", name="rep", replay="ref")
+    assert "mldbg replay" not in replayed.stderr, replayed.stderr
+    (meta,) = (tmp_path / ".mldbg" / "runs").glob("*/captures/rep/capture.json")
+    assert json.loads(meta.read_text())["state"] == "complete"
+    culprit = mldbg.compare("ref", "bug", replay="rep").first_divergence
+    assert culprit is not None and culprit["module"] == "transformer_blocks.0.attn"
+    assert culprit.get("local") is True

@@ -20,7 +20,8 @@ imports it (or at once, when it already has).
 **Which models**: by default, the outermost module calls (a module called while no
 other module call is under way: the model the script calls, not its layers).  With
 ``models``, the outermost calls of modules whose class name matches one of the glob
-patterns (``LlamaModel``, ``*UNet*``), wherever they are called from.  Each such
+patterns (``LlamaModel``, ``*UNet*``), wherever they are called from.  A module whose
+method calls its own submodules (``vae.decode(z)``) is the model of those calls.  Each such
 model becomes one capture, open from its first call to the end of the script (or to
 its ``calls``-th call): the first model is ``NAME``, the next ones ``NAME.2``,
 ``NAME.3``… in the order of their first calls, which is the same in a reference script
@@ -37,7 +38,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .capture.budget import check_mode, parse_size
@@ -146,11 +147,13 @@ class Tracker:
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
+        self.bases: tuple[type, ...] = ()  # the module classes patched (torch's, MLX's)
         self.thread = _Thread()
         self.lock = threading.RLock()
         self.models: dict[int, _Model] = {}
         self.closed = False
         self.problems: list[str] = []
+        self.without_within: list[str] = []  # models without the ``within`` module
 
     # -- the wrapper body shared by both frameworks -------------------------------------------
 
@@ -167,8 +170,9 @@ class Tracker:
         state = self.thread
         model = None
         opened = False  # this call opened the model's capture
-        if not self.closed and self._eligible(module, state):
-            model, opened = self._model_for(module)
+        target = None if self.closed else self._model_of(module, state)
+        if target is not None:
+            model, opened = self._model_for(target)
         state.depth += 1
         if model is None:
             try:
@@ -178,7 +182,7 @@ class Tracker:
         if model.replay_pending:  # nested calls pass through: depth is already counted
             model.replay_pending = False
             try:
-                self._replay(model)
+                self._replay(model, module, args, kwargs)
                 return function(module, *args, **kwargs)  # the script's own call, plain
             finally:
                 state.depth -= 1
@@ -194,16 +198,54 @@ class Tracker:
         finally:
             state.in_model -= 1
             state.depth -= 1
-            self._called(model)
+            if module is model.module:  # not a submodule its method called (vae.decode)
+                self._called(model)
 
-    def _eligible(self, module: object, state: _Thread) -> bool:
+    def _model_of(self, module: object, state: _Thread) -> object | None:
+        """The model this call belongs to (None: not a model's call).
+
+        By default the outermost call (no module call under way on this thread); with
+        ``models``, a call of a class those patterns name, outside any captured model.
+        Either way, a module whose *method* is running and called this one, its own
+        submodule, is the model instead: diffusers' ``vae.decode(z)`` calls
+        ``post_quant_conv`` and ``decoder`` itself, and the VAE, never called as such,
+        is the model (the outermost such module; ``--capture-model AutoencoderKL``
+        names it).  Only calls no module call encloses are looked at that way."""
         if self.spec.models is None:
-            return state.depth == 0
+            if state.depth:
+                return None
+            owners = self._owners(module)
+            return owners[-1] if owners else module
         if state.in_model:
-            return False
+            return None
+        if not state.depth:
+            matching = [m for m in self._owners(module) if self._matches(m)]
+            if matching:
+                return matching[-1]
+        return module if self._matches(module) else None
+
+    def _matches(self, module: object) -> bool:
         cls = type(module)
         names = (cls.__name__, f"{cls.__module__}.{cls.__qualname__}")
-        return any(fnmatch.fnmatchcase(n, p) for p in self.spec.models for n in names)
+        return any(fnmatch.fnmatchcase(n, p) for p in self.spec.models or () for n in names)
+
+    def _owners(self, module: object) -> list[object]:
+        """Modules whose methods are running on this thread and that hold ``module``
+        (itself included), innermost first: each frame whose first parameter is
+        ``self`` and holds a module of a patched framework."""
+        found: list[object] = []
+        looked: set[int] = set()
+        frame: FrameType | None = sys._getframe(2)  # the caller of the patched __call__
+        while frame is not None:
+            code = frame.f_code
+            if code.co_argcount and code.co_varnames[0] == "self" and code.co_filename != __file__:
+                value = frame.f_locals.get("self")
+                if value is not None and id(value) not in looked:
+                    looked.add(id(value))
+                    if isinstance(value, self.bases) and _holds(value, module):
+                        found.append(value)
+            frame = frame.f_back
+        return found
 
     def _model_for(self, module: object) -> tuple[_Model | None, bool]:
         """The model ``module`` is (None: not captured), and whether it was opened now."""
@@ -224,7 +266,7 @@ class Tracker:
             return (model if model.open else None), True
 
     def _open(self, module: object, name: str) -> Capture | None:
-        from .capture import Capture
+        from .capture import Capture, NoSuchModule
 
         spec = self.spec
         try:
@@ -241,6 +283,11 @@ class Tracker:
                 upstream=self._upstream(),
             )
             capture.__enter__()
+        except NoSuchModule as exc:
+            # A pipeline's other models lack the module the fine pass looks inside: they
+            # run uncaptured, quietly; ``finish`` speaks up if no model had it.
+            self.without_within.append(f"{name} ({type(module).__name__}): {exc}")
+            return None
         except Exception as exc:  # never break the script: say why this model is not captured
             message = f"mldbg capture {name!r} ({type(module).__name__}): not captured: {exc}"
             self.problems.append(message)
@@ -265,20 +312,42 @@ class Tracker:
             if m.capture is not None and m.capture.path is not None
         ]
 
-    def _replay(self, model: _Model) -> None:
+    def _replay(
+        self, model: _Model, called: object, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         """``mldbg.replay`` of this model on its reference capture (``REF``, ``REF.2``… for
-        the second and later models), written as the capture ``NAME`` (``NAME.2``…)."""
+        the second and later models), written as the capture ``NAME`` (``NAME.2``…).  The
+        script's own first call (``args``, ``kwargs``) says how the port's root takes its
+        inputs; the reference's replace its tensors."""
         from .compare.replay import replay
 
         assert self.spec.replay is not None
         suffix = model.name[len(self.spec.name) :]  # "", ".2", ...
         reference = self.spec.replay + suffix
-        try:
-            model.replayed = replay(model.module, reference, name=model.name)
-        except Exception as exc:  # never break the script: say why
-            message = f"mldbg replay {model.name!r} on {reference!r}: {type(exc).__name__}: {exc}"
+        where = f"mldbg replay {model.name!r} on {reference!r}"
+        if called is not model.module:  # vae.decode(z): no call of the model to feed
+            message = (
+                f"{where}: not replayed: the script drives {type(model.module).__name__} "
+                f"through a method (its first call is of a submodule, "
+                f"{type(called).__name__}), and replay feeds the model's own call"
+            )
             self.problems.append(message)
             print(message, file=sys.stderr)
+            return
+        try:
+            model.replayed = replay(
+                model.module, reference, name=model.name, root_call=(args, kwargs)
+            )
+        except Exception as exc:  # never break the script: say why
+            message = f"{where}: {type(exc).__name__}: {exc}"
+            self.problems.append(message)
+            print(message, file=sys.stderr)
+            return
+        failed = model.replayed.result.get("error")
+        if failed:  # the port's forward failed on the reference's inputs: say so
+            message = f"{where}: the port's forward failed on the reference's inputs: {failed}"
+            self.problems.append(message[:2000])
+            print(message[:2000], file=sys.stderr)
 
     def _called(self, model: _Model) -> None:
         with self.lock:
@@ -298,6 +367,17 @@ class Tracker:
             for model in self.models.values():
                 if model.open:
                     self._close(model)
+            if self.without_within and not self.captures():
+                shown = self.without_within[:3]
+                more = len(self.without_within) - len(shown)
+                message = (
+                    f"mldbg capture {self.spec.name!r}: no model has the module "
+                    f"within={self.spec.within!r}, nothing was captured: "
+                    + "; ".join(shown)
+                    + (f"; and {more} more" if more else "")
+                )
+                self.problems.append(message)
+                print(message, file=sys.stderr)
 
     def captures(self) -> list[Capture]:
         return [m.capture for m in self.models.values() if m.capture is not None]
@@ -311,6 +391,7 @@ class Tracker:
         if getattr(original, _MARK, False):
             return
         tracker = self
+        self.bases = (*self.bases, base)
 
         def __call__(self: object, *args: object, **kwargs: object) -> object:
             return tracker.call(self, original, args, kwargs, mlx=False)
@@ -322,6 +403,7 @@ class Tracker:
         """Wrap the ``__call__`` of every ``mlx.nn.Module`` subclass, now and as defined."""
         base = base_py.Module
         tracker = self
+        self.bases = (*self.bases, base)
         previous = base.__dict__.get("__init_subclass__")
 
         def __init_subclass__(cls: type, **kwargs: object) -> None:
@@ -351,6 +433,17 @@ class Tracker:
         __call__.__wrapped__ = function  # type: ignore[attr-defined]
         __call__.__doc__ = function.__doc__
         setattr(cls, "__call__", __call__)  # noqa: B010 - the class attribute, on purpose
+
+
+def _holds(owner: Any, module: object) -> bool:
+    """Whether ``module`` is ``owner`` or one of its submodules (torch and MLX modules
+    both list theirs, themselves included, with ``modules()``)."""
+    if owner is module:
+        return True
+    try:
+        return any(m is module for m in owner.modules())
+    except Exception:  # an odd module: not an owner
+        return False
 
 
 # -- patch on import ---------------------------------------------------------------------------

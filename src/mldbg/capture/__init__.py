@@ -398,13 +398,17 @@ def _rank() -> tuple[int, int] | None:
     return (rank, world) if world > 1 else None
 
 
+class NoSuchModule(ValueError):
+    """``within`` names a module the model does not have (the message lists some it has)."""
+
+
 def _within(backend: Any, target: Any, within: str) -> list[str]:
     """Include patterns for "module ``within`` and everything inside it", checked."""
     label = module_label(within)
     paths = [module_label(path) for path, _ in backend.named_modules(target)]
     if label not in paths:
         close = [p for p in paths if label.rsplit(".", 1)[-1] in p][:10] or paths[:10]
-        raise ValueError(
+        raise NoSuchModule(
             f"within={within!r}: the model has no module of that path (some it has: "
             + ", ".join(close)
             + ")"

@@ -210,13 +210,7 @@ def _hook(
                 recorder.held_by(seq),
             ),
         )
-        held = (
-            HeldCall(
-                module, _args, _kwargs, versions(_args, _kwargs), output, output_versions(output)
-            )
-            if recorder.sensitivity
-            else None
-        )
+        held = _held_call(module, _args, _kwargs, output) if recorder.sensitivity else None
         recorder.exit(seq, path, output, None, extra, held)
         return None
 
@@ -463,3 +457,17 @@ def summarize(value: object) -> tuple[np.ndarray, dict[str, Any], list[int], str
         tensor = tensor.dequantize()
     sketch, stats = summarize_torch(tensor)
     return sketch, stats, list(tensor.shape), dtype_name(value.dtype)
+
+
+def _held_call(
+    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+) -> HeldCall | None:
+    """The call as it ran, for its parent's rounding re-run; None when its tensors keep
+    no version counter (made under ``torch.inference_mode()``: reading ``_version``
+    raises), so it cannot be told unchanged: it then runs again in that re-run."""
+    try:
+        return HeldCall(
+            module, args, kwargs, versions(args, kwargs), output, output_versions(output)
+        )
+    except RuntimeError:
+        return None

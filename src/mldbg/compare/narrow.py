@@ -49,6 +49,13 @@ def narrow_hint(
     where = f"--capture-within {within_a or ROOT}"
     port = "" if within_b == within_a else f" (the port: --capture-within {within_b or ROOT})"
     cost = f" (about {size_text(full)})" if full is not None else ""
+    suffix = _model_suffix(a)
+    then = (
+        f"then compare NAME{suffix} with the port's NAME{suffix} (the same model of each "
+        "run; the others, which lack that module, are not captured)"
+        if suffix
+        else "then compare those"
+    )
     if summary:
         assert full is not None and limit is not None
         hint = (
@@ -56,12 +63,12 @@ def narrow_hint(
             f"the {size_text(limit)} budget: capture both scripts again as summaries one "
             f"level down inside it: mldbg start --capture NAME {where} --capture-mode summary "
             f"--capture-depth 1 --capture-budget {size_text(limit)}{port} --run SCRIPT; "
-            "then compare those, and narrow again"
+            f"{then}, and narrow again"
         )
     else:
         hint = (
             f"capture both scripts again in full inside the culprit only{cost}: "
-            f"mldbg start --capture NAME {where}{port} --run SCRIPT; then compare those"
+            f"mldbg start --capture NAME {where}{port} --run SCRIPT; {then}"
         )
     return {
         "within_a": within_a,
@@ -122,6 +129,16 @@ def _has_children(source: Source, module: str) -> bool:
     """Whether any call of ``module`` contains a module call (a leaf cannot be narrowed)."""
     seqs = {call.seq for call in source.calls.values() if call.module == module}
     return any(call.parent in seqs and not call.is_operation for call in source.calls.values())
+
+
+def _model_suffix(source: Source) -> str:
+    """``.3`` for the third model a zero-edit run captured (``NAME.3``, its capture
+    listing the ones before it), else "": a fine pass of that run names it alike."""
+    name = str(source.meta.get("name") or "")
+    stem, dot, number = name.rpartition(".")
+    if source.meta.get("upstream") and dot and stem and number.isdigit():
+        return f".{number}"
+    return ""
 
 
 def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint | None:

@@ -78,8 +78,16 @@ def replay(
     include: str | Iterable[str] | None = None,
     exclude: str | Iterable[str] | None = None,
     home: str | os.PathLike[str] | None = None,
+    root_call: tuple[tuple[Any, ...], Mapping[str, Any]] | None = None,
 ) -> ReplayResult:
     """Run every module of ``port_model`` on the reference capture ``ref``'s inputs.
+
+    ``root_call`` is ``(args, kwargs)`` as the port's own code calls its root (zero-edit
+    replay passes the script's first call): the reference's root inputs replace its
+    tensors, paired as at every module call (the same key, then the same shape in
+    order), so a port whose root takes ``(latents, text, pooled, sigma, ...)`` replays a
+    reference called with ``hidden_states=``, ``encoder_hidden_states=``...  Without
+    it, the root's arguments are built from the reference's by name and position.
 
     ``ref`` is any source :func:`mldbg.compare` accepts that holds a capture with inputs;
     ``map`` maps the port's names onto the reference's (as for compare); ``layout`` is
@@ -140,7 +148,9 @@ def replay(
     started = time.perf_counter()
     error: str | None = None
     try:
-        args, kwargs = player.root_inputs(model)
+        args, kwargs = (
+            player.root_inputs(model) if root_call is None else player.root_inputs_like(*root_call)
+        )
         detach = _attach(framework, model, backend, selector.keeps, player)
         try:
             player.run_root(model, args, kwargs)
@@ -288,6 +298,27 @@ class _Player:
                 by_order.append(value)  # a keyword the port calls otherwise: by order
         args = [value for _, value in sorted(positional, key=lambda p: p[0])] + by_order
         return args, kwargs
+
+    def root_inputs_like(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The port's own root arguments with the reference's root inputs in place of
+        its tensors, paired as for every module call (see :meth:`_pair`)."""
+        from ..capture.flatten import flatten_call
+
+        entries = self.inputs.get(("<root>", 0), [])
+        if not entries:
+            self.root_inputs(None)  # raises, saying so
+        replacements = self._pair(entries, flatten_call(args, kwargs).pairs, "<root>", 0)
+        if replacements is None:
+            raise CompareInputError(
+                f"none of the port's root arguments pairs with {self.source.label}'s root "
+                "inputs (<root>#0.in…) by name or shape",
+                code=NO_ROOT_INPUTS,
+            )
+        new_args = _substitute(tuple(args), "in", replacements)
+        new_kwargs = {k: _substitute(v, f"in.{k}", replacements) for k, v in kwargs.items()}
+        return list(new_args), new_kwargs
 
     def _root_channels_last(self, entry: Entry) -> bool:
         """An image or volume given to an MLX port of a PyTorch model goes in NHWC (MLX

@@ -184,15 +184,29 @@ def _open_source(spec: str, home: Path) -> Source:
         run = None
     if run is not None:
         return _capture_in_run(spec, run, None)
-    names = sorted({c["name"] for c in find_captures(home)})
+    names = _closest_first(spec, sorted({c["name"] for c in find_captures(home)}))
+    more = len(names) - min(len(names), 20)
     known = (
-        f"captures under {home}: {', '.join(names[:20])}" if names else f"no captures under {home}"
+        f"captures under {home}, closest first: {', '.join(names[:20])}"
+        + (f" … and {more} more (mldbg captures)" if more else "")
+        if names
+        else f"no captures under {home}"
     )
     raise CompareInputError(
         f"{spec!r} is not a file, a directory, a capture name or a run id ({known})",
         code=UNKNOWN_SOURCE,
         captures=names[:50],
+        captures_total=len(names),
     )
+
+
+def _closest_first(spec: str, names: list[str]) -> list[str]:
+    """``names`` with the ones most like ``spec`` first (``port.6`` brings ``port.5``,
+    ``port.4``… ahead of an alphabetical run of other captures), the rest in order."""
+    import difflib
+
+    close = difflib.get_close_matches(spec, names, n=20, cutoff=0.5)
+    return close + [n for n in names if n not in close]
 
 
 def _from_path(spec: str, path: Path) -> Source:

@@ -298,3 +298,29 @@ def test_a_captures_classes_name_its_transposed_convolutions(home: Path) -> None
     assert result["ok"], render_audit(result)
     found = {row["name"]: row for row in result["parameters"]}
     assert found["up.conv.weight"]["layout"] == "IOHW→OHWI"
+
+
+def test_a_one_by_one_convolution_kept_as_a_linear_weight_is_its_layout() -> None:
+    """A 1×1 convolution's kernel ``(O, I, 1, 1)`` is a linear weight ``(O, I)`` (old VAE
+    checkpoints' attention projections, a port's ``proj_in`` as Linear on channels-last
+    activations), and the other way round a Linear as MLX's 1×1 conv ``(O, 1, 1, I)``:
+    the same values with unit axes dropped or added.  Before, a ``shape`` failure; a
+    transposed one is still a ``layout`` failure."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 6, 1).weight.detach()
+    linear = torch.nn.Linear(4, 6).weight.detach()
+    result = audit_weights(
+        {"proj_in.weight": conv, "proj_out.weight": linear, "to_q.weight": conv},
+        {
+            "proj_in.weight": mx.array(conv[:, :, 0, 0].numpy()),
+            "proj_out.weight": mx.array(linear.numpy()[:, None, None, :]),
+            "to_q.weight": mx.array(conv[:, :, 0, 0].numpy().T),
+        },
+    )
+    found = {row["name"]: row for row in result["parameters"]}
+    assert found["proj_in.weight"]["status"] == "ok"
+    assert found["proj_in.weight"]["layout"] == "OIHW→OI"
+    assert found["proj_out.weight"]["status"] == "ok"
+    assert found["proj_out.weight"]["layout"] == "OI→O11I"
+    assert found["to_q.weight"]["status"] == "layout"
+    assert found["to_q.weight"]["layout"] == "OIHW→IO"

@@ -324,3 +324,20 @@ def test_a_one_by_one_convolution_kept_as_a_linear_weight_is_its_layout() -> Non
     assert found["proj_out.weight"]["layout"] == "OI→O11I"
     assert found["to_q.weight"]["status"] == "layout"
     assert found["to_q.weight"]["layout"] == "OIHW→IO"
+
+
+def test_a_float16_conversion_is_judged_with_its_subnormal_rounding() -> None:
+    """Weights of std 0.02 hold elements below float16's smallest normal (6e-5): their
+    conversion rounds to the subnormal grid, an absolute error up to 2⁻²⁵ that no
+    relative bound covers.  Before, every such clean conversion was a ``values`` failure;
+    an element that overflows to inf still is one."""
+    torch.manual_seed(0)
+    weight = torch.randn(256, 256) * 0.02
+    for reference in (weight, weight.to(torch.bfloat16)):
+        port = mx.array(reference.float().numpy()).astype(mx.float16)
+        result = audit_weights({"w": reference}, {"w": port})
+        assert result["parameters"][0]["status"] == "dtype", result["parameters"][0]
+    overflow = weight.clone()
+    overflow[0, 0] = 1e5
+    result = audit_weights({"w": overflow}, {"w": mx.array(overflow.numpy()).astype(mx.float16)})
+    assert result["parameters"][0]["status"] == "values"

@@ -498,6 +498,7 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
         return row
     a, slack_a = ref.read_with_allowance(name)
     b, slack_b = port.read_with_allowance(other)
+    slack_b = slack_b + _underflow(ref.dtypes[name], port.dtypes[other])
     quant = port.quant.get(other) or ref.quant.get(name)
     u = _rounding(ref.dtypes[name], port.dtypes[other])
     for side, key in ((port, other), (ref, name)):
@@ -712,6 +713,7 @@ def _concatenation(
         )
         for c in fitting:
             part, part_slack = parts_side.read_with_allowance(c)
+            part_slack = part_slack + _underflow(whole_side.dtypes[whole], parts_side.dtypes[c])
             u = _rounding(whole_side.dtypes[whole], parts_side.dtypes[c])
             length = part.shape[axis]
             first = np.moveaxis(part, axis, 0).reshape(length, -1)[0]
@@ -814,6 +816,7 @@ def _renamed(
     a, slack_a = ref.read_with_allowance(name)
     for other in candidates:
         b, slack_b = port.read_with_allowance(other)
+        slack_b = slack_b + _underflow(ref.dtypes[name], port.dtypes[other])
         u = _rounding(ref.dtypes[name], port.dtypes[other])
         if other in port.quant:
             u = max(u, input_rounding(port.packed[other], port.quant[other]))
@@ -830,6 +833,27 @@ def _rounding(dtype_a: str, dtype_b: str) -> float:
 
     u = unit_roundoff(dtype_a, dtype_b)
     return 0.0 if u is None else u
+
+
+# The smallest positive subnormal of each float format: below the smallest normal a
+# conversion rounds to a grid of this spacing, an absolute error of up to half of it that
+# the relative ``u·|r|`` does not cover (float16 weights of std 0.02 have such elements).
+_SMALLEST_SUBNORMAL = {
+    "F64": 2.0**-1074,
+    "F32": 2.0**-149,
+    "BF16": 2.0**-133,
+    "F16": 2.0**-24,
+    "F8_E4M3": 2.0**-9,
+    "F8_E5M2": 2.0**-16,
+}
+
+
+def _underflow(dtype_a: str, dtype_b: str) -> float:
+    """Half the coarser subnormal spacing of the two dtypes (0 for integers)."""
+    from .verdict import canonical_dtype
+
+    found = [_SMALLEST_SUBNORMAL.get(canonical_dtype(d), 0.0) for d in (dtype_a, dtype_b)]
+    return max(found) / 2.0
 
 
 def _close(

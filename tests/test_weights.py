@@ -298,3 +298,46 @@ def test_a_captures_classes_name_its_transposed_convolutions(home: Path) -> None
     assert result["ok"], render_audit(result)
     found = {row["name"]: row for row in result["parameters"]}
     assert found["up.conv.weight"]["layout"] == "IOHW→OHWI"
+
+
+def test_a_one_by_one_convolution_kept_as_a_linear_weight_is_its_layout() -> None:
+    """A 1×1 convolution's kernel ``(O, I, 1, 1)`` is a linear weight ``(O, I)`` (old VAE
+    checkpoints' attention projections, a port's ``proj_in`` as Linear on channels-last
+    activations), and the other way round a Linear as MLX's 1×1 conv ``(O, 1, 1, I)``:
+    the same values with unit axes dropped or added.  Before, a ``shape`` failure; a
+    transposed one is still a ``layout`` failure."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 6, 1).weight.detach()
+    linear = torch.nn.Linear(4, 6).weight.detach()
+    result = audit_weights(
+        {"proj_in.weight": conv, "proj_out.weight": linear, "to_q.weight": conv},
+        {
+            "proj_in.weight": mx.array(conv[:, :, 0, 0].numpy()),
+            "proj_out.weight": mx.array(linear.numpy()[:, None, None, :]),
+            "to_q.weight": mx.array(conv[:, :, 0, 0].numpy().T),
+        },
+    )
+    found = {row["name"]: row for row in result["parameters"]}
+    assert found["proj_in.weight"]["status"] == "ok"
+    assert found["proj_in.weight"]["layout"] == "OIHW→OI"
+    assert found["proj_out.weight"]["status"] == "ok"
+    assert found["proj_out.weight"]["layout"] == "OI→O11I"
+    assert found["to_q.weight"]["status"] == "layout"
+    assert found["to_q.weight"]["layout"] == "OIHW→IO"
+
+
+def test_a_float16_conversion_is_judged_with_its_subnormal_rounding() -> None:
+    """Weights of std 0.02 hold elements below float16's smallest normal (6e-5): their
+    conversion rounds to the subnormal grid, an absolute error up to 2⁻²⁵ that no
+    relative bound covers.  Before, every such clean conversion was a ``values`` failure;
+    an element that overflows to inf still is one."""
+    torch.manual_seed(0)
+    weight = torch.randn(256, 256) * 0.02
+    for reference in (weight, weight.to(torch.bfloat16)):
+        port = mx.array(reference.float().numpy()).astype(mx.float16)
+        result = audit_weights({"w": reference}, {"w": port})
+        assert result["parameters"][0]["status"] == "dtype", result["parameters"][0]
+    overflow = weight.clone()
+    overflow[0, 0] = 1e5
+    result = audit_weights({"w": overflow}, {"w": mx.array(overflow.numpy()).astype(mx.float16)})
+    assert result["parameters"][0]["status"] == "values"

@@ -85,6 +85,11 @@ _ALIASES = {
 }
 
 
+def canonical_dtype(dtype: str) -> str:
+    """The safetensors name of a dtype (``F32`` for ``float32``)."""
+    return _ALIASES.get(dtype, dtype)
+
+
 def unit_roundoff(dtype_a: str, dtype_b: str) -> float | None:
     """The larger unit roundoff of the two dtypes; None when both are exact (integers)."""
     found = [_unit(d) for d in (dtype_a, dtype_b)]

@@ -498,6 +498,7 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
         return row
     a, slack_a = ref.read_with_allowance(name)
     b, slack_b = port.read_with_allowance(other)
+    slack_b = slack_b + _underflow(ref.dtypes[name], port.dtypes[other])
     quant = port.quant.get(other) or ref.quant.get(name)
     u = _rounding(ref.dtypes[name], port.dtypes[other])
     for side, key in ((port, other), (ref, name)):
@@ -552,6 +553,25 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
                 + _layout_hint(layout, transposed_conv)
             )
             + (f", within what {quant.describe()} explains" if quant is not None else ""),
+        )
+        return row
+    unit = _unit_axes(a, b, u, slack_a, slack_b, transposed_conv)
+    if unit is not None:
+        layout, same_order = unit
+        row.update(
+            layout=layout,
+            status=(
+                ("quantized" if quant is not None else "dtype" if dtype_changed else "ok")
+                if same_order
+                else "layout"
+            ),
+            note=(
+                f"the same values with axes of size 1 {'dropped' if a.ndim > b.ndim else 'added'}"
+                " (a 1×1 convolution's kernel and a linear weight)"
+                if same_order
+                else f"equal only through the permutation {layout} (axes of size 1 aside): "
+                "transposed by mistake"
+            ),
         )
         return row
     if a.shape != b.shape:
@@ -693,6 +713,7 @@ def _concatenation(
         )
         for c in fitting:
             part, part_slack = parts_side.read_with_allowance(c)
+            part_slack = part_slack + _underflow(whole_side.dtypes[whole], parts_side.dtypes[c])
             u = _rounding(whole_side.dtypes[whole], parts_side.dtypes[c])
             length = part.shape[axis]
             first = np.moveaxis(part, axis, 0).reshape(length, -1)[0]
@@ -795,6 +816,7 @@ def _renamed(
     a, slack_a = ref.read_with_allowance(name)
     for other in candidates:
         b, slack_b = port.read_with_allowance(other)
+        slack_b = slack_b + _underflow(ref.dtypes[name], port.dtypes[other])
         u = _rounding(ref.dtypes[name], port.dtypes[other])
         if other in port.quant:
             u = max(u, input_rounding(port.packed[other], port.quant[other]))
@@ -811,6 +833,27 @@ def _rounding(dtype_a: str, dtype_b: str) -> float:
 
     u = unit_roundoff(dtype_a, dtype_b)
     return 0.0 if u is None else u
+
+
+# The smallest positive subnormal of each float format: below the smallest normal a
+# conversion rounds to a grid of this spacing, an absolute error of up to half of it that
+# the relative ``u·|r|`` does not cover (float16 weights of std 0.02 have such elements).
+_SMALLEST_SUBNORMAL = {
+    "F64": 2.0**-1074,
+    "F32": 2.0**-149,
+    "BF16": 2.0**-133,
+    "F16": 2.0**-24,
+    "F8_E4M3": 2.0**-9,
+    "F8_E5M2": 2.0**-16,
+}
+
+
+def _underflow(dtype_a: str, dtype_b: str) -> float:
+    """Half the coarser subnormal spacing of the two dtypes (0 for integers)."""
+    from .verdict import canonical_dtype
+
+    found = [_SMALLEST_SUBNORMAL.get(canonical_dtype(d), 0.0) for d in (dtype_a, dtype_b)]
+    return max(found) / 2.0
 
 
 def _close(
@@ -845,6 +888,7 @@ def _layout(
     slack_a: Values | float = 0.0,
     slack_b: Values | float = 0.0,
     transposed_conv: bool = False,
+    letters: str | None = None,
 ) -> str | None:
     """``"OIHW→OHWI"``: the port's axes, in the reference's letters (``IOHW`` for a
     ConvTranspose kernel), when ``b`` equals ``a`` only through a permutation (None when
@@ -853,6 +897,8 @@ def _layout(
 
     if a.ndim != b.ndim or a.ndim < 2 or a.ndim > MAX_PERMUTED_DIMS:
         return None
+    if letters is None:
+        letters = _INPUT_FIRST_LETTERS[a.ndim] if transposed_conv else _LETTERS[a.ndim]
     identity = tuple(range(a.ndim))
     for perm in itertools.permutations(range(a.ndim)):
         if perm == identity:
@@ -861,11 +907,56 @@ def _layout(
             continue
         moved = slack_b if isinstance(slack_b, float) else np.transpose(slack_b, perm)
         if _close(a, b.transpose(perm), u, slack_a, moved):
-            letters = _INPUT_FIRST_LETTERS[a.ndim] if transposed_conv else _LETTERS[a.ndim]
             port_letters = [""] * a.ndim
             for i, p in enumerate(perm):
                 port_letters[p] = letters[i]
             return f"{letters}→{''.join(port_letters)}"
+    return None
+
+
+def _unit_axes(
+    a: Values,
+    b: Values,
+    u: float,
+    slack_a: Values | float,
+    slack_b: Values | float,
+    transposed_conv: bool,
+) -> tuple[str, bool] | None:
+    """Two shapes that differ only by axes of size 1 (a 1×1 convolution's kernel
+    ``(O, I, 1, 1)`` kept as a linear weight ``(O, I)``, or a linear weight as MLX's 1×1
+    convolution ``(O, 1, 1, I)``): ``("OIHW→OI", True)`` when the values agree in the same
+    order (the port's unit axes written ``1``), ``("OIHW→IO", False)`` when only through a
+    permutation of the other axes; None otherwise."""
+    import numpy as np
+
+    if a.size != b.size or a.shape == b.shape or a.ndim > MAX_PERMUTED_DIMS:
+        return None
+    if b.ndim > MAX_PERMUTED_DIMS or max(a.ndim, b.ndim) < 2:
+        return None
+    full = (
+        _INPUT_FIRST_LETTERS.get(a.ndim, _LETTERS.get(a.ndim, ""))
+        if transposed_conv
+        else _LETTERS.get(a.ndim, "")
+    ) or "X" * a.ndim
+    kept = [i for i, n in enumerate(a.shape) if n != 1]
+    letters = "".join(full[i] for i in kept)
+    squeezed_a = a.reshape([a.shape[i] for i in kept])
+    squeezed_b = b.reshape([n for n in b.shape if n != 1])
+
+    def squeezed(slack: Values | float, shape: tuple[int, ...]) -> Values | float:
+        return slack if isinstance(slack, float) else np.reshape(slack, shape)
+
+    slack_a2 = squeezed(slack_a, squeezed_a.shape)
+    slack_b2 = squeezed(slack_b, squeezed_b.shape)
+    if squeezed_a.shape == squeezed_b.shape and _close(
+        squeezed_a, squeezed_b, u, slack_a2, slack_b2
+    ):
+        order = iter(letters)
+        port = "".join("1" if n == 1 else next(order) for n in b.shape)
+        return f"{full}→{port}", True
+    moved = _layout(squeezed_a, squeezed_b, u, slack_a2, slack_b2, letters=letters)
+    if moved is not None:
+        return f"{full}→{moved.split('→')[1]}", False
     return None
 
 

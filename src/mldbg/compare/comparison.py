@@ -23,7 +23,7 @@ from .mapping import NameMap, split_name
 from .propose import propose_map
 from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors
 from .rules import CallKey, call_key, first_divergence
-from .sources import CompareInputError, Source
+from .sources import CompareInputError, Entry, Source
 from .verdict import (
     NO_FLOOR,
     Depths,
@@ -532,6 +532,8 @@ def _compare_pair(
         result["reshape"] = "unit axes"
     if (list(ea.shape) != list(eb.shape) and not unit_axes) or permutation is not None:
         if permutation is None:
+            _verify(a, ea)  # an index that lies about a file is bad input, not a divergence
+            _verify(b, eb)
             same = _count(ea.shape) == _count(eb.shape)
             return _failed(
                 result,
@@ -567,6 +569,18 @@ def _compare_pair(
     result.update(numbers)
     result["error"] = None
     return result
+
+
+def _verify(source: Source, entry: Entry) -> None:
+    """``source.verify(entry)``, its failures as compare's bad input (exit 2)."""
+    try:
+        source.verify(entry)
+    except CorruptTensorFile as exc:
+        raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
+    except OSError as exc:
+        raise CompareInputError(
+            f"cannot read {exc.filename or entry.file}: {exc.strerror}", code=UNREADABLE
+        ) from None
 
 
 def _squeezed(shape: list[int]) -> list[int]:

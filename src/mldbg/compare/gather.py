@@ -135,10 +135,7 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
                     code=BAD_SHARDS,
                 )
             parts.append((source, part))
-        shape = list(entry.shape)
-        if rule != "sum":
-            axis = int(rule) % len(shape) if shape else 0
-            shape[axis] = sum(int(p.shape[axis]) for _s, p in parts)
+        shape = _gathered_shape(entry, rule, [part for _s, part in parts])
         gathered.splits[entry.name] = _Split(rule, parts)
         gathered.entries.append(
             Entry(
@@ -153,6 +150,44 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
                 role=entry.role,
             )
         )
+    return gathered
+
+
+def _gathered_shape(entry: Entry, rule: int | str, parts: list[Entry]) -> list[int]:
+    """The shape the ranks' parts make together, checked before any is read: a dimension
+    the tensor has, the same shape on every other axis (or, to ``"sum"``, on all), and
+    the ranks' tensors, not a summary's sketches (a sketch cannot be concatenated)."""
+    if any(part.stats is not None for part in parts):
+        raise CompareInputError(
+            f"{entry.name} is a summary on the ranks: their sketches cannot be gathered; "
+            "capture the ranks in full (within=, budget=) to compare them split",
+            code=BAD_SHARDS,
+        )
+    shapes = [list(part.shape) for part in parts]
+    if rule == "sum":
+        if any(shape != shapes[0] for shape in shapes):
+            raise CompareInputError(
+                f"{entry.name}: the ranks' partial sums differ in shape "
+                f"({', '.join(str(s) for s in shapes[:4])})",
+                code=BAD_SHARDS,
+            )
+        return shapes[0]
+    dim = int(rule)
+    if not -len(shapes[0]) <= dim < len(shapes[0]):
+        raise CompareInputError(
+            f"shards: {entry.name} has {len(shapes[0])} dimension(s), no dimension {dim}",
+            code=BAD_SHARDS,
+        )
+    axis = dim % len(shapes[0])
+    rest = [[n for i, n in enumerate(shape) if i != axis] for shape in shapes]
+    if any(len(shape) != len(shapes[0]) for shape in shapes) or any(r != rest[0] for r in rest):
+        raise CompareInputError(
+            f"{entry.name}: the ranks' slices differ in shape outside dimension {dim} "
+            f"({', '.join(str(s) for s in shapes[:4])})",
+            code=BAD_SHARDS,
+        )
+    gathered = list(shapes[0])
+    gathered[axis] = sum(shape[axis] for shape in shapes)
     return gathered
 
 

@@ -9,6 +9,8 @@ This says so in the comparison's ``narrow`` field, with the module's path on eac
 
 from __future__ import annotations
 
+import shlex
+
 from ..capture.store import ROOT
 from .mapping import split_name
 from .records import Culprit, EntryResult, NarrowHint, WeightsHint
@@ -37,8 +39,14 @@ def narrow_hint(
                 break
     within_a = "" if module_a == ROOT else module_a
     within_b = "" if module_b == ROOT else module_b
-    both = f"--capture-within {within_a or ROOT}"
-    port = "" if within_b == within_a else f" (the port: --capture-within {within_b or ROOT})"
+    # Quoted for a shell: "<root>" unquoted is a redirection, and a module path comes from
+    # the capture's index, which may hold anything ("x; rm -rf ~").
+    both = f"--capture-within {shlex.quote(within_a or ROOT)}"
+    port = (
+        ""
+        if within_b == within_a
+        else f" (the port: --capture-within {shlex.quote(within_b or ROOT)})"
+    )
     return {
         "within_a": within_a,
         "within_b": within_b,
@@ -59,7 +67,7 @@ def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint |
 
     saved = all(s.kind == "capture" and (s.path / WEIGHTS).is_file() for s in (a, b))
     command = (
-        f"mldbg weights {a.spec} {b.spec}"
+        f"mldbg weights {shlex.quote(a.spec)} {shlex.quote(b.spec)}"
         if saved
         else "mldbg weights REF.safetensors PORT.safetensors "
         "(or capture both with --capture-weights and give the capture names)"

@@ -521,3 +521,35 @@ def test_the_narrow_hint_is_a_command_a_shell_runs_as_written(home: Path) -> Non
     lexer.whitespace_split = True
     words = list(lexer)
     assert words[words.index("--capture-within") + 1] == "<root>", command
+
+
+@pytest.mark.parametrize("framework", ["torch", "mlx"])
+def test_captured_tensor_checks_the_file_before_the_framework_reads_it(
+    captures: tuple[Path, Path], tmp_path: Path, framework: str
+) -> None:
+    """torch's ``safe_open`` and ``mx.load`` blocked forever on a FIFO, and answered in
+    their own words for a file that holds another tensor than the index says."""
+    pytest.importorskip(framework if framework == "torch" else "mlx.core")
+    _, port = captures
+    fifo = _copy(port, tmp_path / "fifo")
+    target = _tensor_file(fifo)
+    target.unlink()
+    os.mkfifo(target)
+    liar = _copy(port, tmp_path / "liar")
+    records = _index(liar)
+    line = next(r for r in records if r.get("event") == "return" and r.get("tensors"))
+    for info in line["tensors"].values():
+        info.update({"shape": [3, 8], "dtype": "F64"})  # the same bytes, told otherwise
+    _write_index(liar, records)
+    code = (
+        "import sys, mldbg\n"
+        "try:\n"
+        f"    mldbg.captured_tensor(sys.argv[1], 'fc1#0.out', to={framework!r})\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    for capture, expected in ((fifo, "NotARegularFile"), (liar, "CorruptTensorFile")):
+        result = subprocess.run(
+            [sys.executable, "-c", code, str(capture)], capture_output=True, text=True, timeout=120
+        )
+        assert result.stdout.startswith(expected), result.stdout + result.stderr[-2000:]

@@ -553,3 +553,44 @@ def test_captured_tensor_checks_the_file_before_the_framework_reads_it(
             [sys.executable, "-c", code, str(capture)], capture_output=True, text=True, timeout=120
         )
         assert result.stdout.startswith(expected), result.stdout + result.stderr[-2000:]
+
+
+def test_nonfinite_reads_a_summary_capture_by_its_statistics(home: Path) -> None:
+    """A summary's file holds a sketch, in which NaN/Inf were taken as 0: ``nonfinite`` on
+    a summary capture answered ``first: null`` whatever the model computed."""
+
+    class Sqrt(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sqrt(x)  # NaN for every negative input
+
+    class Net(MLP):
+        def __init__(self) -> None:
+            super().__init__()
+            self.root = Sqrt()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc2(self.root(self.fc1(x)))
+
+    for mode in ("full", "summary"):
+        current_run.reset()
+        torch.manual_seed(0)
+        model = Net()
+        with torch.no_grad(), mldbg.capture(model, f"nan-{mode}", mode=mode):
+            model(torch.randn(3, 8))
+        found = mldbg.first_nonfinite(f"nan-{mode}", home=home)
+        assert found["first"] is not None and found["first"]["module"] == "root", (mode, found)
+        assert found["first"]["entries"][0]["nan"] > 0
+
+
+def test_nonfinite_answers_compare_codes_for_a_lying_file(
+    captures: tuple[Path, Path], home: Path, tmp_path: Path, api: Api
+) -> None:
+    _, port = captures
+    liar = _copy(port, tmp_path / "liar")
+    records = _index(liar)
+    line = next(r for r in records if r.get("event") == "return" and r.get("tensors"))
+    for info in line["tensors"].values():
+        info["shape"] = [10**12]
+    _write_index(liar, records)
+    answer = api.get("/v1/nonfinite", params={"source": str(liar), "home": str(home)}, expect=400)
+    assert answer["code"] == "corrupt_file", answer

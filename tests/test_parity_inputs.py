@@ -326,6 +326,11 @@ def test_start_refuses_bad_capture_options_with_bad_argument(api: Api, tmp_path:
         body = {"script": str(script), "cwd": str(tmp_path), **options}
         refused = api.post("/v1/sessions/bad-capture/start", body, expect=400)
         assert refused["code"] == "bad_argument", refused
+    # Each pattern within its limit, together too long for $MLDBG_CAPTURE: execve refused
+    # the start with "Argument list too long", said of the interpreter.
+    body = {"script": str(script), "capture": "x", "capture_ops": ["a" * 4000] * 100}
+    refused = api.post("/v1/sessions/bad-capture/start", body, expect=400)
+    assert refused["code"] == "too_long" and "MLDBG_CAPTURE" in refused["error"], refused
 
 
 # -- shards ----------------------------------------------------------------------------------
@@ -594,3 +599,33 @@ def test_nonfinite_answers_compare_codes_for_a_lying_file(
     _write_index(liar, records)
     answer = api.get("/v1/nonfinite", params={"source": str(liar), "home": str(home)}, expect=400)
     assert answer["code"] == "corrupt_file", answer
+
+
+@pytest.mark.parametrize(
+    "lie, code",
+    [
+        ({"norm": 1e400}, "corrupt_capture"),  # inf: printed as non-JSON, a traceback
+        ({"rms": "x"}, "corrupt_capture"),  # was "nothing comparable"
+        ({"norm": -1.0}, "corrupt_capture"),  # was compared as if it were a norm
+        ({"numel": 10**30}, "corrupt_capture"),  # another tensor's statistics
+        ({"sketch": 5}, "corrupt_file"),  # the file holds a sketch of another length
+    ],
+)
+def test_a_summary_whose_statistics_lie_is_corrupt(
+    home: Path, tmp_path: Path, lie: dict[str, Any], code: str
+) -> None:
+    ref = _capture("summary-ref", mode="summary")
+    port = _copy(_capture("summary-port", mode="summary"), tmp_path / "summary-liar")
+    records = _index(port)
+    for record in records:
+        for info in (record.get("tensors") or {}).values():
+            if "sketch" in lie:
+                info.update(lie)
+            else:
+                info["stats"].update(lie)
+    (port / "index.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records).replace("Infinity", "1e400")
+    )
+    for a, b in ((ref, port), (port, ref)):
+        exit_code, answer = _compare(home, str(a), str(b))
+        assert exit_code == 2 and answer["code"] == code, answer

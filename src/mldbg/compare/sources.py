@@ -59,6 +59,7 @@ class Entry:
     role: str | None = None
     # A summary capture's tensor: its statistics; the file holds its sketch, not the tensor.
     stats: dict[str, Any] | None = None
+    sketch: int | None = None  # the sketch's length (its file holds that many float64)
 
     @property
     def call_key(self) -> tuple[str, int] | None:
@@ -131,8 +132,10 @@ class Source:
     def _expected(self, entry: Entry) -> arrays.TensorHeader | None:
         """What a capture's index says ``entry``'s file holds (a summary's file holds its
         sketch instead: nothing to check against); None for plain files."""
-        if self.kind != "capture" or entry.stats is not None:
+        if self.kind != "capture":
             return None
+        if entry.stats is not None:
+            return None if entry.sketch is None else {"shape": [entry.sketch], "dtype": "F64"}
         return {"shape": entry.shape, "dtype": entry.dtype}
 
     def describe(self) -> dict[str, Any]:
@@ -414,6 +417,9 @@ def _add_record(
     for name, info in tensors.items():
         if not isinstance(info["shape"], list):
             raise ValueError(f"the shape of {name[:200]!r} is not a list")
+        stats = _stats(info.get("stats"))
+        if stats is not None and "numel" in stats and stats["numel"] != math.prod(info["shape"]):
+            raise ValueError(f"the statistics of {name[:200]!r} count another number of elements")
         source.entries.append(
             Entry(
                 name=_text(name, "tensor name"),
@@ -425,9 +431,36 @@ def _add_record(
                 module=call.module,
                 call=call.call,
                 role=role,
-                stats=info["stats"] if isinstance(info.get("stats"), dict) else None,
+                stats=stats,
+                sketch=None if info.get("sketch") is None else _count(info["sketch"], "sketch"),
             )
         )
+
+
+_STAT_COUNTS = ("numel", "nan", "inf")
+_STAT_VALUES = ("min", "max", "mean", "rms", "norm")
+
+
+def _stats(stats: object) -> dict[str, Any] | None:
+    """A summary's statistics (``capture/sketch.py``), checked: counts are whole numbers,
+    the rest finite numbers (or null), ``rms`` and ``norm`` not negative.  A wrong one
+    made compare report nonsense as agreement, or print a non-JSON ``inf`` and crash."""
+    if stats is None:
+        return None
+    if not isinstance(stats, dict):
+        raise ValueError("stats is not an object")
+    for key in _STAT_COUNTS:
+        if key in stats:
+            _count(stats[key], f"stats.{key}")
+    for key in _STAT_VALUES:
+        value = stats.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError(f"stats.{key} {str(value)[:40]!r} is not a number")
+        if not math.isfinite(value) or (key in ("rms", "norm") and value < 0):
+            raise ValueError(f"stats.{key} is {value}")
+    return stats
 
 
 def _plain_file_name(file: object) -> bool:

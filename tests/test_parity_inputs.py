@@ -629,3 +629,18 @@ def test_a_summary_whose_statistics_lie_is_corrupt(
     for a, b in ((ref, port), (port, ref)):
         exit_code, answer = _compare(home, str(a), str(b))
         assert exit_code == 2 and answer["code"] == code, answer
+
+
+def test_a_capture_whose_budget_wrote_nothing_says_so(
+    captures: tuple[Path, Path], home: Path
+) -> None:
+    """``budget=0`` (or one the first call used up) writes no tensor: compare said only
+    "has no tensors to compare", as of an empty capture."""
+    ref, _ = captures
+    empty = _capture("nothing", budget="0")
+    code, answer = _compare(home, str(empty), str(ref))
+    assert code == 2 and answer["code"] == "nothing_paired", answer
+    assert "not written" in answer["error"] and "over the byte budget" in answer["error"]
+    partial = _capture("partial", budget=200)  # the first call's inputs fit, no more
+    code, answer = _compare(home, str(ref), str(partial))
+    assert any("not written" in w and "byte budget" in w for w in answer["warnings"]), answer

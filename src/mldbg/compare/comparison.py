@@ -485,6 +485,11 @@ def _nothing_paired(
 
     if not alignment.unpaired_a or not alignment.unpaired_b:
         empty = a if not alignment.unpaired_a else b
+        if empty.not_written:  # a byte budget of 0, or one the first call used up
+            return (
+                f"{empty.label} has no tensors to compare: its {empty.not_written} tensor(s) "
+                f"were recorded but not written (first {empty.first_not_written})"
+            )
         return f"{empty.label} has no tensors to compare"
     hint = (
         " (a map proposed from the module trees is in proposed_map; "

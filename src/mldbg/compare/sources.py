@@ -109,6 +109,10 @@ class Source:
     calls: dict[tuple[str, int], Call] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # tensors the capture recorded but did not write (its index's ``skipped``: over the
+    # byte budget, past the per-call limit): how many, and the first with its reason
+    not_written: int = 0
+    first_not_written: str | None = None
 
     def load(self, entry: Entry) -> npt.NDArray[np.generic]:
         """The entry's tensor as a read-only numpy array (memory-mapped where possible)."""
@@ -342,6 +346,12 @@ def open_capture(spec: str, directory: Path) -> Source:
         )
     by_seq: dict[int, Call] = {}
     for position, record in enumerate(records):
+        skipped = record.get("skipped")
+        if isinstance(skipped, dict) and skipped:
+            source.not_written += len(skipped)
+            if source.first_not_written is None:
+                entry, why = next(iter(skipped.items()))
+                source.first_not_written = f"{str(entry)[:200]}: {str(why)[:200]}"
         try:
             _add_record(source, directory, record, by_seq, position)
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
@@ -349,6 +359,11 @@ def open_capture(spec: str, directory: Path) -> Source:
                 f"{index} has a corrupt record ({str(exc)[:300]}): {json.dumps(record)[:200]}",
                 code=CORRUPT_CAPTURE,
             ) from None
+    if source.not_written:
+        source.warnings.append(
+            f"capture {name!r}: {source.not_written} tensor(s) recorded but not written "
+            f"(first {source.first_not_written})"
+        )
     return source
 
 

@@ -352,7 +352,7 @@ def test_huge_result_renders_fast_and_bounded() -> None:
 
 def test_write_html_is_atomic_and_leaves_nothing_else(tmp_path: Path) -> None:
     target = tmp_path / "report.html"
-    target.write_text("old")
+    target.write_text("<!DOCTYPE html>\nan older report")  # only an earlier report is replaced
     returned = write_html(realistic_result(), target)
     assert returned == target
     assert target.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")

@@ -31,10 +31,10 @@ from .errors import (
     BAD_CONDITION,
     BAD_EXPRESSION,
     BAD_HITS,
-    BAD_INPUT,
     BAD_LOG,
     BAD_MAP,
     BAD_SESSION_NAME,
+    BAD_SHARDS,
     BAD_WEIGHTS_INPUT,
     CONFIRM,
     CORRUPT_CAPTURE,
@@ -46,7 +46,6 @@ from .errors import (
     FILE_NOT_FOUND,
     NO_CODE_AT_LINE,
     NO_SUCH_BREAKPOINT,
-    NO_SUCH_CAPTURE,
     NO_SUCH_FRAME,
     NO_SUCH_FUNCTION,
     NO_SUCH_RUN,
@@ -899,7 +898,10 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         store=True,
         cli=False,  # the CLI streams it in-process with a progress bar (cli/compare_cmd.py)
-        errors=(BAD_INPUT, NO_SUCH_CAPTURE),
+        # the codes of bad input an agent branches on (bad_input and no_such_capture were
+        # never raised; not_tensors and nothing_paired are said in the README, the MCP
+        # tool list stays agent-sized)
+        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, CORRUPT_CAPTURE, UNREADABLE, BAD_MAP, BAD_SHARDS),
         description="Names the first divergence: the module whose inputs agree and whose "
         "outputs differ. Failing entries first; passing ones only with passing=true.",
     ),
@@ -949,7 +951,14 @@ VERBS: tuple[Verb, ...] = (
         ),
         scope="global",
         store=True,
-        errors=(BAD_COMPARE_INPUT, BAD_WEIGHTS_INPUT, BAD_MAP, UNKNOWN_SOURCE),
+        errors=(
+            BAD_COMPARE_INPUT,
+            BAD_WEIGHTS_INPUT,
+            BAD_MAP,
+            UNKNOWN_SOURCE,
+            CORRUPT_FILE,
+            UNREADABLE,
+        ),
         description="Each parameter: ok, dtype, quantized (within what its quantization "
         "explains), never_loaded, layout, shape, values, missing, extra or renamed (with "
         "proposed_map).",

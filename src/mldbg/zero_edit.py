@@ -50,6 +50,8 @@ if TYPE_CHECKING:  # the capture and replay types (loaded only when a model is c
 
 ENV = "MLDBG_CAPTURE"
 MAX_MODELS = 64  # models (captures) one process may open; more are run uncaptured
+# The longest NAME: room left in a capture name's 100 characters for ".64" and "@rank99999".
+MAX_NAME = 100 - len(f".{MAX_MODELS}") - len("@rank99999")
 _MARK = "_mldbg_zero_edit"
 _RECORDING = "_mldbg_capture_layer"  # mlx_wrappers' recording classes: never wrapped
 
@@ -80,6 +82,12 @@ class Spec:
         if unknown:
             raise ValueError(f"unknown capture setting(s): {', '.join(sorted(unknown))}")
         name = check_capture_name(data.get("name"))  # type: ignore[arg-type]
+        if len(name) > MAX_NAME:  # NAME.64@rank12345 must still be a capture name
+            raise ValueError(
+                f"capture name {name[:40]!r}… has {len(name)} characters: at most {MAX_NAME}, "
+                f"since later models are NAME.2 … NAME.{MAX_MODELS} and torchrun ranks add "
+                "@rankN"
+            )
         models = data.get("models")
         if models is not None and (
             not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)

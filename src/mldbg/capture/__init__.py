@@ -18,7 +18,7 @@ from typing import Any
 from ..store.current_run import current_run
 from .budget import Policy, parse_size
 from .recorder import Recorder
-from .store import CaptureDir, check_capture_name, module_label
+from .store import MAX_NAME, CaptureDir, check_capture_name, module_label
 
 __all__ = ["Capture", "capture"]
 
@@ -52,6 +52,11 @@ def _is_pipeline(model: object) -> bool:
 def _patterns(value: str | Iterable[str] | None, option: str) -> list[str] | None:
     if value is None:
         return None
+    if not isinstance(value, Iterable) or isinstance(value, bytes | Mapping):
+        raise TypeError(
+            f"{option} takes a glob pattern on module paths or a list of them, e.g. "
+            f"'model.layers.*', not {type(value).__name__}"
+        )
     patterns = [value] if isinstance(value, str) else list(value)
     if not all(isinstance(p, str) and p for p in patterns):
         raise TypeError(f"{option} takes glob patterns on module paths, e.g. 'model.layers.*'")
@@ -93,7 +98,14 @@ class Capture:
         self.model = model
         self.rank = _rank()
         if self.rank is not None and "@rank" not in name:
-            name = f"{name}@rank{self.rank[0]}"  # one capture per torchrun rank, told apart
+            check_capture_name(name)  # the name given, before the suffix takes room
+            suffix = f"@rank{self.rank[0]}"
+            if len(name) + len(suffix) > MAX_NAME:
+                raise ValueError(
+                    f"capture name {name[:40]!r}… is too long for its rank suffix {suffix!r}: "
+                    f"at most {MAX_NAME - len(suffix)} characters under torchrun"
+                )
+            name = name + suffix  # one capture per torchrun rank, told apart
         self.name = check_capture_name(name)
         self.requested_name = self.name
         self.framework = _framework(model)
@@ -404,12 +416,17 @@ class NoSuchModule(ValueError):
 
 def _within(backend: Any, target: Any, within: str) -> list[str]:
     """Include patterns for "module ``within`` and everything inside it", checked."""
+    if not isinstance(within, str):
+        raise TypeError(
+            f"within takes a module path, e.g. 'model.layers.7', not {type(within).__name__}"
+        )
     label = module_label(within)
     paths = [module_label(path) for path, _ in backend.named_modules(target)]
     if label not in paths:
         close = [p for p in paths if label.rsplit(".", 1)[-1] in p][:10] or paths[:10]
+        shown = repr(within) if len(within) <= 200 else repr(within[:200]) + "…"
         raise NoSuchModule(
-            f"within={within!r}: the model has no module of that path (some it has: "
+            f"within={shown}: the model has no module of that path (some it has: "
             + ", ".join(close)
             + ")"
         )

@@ -18,34 +18,45 @@ counted: only tensor files are.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 MODES = ("full", "summary")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+# ASCII digits only (``\d`` would take "١٠MB"); the whole text (``fullmatch``).
+_SIZE = re.compile(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([kmgt]?i?b?)?\s*", re.IGNORECASE)
+MAX_BUDGET = 2**63 - 1  # 8 EiB: the largest file size; a larger budget is a typo, not a limit
+_SIZE_SHOWN = 40  # characters of a refused size quoted in its error
 
 
 def parse_size(value: int | float | str | None) -> int | None:
-    """Bytes from ``1000000``, ``"500MB"``, ``"1GB"``, ``"2GiB"`` (None stays None)."""
+    """Bytes from ``1000000``, ``"500MB"``, ``"1GB"``, ``"2GiB"`` (None stays None);
+    ``ValueError`` for anything else: negative, not finite, past ``MAX_BUDGET``."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise ValueError(f"bad byte size {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"bad byte size {str(value)[:_SIZE_SHOWN]!r}: a number or a text")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"a byte budget cannot be negative ({value})")
-        return int(value)
-    match = _SIZE.match(str(value))
-    if not match:
-        raise ValueError(
-            f"bad byte size {value!r}: write e.g. 500MB, 1GB, 2GiB or a number of bytes"
-        )
-    number, unit = float(match[1]), (match[2] or "").lower()
-    base = 1024 if "i" in unit else 1000
-    power = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[:1] if unit[:1] in "kmgt" else ""]
-    return int(number * base**power)
+        number, text = float(value), repr(value)
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"a byte budget is 0 or more bytes, not {value!r}")
+        size = int(value)
+    else:
+        match = _SIZE.fullmatch(value)
+        if not match:
+            raise ValueError(
+                f"bad byte size {value[:_SIZE_SHOWN]!r}: write e.g. 500MB, 1GB, 2GiB or a "
+                "number of bytes"
+            )
+        number, unit, text = float(match[1]), (match[2] or "").lower(), value.strip()
+        base = 1024 if "i" in unit else 1000
+        power = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}[unit[:1] if unit[:1] in "kmgt" else ""]
+        size = int(number * base**power)
+    if size > MAX_BUDGET:
+        raise ValueError(f"a byte budget of {text[:_SIZE_SHOWN]} is past the limit of 8 EiB")
+    return size
 
 
 def size_text(nbytes: int) -> str:
@@ -79,9 +90,12 @@ class Policy:
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
-        if self.depth is not None and (not isinstance(self.depth, int) or self.depth < 0):
+        if self.depth is not None and (
+            not isinstance(self.depth, int) or isinstance(self.depth, bool) or self.depth < 0
+        ):
             raise ValueError(
-                f"depth takes a whole number, 0 or more (0: the model alone), not {self.depth!r}"
+                "depth takes a whole number, 0 or more (0: the model alone), not "
+                f"{str(self.depth)[:40]!r}"
             )
         self.budget = parse_size(self.budget)
 

@@ -28,10 +28,10 @@ def container(models: Mapping[str, Any], framework_of: Any) -> Any:
     if len(models) > MAX_MODELS:
         raise TypeError(f"mldbg.capture takes at most {MAX_MODELS} models, got {len(models)}")
     for name in models:
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):  # "$" takes a final "\n"
             raise TypeError(
                 f"model names are identifiers of at most 64 characters (letters, digits, _), "
-                f"not {name!r}: they start every module path of the capture"
+                f"not {str(name)[:80]!r}: they start every module path of the capture"
             )
     frameworks = {framework_of(model) for model in models.values()}
     if len(frameworks) > 1:

@@ -6,12 +6,13 @@ needs no framework, which lets the daemon and the CLI list and stream captures.
 
 from __future__ import annotations
 
-import json
+import os
 import struct
 from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptTensorFile
+from ..store import reading
 from .records import TensorInfo
 
 MAX_HEADER = 100_000_000
@@ -44,8 +45,8 @@ DTYPE_BITS = {
 def read_header(path: Path) -> tuple[dict[str, Any], int]:
     """The header dict and the offset where the data starts."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
+        with reading.open_regular(path) as fh:  # a FIFO would block, /dev/zero never end
+            size = os.fstat(fh.fileno()).st_size
             raw = fh.read(8)
             if len(raw) != 8:
                 raise CorruptTensorFile(f"{path} is not a safetensors file (only {len(raw)} bytes)")
@@ -54,8 +55,10 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
                 raise CorruptTensorFile(
                     f"{path} is not a safetensors file (header length {length}, file {size} bytes)"
                 )
-            header = json.loads(fh.read(length))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            header = reading.loads(fh.read(length))
+    except CorruptTensorFile:
+        raise
+    except ValueError as exc:  # not UTF-8, not JSON, nested too deep
         raise CorruptTensorFile(f"{path} has a corrupt safetensors header: {exc}") from None
     if not isinstance(header, dict):
         raise CorruptTensorFile(f"{path} has a corrupt safetensors header (not an object)")
@@ -64,10 +67,22 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
         if key == "__metadata__":
             continue
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and offsets[1] <= data_size):
-            raise CorruptTensorFile(f"{path}: tensor {key!r} lies past the end of the file")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in offsets)
+        ):
+            raise CorruptTensorFile(f"{path}: tensor {_shown(key)} has corrupt data offsets")
+        if offsets[1] > data_size:
+            raise CorruptTensorFile(f"{path}: tensor {_shown(key)} lies past the end of the file")
         _check_entry(path, key, entry)
     return header, 8 + length
+
+
+def _shown(key: str) -> str:
+    """A tensor's name as an error message quotes it: a hostile header's name can be
+    megabytes long, and the message must stay bounded."""
+    return repr(key) if len(key) <= 200 else repr(key[:200]) + f"…({len(key)} characters)"
 
 
 def _check_entry(path: Path, key: str, entry: dict[str, Any]) -> None:
@@ -76,7 +91,9 @@ def _check_entry(path: Path, key: str, entry: dict[str, Any]) -> None:
     made ``compare`` report "shapes differ" (a divergence) for what is a corrupt file."""
     dtype, shape, (begin, end) = entry.get("dtype"), entry.get("shape"), entry["data_offsets"]
     if dtype not in DTYPE_BITS:
-        raise CorruptTensorFile(f"{path}: tensor {key!r} has an unknown dtype {str(dtype)[:40]!r}")
+        raise CorruptTensorFile(
+            f"{path}: tensor {_shown(key)} has an unknown dtype {str(dtype)[:40]!r}"
+        )
     if not (
         isinstance(shape, list)
         and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
@@ -84,14 +101,14 @@ def _check_entry(path: Path, key: str, entry: dict[str, Any]) -> None:
         and isinstance(end, int)
         and 0 <= begin <= end
     ):
-        raise CorruptTensorFile(f"{path}: tensor {key!r} has a corrupt shape or offsets")
+        raise CorruptTensorFile(f"{path}: tensor {_shown(key)} has a corrupt shape or offsets")
     count = 1
     for n in shape:
         count *= n
     if (count * DTYPE_BITS[dtype] + 7) // 8 != end - begin:
         raise CorruptTensorFile(
-            f"{path}: tensor {key!r} has {end - begin} bytes, not the "
-            f"{(count * DTYPE_BITS[dtype] + 7) // 8} its shape {shape} of {dtype} takes"
+            f"{path}: tensor {_shown(key)} has {end - begin} bytes, not the "
+            f"{(count * DTYPE_BITS[dtype] + 7) // 8} its shape {str(shape)[:200]} of {dtype} takes"
         )
 
 

@@ -30,13 +30,19 @@ CAPTURES = "captures"
 CAPTURE_JSON = "capture.json"
 INDEX = "index.jsonl"
 ROOT = "<root>"
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@-]{0,99}$")
+MAX_NAME = 100  # characters of a capture's name
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@-]{0,99}")
 
 
 def check_capture_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+    """``name`` if it is a capture's name.  ``fullmatch``: with ``match``, ``$`` also
+    matches before a final newline, and ``"ref\n"`` became a directory."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        shown = (
+            repr(name) if not isinstance(name, str) or len(name) <= 120 else repr(name[:120]) + "…"
+        )
         raise ValueError(
-            f"bad capture name {name!r}: use letters, digits and _ . + = @ - "
+            f"bad capture name {shown}: use letters, digits and _ . + = @ - "
             "(no '/', no '..', not starting with '.'), at most 100 characters"
         )
     return name

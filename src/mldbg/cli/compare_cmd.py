@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import verbs
 from ..compare import CompareInputError, compare
-from ..errors import BAD_SHARDS, MldbgError
+from ..errors import BAD_ARGUMENT, BAD_SHARDS, MldbgError
 from ..text import compare as compare_render
 from ..text import render
 from ..verbs import Arg
@@ -89,7 +89,9 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
     except (CompareInputError, MldbgError) as exc:
         proposal = getattr(exc, "extra", {}).get("proposed_map") if args.propose_map else None
         if proposal:
-            _write_map(args.propose_map, proposal)
+            refused = _write_map(args.propose_map, proposal)
+            if refused is not None:
+                return _bad_input(refused, as_json)
         return _bad_input(exc, as_json)
     except OSError as exc:
         return _bad_input(
@@ -97,7 +99,9 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
         )
     proposal = comparison.result.get("proposed_map")
     if args.propose_map and proposal:
-        _write_map(args.propose_map, proposal)
+        refused = _write_map(args.propose_map, proposal)
+        if refused is not None:
+            return _bad_input(refused, as_json)
     if as_json:
         print(json.dumps(comparison.result, indent=2, allow_nan=False))
     else:
@@ -107,10 +111,17 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
     return EXIT_OK if comparison.ok else EXIT_DIVERGED
 
 
-def _write_map(path: str, proposal: Mapping[str, object]) -> None:
-    from pathlib import Path
+def _write_map(path: str, proposal: Mapping[str, object]) -> CompareInputError | None:
+    """The proposed map as a JSON file: it replaces only a JSON object file (an earlier
+    map), never a FIFO (the write blocked forever), a device or another file; the error
+    (bad input) when it could not be written."""
+    from ..store.output_files import replace_output
 
-    Path(path).write_text(json.dumps(proposal, indent=2) + "\n", encoding="utf-8")
+    try:
+        replace_output(path, json.dumps(proposal, indent=2) + "\n", b"{")
+    except OSError as exc:
+        return CompareInputError(f"--propose-map {path}: {exc.strerror or exc}", code=BAD_ARGUMENT)
+    return None
 
 
 def _bad_input(exc: MldbgError, as_json: bool) -> int:

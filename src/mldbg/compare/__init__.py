@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import BAD_TOLERANCE
+from ..errors import BAD_ARGUMENT, BAD_TOLERANCE
 from .records import Boundary, Culprit, EntryResult
 from .replay import ReplayResult, replay  # standard library only at import
 from .sources import CompareInputError
@@ -127,6 +127,14 @@ def compare(
     from .layout import check_layout
 
     check_layout(layout)
+    if html is not None:  # a report path that cannot be written: said before comparing
+        from ..store.output_files import check_output
+        from .report_html import DOCTYPE
+
+        try:
+            check_output(html, DOCTYPE.encode())
+        except OSError as exc:
+            raise _html_refused(html, exc) from None
     if shards is not None:  # bad rules are bad input, whatever the captures
         from .gather import check_shards
 
@@ -158,5 +166,14 @@ def compare(
         result["calls_aligned"] = aligned
     comparison = Comparison(result)
     if html is not None:
-        comparison.write_html(html)
+        try:
+            comparison.write_html(html)
+        except OSError as exc:
+            raise _html_refused(html, exc) from None
     return comparison
+
+
+def _html_refused(html: str | os.PathLike[str], exc: OSError) -> CompareInputError:
+    return CompareInputError(
+        f"html {os.fspath(html)[:500]}: {exc.strerror or exc}", code=BAD_ARGUMENT
+    )

@@ -69,14 +69,19 @@ def dtype_name(dtype: npt.DTypeLike) -> str:
     return str(dtype)
 
 
-def map_safetensors(path: Path, key: str) -> npt.NDArray[np.generic]:
-    """The tensor ``key`` of a safetensors file, memory-mapped read-only."""
+def map_safetensors(
+    path: Path, key: str, expect: TensorHeader | None = None
+) -> npt.NDArray[np.generic]:
+    """The tensor ``key`` of a safetensors file, memory-mapped read-only.  ``expect``:
+    the shape and dtype an index says the file holds; a file that holds another is
+    corrupt (compared as it stands, it would be a divergence, or a crash)."""
     import numpy as np
 
     header, start = read_header(path)
     entry = header.get(key)
     if not isinstance(entry, dict):
-        raise CorruptTensorFile(f"{path} holds no tensor {key!r}")
+        raise CorruptTensorFile(f"{path} holds no tensor {key[:200]!r}")
+    check_expected(path, key, entry, expect)
     dtype = numpy_dtype(entry["dtype"])
     shape = tuple(int(n) for n in entry["shape"])
     begin, end = (int(n) for n in entry["data_offsets"])
@@ -90,6 +95,30 @@ def map_safetensors(path: Path, key: str) -> npt.NDArray[np.generic]:
     if count == 0:
         return np.empty(shape, dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=shape)
+
+
+def check_expected(
+    path: Path, key: str, entry: dict[str, Any], expect: TensorHeader | None
+) -> None:
+    """:class:`CorruptTensorFile` when the file's header says another shape or dtype
+    than ``expect`` (what the capture's index says of it)."""
+    if expect is None:
+        return
+    found = (list(entry.get("shape", [])), entry.get("dtype"))
+    if found != (list(expect["shape"]), expect["dtype"]):
+        raise CorruptTensorFile(
+            f"{path}: tensor {key[:200]!r} is {str(found[0])[:100]} {found[1]} in the file "
+            f"but {str(expect['shape'])[:100]} {expect['dtype'][:20]} in the capture's index"
+        )
+
+
+def header_of(path: Path, key: str) -> dict[str, Any]:
+    """What the file's header says of tensor ``key`` (corrupt when it holds none)."""
+    header, _ = read_header(path)
+    entry = header.get(key)
+    if not isinstance(entry, dict):
+        raise CorruptTensorFile(f"{path} holds no tensor {key[:200]!r}")
+    return entry
 
 
 def map_npy(path: Path) -> npt.NDArray[np.generic]:

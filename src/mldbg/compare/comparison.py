@@ -23,7 +23,7 @@ from .mapping import NameMap, split_name
 from .propose import propose_map
 from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors
 from .rules import CallKey, call_key, first_divergence
-from .sources import CompareInputError, Source
+from .sources import CompareInputError, Entry, Source
 from .upstream import upstream_of
 from .verdict import (
     NO_FLOOR,
@@ -495,6 +495,11 @@ def _nothing_paired(
 
     if not alignment.unpaired_a or not alignment.unpaired_b:
         empty = a if not alignment.unpaired_a else b
+        if empty.not_written:  # a byte budget of 0, or one the first call used up
+            return (
+                f"{empty.label} has no tensors to compare: its {empty.not_written} tensor(s) "
+                f"were recorded but not written (first {empty.first_not_written})"
+            )
         return f"{empty.label} has no tensors to compare"
     hint = (
         " (a map proposed from the module trees is in proposed_map; "
@@ -542,6 +547,8 @@ def _compare_pair(
         result["reshape"] = "unit axes"
     if (list(ea.shape) != list(eb.shape) and not unit_axes) or permutation is not None:
         if permutation is None:
+            _verify(a, ea)  # an index that lies about a file is bad input, not a divergence
+            _verify(b, eb)
             same = _count(ea.shape) == _count(eb.shape)
             return _failed(
                 result,
@@ -577,6 +584,18 @@ def _compare_pair(
     result.update(numbers)
     result["error"] = None
     return result
+
+
+def _verify(source: Source, entry: Entry) -> None:
+    """``source.verify(entry)``, its failures as compare's bad input (exit 2)."""
+    try:
+        source.verify(entry)
+    except CorruptTensorFile as exc:
+        raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
+    except OSError as exc:
+        raise CompareInputError(
+            f"cannot read {exc.filename or entry.file}: {exc.strerror}", code=UNREADABLE
+        ) from None
 
 
 def _squeezed(shape: list[int]) -> list[int]:

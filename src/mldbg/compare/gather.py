@@ -135,10 +135,7 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
                     code=BAD_SHARDS,
                 )
             parts.append((source, part))
-        shape = list(entry.shape)
-        if rule != "sum":
-            axis = int(rule) % len(shape) if shape else 0
-            shape[axis] = sum(int(p.shape[axis]) for _s, p in parts)
+        shape = _gathered_shape(entry, rule, [part for _s, part in parts])
         stats = gathered_stats(rule, parts) if entry.stats is not None else None
         gathered.splits[entry.name] = _Split(rule, parts)
         gathered.entries.append(
@@ -218,6 +215,43 @@ def gathered_stats(rule: int | str, parts: list[tuple[Source, Entry]]) -> dict[s
         "rms": norm / math.sqrt(sum(finite)) if sum(finite) else None,
         "gathered": "concatenated",
     }
+
+
+def _gathered_shape(entry: Entry, rule: int | str, parts: list[Entry]) -> list[int]:
+    """The shape the ranks' parts make together, checked before any is read: a dimension
+    the tensor has, the same shape on every other axis (or, to ``"sum"``, on all), and
+    and summaries on every rank or on none."""
+    if len({part.stats is None for part in parts}) != 1:
+        raise CompareInputError(
+            f"{entry.name} is a summary on some ranks only: capture every rank alike",
+            code=BAD_SHARDS,
+        )
+    shapes = [list(part.shape) for part in parts]
+    if rule == "sum":
+        if any(shape != shapes[0] for shape in shapes):
+            raise CompareInputError(
+                f"{entry.name}: the ranks' partial sums differ in shape "
+                f"({', '.join(str(s) for s in shapes[:4])})",
+                code=BAD_SHARDS,
+            )
+        return shapes[0]
+    dim = int(rule)
+    if not -len(shapes[0]) <= dim < len(shapes[0]):
+        raise CompareInputError(
+            f"shards: {entry.name} has {len(shapes[0])} dimension(s), no dimension {dim}",
+            code=BAD_SHARDS,
+        )
+    axis = dim % len(shapes[0])
+    rest = [[n for i, n in enumerate(shape) if i != axis] for shape in shapes]
+    if any(len(shape) != len(shapes[0]) for shape in shapes) or any(r != rest[0] for r in rest):
+        raise CompareInputError(
+            f"{entry.name}: the ranks' slices differ in shape outside dimension {dim} "
+            f"({', '.join(str(s) for s in shapes[:4])})",
+            code=BAD_SHARDS,
+        )
+    gathered = list(shapes[0])
+    gathered[axis] = sum(shape[axis] for shape in shapes)
+    return gathered
 
 
 def _rank_of(meta: dict[str, Any]) -> int:

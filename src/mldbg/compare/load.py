@@ -51,6 +51,10 @@ def captured_tensor(
             f" ({len(by_name)} in all)"
         )
     framework = to or _caller_framework(found.meta.get("framework"))
+    # The file's header first, through mldbg's own reader: a FIFO there blocked the
+    # framework's loader forever, and a file that holds another shape or dtype than the
+    # index says is corrupt (CorruptTensorFile), not the framework's own complaint.
+    found.verify(item)
     if item.file.suffix == ".safetensors" and framework == "torch":
         from safetensors import safe_open
 

@@ -16,7 +16,6 @@ either side (after renaming) from the comparison.
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BAD_MAP
+from ..store import reading
 from .sources import CompareInputError
 
 _ENTRY = re.compile(r"^(?P<module>.*)#(?P<call>\d+)\.(?P<key>(?:in|out)(?:\..*)?)$")
@@ -61,11 +61,17 @@ def load_map(path: str | os.PathLike[str] | None) -> NameMap:
         return NameMap()
     file = Path(path).expanduser()
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = reading.read_json(file)  # a FIFO or /dev/zero is refused, not read forever
     except FileNotFoundError:
         raise CompareInputError(f"map file {file} does not exist", code=BAD_MAP) from None
-    except (OSError, ValueError) as exc:
-        raise CompareInputError(f"map file {file} is not valid JSON: {exc}", code=BAD_MAP) from None
+    except OSError as exc:  # a directory, a FIFO or device, no permission
+        raise CompareInputError(
+            f"map file {file} cannot be read: {exc.strerror or exc}", code=BAD_MAP
+        ) from None
+    except ValueError as exc:
+        raise CompareInputError(
+            f"map file {file} is not valid JSON: {str(exc)[:300]}", code=BAD_MAP
+        ) from None
     return parse_map(data, str(file))
 
 

@@ -9,6 +9,8 @@ This says so in the comparison's ``narrow`` field, with the module's path on eac
 
 from __future__ import annotations
 
+import shlex
+
 from ..capture.budget import size_text
 from ..capture.store import ROOT
 from .arrays import numpy_dtype
@@ -46,8 +48,14 @@ def narrow_hint(
     limits = [n for n in (_budget_limit(a), _budget_limit(b)) if n is not None]
     limit = min(limits) if limits else None
     summary = full is not None and limit is not None and full > limit and _has_children(a, module_a)
-    where = f"--capture-within {within_a or ROOT}"
-    port = "" if within_b == within_a else f" (the port: --capture-within {within_b or ROOT})"
+    # Quoted for a shell: "<root>" unquoted is a redirection, and a module path comes from
+    # the capture's index, which may hold anything ("x; rm -rf ~").
+    where = f"--capture-within {shlex.quote(within_a or ROOT)}"
+    port = (
+        ""
+        if within_b == within_a
+        else f" (the port: --capture-within {shlex.quote(within_b or ROOT)})"
+    )
     cost = f" (about {size_text(full)})" if full is not None else ""
     suffix = _model_suffix(a)
     then = (
@@ -151,7 +159,7 @@ def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint |
 
     saved = all(s.kind == "capture" and (s.path / WEIGHTS).is_file() for s in (a, b))
     command = (
-        f"mldbg weights {a.spec} {b.spec}"
+        f"mldbg weights {shlex.quote(a.spec)} {shlex.quote(b.spec)}"
         if saved
         else "mldbg weights REF.safetensors PORT.safetensors "
         "(or capture both with --capture-weights and give the capture names)"

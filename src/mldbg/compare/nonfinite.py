@@ -20,6 +20,22 @@ if TYPE_CHECKING:
 CHUNK = 1 << 22  # elements checked at a time
 
 
+def _load(found: Source, entry: Entry) -> Any:
+    """The entry's tensor; a corrupt or unreadable file is bad input with compare's codes."""
+    from ..capture.safetensors_header import CorruptTensorFile
+    from ..errors import CORRUPT_FILE, UNREADABLE
+    from .sources import CompareInputError
+
+    try:
+        return found.load(entry)
+    except CorruptTensorFile as exc:
+        raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
+    except OSError as exc:
+        raise CompareInputError(
+            f"cannot read {exc.filename or entry.file}: {exc.strerror or exc}", code=UNREADABLE
+        ) from None
+
+
 def first_nonfinite(source: str | Path, *, home: str | Path | None = None) -> dict[str, Any]:
     """``{"source", "first": {"module", "call", "class", "entries": [{"name", "shape",
     "dtype", "nan", "inf"}], "inputs_checked"} | None, "calls_checked", "victims"}``.
@@ -85,10 +101,18 @@ def first_nonfinite(source: str | Path, *, home: str | Path | None = None) -> di
 
 
 def _counts(found: Source, entry: Entry) -> dict[str, int] | None:
-    """NaN and Inf counts of one stored tensor (None when it holds neither)."""
+    """NaN and Inf counts of one stored tensor (None when it holds neither): a summary's
+    from its statistics (its file holds a sketch, where NaN/Inf were taken as 0)."""
     import numpy as np
 
-    data = found.load(entry)
+    if entry.stats is not None:
+        nan, inf = entry.stats.get("nan"), entry.stats.get("inf")
+        counted = {
+            "nan": nan if isinstance(nan, int) and nan > 0 else 0,
+            "inf": inf if isinstance(inf, int) and inf > 0 else 0,
+        }
+        return counted if counted["nan"] or counted["inf"] else None
+    data = _load(found, entry)
     if data.dtype.kind not in "fcV" or data.size == 0:  # V: ml_dtypes' bf16 and fp8
         return None
     flat = data.reshape(-1)

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..store.output_files import replace_output
 from .metrics import layout_name
+
+DOCTYPE = "<!DOCTYPE html>"  # a report's first bytes: what may be replaced by the next
 
 __all__ = ["render_html", "write_html"]
 
@@ -46,7 +49,7 @@ def render_html(result: Mapping[str, Any]) -> str:
     """The whole report page for one comparison result (the JSON of ``compare --json``)."""
     entries = [e for e in (result.get("entries") or []) if isinstance(e, Mapping)]
     parts = [
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
+        DOCTYPE + '\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
         f"<title>{_esc(_page_title(result))}</title>\n<style>{_CSS}</style>\n</head>\n",
         '<body>\n<main class="page">\n',
@@ -70,19 +73,10 @@ def write_html(result: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
     The page goes to a temporary file in the same directory first and is then renamed over
     ``path``, so a reader (or a browser reloading the file) never sees half a report and an
     older report survives a crash.  Nothing else is created: a missing directory is an error.
+    Only an earlier report is replaced (``store.output_files``: never a device, a FIFO or
+    another file a typo named), and the page is private (0600): it holds tensor values.
     """
-    target = Path(path)
-    text = render_html(result)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return target
+    return replace_output(path, render_html(result), DOCTYPE.encode())
 
 
 # -- formatting --------------------------------------------------------------------------

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..capture.safetensors_header import CorruptTensorFile
 from ..capture.sketch import ACCURACY, estimate, paired_statistics, relative, summarize_numpy
-from ..errors import UNREADABLE
+from ..errors import CORRUPT_FILE, UNREADABLE
 from .records import EntryResult, Estimated
 from .sources import CompareInputError, Entry, Source
 
@@ -78,6 +79,8 @@ def compare_summaries(
         raise CompareInputError(
             f"cannot read {exc.filename or ea.file}: {exc.strerror}", code=UNREADABLE
         ) from None
+    except CorruptTensorFile as exc:  # bad input (exit 2), as for a full capture's files
+        raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
     except (ValueError, TypeError) as exc:
         return _failed(result, f"cannot compare the summaries: {exc}")
     exact = bool(numbers["exact"])

@@ -33,6 +33,7 @@ from ..errors import (
     CompareInputError,
     MldbgError,
 )
+from ..store import reading
 from ..store.runs import RunDir, read_jsonl, resolve_run, runs_root
 from . import arrays
 
@@ -58,6 +59,7 @@ class Entry:
     role: str | None = None
     # A summary capture's tensor: its statistics; the file holds its sketch, not the tensor.
     stats: dict[str, Any] | None = None
+    sketch: int | None = None  # the sketch's length (its file holds that many float64)
 
     @property
     def call_key(self) -> tuple[str, int] | None:
@@ -107,6 +109,10 @@ class Source:
     calls: dict[tuple[str, int], Call] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # tensors the capture recorded but did not write (its index's ``skipped``: over the
+    # byte budget, past the per-call limit): how many, and the first with its reason
+    not_written: int = 0
+    first_not_written: str | None = None
 
     def load(self, entry: Entry) -> npt.NDArray[np.generic]:
         """The entry's tensor as a read-only numpy array (memory-mapped where possible)."""
@@ -117,7 +123,24 @@ class Source:
             return arrays.map_npz(entry.file, entry.key)
         if suffix == ".pt":
             return arrays.map_pt(entry.file, entry.key)
-        return arrays.map_safetensors(entry.file, entry.key)
+        return arrays.map_safetensors(entry.file, entry.key, self._expected(entry))
+
+    def verify(self, entry: Entry) -> None:
+        """:class:`CorruptTensorFile` when the capture's file holds another shape or dtype
+        than its index says: checked before "shapes differ" is reported as a divergence."""
+        expected = self._expected(entry)
+        if expected is not None and entry.file.suffix == ".safetensors":
+            header = arrays.header_of(entry.file, entry.key)
+            arrays.check_expected(entry.file, entry.key, header, expected)
+
+    def _expected(self, entry: Entry) -> arrays.TensorHeader | None:
+        """What a capture's index says ``entry``'s file holds (a summary's file holds its
+        sketch instead: nothing to check against); None for plain files."""
+        if self.kind != "capture":
+            return None
+        if entry.stats is not None:
+            return None if entry.sketch is None else {"shape": [entry.sketch], "dtype": "F64"}
+        return {"shape": entry.shape, "dtype": entry.dtype}
 
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "kind": self.kind, "path": str(self.path), "label": self.label}
@@ -210,6 +233,12 @@ def _closest_first(spec: str, names: list[str]) -> list[str]:
 
 
 def _from_path(spec: str, path: Path) -> Source:
+    if not path.is_file() and not path.is_dir():  # a FIFO, /dev/zero, a socket: never read
+        raise CompareInputError(
+            f"{path} is not a regular file or a directory (a FIFO, a device or a socket): "
+            "compare takes tensor files, directories of them, capture names and run ids",
+            code=NOT_TENSORS,
+        )
     if path.is_file():
         if path.name in (INDEX, CAPTURE_JSON):
             return open_capture(spec, path.parent)
@@ -267,7 +296,15 @@ def find_captures_in(run_path: Path) -> list[dict[str, Any]]:
         meta.setdefault("name", directory.name)
         meta.setdefault("run_id", run_path.name)
         found.append(meta)
-    return sorted(found, key=lambda m: (m.get("created") or 0, m["path"]))
+    return sorted(found, key=_age)
+
+
+def _age(meta: dict[str, Any]) -> tuple[float, str]:
+    """The order captures are listed in: by ``created`` (a damaged capture.json's
+    ``created`` of another type sorts first instead of breaking every listing), then path."""
+    created = meta.get("created")
+    number = created if isinstance(created, int | float) and not isinstance(created, bool) else 0
+    return (float(number) if math.isfinite(number) else 0.0, str(meta["path"]))
 
 
 def find_captures(home: Path) -> list[dict[str, Any]]:
@@ -279,19 +316,18 @@ def find_captures(home: Path) -> list[dict[str, Any]]:
     for run_path in root.iterdir():
         if run_path.is_dir() and not run_path.name.startswith("."):
             found.extend(find_captures_in(run_path))
-    return sorted(found, key=lambda m: (m.get("created") or 0, m["path"]))
+    return sorted(found, key=_age)
 
 
 def _read_meta(directory: Path) -> dict[str, Any] | None:
     if not directory.is_dir() or directory.name.startswith("."):
         return None
     try:
-        with open(directory / CAPTURE_JSON, encoding="utf-8") as fh:
-            meta = json.load(fh)
-        return meta if isinstance(meta, dict) else {}
+        meta = reading.read_json(directory / CAPTURE_JSON)
+        return meta if isinstance(meta, dict) else {"state": "unreadable capture.json"}
     except FileNotFoundError:
         return {} if (directory / INDEX).exists() else None
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # a FIFO, /dev/zero, not JSON: listed, never read whole
         return {"state": "unreadable capture.json"}
 
 
@@ -304,8 +340,19 @@ def open_capture(spec: str, directory: Path) -> Source:
     name = meta.get("name") or directory.name
     run_id = meta.get("run_id") or directory.parent.parent.name
     source = Source(spec, "capture", directory, f"{name} (run {run_id})", meta=meta)
+    if bad and not records:
+        raise CompareInputError(
+            f"{index} is corrupt: none of its {bad} line(s) is a record (JSON objects, one "
+            "per line, each at most 32 MiB)",
+            code=CORRUPT_CAPTURE,
+        )
     if bad:
         source.warnings.append(f"{index}: {bad} unreadable line(s) skipped (a run cut short?)")
+    if meta.get("state") == "unreadable capture.json":
+        source.warnings.append(
+            f"{directory / CAPTURE_JSON} is unreadable (not a JSON object, or not a regular "
+            "file of at most 64 MiB): comparing the index without the capture's settings"
+        )
     if meta.get("state") == "capturing":
         source.warnings.append(
             f"capture {name!r} never finished (its process ended inside the capture): "
@@ -313,31 +360,59 @@ def open_capture(spec: str, directory: Path) -> Source:
         )
     by_seq: dict[int, Call] = {}
     for position, record in enumerate(records):
+        skipped = record.get("skipped")
+        if isinstance(skipped, dict) and skipped:
+            source.not_written += len(skipped)
+            if source.first_not_written is None:
+                entry, why = next(iter(skipped.items()))
+                source.first_not_written = f"{str(entry)[:200]}: {str(why)[:200]}"
         try:
             _add_record(source, directory, record, by_seq, position)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
             raise CompareInputError(
-                f"{index} has a corrupt record ({exc}): {json.dumps(record)[:200]}",
+                f"{index} has a corrupt record ({str(exc)[:300]}): {json.dumps(record)[:200]}",
                 code=CORRUPT_CAPTURE,
             ) from None
+    if source.not_written:
+        source.warnings.append(
+            f"capture {name!r}: {source.not_written} tensor(s) recorded but not written "
+            f"(first {source.first_not_written})"
+        )
     return source
 
 
 _SITE_CHARS = 1000  # a call site is a path and a line number; a longer one is cut
+_TEXT_CHARS = 4096  # an entry name, module path or class name (verbs.TEXT_LIMIT); longer: corrupt
+_ERROR_CHARS = 2000  # a call's error message as the index keeps it; a longer one is cut
+
+
+def _text(value: object, what: str) -> str:
+    text = str(value)
+    if len(text) > _TEXT_CHARS:
+        raise ValueError(f"a {what} of {len(text)} characters (at most {_TEXT_CHARS})")
+    return text
+
+
+def _count(value: object, what: str) -> int:
+    """A whole number of the index (a sequence number, a size): an int, 0 or more."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what} {str(value)[:40]!r} is not a whole number")
+    return value
 
 
 def _add_record(
     source: Source, directory: Path, record: dict[str, Any], by_seq: dict[int, Call], position: int
 ) -> None:
-    seq = int(record["seq"])
+    seq = _count(record["seq"], "seq")
     if record.get("event") == "call":
+        parent = record.get("parent")
         call = Call(
-            module=module_label(str(record["module"])),
-            call=int(record["call"]),
+            module=module_label(_text(record["module"], "module path")),
+            call=_count(record["call"], "call"),
             seq=seq,
-            class_name=str(record.get("class", "")),
-            parent=record.get("parent"),
-            depth=int(record.get("depth", 0)),
+            class_name=_text(record.get("class", ""), "class name"),
+            parent=None if parent is None else _count(parent, "parent"),
+            depth=_count(record.get("depth", 0), "depth"),
             start_order=position,
             quant=record.get("quant") if isinstance(record.get("quant"), dict) else None,
             site=str(record["site"])[:_SITE_CHARS] if record.get("site") else None,
@@ -349,8 +424,9 @@ def _add_record(
         known = by_seq.get(seq)
         if known is None:
             return
-        known.end = int(record.get("end", 0))
-        known.error = record.get("error")
+        known.end = _count(record.get("end", 0), "end")
+        error = record.get("error")
+        known.error = None if error is None else str(error)[:_ERROR_CHARS]
         known.end_order = position
         sensitivity = record.get("sensitivity")
         if isinstance(sensitivity, int | float) and math.isfinite(sensitivity):
@@ -364,11 +440,19 @@ def _add_record(
         call = known
         role = "out"
     file = record.get("file")
-    for name, info in (record.get("tensors") or {}).items():
+    tensors = record.get("tensors") or {}
+    if tensors and not _plain_file_name(file):
+        raise ValueError(f"file {str(file)[:200]!r} is not a file of the capture's own directory")
+    for name, info in tensors.items():
+        if not isinstance(info["shape"], list):
+            raise ValueError(f"the shape of {name[:200]!r} is not a list")
+        stats = _stats(info.get("stats"))
+        if stats is not None and "numel" in stats and stats["numel"] != math.prod(info["shape"]):
+            raise ValueError(f"the statistics of {name[:200]!r} count another number of elements")
         source.entries.append(
             Entry(
-                name=name,
-                shape=[int(n) for n in info["shape"]],
+                name=_text(name, "tensor name"),
+                shape=[_count(n, "a size") for n in info["shape"]],
                 dtype=str(info["dtype"]),
                 file=directory / str(file),
                 key=str(info["key"]),
@@ -376,9 +460,50 @@ def _add_record(
                 module=call.module,
                 call=call.call,
                 role=role,
-                stats=info["stats"] if isinstance(info.get("stats"), dict) else None,
+                stats=stats,
+                sketch=None if info.get("sketch") is None else _count(info["sketch"], "sketch"),
             )
         )
+
+
+_STAT_COUNTS = ("numel", "nan", "inf")
+_STAT_VALUES = ("min", "max", "mean", "rms", "norm")
+
+
+def _stats(stats: object) -> dict[str, Any] | None:
+    """A summary's statistics (``capture/sketch.py``), checked: counts are whole numbers,
+    the rest finite numbers (or null), ``rms`` and ``norm`` not negative.  A wrong one
+    made compare report nonsense as agreement, or print a non-JSON ``inf`` and crash."""
+    if stats is None:
+        return None
+    if not isinstance(stats, dict):
+        raise ValueError("stats is not an object")
+    for key in _STAT_COUNTS:
+        if key in stats:
+            _count(stats[key], f"stats.{key}")
+    for key in _STAT_VALUES:
+        value = stats.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError(f"stats.{key} {str(value)[:40]!r} is not a number")
+        if not math.isfinite(value) or (key in ("rms", "norm") and value < 0):
+            raise ValueError(f"stats.{key} is {value}")
+    return stats
+
+
+def _plain_file_name(file: object) -> bool:
+    """Whether an index line's ``file`` names a file beside it, as the writer does
+    (``000012.out.safetensors``): a path (``../../x``, ``/dev/zero``) would make compare
+    read what the capture does not hold."""
+    return (
+        isinstance(file, str)
+        and 0 < len(file) <= 255
+        and "/" not in file
+        and "\\" not in file
+        and "\0" not in file
+        and file not in (".", "..")
+    )
 
 
 # -- plain tensors ---------------------------------------------------------------------------

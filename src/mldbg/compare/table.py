@@ -14,7 +14,7 @@ MLX call's time can include evaluating a lazy input handed to it.
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from typing_extensions import TypedDict
 
 from .. import budget
 from ..errors import BAD_ARGUMENT
+from ..store.runs import iter_jsonl
 
 if TYPE_CHECKING:
     from .sources import Source
@@ -149,17 +150,12 @@ def _calls(source: Source) -> dict[str, Any]:
 def _seconds(index: Path) -> dict[int, float]:
     found: dict[int, float] = {}
     try:
-        fh = open(index, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
+        for record in iter_jsonl(index):  # bounded lines; a FIFO is refused, not waited on
+            seq, seconds = (record or {}).get("seq"), (record or {}).get("seconds")
+            if isinstance(seq, int) and isinstance(seconds, int | float) and math.isfinite(seconds):
+                found[seq] = float(seconds)
     except OSError:
         return found
-    with fh:
-        for line in fh:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("seconds"), int | float):
-                found[int(record.get("seq", -1))] = float(record["seconds"])
     return found
 
 

@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ..errors import BAD_WEIGHTS_INPUT
+from ..capture.safetensors_header import CorruptTensorFile
+from ..errors import BAD_WEIGHTS_INPUT, CORRUPT_FILE, UNREADABLE
 from .mapping import NameMap, load_map, parse_map
 from .quantized import (
     Packed,
@@ -370,7 +371,16 @@ def _from_dict(values: dict[str, Any], label: str, framework: str | None) -> Par
 
 
 def _read_entry(source: Source, entry: Entry) -> Values:
-    return to_float64(source.load(entry))
+    """One stored parameter; a file that turns out corrupt or unreadable is bad input
+    with compare's codes (``corrupt_file``, ``unreadable``)."""
+    try:
+        return to_float64(source.load(entry))
+    except CorruptTensorFile as exc:
+        raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
+    except OSError as exc:
+        raise CompareInputError(
+            f"cannot read {exc.filename or entry.file}: {exc.strerror or exc}", code=UNREADABLE
+        ) from None
 
 
 def to_float64(value: Any) -> Values:

@@ -21,9 +21,9 @@ from typing import Any, TypedDict, cast
 
 from .. import results as R
 from ..agent import protocol as P
-from ..errors import BAD_ARGUMENT, CONFIRM, NO_SUCH_TENSOR, MldbgError
+from ..errors import BAD_ARGUMENT, CONFIRM, NO_SUCH_TENSOR, TOO_LONG, MldbgError
 from ..store.runs import clean_runs, mldbg_home
-from ..verbs import BY_NAME, VERBS, Verb, fix
+from ..verbs import BY_NAME, ENV_LIMIT, VERBS, Verb, fix
 from . import store_queries
 from .manager import SessionManager
 from .sessions import Session, StartRequest
@@ -207,7 +207,18 @@ def _capture_settings(capture: str | None, options: CaptureOptions) -> tuple[str
         spec = Spec.parse({"name": capture, **{k: v for k, v in options.items() if v is not None}})
     except ValueError as exc:
         raise MldbgError(str(exc), code=BAD_ARGUMENT, argument="capture") from None
-    return ENV, spec.to_env()
+    value = spec.to_env()
+    size = len(f"{ENV}={value}".encode())
+    if size > ENV_LIMIT:  # execve would refuse it: "Argument list too long"
+        raise MldbgError(
+            f"the capture settings take {size} bytes as ${ENV}, more than an "
+            f"environment variable holds ({ENV_LIMIT}): fewer or shorter capture_ops / "
+            "capture_models patterns",
+            code=TOO_LONG,
+            argument="capture",
+            limit=ENV_LIMIT,
+        )
+    return ENV, value
 
 
 @handles("status")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import AMBIGUOUS_RUN, NO_RUNS, UNKNOWN_RUN
+from . import reading
 
 if TYPE_CHECKING:  # the agent imports this module: standard library only at run time
     # named imports: ``from .. import results`` here makes mypy misread mldbg/__init__'s
@@ -210,8 +211,7 @@ class RunDir:
     def read_meta(self) -> RunMeta:
         """run.json as the processes of the run wrote it ({} when absent or unreadable)."""
         try:
-            with open(self.file(RUN_JSON), encoding="utf-8") as fh:
-                data = json.load(fh)
+            data = reading.read_json(self.file(RUN_JSON))
         except (OSError, ValueError):
             return {}
         return cast("RunMeta", data) if isinstance(data, dict) else {}
@@ -352,7 +352,7 @@ def describe_run(run: RunDir) -> RunRecord:
 
 def count_lines(path: Path) -> int:
     try:
-        with open(path, "rb") as fh:
+        with reading.open_regular(path) as fh:  # a FIFO or /dev/zero would never end
             return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
     except OSError:
         return 0
@@ -405,21 +405,19 @@ def resolve_run(home: Path, spec: str | None) -> RunDir:
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any] | None]:
     """Each record of a JSON-lines file, one line at a time (a run's 100k checkpoint
     records never sit in memory at once), or None for a line that cannot be read (a kill
-    can cut the last one short); nothing for a file that is not there."""
-    try:
-        fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    with fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                yield None
-                continue
-            yield record if isinstance(record, dict) else None
+    can cut the last one short; a line past ``reading.MAX_LINE_BYTES`` or nested too deep
+    to parse); nothing for a file that is not there.  A FIFO or device in its place is
+    ``reading.NotARegularFile`` (an ``OSError``), never a read that blocks or never ends."""
+    for line in reading.lines(path):
+        if line is None:
+            yield None
+            continue
+        try:
+            record = reading.loads(line.decode("utf-8", errors="replace"))
+        except ValueError:
+            yield None
+            continue
+        yield record if isinstance(record, dict) else None
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:

@@ -364,11 +364,16 @@ def test_a_shard_dimension_the_tensor_lacks_is_bad_shards(
     assert code == 2 and answer["code"] == "bad_shards"
 
 
-def test_summary_ranks_cannot_be_gathered(ranks: Path, home: Path) -> None:
-    """A summary file holds a sketch: concatenating two ranks' sketches is no tensor's."""
-    with pytest.raises(CompareInputError, match="sketches cannot be gathered") as refused:
-        mldbg.compare("ref", "sum@rank*", shards={"fc1#*.out*": -1}, home=home)
-    assert refused.value.code == "bad_shards"
+def test_summary_ranks_gather_by_their_statistics_never_their_sketches(
+    ranks: Path, home: Path
+) -> None:
+    """A summary file holds a sketch, and two ranks' sketches joined are no tensor's: the
+    gathered entry carries the statistics the slices make together, and compare reads
+    those (a lower bound), not the files."""
+    result = mldbg.compare("ref", "sum@rank*", shards={"fc1#*.out*": -1}, home=home)
+    (gathered,) = [e for e in result.entries if e["name"] == "fc1#0.out"]
+    assert gathered["shape_b"][-1] == 2 * gathered["shape_a"][-1]  # both ranks' slices
+    assert "gathered" not in (gathered.get("error") or "")
 
 
 def test_ranks_whose_slices_disagree_in_shape_are_bad_shards(

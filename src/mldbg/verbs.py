@@ -224,8 +224,7 @@ CAPTURE_ARGS = (
     Arg(
         "capture",
         str,
-        "capture the script's models without editing it (the outermost modules it calls) "
-        "as NAME, NAME.2, ...",
+        "capture the script's models (the outermost modules it calls) as NAME, NAME.2, ...",
     ),
     Arg(
         "capture_models",
@@ -249,8 +248,7 @@ CAPTURE_ARGS = (
     Arg(
         "capture_budget",
         str,
-        "most bytes the capture's tensor files may take (500MB, 1GB): the rest is skipped "
-        "and reported",
+        "most bytes the tensor files may take (500MB, 1GB); the rest is skipped, reported",
     ),
     Arg(
         "capture_within",
@@ -279,8 +277,8 @@ CAPTURE_ARGS = (
     Arg(
         "capture_replay",
         str,
-        "replay each model on this reference capture instead (its modules fed the "
-        "reference's inputs), as capture NAME: compare's replay",
+        "replay each model on this reference capture instead (its modules fed its "
+        "inputs), as capture NAME",
     ),
 )
 
@@ -340,8 +338,8 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "wait",
                 float,
-                "seconds to wait for the first stop (entry, else the first breakpoint or the "
-                "end); default 30 at entry, else 0; at most 30",
+                "seconds to wait for the first stop (entry, breakpoint or end); default 30 "
+                "at entry, else 0; at most 30",
                 minimum=0,
                 cli=False,
             ),
@@ -914,8 +912,8 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "reference",
                 str,
-                "the reference's parameters: a capture that saved its weights (name or "
-                "directory), a .safetensors/.npz/.pt file or a directory of them",
+                "the reference's parameters: a capture with its weights, a "
+                ".safetensors/.npz/.pt file or a directory of them",
                 REQUIRED,
                 positional=True,
             ),
@@ -941,9 +939,8 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "quantization",
                 str,
-                "how the port's packed weights are quantized, where neither a config.json nor "
-                "their shapes say: a mode (mxfp4, mxfp8, nvfp4) or bits=4,group_size=64"
-                "[,mode=affine]",
+                "the port's quantization if no config.json or shape says: mxfp4, mxfp8, "
+                "nvfp4 or bits=4,group_size=64[,mode=affine]",
             ),
             Arg("limit", int, "at most this many problems listed (failures first)", 50, minimum=0),
             HOME,
@@ -959,9 +956,8 @@ VERBS: tuple[Verb, ...] = (
             CORRUPT_FILE,
             UNREADABLE,
         ),
-        description="Each parameter: ok, dtype, quantized (within what its quantization "
-        "explains), never_loaded, layout, shape, values, missing, extra or renamed (with "
-        "proposed_map).",
+        description="Each parameter: ok, dtype, quantized, never_loaded, layout, shape, "
+        "values, missing, extra or renamed (with proposed_map).",
     ),
     Verb(
         "tensors",

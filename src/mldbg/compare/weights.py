@@ -313,6 +313,8 @@ def _parameter_files(path: Path) -> list[Path] | None:
 
     if path.is_file():
         return [path]
+    if not path.is_dir():  # a FIFO, a device: open_source says what it is, with its code
+        return None
     if (path / "capture.json").is_file() or (path / "run.json").is_file():
         return None
     files = sorted(

@@ -53,7 +53,9 @@ tool can answer bad_argument, too_long (a text over its maxLength), bad_session_
 daemon_unreachable; a session tool also unknown_session, session_ended, not_paused (it
 needs a paused script) or agent_timeout; a tool that sets breakpoints (start, break,
 until, restart) the breakpoint errors: file_not_found, not_a_source_file, no_code_at_line
-(with nearest_lines), bad_condition, bad_hits, bad_log, ambiguous_file, no_such_function.
+(with nearest_lines), bad_condition, bad_hits, bad_log, ambiguous_file, no_such_function;
+a tool that reads captures or tensor files (compare, weights, nonfinite, module-table) the
+source errors: unknown_source, corrupt_file, unreadable.
 Texts are at most 4096 characters
 unless a tool's schema says otherwise (maxLength). Session tools take `session` (default
 "default"): several sessions run at once under different names. Run-store tools (runs,
@@ -325,8 +327,9 @@ def tool_description(verb: Verb) -> str:
     description += f". {verb.description}" if verb.description else ""
     shared = COMMON_ERRORS + (SESSION_ERRORS if verb.scope == "session" else ())
     own = [code for code in verb.all_errors if code not in shared]
-    if set(BREAKPOINT_ERRORS) <= set(own):  # listed once, in INSTRUCTIONS
-        own = [code for code in own if code not in BREAKPOINT_ERRORS] + ["the breakpoint errors"]
+    for group, name in ((BREAKPOINT_ERRORS, "breakpoint"), (SOURCE_ERRORS, "source")):
+        if set(group) <= set(own):  # listed once, in INSTRUCTIONS
+            own = [code for code in own if code not in group] + [f"the {name} errors"]
     if own:
         description += f" Errors: {', '.join(own)}."
     return mcp_terms(verb, description)
@@ -336,6 +339,8 @@ COMMON_ERRORS = ("bad_argument", "too_long", "bad_session_name", "daemon_unreach
 SESSION_ERRORS = ("unknown_session", "session_ended", "not_paused", "agent_timeout")
 # what every tool that sets breakpoints (start, break, until, restart) may answer
 BREAKPOINT_ERRORS = tuple(code for code in verbs.BREAK_ERRORS if code not in SESSION_ERRORS)
+# What a tool reading captures or tensor files may answer for a bad one (INSTRUCTIONS).
+SOURCE_ERRORS = ("unknown_source", "corrupt_file", "unreadable")
 
 
 def build_server() -> MCPServer:

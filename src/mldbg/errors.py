@@ -23,6 +23,10 @@ The hierarchy::
     ├── UnsupportedDtype            "unsupported_dtype" (also a TypeError)
     ├── TutorialError               "tutorial": a tutorial step did not go as written
     ├── HttpProtocolError           "http_protocol": the daemon's reply is not HTTP/1.1 (an OSError)
+    ├── NotARegularFile             "bad_path": a FIFO, device… where a file belongs (an OSError)
+    ├── OutputRefused               "bad_path": an output path holding something else (an OSError)
+    ├── FileTooLarge                "too_large": a file past its reader's limit (a ValueError)
+    ├── NoSuchModule                "bad_argument": capture(within=) names no module (a ValueError)
     │
     │   inside the debuggee (the agent), sent to the daemon as a reply's code and extra:
     ├── CommandError                a command refused ("bad_argument", "not_paused", ...)
@@ -41,6 +45,9 @@ The hierarchy::
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -254,6 +261,54 @@ class HttpProtocolError(MldbgError, OSError):
     """The reply is not the HTTP/1.1 this client expects (or the peer closed)."""
 
     code = HTTP_PROTOCOL
+
+
+class NotARegularFile(MldbgError, OSError):
+    """A FIFO, device, socket or directory where a regular file belongs: not read.  An
+    ``OSError`` (``EINVAL``), so every reader's file-error handling covers it."""
+
+    code = BAD_PATH
+
+    def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
+        kind = (
+            "a directory"
+            if stat.S_ISDIR(mode)
+            else "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "not a file"
+        )
+        OSError.__init__(self, errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
+        self.message = f"{os.fspath(path)}: {kind}, not a regular file"
+        self.extra = {}
+
+
+class OutputRefused(MldbgError, OSError):
+    """The output path holds something that is not an earlier output of the same kind
+    (an ``OSError``: ``errno``, ``strerror``, ``filename``)."""
+
+    code = BAD_PATH
+
+    def __init__(self, number: int, strerror: str, filename: str) -> None:
+        OSError.__init__(self, number, strerror, filename)
+        self.message = f"{filename}: {strerror}"
+        self.extra = {}
+
+
+class FileTooLarge(MldbgError, ValueError):
+    """A file (or one line of it) longer than the reader's limit."""
+
+    code = TOO_LARGE
+
+
+class NoSuchModule(MldbgError, ValueError):
+    """``capture(within=)`` names a module the model does not have (the message lists
+    some it has)."""
+
+    code = BAD_ARGUMENT
 
 
 # -- raised inside the debuggee ---------------------------------------------------------------

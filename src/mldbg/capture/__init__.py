@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ..errors import NoSuchModule
 from ..store.current_run import current_run
 from .budget import Policy, parse_size
 from .recorder import Recorder
@@ -408,10 +409,6 @@ def _rank() -> tuple[int, int] | None:
     except (KeyError, ValueError):
         return None
     return (rank, world) if world > 1 else None
-
-
-class NoSuchModule(ValueError):
-    """``within`` names a module the model does not have (the message lists some it has)."""
 
 
 def _within(backend: Any, target: Any, within: str) -> list[str]:

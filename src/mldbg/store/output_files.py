@@ -18,12 +18,9 @@ import os
 import stat
 from pathlib import Path
 
+from ..errors import OutputRefused
 from . import reading
 from .runs import PRIVATE_FILE
-
-
-class OutputRefused(OSError):
-    """The output path holds something that is not an earlier output of the same kind."""
 
 
 def replace_output(path: str | os.PathLike[str], text: str, signature: bytes) -> Path:

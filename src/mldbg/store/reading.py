@@ -15,7 +15,6 @@ Standard library only: the run store's readers run in the CLI, the daemon and sc
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -24,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from ..errors import FileTooLarge, NotARegularFile
+
 # The largest JSON document read whole (a capture.json lists up to 100,000 module paths;
 # a map file); larger is refused as not what mldbg wrote.
 MAX_JSON_BYTES = 64 * 1024 * 1024
@@ -31,28 +32,6 @@ MAX_JSON_BYTES = 64 * 1024 * 1024
 # index line holds at most 256 tensors (capture/flatten.py); the agent's own messages are
 # capped at the same 32 MiB (agent/protocol.py MAX_LINE).  A longer line is unreadable.
 MAX_LINE_BYTES = 32 * 1024 * 1024
-
-
-class NotARegularFile(OSError):
-    """A FIFO, device, socket or directory where a regular file belongs: not read."""
-
-    def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
-        kind = (
-            "a directory"
-            if stat.S_ISDIR(mode)
-            else "a FIFO"
-            if stat.S_ISFIFO(mode)
-            else "a device"
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "a socket"
-            if stat.S_ISSOCK(mode)
-            else "not a file"
-        )
-        super().__init__(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
-
-
-class FileTooLarge(ValueError):
-    """A file (or one line of it) longer than the reader's limit."""
 
 
 def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:

@@ -943,6 +943,13 @@ VERBS: tuple[Verb, ...] = (
                 "their shapes say: a mode (mxfp4, mxfp8, nvfp4) or bits=4,group_size=64"
                 "[,mode=affine]",
             ),
+            Arg(
+                "shards",
+                dict[str, int | str],
+                "gather the port's ranks (port=tp@rank*, each saved with --capture-weights): "
+                "{glob on parameter names: dim}",
+                max_items=SHARD_RULES_LIMIT,
+            ),
             Arg("limit", int, "at most this many problems listed (failures first)", 50, minimum=0),
             HOME,
             STORE_SESSION,

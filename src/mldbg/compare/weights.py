@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ..errors import BAD_WEIGHTS_INPUT
+from ..errors import BAD_WEIGHTS_INPUT, UNKNOWN_SOURCE
 from .mapping import NameMap, load_map, parse_map
 from .quantized import (
     Packed,
@@ -103,6 +103,7 @@ class Params:
     decoders: dict[str, Callable[[], tuple[Values, Values]]] = field(default_factory=dict)
     unresolved: dict[str, str] = field(default_factory=dict)
     classes: dict[str, str] = field(default_factory=dict)  # module path: class, when known
+    ranks: list[str] = field(default_factory=list)  # the captures gathered, rank by rank
     buffers: set[str] = field(default_factory=set)  # names that are buffers, when known
 
     def read(self, name: str) -> Values:
@@ -126,6 +127,7 @@ def audit_weights(
     fresh: Any = None,
     home: str | os.PathLike[str] | None = None,
     quantization: Any = None,
+    shards: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Audit ``port``'s parameters against ``reference``'s (see the module docstring).
 
@@ -134,14 +136,21 @@ def audit_weights(
     ``.safetensors``/``.npz``/``.pt`` file or a directory of them.  ``quantization``
     (``{"mode", "bits", "group_size"}``, a mode name, or ``"bits=4,group_size=64"``) says
     how the port's packed weights are quantized where no module or ``config.json`` says
-    it and the shapes leave it open.  Raises :class:`CompareInputError` for bad input."""
+    it and the shapes leave it open.  ``port`` may name the captures of a model's ranks
+    (``"tp@rank*"``, each saved with ``--capture-weights``): ``shards`` (``{glob on
+    parameter names: dim}``, as compare takes) says along which dimension each parameter
+    is split; the others are replicated (rank 0's).  Raises :class:`CompareInputError`
+    for bad input."""
     from ..store.runs import mldbg_home
 
     base = Path(home) if home is not None else mldbg_home()
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)
     given = parse_quantization(quantization)
     ref = collect(reference, base, "reference")
-    prt = collect(port, base, "port")
+    if _names_ranks(port, base):
+        prt = _from_ranks(str(port), base, shards or {})
+    else:
+        prt = collect(port, base, "port")
     init = collect(fresh, base, "fresh") if fresh is not None else None
     for side in (prt, init):
         if side is not None and given is not None:
@@ -183,6 +192,80 @@ def collect(value: Any, home: Path, role: str) -> Params:
         f"file or directory, not {type(value).__name__}",
         code=BAD_WEIGHTS_INPUT,
     )
+
+
+def _names_ranks(value: Any, home: Path) -> bool:
+    """Whether ``value`` is a glob over capture names (``tp@rank*``), not a path."""
+    if not isinstance(value, str) or not any(c in value for c in "*?["):
+        return False
+    return not Path(value).expanduser().exists()
+
+
+def _from_ranks(spec: str, home: Path, shards: Mapping[str, Any]) -> Params:
+    """The parameters of a model split over ranks, gathered from each rank's capture
+    (``NAME@rank<r>``, saved with ``--capture-weights``): a parameter matching a
+    ``shards`` glob is the ranks' slices concatenated along its dimension, in rank
+    order; any other is replicated (rank 0's)."""
+    import fnmatch
+
+    import numpy as np
+
+    from .gather import check_shards
+
+    rules = check_shards(shards)
+    for pattern, rule in rules.items():
+        if rule == "sum":
+            raise CompareInputError(
+                f"shards: {pattern!r}: parameters are split along a dimension, not summed "
+                "('sum' is for activations' partial sums)",
+                code=BAD_WEIGHTS_INPUT,
+            )
+    newest: dict[str, dict[str, Any]] = {}
+    for meta in find_captures(home):  # oldest first: the newest of each name wins
+        if fnmatch.fnmatchcase(str(meta["name"]), spec):
+            newest[str(meta["name"])] = meta
+    if not newest:
+        raise CompareInputError(
+            f"no captures match {spec!r} (ranks are captured as NAME@rank0, NAME@rank1, …)",
+            code=UNKNOWN_SOURCE,
+        )
+    ranked = sorted(newest.values(), key=lambda m: (_rank_of(m), str(m["name"])))
+    sides = [_from_path(str(m["path"]), home) for m in ranked]
+    base = sides[0]
+    params = Params(f"{spec} ({len(sides)} ranks gathered)", None)
+    params.ranks = [str(m["name"]) for m in ranked]
+    params.classes, params.buffers = base.classes, base.buffers
+    for name in base.shapes:
+        split = next((r for p, r in rules.items() if fnmatch.fnmatchcase(name, p)), None)
+        params.dtypes[name] = base.dtypes[name]
+        if split is None or name in base.packed:
+            params.shapes[name] = base.shapes[name]
+            params.readers[name] = base.readers[name]
+            continue
+        missing = [side.label for side in sides if name not in side.shapes]
+        if missing:
+            raise CompareInputError(
+                f"{name} is split over the ranks but {missing[0]} lacks it", code=BAD_WEIGHTS_INPUT
+            )
+        shape = list(base.shapes[name])
+        axis = int(split) % len(shape) if shape else 0
+        shape[axis] = sum(side.shapes[name][axis] for side in sides)
+        params.shapes[name] = tuple(shape)
+        readers = [side.readers[name] for side in sides]
+        params.readers[name] = functools.partial(
+            lambda parts, dim: np.concatenate([read() for read in parts], axis=dim), readers, axis
+        )
+    params.packed = {k: v for k, v in base.packed.items() if k in params.shapes}
+    params.settings, params.settings_source = base.settings, base.settings_source
+    return params
+
+
+def _rank_of(meta: Mapping[str, Any]) -> int:
+    rank = meta.get("rank")
+    if isinstance(rank, int):
+        return rank
+    tail = str(meta.get("name", "")).rsplit("@rank", 1)[-1]
+    return int(tail) if tail.isdigit() else 1 << 30
 
 
 def _module_spec(module: Any) -> QuantSpec | None:
@@ -463,7 +546,12 @@ def audit(ref: Params, port: Params, names: NameMap, fresh: Params | None) -> di
     return {
         "ok": not any(r["status"] in FAILING for r in rows),
         "reference": {"label": ref.label, "framework": ref.framework, "count": len(ref.shapes)},
-        "port": {"label": port.label, "framework": port.framework, "count": len(port.shapes)},
+        "port": {
+            "label": port.label,
+            "framework": port.framework,
+            "count": len(port.shapes),
+            **({"ranks": port.ranks} if port.ranks else {}),
+        },
         "fresh": None if fresh is None else {"label": fresh.label, "count": len(fresh.shapes)},
         "counts": counts,
         "problems": problems,
@@ -588,9 +676,19 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
         return row
     cosine = _cosine(a, b)
     row["cosine"] = cosine
-    if a.size >= 64 and cosine is not None and abs(cosine) < 4.0 / math.sqrt(a.size):
+    agree, chance = _agreement(a, b, u, slack_a, slack_b)
+    row["agree"] = agree
+    uncorrelated = a.size >= 64 and cosine is not None and abs(cosine) < 4.0 / math.sqrt(a.size)
+    if uncorrelated and agree <= chance + 4.0 * math.sqrt(max(chance, 1.0 / a.size) / a.size):
         row.update(
             status="never_loaded", note="uncorrelated with the reference: a random initialization"
+        )
+        return row
+    if agree > 0 and quant is None:
+        row.update(
+            status="values",
+            note=f"{agree:.0%} of the elements agree, the rest differ: loaded from the "
+            "wrong place in part (a slice, an offset, a shard)",
         )
         return row
     if quant is not None:
@@ -962,6 +1060,28 @@ def _unit_axes(
 
 def _constant(x: Values) -> bool:
     return bool(x.size > 1 and (x == x.flat[0]).all())
+
+
+def _agreement(
+    a: Values, b: Values, u: float, slack_a: Values | float, slack_b: Values | float
+) -> tuple[float, float]:
+    """The share of elements equal within rounding, and the share chance gives: the same
+    test against the reference's elements shifted by one place (values as alike as the
+    reference's own, paired at random).  A random initialization agrees no more than
+    chance; a parameter loaded from the wrong slice agrees in the part it got right."""
+    import numpy as np
+
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    if flat_a.size < 2:
+        return 0.0, 0.0
+    allowed_b = slack_b if isinstance(slack_b, float) else np.reshape(slack_b, -1)
+    allowed_a = slack_a if isinstance(slack_a, float) else np.reshape(slack_a, -1)
+    with np.errstate(invalid="ignore"):
+        agree = np.abs(flat_b - flat_a) <= u * np.abs(flat_a) + allowed_a + allowed_b
+        shifted = np.roll(flat_a, 1)
+        moved = allowed_a if isinstance(allowed_a, float) else np.roll(allowed_a, 1)
+        chance = np.abs(flat_b - shifted) <= u * np.abs(shifted) + moved + allowed_b
+    return float(np.mean(agree)), float(np.mean(chance))
 
 
 def _cosine(a: Values, b: Values) -> float | None:

@@ -678,13 +678,15 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
     row["cosine"] = cosine
     agree, chance = _agreement(a, b, u, slack_a, slack_b)
     row["agree"] = agree
+    counted = max(1, int(np.count_nonzero(a)))
+    by_chance = agree <= chance + 4.0 * math.sqrt(max(chance, 1.0 / counted) / counted)
     uncorrelated = a.size >= 64 and cosine is not None and abs(cosine) < 4.0 / math.sqrt(a.size)
-    if uncorrelated and agree <= chance + 4.0 * math.sqrt(max(chance, 1.0 / a.size) / a.size):
+    if uncorrelated and by_chance:
         row.update(
             status="never_loaded", note="uncorrelated with the reference: a random initialization"
         )
         return row
-    if agree > 0 and quant is None:
+    if not by_chance and quant is None:
         row.update(
             status="values",
             note=f"{agree:.0%} of the elements agree, the rest differ: loaded from the "
@@ -1065,23 +1067,27 @@ def _constant(x: Values) -> bool:
 def _agreement(
     a: Values, b: Values, u: float, slack_a: Values | float, slack_b: Values | float
 ) -> tuple[float, float]:
-    """The share of elements equal within rounding, and the share chance gives: the same
-    test against the reference's elements shifted by one place (values as alike as the
-    reference's own, paired at random).  A random initialization agrees no more than
-    chance; a parameter loaded from the wrong slice agrees in the part it got right."""
+    """The share of the reference's non-zero elements the port equals within rounding,
+    and the share chance gives: the same test against the reference's elements in a
+    seeded random order (values as alike as the reference's own, paired at random).  A
+    random initialization agrees no more than chance; a parameter loaded from the wrong
+    slice agrees in the part it got right.  Zeros are left out: a zero agrees with any
+    multiple of itself."""
     import numpy as np
 
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-    if flat_a.size < 2:
-        return 0.0, 0.0
     allowed_b = slack_b if isinstance(slack_b, float) else np.reshape(slack_b, -1)
     allowed_a = slack_a if isinstance(slack_a, float) else np.reshape(slack_a, -1)
+    nonzero = flat_a != 0
+    if int(nonzero.sum()) < 2:
+        return 0.0, 0.0
+    order = np.random.default_rng(0).permutation(flat_a.size)
+    shuffled = flat_a[order]
+    moved = allowed_a if isinstance(allowed_a, float) else allowed_a[order]
     with np.errstate(invalid="ignore"):
         agree = np.abs(flat_b - flat_a) <= u * np.abs(flat_a) + allowed_a + allowed_b
-        shifted = np.roll(flat_a, 1)
-        moved = allowed_a if isinstance(allowed_a, float) else np.roll(allowed_a, 1)
-        chance = np.abs(flat_b - shifted) <= u * np.abs(shifted) + moved + allowed_b
-    return float(np.mean(agree)), float(np.mean(chance))
+        chance = np.abs(flat_b - shuffled) <= u * np.abs(shuffled) + moved + allowed_b
+    return float(np.mean(agree[nonzero])), float(np.mean(chance[shuffled != 0]))
 
 
 def _cosine(a: Values, b: Values) -> float | None:

@@ -8,24 +8,34 @@ show the symptom; this shows the cause, before any forward runs.
 Each reference parameter is paired with the port's parameter of the same name after the
 map (the ``--map`` file compare takes), then classified:
 
-* ``ok``: same values up to one rounding of the coarser dtype (``|p - r| <= u |r|``
-  element by element; exact for integers), possibly through the layout the port's
-  framework uses (``OIHW→OHWI``, ``OIL→OLI``: MLX convolutions are channels-last).
+* ``ok``: same values up to one rounding of the coarser dtype (``|p - r| <= u |r| + η``
+  element by element, ``η`` half its smallest subnormal; exact for integers), possibly
+  through the layout the port's framework uses (``OIHW→OHWI``, ``OIL→OLI``: MLX
+  convolutions are channels-last; ``IOHW→OHWI`` for a ConvTranspose kernel, ``IO→OI``
+  for transformers' ``Conv1D``) or with axes of size 1 dropped or added (a 1×1
+  convolution's kernel kept as a linear weight).
 * ``dtype``: as ``ok``, but stored in another dtype (reported, not a failure).
+* ``quantized``: an MLX-quantized weight whose every element is within what its
+  quantization explains (``quantized.py`` decodes it and derives the bound).
 * ``never_loaded``: the port's value is its fresh initialization: identical to ``fresh``
   (the port model built again, same seed, nothing loaded) when given; otherwise a
   constant tensor (norm weights start at 1, biases at 0) where the reference's is not,
   or values uncorrelated with the reference's (``|cosine| < 4/sqrt(n)``) that no layout
-  explains: a random initialization.
+  explains and that agree element by element no more often than chance: a random
+  initialization.
 * ``layout``: equal only through another permutation of the axes (a transposed linear,
   a conv kernel with height and width swapped): the loader transposed it wrongly.
 * ``shape``: the shapes differ and no permutation maps one onto the other.
-* ``values``: paired, same layout, different values (a wrong conversion, a wrong file).
+* ``values``: paired, same layout, different values (a wrong conversion, a wrong file,
+  a wrong slice when part of the elements agree).
 * ``missing`` / ``extra``: in the reference only / in the port only; a missing and an
   extra parameter holding the same values are one ``renamed`` parameter instead, with
-  the map rule that pairs them in ``proposed_map``.
+  the map rule that pairs them in ``proposed_map``; a missing one holding another's
+  values exactly is ``tied`` (an output head tied to the embedding), a missing buffer
+  is ``buffer``, and parts one side concatenates into one tensor are ``fused``.
 
-``ok``/``dtype``/``extra``/``renamed`` do not fail the audit; the rest do.
+``ok``/``dtype``/``quantized``/``extra``/``renamed``/``tied``/``buffer``/``fused`` do not
+fail the audit; the rest do.
 """
 
 from __future__ import annotations

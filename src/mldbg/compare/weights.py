@@ -89,6 +89,7 @@ _LETTERS = {2: "OI", 3: "OIL", 4: "OIHW", 5: "OIDHW"}
 # ``Conv1D`` (GPT-2's projections: (in, out), a Linear's weight transposed).
 _INPUT_FIRST_LETTERS = {2: "IO", 3: "IOL", 4: "IOHW", 5: "IODHW"}
 MAX_PERMUTED_DIMS = 5
+AGREEMENT_SAMPLE = 1 << 20  # elements drawn for the element agreement test (never_loaded)
 
 
 @dataclass
@@ -688,7 +689,7 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
     row["cosine"] = cosine
     agree, chance = _agreement(a, b, u, slack_a, slack_b)
     row["agree"] = agree
-    counted = max(1, int(np.count_nonzero(a)))
+    counted = max(1, min(int(np.count_nonzero(a)), AGREEMENT_SAMPLE))
     by_chance = agree <= chance + 4.0 * math.sqrt(max(chance, 1.0 / counted) / counted)
     uncorrelated = a.size >= 64 and cosine is not None and abs(cosine) < 4.0 / math.sqrt(a.size)
     if uncorrelated and by_chance:
@@ -1088,6 +1089,11 @@ def _agreement(
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
     allowed_b = slack_b if isinstance(slack_b, float) else np.reshape(slack_b, -1)
     allowed_a = slack_a if isinstance(slack_a, float) else np.reshape(slack_a, -1)
+    if flat_a.size > AGREEMENT_SAMPLE:  # a seeded sample keeps a large tensor's cost bounded
+        rows = np.random.default_rng(1).choice(flat_a.size, AGREEMENT_SAMPLE, replace=False)
+        flat_a, flat_b = flat_a[rows], flat_b[rows]
+        allowed_a = allowed_a if isinstance(allowed_a, float) else allowed_a[rows]
+        allowed_b = allowed_b if isinstance(allowed_b, float) else allowed_b[rows]
     nonzero = flat_a != 0
     if int(nonzero.sum()) < 2:
         return 0.0, 0.0

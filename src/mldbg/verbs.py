@@ -905,61 +905,37 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb(
         "weights",
-        "audit the port's loaded parameters against the reference's (missing, never loaded, "
-        "layout, dtype, values)",
+        "audit the port's loaded parameters against the reference's",
         R.WeightAudit,
         (
             Arg(
                 "reference",
                 str,
-                "the reference's parameters: a capture that saved its weights (name or "
-                "directory), a .safetensors/.npz/.pt file or a directory of them",
+                "a capture with saved weights, or tensor files or their directory",
                 REQUIRED,
                 positional=True,
             ),
             Arg(
-                "port",
-                str,
-                "the port's loaded parameters: the same kinds",
-                REQUIRED,
-                positional=True,
+                "port", str, "the same kinds; or NAME@rank* with shards", REQUIRED, positional=True
             ),
-            Arg(
-                "map",
-                str,
-                "a map file of the port's names: {rename, regex, ignore}, as compare takes",
-                kind="path",
-            ),
-            Arg(
-                "fresh",
-                str,
-                "the port's parameters as initialized (nothing loaded): never-loaded ones match",
-                kind="path",
-            ),
-            Arg(
-                "quantization",
-                str,
-                "how the port's packed weights are quantized, where neither a config.json nor "
-                "their shapes say: a mode (mxfp4, mxfp8, nvfp4) or bits=4,group_size=64"
-                "[,mode=affine]",
-            ),
+            Arg("map", str, "{rename, regex, ignore} file, as compare's", kind="path"),
+            Arg("fresh", str, "the port as initialized (nothing loaded)", kind="path"),
+            Arg("quantization", str, "packed weights': mxfp4 or bits=4,group_size=64"),
             Arg(
                 "shards",
                 dict[str, int | str],
-                "gather the port's ranks (port=tp@rank*, each saved with --capture-weights): "
-                "{glob on parameter names: dim}",
+                "gather ranks: {glob: dim}",
                 max_items=SHARD_RULES_LIMIT,
             ),
-            Arg("limit", int, "at most this many problems listed (failures first)", 50, minimum=0),
+            Arg("limit", int, "at most this many problems", 50, minimum=0),
             HOME,
             STORE_SESSION,
         ),
         scope="global",
         store=True,
         errors=(BAD_COMPARE_INPUT, BAD_WEIGHTS_INPUT, BAD_MAP, UNKNOWN_SOURCE),
-        description="Each parameter: ok, dtype, quantized (within what its quantization "
-        "explains), never_loaded, layout, shape, values, missing, extra or renamed (with "
-        "proposed_map).",
+        description="Per parameter: ok, dtype, quantized, never_loaded, layout, shape, values, "
+        "missing, extra, renamed, fused, tied, buffer. Failures first.",
     ),
     Verb(
         "tensors",

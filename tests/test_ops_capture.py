@@ -341,3 +341,30 @@ def test_ops_pair_through_the_name_map(home: Path) -> None:
     assert item["name"] == "transformer.h.1.attn#0"
     assert item["module_ok"] is False
     assert item["first_divergence"]["class_b"] == "fast.scaled_dot_product_attention"
+
+
+@pytest.mark.parametrize("bug", [None, "attn_scale"])
+def test_a_quantized_projection_meets_the_reference_linear_before_its_bias(
+    home: Path, bug: str | None
+) -> None:
+    """MLX's quantized Linear is ``mx.quantized_matmul`` then ``+ bias`` (an operator, not
+    recorded); torch's ``F.linear`` adds the bias inside.  Qwen2's q/k/v have biases: at 8
+    bits their ``quantized_matmul`` sat 0.09 from the closest ``linear`` (the bias), beyond
+    its bound, and an attention-scale bug was blamed on the first projection.  The
+    reference now also records each biased ``linear`` without its bias."""
+    z = llama_family.build("qwen2", "float32", bug, quantize=(8, 32))
+    attention = "model.layers.1.self_attn"
+    with torch.no_grad(), mldbg.capture(z.ref, "ref", ops=attention):
+        z.ref(*z.ref_inputs)
+    current_run.reset()
+    with mldbg.capture(z.port, "port", ops=attention):
+        mx.eval(z.port(*z.port_inputs))
+    result = mldbg.compare("ref", "port", home=home).result
+    (item,) = result["ops"]
+    matmuls = [op for op in item["ops"] if op["class_b"] == "quantized_matmul"]
+    assert matmuls and all(op["ok"] for op in matmuls[:3]), matmuls
+    assert matmuls[0]["class_a"] == "linear.without_bias"
+    if bug is None:
+        assert item["first_divergence"] is None
+    else:
+        assert item["first_divergence"]["class_b"] == "fast.scaled_dot_product_attention"

@@ -237,3 +237,87 @@ def test_summary_captures_of_ranks_are_gathered_by_what_their_statistics_allow(
     buggy = mldbg.compare("ref", "tp@rank*", shards=shards, home=tmp_path / "bug")
     assert buggy.first_divergence is not None
     assert buggy.first_divergence["module"] == "fc1"
+
+
+def test_the_weights_of_ranks_are_gathered_for_the_audit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each rank saves its own slice (``--capture-weights``); ``audit_weights`` gathers
+    them with the same globs on parameter names, and the rank that loaded the wrong
+    slice of fc1's bias is named (``values``) before any activation is compared."""
+    import torch
+    from torch import nn
+
+    from mldbg.compare.weights import audit_weights, render_audit
+    from mldbg.store import current_run
+
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
+    torch.manual_seed(0)
+    full = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16, bias=False))
+    for name, slip in (("tp", False), ("bug", True)):
+        for rank in (0, 1):
+            current_run.reset()
+            monkeypatch.setenv("RANK", str(rank))
+            monkeypatch.setenv("WORLD_SIZE", "2")
+            part = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16, bias=False))
+            start = 0 if slip else rank * 32
+            with torch.no_grad():
+                part[0].weight.copy_(full[0].weight[rank * 32 : (rank + 1) * 32])
+                part[0].bias.copy_(full[0].bias[start : start + 32])
+                part[2].weight.copy_(full[2].weight[:, rank * 32 : (rank + 1) * 32])
+                with mldbg.capture(part, name) as cap:
+                    cap.save_weights()
+                    part(torch.randn(2, 16))
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    current_run.reset()
+    shards = {"0.*": 0, "2.weight": 1}
+    clean = audit_weights(full, "tp@rank*", shards=shards)
+    assert clean["ok"], render_audit(clean)
+    assert clean["port"]["ranks"] == ["tp@rank0", "tp@rank1"]
+    bug = audit_weights(full, "bug@rank*", shards=shards)
+    statuses = {row["name"]: row["status"] for row in bug["parameters"]}
+    assert statuses == {"0.weight": "ok", "0.bias": "values", "2.weight": "ok"}
+    undeclared = audit_weights(full, "tp@rank*")
+    assert {r["status"] for r in undeclared["parameters"]} == {"shape"}
+    with pytest.raises(CompareInputError, match="sum"):
+        audit_weights(full, "tp@rank*", shards={"0.*": "sum"})
+
+
+def test_cli_weights_takes_shards(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mldbg weights REF 'tp@rank*' --shards GLOB=DIM``: the same rules from the command
+    line (the daemon's REST answer underneath)."""
+    import torch
+    from safetensors.torch import save_file
+    from torch import nn
+
+    from mldbg.store import current_run
+
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
+    torch.manual_seed(0)
+    full = nn.Sequential(nn.Linear(16, 64))
+    save_file(
+        {k: v.contiguous() for k, v in full.state_dict().items()}, str(tmp_path / "ref.safetensors")
+    )
+    for rank in (0, 1):
+        current_run.reset()
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        part = nn.Sequential(nn.Linear(16, 32))
+        with torch.no_grad():
+            part[0].weight.copy_(full[0].weight[rank * 32 : (rank + 1) * 32])
+            part[0].bias.copy_(full[0].bias[rank * 32 : (rank + 1) * 32])
+            with mldbg.capture(part, "tp") as cap:
+                cap.save_weights()
+                part(torch.randn(2, 16))
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    current_run.reset()
+    answer = cli("weights", "ref.safetensors", "tp@rank*", "--shards", "0.*=0", json_out=True)
+    assert answer["ok"] is True and answer["port"]["ranks"] == ["tp@rank0", "tp@rank1"]
+    bad = cli(
+        "weights", "ref.safetensors", "tp@rank*", "--shards", "0.*", expect=None, json_out=True
+    )
+    assert bad["code"] == "bad_shards"

@@ -341,3 +341,14 @@ def test_a_float16_conversion_is_judged_with_its_subnormal_rounding() -> None:
     overflow[0, 0] = 1e5
     result = audit_weights({"w": overflow}, {"w": mx.array(overflow.numpy()).astype(mx.float16)})
     assert result["parameters"][0]["status"] == "values"
+
+
+def test_a_scaled_weight_with_zeros_is_not_called_a_partial_load() -> None:
+    """Elements that agree by chance (zeros stay zeros when scaled) are no evidence of a
+    partial load: the note stays the plain one."""
+    torch.manual_seed(0)
+    weight = torch.randn(64, 64)
+    weight[:, :4] = 0.0
+    result = audit_weights({"w": weight}, {"w": mx.array(weight.numpy() * 1.5)})
+    row = result["parameters"][0]
+    assert row["status"] == "values" and "in part" not in row["note"], row

@@ -367,3 +367,17 @@ def test_gpt2s_conv1d_weights_moved_to_linear_are_its_layout() -> None:
     assert result["ok"], render_audit(result)
     c_attn = rows(result)["transformer.h.0.attn.c_attn.weight"]
     assert c_attn["status"] == "ok" and c_attn["layout"] == "IO→OI"
+
+
+def test_a_quantized_gemma_port_with_its_tied_head() -> None:
+    """mlx-lm's Gemma (its embedding, quantized, also serves as the output head) against
+    transformers' Gemma, whose state dict lists the tied ``lm_head.weight``."""
+    from parity_zoo import gemma
+
+    z = gemma.build("float32", None)
+    mnn.quantize(z.port, bits=4, group_size=32)
+    mx.eval(z.port.parameters())
+    result = audit_weights(z.ref, z.port, map=z.map)
+    assert result["ok"], render_audit(result)
+    assert result["counts"]["tied"] == 1
+    assert rows(result)["model.embed_tokens.weight"]["quant"]["bits"] == 4

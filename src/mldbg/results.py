@@ -548,6 +548,7 @@ class ParamsSide(TypedDict):
     label: str
     count: int
     framework: NotRequired[str | None]  # not said of the fresh model
+    ranks: NotRequired[list[str]]  # the captures gathered, rank by rank (port=tp@rank*)
 
 
 class ProposedMap(TypedDict):

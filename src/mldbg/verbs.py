@@ -905,44 +905,29 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb(
         "weights",
-        "audit the port's loaded parameters against the reference's (missing, never loaded, "
-        "layout, dtype, values)",
+        "audit the port's loaded parameters against the reference's",
         R.WeightAudit,
         (
             Arg(
                 "reference",
                 str,
-                "the reference's parameters: a capture with its weights, a "
-                ".safetensors/.npz/.pt file or a directory of them",
+                "a capture with saved weights, or tensor files or their directory",
                 REQUIRED,
                 positional=True,
             ),
             Arg(
-                "port",
-                str,
-                "the port's loaded parameters: the same kinds",
-                REQUIRED,
-                positional=True,
+                "port", str, "the same kinds; or NAME@rank* with shards", REQUIRED, positional=True
             ),
+            Arg("map", str, "{rename, regex, ignore} file, as compare's", kind="path"),
+            Arg("fresh", str, "the port as initialized (nothing loaded)", kind="path"),
+            Arg("quantization", str, "packed weights': mxfp4 or bits=4,group_size=64"),
             Arg(
-                "map",
-                str,
-                "a map file of the port's names: {rename, regex, ignore}, as compare takes",
-                kind="path",
+                "shards",
+                dict[str, int | str],
+                "gather ranks: {glob: dim}",
+                max_items=SHARD_RULES_LIMIT,
             ),
-            Arg(
-                "fresh",
-                str,
-                "the port's parameters as initialized (nothing loaded): never-loaded ones match",
-                kind="path",
-            ),
-            Arg(
-                "quantization",
-                str,
-                "the port's quantization if no config.json or shape says: mxfp4, mxfp8, "
-                "nvfp4 or bits=4,group_size=64[,mode=affine]",
-            ),
-            Arg("limit", int, "at most this many problems listed (failures first)", 50, minimum=0),
+            Arg("limit", int, "at most this many problems", 50, minimum=0),
             HOME,
             STORE_SESSION,
         ),
@@ -952,12 +937,13 @@ VERBS: tuple[Verb, ...] = (
             BAD_COMPARE_INPUT,
             BAD_WEIGHTS_INPUT,
             BAD_MAP,
+            BAD_SHARDS,
             UNKNOWN_SOURCE,
             CORRUPT_FILE,
             UNREADABLE,
         ),
-        description="Each parameter: ok, dtype, quantized, never_loaded, layout, shape, "
-        "values, missing, extra or renamed (with proposed_map).",
+        description="Per parameter: ok, dtype, quantized, never_loaded, layout, shape, values, "
+        "missing, extra, renamed, fused, tied, buffer. Failures first.",
     ),
     Verb(
         "tensors",

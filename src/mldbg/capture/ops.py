@@ -187,6 +187,10 @@ def attach_torch(scope: OpScope, named: list[tuple[str, nn.Module]]) -> Callable
             if name == "scaled_dot_product_attention":
                 for part, tensor in sdpa_parts(args, kwargs or {}):
                     scope.record(f"{name}.{part}", _given(tensor), (), None)
+            elif name == "linear":
+                unbiased = linear_without_bias(args, kwargs or {})
+                if unbiased is not None:
+                    scope.record(f"{name}.without_bias", _given(unbiased), (), None)
             return output
 
     mode = _Recording()
@@ -265,6 +269,23 @@ def sdpa_parts(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[str
                 scores = scores + mask
         parts.append(("probs", torch.softmax(scores, dim=-1)))
     return parts
+
+
+def linear_without_bias(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """``F.linear(x, W)`` of a biased ``F.linear(x, W, b)`` call (None without a bias): a
+    port that adds its bias apart (MLX's quantized Linear: ``mx.quantized_matmul``, then
+    ``+ bias``, an operator that is not recorded) has this as an operation."""
+    import torch
+
+    names = ("input", "weight", "bias")
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    x, weight, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        return None
+    if not isinstance(bias, torch.Tensor):
+        return None
+    with torch.no_grad():
+        return torch.nn.functional.linear(x, weight)
 
 
 def _given(tensor: object) -> Callable[[], object]:

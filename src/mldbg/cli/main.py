@@ -289,6 +289,10 @@ def verb_arguments(verb: Verb, a: argparse.Namespace) -> dict[str, Any]:
                 "--nonfinite, "
                 "--uncaught or --checkpoint NAME"
             )
+    if verb.name == "weights" and values.get("shards") is not None:
+        from .compare_cmd import parse_shards  # `--shards GLOB=DIM`, as compare takes them
+
+        values["shards"] = parse_shards(values["shards"])
     if verb.name == "until" and values.get("target") and _LOCATION.match(values["target"]):
         file, line, _ = parse_location(values.pop("target"))
         values.update(file=file, line=line)

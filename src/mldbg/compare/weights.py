@@ -8,24 +8,34 @@ show the symptom; this shows the cause, before any forward runs.
 Each reference parameter is paired with the port's parameter of the same name after the
 map (the ``--map`` file compare takes), then classified:
 
-* ``ok``: same values up to one rounding of the coarser dtype (``|p - r| <= u |r|``
-  element by element; exact for integers), possibly through the layout the port's
-  framework uses (``OIHW→OHWI``, ``OIL→OLI``: MLX convolutions are channels-last).
+* ``ok``: same values up to one rounding of the coarser dtype (``|p - r| <= u |r| + η``
+  element by element, ``η`` half its smallest subnormal; exact for integers), possibly
+  through the layout the port's framework uses (``OIHW→OHWI``, ``OIL→OLI``: MLX
+  convolutions are channels-last; ``IOHW→OHWI`` for a ConvTranspose kernel, ``IO→OI``
+  for transformers' ``Conv1D``) or with axes of size 1 dropped or added (a 1×1
+  convolution's kernel kept as a linear weight).
 * ``dtype``: as ``ok``, but stored in another dtype (reported, not a failure).
+* ``quantized``: an MLX-quantized weight whose every element is within what its
+  quantization explains (``quantized.py`` decodes it and derives the bound).
 * ``never_loaded``: the port's value is its fresh initialization: identical to ``fresh``
   (the port model built again, same seed, nothing loaded) when given; otherwise a
   constant tensor (norm weights start at 1, biases at 0) where the reference's is not,
   or values uncorrelated with the reference's (``|cosine| < 4/sqrt(n)``) that no layout
-  explains: a random initialization.
+  explains and that agree element by element no more often than chance: a random
+  initialization.
 * ``layout``: equal only through another permutation of the axes (a transposed linear,
   a conv kernel with height and width swapped): the loader transposed it wrongly.
 * ``shape``: the shapes differ and no permutation maps one onto the other.
-* ``values``: paired, same layout, different values (a wrong conversion, a wrong file).
+* ``values``: paired, same layout, different values (a wrong conversion, a wrong file,
+  a wrong slice when part of the elements agree).
 * ``missing`` / ``extra``: in the reference only / in the port only; a missing and an
   extra parameter holding the same values are one ``renamed`` parameter instead, with
-  the map rule that pairs them in ``proposed_map``.
+  the map rule that pairs them in ``proposed_map``; a missing one holding another's
+  values exactly is ``tied`` (an output head tied to the embedding), a missing buffer
+  is ``buffer``, and parts one side concatenates into one tensor are ``fused``.
 
-``ok``/``dtype``/``extra``/``renamed`` do not fail the audit; the rest do.
+``ok``/``dtype``/``quantized``/``extra``/``renamed``/``tied``/``buffer``/``fused`` do not
+fail the audit; the rest do.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ..capture.safetensors_header import CorruptTensorFile
-from ..errors import BAD_WEIGHTS_INPUT, CORRUPT_FILE, UNREADABLE
+from ..errors import BAD_WEIGHTS_INPUT, CORRUPT_FILE, UNKNOWN_SOURCE, UNREADABLE
 from .mapping import NameMap, load_map, parse_map
 from .quantized import (
     Packed,
@@ -80,6 +90,7 @@ _LETTERS = {2: "OI", 3: "OIL", 4: "OIHW", 5: "OIDHW"}
 # ``Conv1D`` (GPT-2's projections: (in, out), a Linear's weight transposed).
 _INPUT_FIRST_LETTERS = {2: "IO", 3: "IOL", 4: "IOHW", 5: "IODHW"}
 MAX_PERMUTED_DIMS = 5
+AGREEMENT_SAMPLE = 1 << 20  # elements drawn for the element agreement test (never_loaded)
 
 
 @dataclass
@@ -104,6 +115,7 @@ class Params:
     decoders: dict[str, Callable[[], tuple[Values, Values]]] = field(default_factory=dict)
     unresolved: dict[str, str] = field(default_factory=dict)
     classes: dict[str, str] = field(default_factory=dict)  # module path: class, when known
+    ranks: list[str] = field(default_factory=list)  # the captures gathered, rank by rank
     buffers: set[str] = field(default_factory=set)  # names that are buffers, when known
 
     def read(self, name: str) -> Values:
@@ -127,6 +139,7 @@ def audit_weights(
     fresh: Any = None,
     home: str | os.PathLike[str] | None = None,
     quantization: Any = None,
+    shards: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Audit ``port``'s parameters against ``reference``'s (see the module docstring).
 
@@ -135,14 +148,21 @@ def audit_weights(
     ``.safetensors``/``.npz``/``.pt`` file or a directory of them.  ``quantization``
     (``{"mode", "bits", "group_size"}``, a mode name, or ``"bits=4,group_size=64"``) says
     how the port's packed weights are quantized where no module or ``config.json`` says
-    it and the shapes leave it open.  Raises :class:`CompareInputError` for bad input."""
+    it and the shapes leave it open.  ``port`` may name the captures of a model's ranks
+    (``"tp@rank*"``, each saved with ``--capture-weights``): ``shards`` (``{glob on
+    parameter names: dim}``, as compare takes) says along which dimension each parameter
+    is split; the others are replicated (rank 0's).  Raises :class:`CompareInputError`
+    for bad input."""
     from ..store.runs import mldbg_home
 
     base = Path(home) if home is not None else mldbg_home()
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)
     given = parse_quantization(quantization)
     ref = collect(reference, base, "reference")
-    prt = collect(port, base, "port")
+    if _names_ranks(port, base):
+        prt = _from_ranks(str(port), base, shards or {})
+    else:
+        prt = collect(port, base, "port")
     init = collect(fresh, base, "fresh") if fresh is not None else None
     for side in (prt, init):
         if side is not None and given is not None:
@@ -184,6 +204,80 @@ def collect(value: Any, home: Path, role: str) -> Params:
         f"file or directory, not {type(value).__name__}",
         code=BAD_WEIGHTS_INPUT,
     )
+
+
+def _names_ranks(value: Any, home: Path) -> bool:
+    """Whether ``value`` is a glob over capture names (``tp@rank*``), not a path."""
+    if not isinstance(value, str) or not any(c in value for c in "*?["):
+        return False
+    return not Path(value).expanduser().exists()
+
+
+def _from_ranks(spec: str, home: Path, shards: Mapping[str, Any]) -> Params:
+    """The parameters of a model split over ranks, gathered from each rank's capture
+    (``NAME@rank<r>``, saved with ``--capture-weights``): a parameter matching a
+    ``shards`` glob is the ranks' slices concatenated along its dimension, in rank
+    order; any other is replicated (rank 0's)."""
+    import fnmatch
+
+    import numpy as np
+
+    from .gather import check_shards
+
+    rules = check_shards(shards)
+    for pattern, rule in rules.items():
+        if rule == "sum":
+            raise CompareInputError(
+                f"shards: {pattern!r}: parameters are split along a dimension, not summed "
+                "('sum' is for activations' partial sums)",
+                code=BAD_WEIGHTS_INPUT,
+            )
+    newest: dict[str, dict[str, Any]] = {}
+    for meta in find_captures(home):  # oldest first: the newest of each name wins
+        if fnmatch.fnmatchcase(str(meta["name"]), spec):
+            newest[str(meta["name"])] = meta
+    if not newest:
+        raise CompareInputError(
+            f"no captures match {spec!r} (ranks are captured as NAME@rank0, NAME@rank1, …)",
+            code=UNKNOWN_SOURCE,
+        )
+    ranked = sorted(newest.values(), key=lambda m: (_rank_of(m), str(m["name"])))
+    sides = [_from_path(str(m["path"]), home) for m in ranked]
+    base = sides[0]
+    params = Params(f"{spec} ({len(sides)} ranks gathered)", None)
+    params.ranks = [str(m["name"]) for m in ranked]
+    params.classes, params.buffers = base.classes, base.buffers
+    for name in base.shapes:
+        split = next((r for p, r in rules.items() if fnmatch.fnmatchcase(name, p)), None)
+        params.dtypes[name] = base.dtypes[name]
+        if split is None or name in base.packed:
+            params.shapes[name] = base.shapes[name]
+            params.readers[name] = base.readers[name]
+            continue
+        missing = [side.label for side in sides if name not in side.shapes]
+        if missing:
+            raise CompareInputError(
+                f"{name} is split over the ranks but {missing[0]} lacks it", code=BAD_WEIGHTS_INPUT
+            )
+        shape = list(base.shapes[name])
+        axis = int(split) % len(shape) if shape else 0
+        shape[axis] = sum(side.shapes[name][axis] for side in sides)
+        params.shapes[name] = tuple(shape)
+        readers = [side.readers[name] for side in sides]
+        params.readers[name] = functools.partial(
+            lambda parts, dim: np.concatenate([read() for read in parts], axis=dim), readers, axis
+        )
+    params.packed = {k: v for k, v in base.packed.items() if k in params.shapes}
+    params.settings, params.settings_source = base.settings, base.settings_source
+    return params
+
+
+def _rank_of(meta: Mapping[str, Any]) -> int:
+    rank = meta.get("rank")
+    if isinstance(rank, int):
+        return rank
+    tail = str(meta.get("name", "")).rsplit("@rank", 1)[-1]
+    return int(tail) if tail.isdigit() else 1 << 30
 
 
 def _module_spec(module: Any) -> QuantSpec | None:
@@ -475,7 +569,12 @@ def audit(ref: Params, port: Params, names: NameMap, fresh: Params | None) -> di
     return {
         "ok": not any(r["status"] in FAILING for r in rows),
         "reference": {"label": ref.label, "framework": ref.framework, "count": len(ref.shapes)},
-        "port": {"label": port.label, "framework": port.framework, "count": len(port.shapes)},
+        "port": {
+            "label": port.label,
+            "framework": port.framework,
+            "count": len(port.shapes),
+            **({"ranks": port.ranks} if port.ranks else {}),
+        },
         "fresh": None if fresh is None else {"label": fresh.label, "count": len(fresh.shapes)},
         "counts": counts,
         "problems": problems,
@@ -600,9 +699,21 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
         return row
     cosine = _cosine(a, b)
     row["cosine"] = cosine
-    if a.size >= 64 and cosine is not None and abs(cosine) < 4.0 / math.sqrt(a.size):
+    agree, chance = _agreement(a, b, u, slack_a, slack_b)
+    row["agree"] = agree
+    counted = max(1, min(int(np.count_nonzero(a)), AGREEMENT_SAMPLE))
+    by_chance = agree <= chance + 4.0 * math.sqrt(max(chance, 1.0 / counted) / counted)
+    uncorrelated = a.size >= 64 and cosine is not None and abs(cosine) < 4.0 / math.sqrt(a.size)
+    if uncorrelated and by_chance:
         row.update(
             status="never_loaded", note="uncorrelated with the reference: a random initialization"
+        )
+        return row
+    if not by_chance and quant is None:
+        row.update(
+            status="values",
+            note=f"{agree:.0%} of the elements agree, the rest differ: loaded from the "
+            "wrong place in part (a slice, an offset, a shard)",
         )
         return row
     if quant is not None:
@@ -974,6 +1085,37 @@ def _unit_axes(
 
 def _constant(x: Values) -> bool:
     return bool(x.size > 1 and (x == x.flat[0]).all())
+
+
+def _agreement(
+    a: Values, b: Values, u: float, slack_a: Values | float, slack_b: Values | float
+) -> tuple[float, float]:
+    """The share of the reference's non-zero elements the port equals within rounding,
+    and the share chance gives: the same test against the reference's elements in a
+    seeded random order (values as alike as the reference's own, paired at random).  A
+    random initialization agrees no more than chance; a parameter loaded from the wrong
+    slice agrees in the part it got right.  Zeros are left out: a zero agrees with any
+    multiple of itself."""
+    import numpy as np
+
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    allowed_b = slack_b if isinstance(slack_b, float) else np.reshape(slack_b, -1)
+    allowed_a = slack_a if isinstance(slack_a, float) else np.reshape(slack_a, -1)
+    if flat_a.size > AGREEMENT_SAMPLE:  # a seeded sample keeps a large tensor's cost bounded
+        rows = np.random.default_rng(1).choice(flat_a.size, AGREEMENT_SAMPLE, replace=False)
+        flat_a, flat_b = flat_a[rows], flat_b[rows]
+        allowed_a = allowed_a if isinstance(allowed_a, float) else allowed_a[rows]
+        allowed_b = allowed_b if isinstance(allowed_b, float) else allowed_b[rows]
+    nonzero = flat_a != 0
+    if int(nonzero.sum()) < 2:
+        return 0.0, 0.0
+    order = np.random.default_rng(0).permutation(flat_a.size)
+    shuffled = flat_a[order]
+    moved = allowed_a if isinstance(allowed_a, float) else allowed_a[order]
+    with np.errstate(invalid="ignore"):
+        agree = np.abs(flat_b - flat_a) <= u * np.abs(flat_a) + allowed_a + allowed_b
+        chance = np.abs(flat_b - shuffled) <= u * np.abs(shuffled) + moved + allowed_b
+    return float(np.mean(agree[nonzero])), float(np.mean(chance[shuffled != 0]))
 
 
 def _cosine(a: Values, b: Values) -> float | None:

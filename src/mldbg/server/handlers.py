@@ -691,6 +691,7 @@ def weights(
     map: str | None = None,
     fresh: str | None = None,
     quantization: str | None = None,
+    shards: dict[str, int | str] | None = None,
     limit: int = 50,
 ) -> R.WeightAudit:
     from ..compare.weights import audit_weights
@@ -703,6 +704,7 @@ def weights(
         fresh=fresh,
         home=home,
         quantization=quantization,
+        shards=shards,
     )
     result.pop("parameters", None)  # every parameter: the Python API's; the answer is bounded
     problems = result["problems"]

@@ -644,3 +644,33 @@ def test_a_capture_whose_budget_wrote_nothing_says_so(
     partial = _capture("partial", budget=200)  # the first call's inputs fit, no more
     code, answer = _compare(home, str(ref), str(partial))
     assert any("not written" in w and "byte budget" in w for w in answer["warnings"]), answer
+
+
+def test_names_from_a_capture_cannot_drive_the_terminal(
+    captures: tuple[Path, Path], home: Path, tmp_path: Path, cli: Any
+) -> None:
+    """A capture directory (or an index's entry name) holding a newline or an ESC
+    sequence was printed raw: the row broke in two and the terminal took the sequence."""
+    ref, port = captures
+    hostile = "evil\n\x1b[2J\x07"
+    shutil.copytree(port, ref.parent / hostile)
+    (ref.parent / hostile / "capture.json").unlink()  # named by its directory
+    shown = cli("captures", "--home", str(home)).stdout
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "evil\\n\\x1b[2J\\x07" in shown
+    renamed = _copy(port, tmp_path / "renamed-entry")
+    records = _index(renamed)
+    for record in records:
+        record["tensors"] = {
+            (k.replace("fc1", hostile) if k.startswith("fc1") else k): v
+            for k, v in (record.get("tensors") or {}).items()
+        }
+    _write_index(renamed, records)
+    result = subprocess.run(
+        [sys.executable, "-m", "mldbg", "compare", str(ref), str(renamed)],
+        env={**os.environ, "MLDBG_HOME": str(home), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "evil\\n" in result.stdout and "\x1b" not in result.stdout + result.stderr

@@ -310,6 +310,9 @@ def test_zero_edit_names_leave_room_for_their_suffixes() -> None:
     check_capture_name("n" * MAX_NAME + ".64@rank99999")
     with pytest.raises(ValueError, match="at most"):
         Spec.parse({"name": "n" * (MAX_NAME + 1)})
+    for option in ("depth", "calls"):  # True was taken as 1, then refused inside the script
+        with pytest.raises(ValueError, match="whole number"):
+            Spec.parse({"name": "x", option: True})
 
 
 def test_start_refuses_bad_capture_options_with_bad_argument(api: Api, tmp_path: Path) -> None:
@@ -674,3 +677,20 @@ def test_names_from_a_capture_cannot_drive_the_terminal(
         timeout=120,
     )
     assert "evil\\n" in result.stdout and "\x1b" not in result.stdout + result.stderr
+
+
+def test_a_capture_answers_to_its_directorys_name_not_its_claim(
+    captures: tuple[Path, Path], home: Path
+) -> None:
+    """``compare ref`` took the newest capture whose capture.json *said* "ref": a copied
+    capture, or one claiming the name with a later ``created``, answered instead."""
+    ref, port = captures
+    impostor = _copy(port, ref.parent / "impostor")
+    meta = json.loads((impostor / "capture.json").read_text())
+    meta.update(name="ref", created=meta["created"] + 1e6)
+    (impostor / "capture.json").write_text(json.dumps(meta))
+    found = mldbg.compare("ref", "port", home=home)
+    assert found.result["a"]["path"] == str(ref)
+    from mldbg.compare.sources import find_captures
+
+    assert "impostor" in {c["name"] for c in find_captures(home)}

@@ -279,8 +279,11 @@ def find_captures_in(run_path: Path) -> list[dict[str, Any]]:
         if meta is None:
             continue
         meta["path"] = str(directory)
-        meta.setdefault("name", directory.name)
-        meta.setdefault("run_id", run_path.name)
+        # A capture's name is its directory's, its run the run's (what CaptureDir writes
+        # in capture.json too): a capture.json that says otherwise (copied, or claiming
+        # "ref" with a later "created") must not answer to another capture's name.
+        meta["name"] = directory.name
+        meta["run_id"] = run_path.name
         found.append(meta)
     return sorted(found, key=_age)
 

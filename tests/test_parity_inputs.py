@@ -694,3 +694,22 @@ def test_a_capture_answers_to_its_directorys_name_not_its_claim(
     from mldbg.compare.sources import find_captures
 
     assert "impostor" in {c["name"] for c in find_captures(home)}
+
+
+def test_a_directory_too_large_to_be_tensors_is_refused(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compare ~ ~`` walked the whole tree; past the limit it is refused, not walked."""
+    from safetensors.torch import save_file
+
+    from mldbg.compare import sources
+
+    tree = tmp_path / "tree"
+    for i in range(6):
+        (tree / f"d{i}").mkdir(parents=True)
+        save_file({"x": torch.zeros(2)}, str(tree / f"d{i}" / "t.safetensors"))
+    assert mldbg.compare(str(tree), str(tree), home=home).ok
+    monkeypatch.setattr(sources, "MAX_DIRECTORY_ENTRIES", 10)
+    with pytest.raises(CompareInputError, match="more than 10 files") as refused:
+        mldbg.compare(str(tree), str(tree), home=home)
+    assert refused.value.code == "too_large"

@@ -713,3 +713,26 @@ def test_a_directory_too_large_to_be_tensors_is_refused(
     with pytest.raises(CompareInputError, match="more than 10 files") as refused:
         mldbg.compare(str(tree), str(tree), home=home)
     assert refused.value.code == "too_large"
+
+
+@pytest.mark.parametrize("compression", ["stored", "deflated"])
+def test_an_npz_member_whose_header_claims_a_huge_shape_is_corrupt(
+    tmp_path: Path, home: Path, compression: str
+) -> None:
+    """Its element count overflowed int64 (np.prod): a ValueError traceback from reshape
+    or ``np.empty`` instead of a corrupt file."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (2**62, 4)}
+    )
+    path = tmp_path / "huge.npz"
+    method = zipfile.ZIP_STORED if compression == "stored" else zipfile.ZIP_DEFLATED
+    with zipfile.ZipFile(path, "w", compression=method) as archive:
+        archive.writestr("x.npy", header.getvalue() + b"\0" * 64)
+    code, answer = _compare(home, str(path), str(path))
+    assert code == 2 and answer["code"] == "corrupt_file" and "huge.npz:x" in answer["error"]

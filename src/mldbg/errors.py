@@ -23,6 +23,9 @@ The hierarchy::
     ├── UnsupportedDtype            "unsupported_dtype" (also a TypeError)
     ├── TutorialError               "tutorial": a tutorial step did not go as written
     ├── HttpProtocolError           "http_protocol": the daemon's reply is not HTTP/1.1 (an OSError)
+    ├── NotARegularFile             "unreadable": a FIFO, device or socket where a file belongs (an OSError)
+    ├── FileTooLarge                "too_large": a file or line past its reader's limit (a ValueError)
+    ├── OutputRefused               "bad_argument": an output path holding what it may not replace (an OSError)
     │
     │   inside the debuggee (the agent), sent to the daemon as a reply's code and extra:
     ├── CommandError                a command refused ("bad_argument", "not_paused", ...)
@@ -42,6 +45,7 @@ The hierarchy::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from errno import EEXIST, EINVAL
 from typing import Any
 
 # -- error codes --
@@ -254,6 +258,39 @@ class HttpProtocolError(MldbgError, OSError):
     """The reply is not the HTTP/1.1 this client expects (or the peer closed)."""
 
     code = HTTP_PROTOCOL
+
+
+class NotARegularFile(MldbgError, OSError):
+    """A FIFO, device, socket or directory where a regular file belongs: never read (a
+    FIFO blocks ``open`` forever, ``/dev/zero`` never ends; ``store/reading.py``).  An
+    ``OSError`` with ``filename`` and ``strerror``, as the readers' handlers expect."""
+
+    code = UNREADABLE
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(f"{path}: {kind}, not a regular file")
+        self.errno = EINVAL
+        self.strerror = f"{kind}, not a regular file"
+        self.filename = path
+
+
+class FileTooLarge(MldbgError, ValueError):
+    """A file, or one line of it, longer than its reader's limit (``store/reading.py``)."""
+
+    code = TOO_LARGE
+
+
+class OutputRefused(MldbgError, OSError):
+    """An output path (``--html``, ``--propose-map``) that holds what the output may not
+    replace: a device, a FIFO, a file it did not write (``store/output_files.py``)."""
+
+    code = BAD_ARGUMENT
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.errno = EEXIST
+        self.strerror = why
+        self.filename = path
 
 
 # -- raised inside the debuggee ---------------------------------------------------------------

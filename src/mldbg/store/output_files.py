@@ -18,12 +18,9 @@ import os
 import stat
 from pathlib import Path
 
+from ..errors import OutputRefused
 from . import reading
 from .runs import PRIVATE_FILE
-
-
-class OutputRefused(OSError):
-    """The output path holds something that is not an earlier output of the same kind."""
 
 
 def replace_output(path: str | os.PathLike[str], text: str, signature: bytes) -> Path:
@@ -57,17 +54,15 @@ def check_output(path: str | os.PathLike[str], signature: bytes) -> Path:
     if info is not None:
         if not stat.S_ISREG(info.st_mode):
             raise OutputRefused(
-                0,
-                "exists and is not a regular file (a directory, FIFO or device): not replaced",
                 str(target),
+                "exists and is not a regular file (a directory, FIFO or device): not replaced",
             )
         with reading.open_regular(target) as existing:
             head = existing.read(len(signature))
         if not head.startswith(signature):
             raise OutputRefused(
-                0,
+                str(target),
                 "exists and was not written by mldbg as this kind of file: not replaced "
                 "(remove it, or name another file)",
-                str(target),
             )
     return target

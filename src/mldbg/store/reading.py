@@ -15,7 +15,6 @@ Standard library only: the run store's readers run in the CLI, the daemon and sc
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -23,6 +22,18 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from ..errors import FileTooLarge, NotARegularFile
+
+__all__ = [
+    "FileTooLarge",
+    "NotARegularFile",
+    "lines",
+    "loads",
+    "open_regular",
+    "read_bytes",
+    "read_json",
+]
 
 # The largest JSON document read whole (a capture.json lists up to 100,000 module paths;
 # a map file); larger is refused as not what mldbg wrote.
@@ -33,26 +44,16 @@ MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_LINE_BYTES = 32 * 1024 * 1024
 
 
-class NotARegularFile(OSError):
-    """A FIFO, device, socket or directory where a regular file belongs: not read."""
-
-    def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
-        kind = (
-            "a directory"
-            if stat.S_ISDIR(mode)
-            else "a FIFO"
-            if stat.S_ISFIFO(mode)
-            else "a device"
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "a socket"
-            if stat.S_ISSOCK(mode)
-            else "not a file"
-        )
-        super().__init__(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
-
-
-class FileTooLarge(ValueError):
-    """A file (or one line of it) longer than the reader's limit."""
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a file"
 
 
 def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
@@ -62,7 +63,7 @@ def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotARegularFile(path, mode)
+            raise NotARegularFile(os.fspath(path), _kind(mode))
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~getattr(os, "O_NONBLOCK", 0))
         return os.fdopen(fd, "rb")

@@ -736,3 +736,11 @@ def test_an_npz_member_whose_header_claims_a_huge_shape_is_corrupt(
         archive.writestr("x.npy", header.getvalue() + b"\0" * 64)
     code, answer = _compare(home, str(path), str(path))
     assert code == 2 and answer["code"] == "corrupt_file" and "huge.npz:x" in answer["error"]
+
+
+def test_an_ops_pattern_that_matches_no_module_is_said(home: Path) -> None:
+    """``ops="fc9"`` (a typo) recorded no operation and said nothing."""
+    with pytest.warns(RuntimeWarning, match=r"ops 'fc9' match\(es\) no module"):
+        path = _capture("typo", ops=["fc9", "fc1"])
+    meta = json.loads((path / "capture.json").read_text())
+    assert meta["ops_unmatched"] == ["fc9"]

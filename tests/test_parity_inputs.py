@@ -431,6 +431,17 @@ def test_a_fifo_capture_over_rest_and_mcp_answers_a_code(
     async def scenario(tool: Any, client: Any) -> None:
         error = await tool.error("compare", a=str(ref), b=str(bad), home=str(home))
         assert error["code"] == "unreadable" and "a FIFO" in error["error"]
+        # arguments of the wrong type: the SDK's validation, said with mldbg's code (it
+        # was pydantic's text and a URL, no code)
+        for arguments, name in (
+            ({"shards": ["x"]}, "shards"),
+            ({"map": 5}, "map"),
+            ({"layout": "XYZ"}, "layout"),
+            ({"limit": -1}, "limit"),
+        ):
+            wrong = await tool.error("compare", a=str(ref), b=str(port), **arguments)
+            assert wrong["code"] == "bad_argument" and wrong["argument"] == name, wrong
+            assert "pydantic.dev" not in wrong["error"]
 
     run_mcp(config_dir, tmp_path, scenario)
 

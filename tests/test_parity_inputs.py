@@ -310,6 +310,9 @@ def test_zero_edit_names_leave_room_for_their_suffixes() -> None:
     check_capture_name("n" * MAX_NAME + ".64@rank99999")
     with pytest.raises(ValueError, match="at most"):
         Spec.parse({"name": "n" * (MAX_NAME + 1)})
+    for option in ("depth", "calls"):  # True was taken as 1, then refused inside the script
+        with pytest.raises(ValueError, match="whole number"):
+            Spec.parse({"name": "x", option: True})
 
 
 def test_start_refuses_bad_capture_options_with_bad_argument(api: Api, tmp_path: Path) -> None:
@@ -433,6 +436,17 @@ def test_a_fifo_capture_over_rest_and_mcp_answers_a_code(
     async def scenario(tool: Any, client: Any) -> None:
         error = await tool.error("compare", a=str(ref), b=str(bad), home=str(home))
         assert error["code"] == "unreadable" and "a FIFO" in error["error"]
+        # arguments of the wrong type: the SDK's validation, said with mldbg's code (it
+        # was pydantic's text and a URL, no code)
+        for arguments, name in (
+            ({"shards": ["x"]}, "shards"),
+            ({"map": 5}, "map"),
+            ({"layout": "XYZ"}, "layout"),
+            ({"limit": -1}, "limit"),
+        ):
+            wrong = await tool.error("compare", a=str(ref), b=str(port), **arguments)
+            assert wrong["code"] == "bad_argument" and wrong["argument"] == name, wrong
+            assert "pydantic.dev" not in wrong["error"]
 
     run_mcp(config_dir, tmp_path, scenario)
 
@@ -649,3 +663,100 @@ def test_a_capture_whose_budget_wrote_nothing_says_so(
     partial = _capture("partial", budget=200)  # the first call's inputs fit, no more
     code, answer = _compare(home, str(ref), str(partial))
     assert any("not written" in w and "byte budget" in w for w in answer["warnings"]), answer
+
+
+def test_names_from_a_capture_cannot_drive_the_terminal(
+    captures: tuple[Path, Path], home: Path, tmp_path: Path, cli: Any
+) -> None:
+    """A capture directory (or an index's entry name) holding a newline or an ESC
+    sequence was printed raw: the row broke in two and the terminal took the sequence."""
+    ref, port = captures
+    hostile = "evil\n\x1b[2J\x07"
+    shutil.copytree(port, ref.parent / hostile)
+    (ref.parent / hostile / "capture.json").unlink()  # named by its directory
+    shown = cli("captures", "--home", str(home)).stdout
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "evil\\n\\x1b[2J\\x07" in shown
+    renamed = _copy(port, tmp_path / "renamed-entry")
+    records = _index(renamed)
+    for record in records:
+        record["tensors"] = {
+            (k.replace("fc1", hostile) if k.startswith("fc1") else k): v
+            for k, v in (record.get("tensors") or {}).items()
+        }
+    _write_index(renamed, records)
+    result = subprocess.run(
+        [sys.executable, "-m", "mldbg", "compare", str(ref), str(renamed)],
+        env={**os.environ, "MLDBG_HOME": str(home), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "evil\\n" in result.stdout and "\x1b" not in result.stdout + result.stderr
+
+
+def test_a_capture_answers_to_its_directorys_name_not_its_claim(
+    captures: tuple[Path, Path], home: Path
+) -> None:
+    """``compare ref`` took the newest capture whose capture.json *said* "ref": a copied
+    capture, or one claiming the name with a later ``created``, answered instead."""
+    ref, port = captures
+    impostor = _copy(port, ref.parent / "impostor")
+    meta = json.loads((impostor / "capture.json").read_text())
+    meta.update(name="ref", created=meta["created"] + 1e6)
+    (impostor / "capture.json").write_text(json.dumps(meta))
+    found = mldbg.compare("ref", "port", home=home)
+    assert found.result["a"]["path"] == str(ref)
+    from mldbg.compare.sources import find_captures
+
+    assert "impostor" in {c["name"] for c in find_captures(home)}
+
+
+def test_a_directory_too_large_to_be_tensors_is_refused(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compare ~ ~`` walked the whole tree; past the limit it is refused, not walked."""
+    from safetensors.torch import save_file
+
+    from mldbg.compare import sources
+
+    tree = tmp_path / "tree"
+    for i in range(6):
+        (tree / f"d{i}").mkdir(parents=True)
+        save_file({"x": torch.zeros(2)}, str(tree / f"d{i}" / "t.safetensors"))
+    assert mldbg.compare(str(tree), str(tree), home=home).ok
+    monkeypatch.setattr(sources, "MAX_DIRECTORY_ENTRIES", 10)
+    with pytest.raises(CompareInputError, match="more than 10 files") as refused:
+        mldbg.compare(str(tree), str(tree), home=home)
+    assert refused.value.code == "too_large"
+
+
+@pytest.mark.parametrize("compression", ["stored", "deflated"])
+def test_an_npz_member_whose_header_claims_a_huge_shape_is_corrupt(
+    tmp_path: Path, home: Path, compression: str
+) -> None:
+    """Its element count overflowed int64 (np.prod): a ValueError traceback from reshape
+    or ``np.empty`` instead of a corrupt file."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (2**62, 4)}
+    )
+    path = tmp_path / "huge.npz"
+    method = zipfile.ZIP_STORED if compression == "stored" else zipfile.ZIP_DEFLATED
+    with zipfile.ZipFile(path, "w", compression=method) as archive:
+        archive.writestr("x.npy", header.getvalue() + b"\0" * 64)
+    code, answer = _compare(home, str(path), str(path))
+    assert code == 2 and answer["code"] == "corrupt_file" and "huge.npz:x" in answer["error"]
+
+
+def test_an_ops_pattern_that_matches_no_module_is_said(home: Path) -> None:
+    """``ops="fc9"`` (a typo) recorded no operation and said nothing."""
+    with pytest.warns(RuntimeWarning, match=r"ops 'fc9' match\(es\) no module"):
+        path = _capture("typo", ops=["fc9", "fc1"])
+    meta = json.loads((path / "capture.json").read_text())
+    assert meta["ops_unmatched"] == ["fc9"]

@@ -23,9 +23,9 @@ The hierarchy::
     ├── UnsupportedDtype            "unsupported_dtype" (also a TypeError)
     ├── TutorialError               "tutorial": a tutorial step did not go as written
     ├── HttpProtocolError           "http_protocol": the daemon's reply is not HTTP/1.1 (an OSError)
-    ├── NotARegularFile             "bad_path": a FIFO, device… where a file belongs (an OSError)
-    ├── OutputRefused               "bad_path": an output path holding something else (an OSError)
-    ├── FileTooLarge                "too_large": a file past its reader's limit (a ValueError)
+    ├── NotARegularFile             "unreadable": a FIFO, device or socket where a file belongs (an OSError)
+    ├── FileTooLarge                "too_large": a file or line past its reader's limit (a ValueError)
+    ├── OutputRefused               "bad_argument": an output path holding what it may not replace (an OSError)
     ├── NoSuchModule                "bad_argument": capture(within=) names no module (a ValueError)
     │
     │   inside the debuggee (the agent), sent to the daemon as a reply's code and extra:
@@ -45,10 +45,8 @@ The hierarchy::
 
 from __future__ import annotations
 
-import errno
-import os
-import stat
 from collections.abc import Mapping
+from errno import EEXIST, EINVAL
 from typing import Any
 
 # -- error codes --
@@ -264,42 +262,21 @@ class HttpProtocolError(MldbgError, OSError):
 
 
 class NotARegularFile(MldbgError, OSError):
-    """A FIFO, device, socket or directory where a regular file belongs: not read.  An
-    ``OSError`` (``EINVAL``), so every reader's file-error handling covers it."""
+    """A FIFO, device, socket or directory where a regular file belongs: never read (a
+    FIFO blocks ``open`` forever, ``/dev/zero`` never ends; ``store/reading.py``).  An
+    ``OSError`` with ``filename`` and ``strerror``, as the readers' handlers expect."""
 
-    code = BAD_PATH
+    code = UNREADABLE
 
-    def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
-        kind = (
-            "a directory"
-            if stat.S_ISDIR(mode)
-            else "a FIFO"
-            if stat.S_ISFIFO(mode)
-            else "a device"
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "a socket"
-            if stat.S_ISSOCK(mode)
-            else "not a file"
-        )
-        OSError.__init__(self, errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
-        self.message = f"{os.fspath(path)}: {kind}, not a regular file"
-        self.extra = {}
-
-
-class OutputRefused(MldbgError, OSError):
-    """The output path holds something that is not an earlier output of the same kind
-    (an ``OSError``: ``errno``, ``strerror``, ``filename``)."""
-
-    code = BAD_PATH
-
-    def __init__(self, number: int, strerror: str, filename: str) -> None:
-        OSError.__init__(self, number, strerror, filename)
-        self.message = f"{filename}: {strerror}"
-        self.extra = {}
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(f"{path}: {kind}, not a regular file")
+        self.errno = EINVAL
+        self.strerror = f"{kind}, not a regular file"
+        self.filename = path
 
 
 class FileTooLarge(MldbgError, ValueError):
-    """A file (or one line of it) longer than the reader's limit."""
+    """A file, or one line of it, longer than its reader's limit (``store/reading.py``)."""
 
     code = TOO_LARGE
 
@@ -309,6 +286,19 @@ class NoSuchModule(MldbgError, ValueError):
     some it has)."""
 
     code = BAD_ARGUMENT
+
+
+class OutputRefused(MldbgError, OSError):
+    """An output path (``--html``, ``--propose-map``) that holds what the output may not
+    replace: a device, a FIFO, a file it did not write (``store/output_files.py``)."""
+
+    code = BAD_ARGUMENT
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.errno = EEXIST
+        self.strerror = why
+        self.filename = path
 
 
 # -- raised inside the debuggee ---------------------------------------------------------------

@@ -95,8 +95,10 @@ class Spec:
             raise ValueError("models takes class names or glob patterns, e.g. LlamaModel")
         for option in ("calls", "depth"):
             value = data.get(option)
-            if value is not None and (not isinstance(value, int) or value < (option == "calls")):
-                raise ValueError(f"{option} takes a whole number, not {value!r}")
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < (option == "calls")
+            ):
+                raise ValueError(f"{option} takes a whole number, not {str(value)[:40]!r}")
         ops = data.get("ops")
         if ops is not None and (
             not isinstance(ops, list) or not all(isinstance(m, str) and m for m in ops)

@@ -264,6 +264,7 @@ class Capture:
         assert self._recorder is not None and self.ops is not None
         scope = ops.OpScope(self._recorder, self.ops)
         named = list(backend.named_modules(target))
+        self._unmatched("ops", self.ops, [path for path, _ in named])
         try:
             if self.framework == "torch":
                 detach_ops = ops.attach_torch(scope, named)
@@ -280,6 +281,24 @@ class Capture:
                 detach_modules()
 
         return detach
+
+    def _unmatched(self, option: str, patterns: list[str], paths: list[str]) -> None:
+        """Say which ``option`` patterns match no module of the model (a typo records
+        nothing, silently): a RuntimeWarning, and ``<option>_unmatched`` in capture.json.
+        Not an error: under zero-edit capture one pattern may be meant for another model."""
+        labels = [module_label(path) for path in paths]
+        unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(x, p) for x in labels)]
+        if not unmatched:
+            return
+        shown = ", ".join(repr(p[:200]) for p in unmatched[:5])
+        warnings.warn(
+            f"mldbg.capture {self.name!r}: {option} {shown} match(es) no module of the model "
+            f"(some it has: {', '.join(labels[:8])})",
+            RuntimeWarning,
+            stacklevel=4,  # the script's `with mldbg.capture(...)` line
+        )
+        if self._directory is not None:
+            self._directory.meta[f"{option}_unmatched"] = [p[:200] for p in unmatched[:50]]
 
     def __exit__(
         self,

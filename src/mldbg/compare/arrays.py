@@ -7,6 +7,7 @@ Mapping instead of loading is what lets a comparison stream a model bigger than 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -203,8 +204,14 @@ def map_npz(path: Path, key: str) -> npt.NDArray[np.generic]:
     try:
         with zipfile.ZipFile(path) as archive, archive.open(info) as member:
             shape, fortran, dtype = _read_npy_header(member, where)
+            # Python ints: np.prod in int64 wrapped a huge header shape to 0 or less
+            count = math.prod(shape)
+            if count * dtype.itemsize > info.file_size:  # more than the member holds
+                raise CorruptTensorFile(
+                    f"{where}: its header's shape {str(list(shape))[:100]} takes "
+                    f"{count * dtype.itemsize} bytes, the member holds {info.file_size}"
+                )
             if info.compress_type != zipfile.ZIP_STORED:
-                count = int(np.prod(shape, dtype=np.int64))
                 data = np.frombuffer(member.read(count * dtype.itemsize), dtype=dtype)
                 if data.size != count:
                     raise CorruptTensorFile(f"{where} is truncated")
@@ -219,7 +226,6 @@ def map_npz(path: Path, key: str) -> npt.NDArray[np.generic]:
         offset = info.header_offset + 30 + name_length + extra_length + header_size
     except (OSError, zipfile.BadZipFile, EOFError) as exc:
         raise CorruptTensorFile(f"{path} is not a readable .npz file: {exc}") from None
-    count = int(np.prod(shape, dtype=np.int64))
     if count == 0:
         return np.empty(shape, dtype)
     if offset + count * dtype.itemsize > path.stat().st_size:

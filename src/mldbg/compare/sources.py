@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from ..errors import (
     NO_CAPTURES,
     NO_TENSORS,
     NOT_TENSORS,
+    TOO_LARGE,
     UNKNOWN_CAPTURE,
     UNKNOWN_SOURCE,
     UNREADABLE,
@@ -293,8 +295,11 @@ def find_captures_in(run_path: Path) -> list[dict[str, Any]]:
         if meta is None:
             continue
         meta["path"] = str(directory)
-        meta.setdefault("name", directory.name)
-        meta.setdefault("run_id", run_path.name)
+        # A capture's name is its directory's, its run the run's (what CaptureDir writes
+        # in capture.json too): a capture.json that says otherwise (copied, or claiming
+        # "ref" with a later "created") must not answer to another capture's name.
+        meta["name"] = directory.name
+        meta["run_id"] = run_path.name
         found.append(meta)
     return sorted(found, key=_age)
 
@@ -513,15 +518,28 @@ def _natural(text: str) -> list[int | str]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
+# A directory of tensors is walked whole; one with more entries than this is not a
+# directory of tensors but a home or a disk named by mistake (``compare ~ ~``): refused.
+MAX_DIRECTORY_ENTRIES = 1_000_000
+
+
 def _directory_source(spec: str, directory: Path) -> Source:
-    files = sorted(
-        (
-            p
-            for p in directory.rglob("*")
-            if p.is_file() and p.suffix in TENSOR_SUFFIXES and not p.name.startswith(".")
-        ),
-        key=lambda p: _natural(str(p.relative_to(directory))),
-    )
+    found: list[Path] = []
+    seen = 0
+    for root, dirs, names in os.walk(directory):  # symlinked directories not followed
+        seen += len(dirs) + len(names)
+        if seen > MAX_DIRECTORY_ENTRIES:
+            raise CompareInputError(
+                f"{directory} holds more than {MAX_DIRECTORY_ENTRIES} files and folders: "
+                "name the directory of the tensors themselves",
+                code=TOO_LARGE,
+            )
+        dirs.sort()
+        for name in names:
+            path = Path(root) / name
+            if path.suffix in TENSOR_SUFFIXES and not name.startswith(".") and path.is_file():
+                found.append(path)
+    files = sorted(found, key=lambda p: _natural(str(p.relative_to(directory))))
     if not files:
         raise CompareInputError(
             f"{directory} holds no .safetensors, .npy, .npz or .pt files "

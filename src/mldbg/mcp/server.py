@@ -24,12 +24,12 @@ import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from .. import __version__, budget, verbs
 from .. import results as R
 from ..client.api import Client, connect
-from ..errors import DAEMON_UNREACHABLE, INTERNAL, OS_ERROR, MldbgError
+from ..errors import BAD_ARGUMENT, DAEMON_UNREACHABLE, INTERNAL, OS_ERROR, MldbgError
 from ..verbs import VERBS, Arg, Verb
 
 INSTRUCTIONS = """\
@@ -343,9 +343,40 @@ BREAKPOINT_ERRORS = tuple(code for code in verbs.BREAK_ERRORS if code not in SES
 SOURCE_ERRORS = ("unknown_source", "corrupt_file", "unreadable")
 
 
+class _Server(MCPServer):
+    """The SDK's server, with its argument validation said as every mldbg error is."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            raise ToolError(json.dumps(argument_error(exc.__cause__))) from None
+
+
+def argument_error(error: ValidationError) -> dict[str, Any]:
+    """The SDK's refusal of a tool's arguments (a list where a mapping belongs, ``"2"`` for
+    a number, a choice not offered) as ``{"error", "code": "bad_argument", "argument",
+    "problems"}``, as REST answers the same arguments: it was pydantic's text with a URL
+    and no code an agent could branch on."""
+    problems: list[str] = []
+    argument = None
+    for item in error.errors(include_url=False)[:10]:
+        name = ".".join(str(part) for part in item.get("loc", ())) or "arguments"
+        argument = argument or name.split(".", 1)[0]
+        problems.append(budget.capped(f"{name}: {item.get('msg', 'invalid')}", 300))
+    return {
+        "error": "bad argument: " + "; ".join(problems),
+        "code": BAD_ARGUMENT,
+        "argument": argument,
+        "problems": problems,
+    }
+
+
 def build_server() -> MCPServer:
     """The MCP server with one tool per verb; ``run_stdio`` serves it."""
-    server = MCPServer(
+    server = _Server(
         name="mldbg", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )
     tools = Tools()

@@ -54,17 +54,15 @@ def check_output(path: str | os.PathLike[str], signature: bytes) -> Path:
     if info is not None:
         if not stat.S_ISREG(info.st_mode):
             raise OutputRefused(
-                0,
-                "exists and is not a regular file (a directory, FIFO or device): not replaced",
                 str(target),
+                "exists and is not a regular file (a directory, FIFO or device): not replaced",
             )
         with reading.open_regular(target) as existing:
             head = existing.read(len(signature))
         if not head.startswith(signature):
             raise OutputRefused(
-                0,
+                str(target),
                 "exists and was not written by mldbg as this kind of file: not replaced "
                 "(remove it, or name another file)",
-                str(target),
             )
     return target

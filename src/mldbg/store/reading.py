@@ -25,6 +25,16 @@ from typing import IO, Any
 
 from ..errors import FileTooLarge, NotARegularFile
 
+__all__ = [
+    "FileTooLarge",
+    "NotARegularFile",
+    "lines",
+    "loads",
+    "open_regular",
+    "read_bytes",
+    "read_json",
+]
+
 # The largest JSON document read whole (a capture.json lists up to 100,000 module paths;
 # a map file); larger is refused as not what mldbg wrote.
 MAX_JSON_BYTES = 64 * 1024 * 1024
@@ -34,6 +44,18 @@ MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_LINE_BYTES = 32 * 1024 * 1024
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a file"
+
+
 def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
     """``path`` opened for binary reading, if it is a regular file (after symlinks);
     :class:`NotARegularFile` (an ``OSError``) otherwise, without blocking on a FIFO."""
@@ -41,7 +63,7 @@ def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise NotARegularFile(path, mode)
+            raise NotARegularFile(os.fspath(path), _kind(mode))
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~getattr(os, "O_NONBLOCK", 0))
         return os.fdopen(fd, "rb")

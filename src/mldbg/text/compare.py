@@ -10,13 +10,13 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from .. import results as R
 from ..memory import human_size as _size
 from .console import err, out
+from .console import one_line as escape  # every text here is one line; names from captures too
 
 FOLD = 6  # agreeing rows in a row beyond which the middle ones are folded
 UNPAIRED_SHOWN = 20  # unpaired names printed per side (all of them are in --json / --html)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -56,6 +57,17 @@ def escape(text: str) -> str:
     from rich.markup import escape as rich_escape
 
     return rich_escape(text)
+
+
+# C0 controls but the tab, DEL and the C1 controls: what a terminal acts on instead of showing.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def one_line(text: str) -> str:
+    """:func:`escape`, and every control character made visible (``\\n``, ``\\x1b``): for
+    a name from a file someone else wrote (a capture's directory or index), which must
+    stay on its row and may not drive the terminal (an ESC sequence, a bell)."""
+    return escape(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text))
 
 
 if not TYPE_CHECKING:  # rich's Table to the type checker; imported when first used

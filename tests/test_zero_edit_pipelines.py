@@ -248,7 +248,9 @@ def test_a_model_driven_through_its_method_is_one_model(
 def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
     tmp_path: Path,
 ) -> None:
-    """The coarse pass names a module of the pipeline's second model (``pipe.2``); the
+    """Comparing the first models says the run holds more (``other_models``: a clean
+    text encoder answered "match" while the VAE after it diverged).  The coarse pass
+    names a module of the pipeline's second model (``pipe.2``); the
     ``narrow`` hint's fine pass (``--capture-within``) applies to every model of the run:
     the ones without that module ran uncaptured with a "not captured" line each on the
     script's stderr, and the hint said "then compare those" where the capture to compare
@@ -267,7 +269,14 @@ def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
         (path,) = (directory / ".mldbg" / "runs").glob(f"*/captures/{name}")
         return str(path)
 
+    # The first models agree; the answer says that it covers that model only.
+    first = mldbg.compare(captured(ref_dir, "ref"), captured(port_dir, "port")).result
+    assert first["ok"]
+    others = first["other_models"]
+    assert others["models_a"] == ["ref.2"] and others["models_b"] == ["port.2"]
+    assert "mldbg compare ref.2 port.2" in others["hint"] and "…" not in others["hint"]
     result = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2")).result
+    assert "other_models" not in result  # a later model's name says which it is
     narrow = result["narrow"]
     assert narrow is not None, result["first_divergence"]
     within = narrow["within_a"]

@@ -266,9 +266,19 @@ class Tracker:
             return (model if model.open else None), True
 
     def _open(self, module: object, name: str) -> Capture | None:
-        from .capture import Capture, NoSuchModule
+        from .capture import Capture, has_module
 
         spec = self.spec
+        if spec.within is not None and not has_module(module, spec.within):
+            # A pipeline's other models lack the module the fine pass looks inside: they
+            # run uncaptured, quietly; ``finish`` speaks up if no model had it.
+            try:  # its message lists paths the model has
+                Capture(module, name, within=spec.within)
+                why = ""
+            except Exception as exc:
+                why = f": {exc}"
+            self.without_within.append(f"{name} ({type(module).__name__}){why}")
+            return None
         try:
             capture = Capture(
                 module,
@@ -283,11 +293,6 @@ class Tracker:
                 upstream=self._upstream(),
             )
             capture.__enter__()
-        except NoSuchModule as exc:
-            # A pipeline's other models lack the module the fine pass looks inside: they
-            # run uncaptured, quietly; ``finish`` speaks up if no model had it.
-            self.without_within.append(f"{name} ({type(module).__name__}): {exc}")
-            return None
         except Exception as exc:  # never break the script: say why this model is not captured
             message = f"mldbg capture {name!r} ({type(module).__name__}): not captured: {exc}"
             self.problems.append(message)

@@ -380,8 +380,20 @@ def _rank() -> tuple[int, int] | None:
     return (rank, world) if world > 1 else None
 
 
-class NoSuchModule(ValueError):
-    """``within`` names a module the model does not have (the message lists some it has)."""
+def has_module(model: Any, path: str) -> bool:
+    """Whether ``model`` (torch or MLX) has a module at ``path`` (``<root>``: itself).
+    True when that cannot be told (a model capture refuses): the capture says why."""
+    try:
+        framework = _framework(model)
+        if framework == "torch":
+            from . import torch_hooks as backend
+        else:
+            from . import mlx_wrappers as backend  # type: ignore[no-redef]
+        target = backend.prepare(model)
+        label = module_label(path)
+        return any(module_label(p) == label for p, _ in backend.named_modules(target))
+    except Exception:
+        return True
 
 
 def _within(backend: Any, target: Any, within: str) -> list[str]:
@@ -390,7 +402,7 @@ def _within(backend: Any, target: Any, within: str) -> list[str]:
     paths = [module_label(path) for path, _ in backend.named_modules(target)]
     if label not in paths:
         close = [p for p in paths if label.rsplit(".", 1)[-1] in p][:10] or paths[:10]
-        raise NoSuchModule(
+        raise ValueError(
             f"within={within!r}: the model has no module of that path (some it has: "
             + ", ".join(close)
             + ")"

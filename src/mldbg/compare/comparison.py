@@ -24,7 +24,7 @@ from .propose import propose_map
 from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors
 from .rules import CallKey, call_key, first_divergence
 from .sources import CompareInputError, Source
-from .upstream import upstream_of
+from .upstream import other_models_hint, upstream_of
 from .verdict import (
     NO_FLOOR,
     Depths,
@@ -162,6 +162,9 @@ def compare_sources(
     narrow = narrow_hint(a, b, culprit, results)
     if narrow is not None:  # a coarse pass: where the fine one should look
         document["narrow"] = narrow
+    others = other_models_hint(a, b)
+    if others is not None:  # a pipeline's first model: the others are captures of their own
+        document["other_models"] = others
     from .ops import compare_ops
 
     ops = compare_ops(a, b)

@@ -270,6 +270,14 @@ class NarrowHint(TypedDict):
     hint: str
 
 
+class OtherModels(TypedDict):
+    """The later models a zero-edit run captured beside the first (``upstream.py``)."""
+
+    models_a: list[str]
+    models_b: list[str]
+    hint: str
+
+
 class WeightsHint(TypedDict):
     """The culprit's own parameters as the first suspect (``narrow.py``)."""
 

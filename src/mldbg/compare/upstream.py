@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture.store import check_capture_name
+from .records import OtherModels
 from .sources import Source, open_capture
 from .verdict import COND_C, NO_FLOOR, Floor
 
@@ -85,3 +86,51 @@ def _item(item: Any) -> tuple[str | None, int]:
     except ValueError:
         return None, 0
     return name, ended if isinstance(ended, int) and ended > 0 else 0
+
+
+MAX_LISTED = 20  # later models named in the hint (a process captures at most 64)
+
+
+def later_models(source: Source) -> list[str]:
+    """The captures of the models ``source``'s run called after it, when ``source`` is
+    the first model of a zero-edit run (they list it first among their ``upstream``)."""
+    import json
+
+    if source.kind != "capture" or source.meta.get("upstream"):
+        return []
+    name = source.meta.get("name") or source.path.name
+    found: list[tuple[int, str]] = []
+    for meta_path in source.path.parent.glob("*/capture.json"):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        listed = meta.get("upstream") if isinstance(meta, dict) else None
+        first = listed[0] if isinstance(listed, list) and listed else None
+        if isinstance(first, dict) and first.get("capture") == name:
+            found.append((len(listed or ()), str(meta.get("name") or meta_path.parent.name)))
+    return [n for _, n in sorted(found)]
+
+
+def other_models_hint(a: Source, b: Source) -> OtherModels | None:
+    """When ``a`` is the first of several models its run captured (``start --capture``
+    on a pipeline: text encoder ``NAME``, denoiser ``NAME.2``...), say that this
+    comparison covers that one only, and how to compare the others."""
+    models_a, models_b = later_models(a), later_models(b)
+    if not models_a and not models_b:
+        return None
+    name_b = b.meta.get("name") or b.path.name
+    pairs = [
+        f"mldbg compare {m} {name_b}{m[len(str(a.meta.get('name') or '')) :]}" for m in models_a[:3]
+    ]
+    counts = (
+        f"the reference's run captured {len(models_a) + 1} models, the port's {len(models_b) + 1}"
+    )
+    hint = (
+        f"this compares the first model of each run only; {counts}: compare the others "
+        f"model by model"
+        + (f" ({'; '.join(pairs)}{'…' if len(models_a) > len(pairs) else ''})" if pairs else "")
+    )
+    if len(models_a) != len(models_b):
+        hint += ": the runs did not call as many models (a model called in only one of them?)"
+    return {"models_a": models_a[:MAX_LISTED], "models_b": models_b[:MAX_LISTED], "hint": hint}

@@ -284,6 +284,12 @@ def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
     assert "compare NAME.2 with the port's NAME.2" in narrow["hint"]
     fine = run_script(ref_dir, VAE_DECODE, "clean", name="fine", within=within)
     assert "not captured" not in fine.stderr, fine.stderr
+    # The denoiser, which lacks that module, is on the index only: its calls (and what
+    # they round, for the VAE's bounds), no tensor.
+    (denoiser,) = (ref_dir / ".mldbg" / "runs").glob("*/captures/fine/capture.json")
+    assert json.loads(denoiser.read_text())["index_only"] is True
+    lines = index_of(ref_dir, "fine")
+    assert lines and all(line.get("tensors") is None for line in lines)
     run_script(port_dir, VAE_DECODE, "bug", name="fine", within=within, sensitivity=False)
     fine_result = mldbg.compare(captured(ref_dir, "fine.2"), captured(port_dir, "fine.2"))
     culprit = fine_result.first_divergence

@@ -269,16 +269,17 @@ class Tracker:
         from .capture import Capture, has_module
 
         spec = self.spec
-        if spec.within is not None and not has_module(module, spec.within):
-            # A pipeline's other models lack the module the fine pass looks inside: they
-            # run uncaptured, quietly; ``finish`` speaks up if no model had it.
+        lacking = spec.within is not None and not has_module(module, spec.within)
+        if lacking:
+            # A pipeline's other models lack the module the fine pass looks inside: each
+            # is captured index-only, quietly (its calls and their rounding, which the
+            # models after it read; no tensors); ``finish`` speaks up if none had it.
             try:  # its message lists paths the model has
                 Capture(module, name, within=spec.within)
                 why = ""
             except Exception as exc:
                 why = f": {exc}"
             self.without_within.append(f"{name} ({type(module).__name__}){why}")
-            return None
         try:
             capture = Capture(
                 module,
@@ -287,10 +288,11 @@ class Tracker:
                 mode=spec.mode,
                 depth=spec.depth,
                 budget=spec.budget,
-                within=spec.within,
+                within=None if lacking else spec.within,
                 ops=spec.ops,
                 sensitivity=spec.sensitivity,
                 upstream=self._upstream(),
+                index_only=lacking,
             )
             capture.__enter__()
         except Exception as exc:  # never break the script: say why this model is not captured
@@ -372,12 +374,12 @@ class Tracker:
             for model in self.models.values():
                 if model.open:
                     self._close(model)
-            if self.without_within and not self.captures():
+            if self.without_within and all(c.index_only for c in self.captures()):
                 shown = self.without_within[:3]
                 more = len(self.without_within) - len(shown)
                 message = (
                     f"mldbg capture {self.spec.name!r}: no model has the module "
-                    f"within={self.spec.within!r}, nothing was captured: "
+                    f"within={self.spec.within!r}, no tensor was captured: "
                     + "; ".join(shown)
                     + (f"; and {more} more" if more else "")
                 )

@@ -83,6 +83,7 @@ class Capture:
         sensitivity: bool = True,
         ops: str | Iterable[str] | None = None,
         upstream: list[dict[str, Any]] | None = None,
+        index_only: bool = False,
     ) -> None:
         # Several models (a pipeline's): one container holds them under their names.
         self.models = list(model) if _is_pipeline(model) else None
@@ -128,6 +129,11 @@ class Capture:
         self.within_patterns = (
             None if within is None else _within(self._backend(), self._target, within)
         )
+        # ``index_only``: every call outside, no tensors at all (a pipeline's model that
+        # lacks the fine pass's module: the models after it still learn what it rounded).
+        self.index_only = index_only
+        if index_only:
+            self.within_patterns = []
         self.path: Path | None = None
         self._entered = False
         self._directory: CaptureDir | None = None
@@ -198,6 +204,7 @@ class Capture:
                     "modules": self._module_paths(backend, target),
                     **({"models": self.models} if self.models else {}),
                     **({"upstream": self.upstream} if self.upstream else {}),
+                    **({"index_only": True} if self.index_only else {}),
                 },
             )
         except OSError as exc:  # no room for even the directory: the model runs uncaptured

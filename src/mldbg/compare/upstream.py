@@ -112,24 +112,36 @@ def later_models(source: Source) -> list[str]:
     return [n for _, n in sorted(found)]
 
 
+def position(source: Source) -> int:
+    """Which model of its zero-edit run ``source`` is: 1 + the captures before it."""
+    listed = source.meta.get("upstream") if source.kind == "capture" else None
+    return 1 + len(listed) if isinstance(listed, list) else 1
+
+
 def other_models_hint(a: Source, b: Source) -> OtherModels | None:
-    """When ``a`` is the first of several models its run captured (``start --capture``
-    on a pipeline: text encoder ``NAME``, denoiser ``NAME.2``...), say that this
-    comparison covers that one only, and how to compare the others."""
+    """When ``a`` and ``b`` are the first of several models their runs captured (``start
+    --capture`` on a pipeline: text encoder ``NAME``, denoiser ``NAME.2``...), say that
+    this comparison covers that one only, and how to compare the others.  When they are
+    not the same model of their runs (``ref.2`` against ``port``), say that instead."""
     models_a, models_b = later_models(a), later_models(b)
+    name_a = str(a.meta.get("name") or a.path.name)
+    name_b = str(b.meta.get("name") or b.path.name)
+    at_a, at_b = position(a), position(b)
+    if at_a != at_b:
+        return {
+            "models_a": models_a[:MAX_LISTED],
+            "models_b": models_b[:MAX_LISTED],
+            "hint": f"{name_a} is model {at_a} of its run and {name_b} model {at_b} of its "
+            "own: compare the same model of each run (NAME.k with NAME.k)",
+        }
     if not models_a and not models_b:
         return None
-    name_b = b.meta.get("name") or b.path.name
-    pairs = [
-        f"mldbg compare {m} {name_b}{m[len(str(a.meta.get('name') or '')) :]}" for m in models_a[:3]
-    ]
-    counts = (
-        f"the reference's run captured {len(models_a) + 1} models, the port's {len(models_b) + 1}"
-    )
+    pairs = [f"mldbg compare {m} {name_b}{m[len(name_a) :]}" for m in models_a[:3]]
+    more = "…" if len(models_a) > len(pairs) else ""
     hint = (
-        f"this compares the first model of each run only; {counts}: compare the others "
-        f"model by model"
-        + (f" ({'; '.join(pairs)}{'…' if len(models_a) > len(pairs) else ''})" if pairs else "")
+        f"this compares the first model of each run only; the reference's run captured "
+        f"{len(models_a) + 1} models, the port's {len(models_b) + 1}: compare the others "
+        f"model by model" + (f" ({'; '.join(pairs)}{more})" if pairs else "")
     )
     if len(models_a) != len(models_b):
         hint += ": the runs did not call as many models (a model called in only one of them?)"

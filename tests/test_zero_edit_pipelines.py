@@ -277,6 +277,8 @@ def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
     assert "mldbg compare ref.2 port.2" in others["hint"] and "…" not in others["hint"]
     result = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2")).result
     assert "other_models" not in result  # a later model's name says which it is
+    with pytest.raises(mldbg.CompareInputError, match="ref.2 is model 2 of its run and port"):
+        mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port"))  # nothing pairs
     narrow = result["narrow"]
     assert narrow is not None, result["first_divergence"]
     within = narrow["within_a"]

@@ -24,7 +24,7 @@ from .propose import propose_map
 from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors
 from .rules import CallKey, call_key, first_divergence
 from .sources import CompareInputError, Source
-from .upstream import other_models_hint, upstream_of
+from .upstream import model_position, other_models_hint, upstream_of
 from .verdict import (
     NO_FLOOR,
     Depths,
@@ -498,6 +498,9 @@ def _nothing_paired(
         if proposal
         else ""
     )
+    others = other_models_hint(a, b)
+    if others is not None and model_position(a) != model_position(b):  # ref.2 against port
+        hint += f". {others['hint']}"
     return (
         f"no tensor names in common: {a.label} has {some(alignment.unpaired_a)}; "
         f"{b.label} has {some(alignment.unpaired_b)}. Map B's names onto A's with --map FILE" + hint

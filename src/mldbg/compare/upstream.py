@@ -112,7 +112,7 @@ def later_models(source: Source) -> list[str]:
     return [n for _, n in sorted(found)]
 
 
-def position(source: Source) -> int:
+def model_position(source: Source) -> int:
     """Which model of its zero-edit run ``source`` is: 1 + the captures before it."""
     listed = source.meta.get("upstream") if source.kind == "capture" else None
     return 1 + len(listed) if isinstance(listed, list) else 1
@@ -126,7 +126,7 @@ def other_models_hint(a: Source, b: Source) -> OtherModels | None:
     models_a, models_b = later_models(a), later_models(b)
     name_a = str(a.meta.get("name") or a.path.name)
     name_b = str(b.meta.get("name") or b.path.name)
-    at_a, at_b = position(a), position(b)
+    at_a, at_b = model_position(a), model_position(b)
     if at_a != at_b:
         return {
             "models_a": models_a[:MAX_LISTED],

@@ -352,3 +352,59 @@ def test_replay_feeds_the_reference_inputs_through_the_ports_own_call(
     culprit = mldbg.compare("ref", "bug", replay="rep").first_divergence
     assert culprit is not None and culprit["module"] == "transformer_blocks.0.attn"
     assert culprit.get("local") is True
+
+
+TWO_ENCODERS = """
+    import sys
+    import torch
+
+    class Clip(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token_proj = torch.nn.Linear(4, 4)
+            self.final_norm = torch.nn.LayerNorm(4)
+
+        def forward(self, x):
+            return self.final_norm(self.token_proj(x))
+
+    class T5(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wi = torch.nn.Linear(4, 8)
+            self.wo = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.wo(torch.relu(self.wi(x)))
+
+    torch.manual_seed(0)
+    clip, t5, x = Clip().eval(), T5().eval(), torch.randn(2, 4)
+    with torch.no_grad():
+        order = [t5, clip] if sys.argv[1:] == ["t5-first"] else [clip, t5]
+        for encoder in order:
+            encoder(x)
+"""
+
+
+def test_models_called_in_another_order_are_pointed_at(tmp_path: Path) -> None:
+    """The port encodes with T5 before CLIP: ``NAME.2`` is T5 in one run and CLIP in the
+    other.  Entries that happen to share a name pair (``<root>#0.out``), and compare gave
+    a verdict about two different models; now it says which capture of the port's run
+    holds the reference model's modules."""
+    import mldbg
+
+    ref_dir, port_dir = tmp_path / "ref", tmp_path / "port"
+    ref_dir.mkdir()
+    port_dir.mkdir()
+    run_script(ref_dir, TWO_ENCODERS, "clip-first", name="ref")
+    run_script(port_dir, TWO_ENCODERS, "t5-first", name="port", sensitivity=False)
+
+    def captured(directory: Path, name: str) -> str:
+        (path,) = (directory / ".mldbg" / "runs").glob(f"*/captures/{name}")
+        return str(path)
+
+    crossed = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2")).result
+    others = crossed["other_models"]
+    assert others["counterpart_b"] == "port"
+    assert "compare ref.2 with port" in others["hint"]
+    same = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port")).result
+    assert same["ok"] and "counterpart_b" not in (same.get("other_models") or {})

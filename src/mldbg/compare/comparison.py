@@ -499,7 +499,9 @@ def _nothing_paired(
         else ""
     )
     others = other_models_hint(a, b)
-    if others is not None and model_position(a) != model_position(b):  # ref.2 against port
+    if others is not None and (
+        "counterpart_b" in others or model_position(a) != model_position(b)
+    ):  # ref.2 against port, or T5 against CLIP: not the same model
         hint += f". {others['hint']}"
     return (
         f"no tensor names in common: {a.label} has {some(alignment.unpaired_a)}; "

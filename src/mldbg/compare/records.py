@@ -276,6 +276,7 @@ class OtherModels(TypedDict):
     models_a: list[str]
     models_b: list[str]
     hint: str
+    counterpart_b: NotRequired[str]  # the capture of B's run that holds A's modules
 
 
 class WeightsHint(TypedDict):

@@ -126,6 +126,16 @@ def other_models_hint(a: Source, b: Source) -> OtherModels | None:
     models_a, models_b = later_models(a), later_models(b)
     name_a = str(a.meta.get("name") or a.path.name)
     name_b = str(b.meta.get("name") or b.path.name)
+    elsewhere = counterpart_elsewhere(a, b)
+    if elsewhere is not None:
+        return {
+            "models_a": models_a[:MAX_LISTED],
+            "models_b": models_b[:MAX_LISTED],
+            "hint": f"most of {name_a}'s modules are not in {name_b} but in {elsewhere}, "
+            f"another capture of its run: did the runs call their models in another order? "
+            f"compare {name_a} with {elsewhere}",
+            "counterpart_b": elsewhere,
+        }
     at_a, at_b = model_position(a), model_position(b)
     if at_a != at_b:
         return {
@@ -146,3 +156,31 @@ def other_models_hint(a: Source, b: Source) -> OtherModels | None:
     if len(models_a) != len(models_b):
         hint += ": the runs did not call as many models (a model called in only one of them?)"
     return {"models_a": models_a[:MAX_LISTED], "models_b": models_b[:MAX_LISTED], "hint": hint}
+
+
+def counterpart_elsewhere(a: Source, b: Source) -> str | None:
+    """When ``a`` and ``b`` share no module path but another capture of ``b``'s run has
+    most of ``a``'s (its ``capture.json`` lists every module it kept), its name: the two
+    runs called their models in another order (T5 before CLIP), so ``NAME.2`` is not the
+    same model in both."""
+    import json
+
+    if a.kind != "capture" or b.kind != "capture":
+        return None
+    ours = {str(p) for p in a.meta.get("modules") or [] if p}
+    theirs = {str(p) for p in b.meta.get("modules") or [] if p}
+    if len(ours) < 2 or len(ours & theirs) * 2 > len(ours):
+        return None
+    best, best_share = None, 0.5
+    for meta_path in sorted(b.path.parent.glob("*/capture.json"))[:MAX_UPSTREAM]:
+        if meta_path.parent == b.path:
+            continue
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        modules = {str(p) for p in meta.get("modules") or [] if p}
+        share = len(ours & modules) / len(ours)
+        if share > best_share:
+            best, best_share = str(meta.get("name") or meta_path.parent.name), share
+    return best

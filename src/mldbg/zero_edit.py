@@ -235,7 +235,7 @@ class Tracker:
         ``self`` and holds a module of a patched framework."""
         found: list[object] = []
         looked: set[int] = set()
-        frame: FrameType | None = sys._getframe(2)  # the caller of the patched __call__
+        frame: FrameType | None = sys._getframe(1)  # this module's own frames are skipped
         while frame is not None:
             code = frame.f_code
             if code.co_argcount and code.co_varnames[0] == "self" and code.co_filename != __file__:

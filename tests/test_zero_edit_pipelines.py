@@ -277,7 +277,7 @@ def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
     assert "mldbg compare ref.2 port.2" in others["hint"] and "…" not in others["hint"]
     result = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2")).result
     assert "other_models" not in result  # a later model's name says which it is
-    with pytest.raises(mldbg.CompareInputError, match="ref.2 is model 2 of its run and port"):
+    with pytest.raises(mldbg.CompareInputError, match="compare ref.2 with port.2"):
         mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port"))  # nothing pairs
     narrow = result["narrow"]
     assert narrow is not None, result["first_divergence"]
@@ -407,4 +407,5 @@ def test_models_called_in_another_order_are_pointed_at(tmp_path: Path) -> None:
     assert others["counterpart_b"] == "port"
     assert "compare ref.2 with port" in others["hint"]
     same = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port")).result
-    assert same["ok"] and "counterpart_b" not in (same.get("other_models") or {})
+    assert same["ok"] and "counterpart_b" not in same["other_models"]
+    assert "ref.2 is model 2 of its run and port model 1" in same["other_models"]["hint"]

@@ -290,8 +290,11 @@ def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
     # they round, for the VAE's bounds), no tensor.
     (denoiser,) = (ref_dir / ".mldbg" / "runs").glob("*/captures/fine/capture.json")
     assert json.loads(denoiser.read_text())["index_only"] is True
+    assert json.loads(denoiser.read_text())["within"] == within
     lines = index_of(ref_dir, "fine")
     assert lines and all(line.get("tensors") is None for line in lines)
+    with pytest.raises(mldbg.CompareInputError, match="captured index-only"):
+        mldbg.compare(captured(ref_dir, "fine"), captured(ref_dir, "fine"))
     run_script(port_dir, VAE_DECODE, "bug", name="fine", within=within, sensitivity=False)
     fine_result = mldbg.compare(captured(ref_dir, "fine.2"), captured(port_dir, "fine.2"))
     culprit = fine_result.first_divergence

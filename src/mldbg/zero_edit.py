@@ -288,7 +288,7 @@ class Tracker:
                 mode=spec.mode,
                 depth=spec.depth,
                 budget=spec.budget,
-                within=None if lacking else spec.within,
+                within=spec.within,
                 ops=spec.ops,
                 sensitivity=spec.sensitivity,
                 upstream=self._upstream(),

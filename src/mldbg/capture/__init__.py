@@ -126,14 +126,17 @@ class Capture:
         # for calls below ``depth``), and measured: the module's inputs carry what every
         # call before it rounded (an ill-conditioned timestep embedding's floor included),
         # and compare can bound them only from the whole call tree.
-        self.within_patterns = (
-            None if within is None else _within(self._backend(), self._target, within)
-        )
         # ``index_only``: every call outside, no tensors at all (a pipeline's model that
-        # lacks the fine pass's module: the models after it still learn what it rounded).
+        # lacks the fine pass's ``within`` module: the models after it still learn what
+        # it rounded); its ``within`` is then not checked, only recorded.
         self.index_only = index_only
-        if index_only:
-            self.within_patterns = []
+        self.within_patterns = (
+            []
+            if index_only
+            else None
+            if within is None
+            else _within(self._backend(), self._target, within)
+        )
         self.path: Path | None = None
         self._entered = False
         self._directory: CaptureDir | None = None

@@ -491,6 +491,12 @@ def _nothing_paired(
 
     if not alignment.unpaired_a or not alignment.unpaired_b:
         empty = a if not alignment.unpaired_a else b
+        if empty.meta.get("index_only"):  # a pipeline's model without the within module
+            return (
+                f"{empty.label} has no tensors to compare: it was captured index-only, "
+                f"lacking the module within={empty.meta.get('within')!r} that another model "
+                "of its run has (compare that model's capture, NAME.k)"
+            )
         return f"{empty.label} has no tensors to compare"
     hint = (
         " (a map proposed from the module trees is in proposed_map; "

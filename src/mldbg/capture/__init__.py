@@ -234,6 +234,10 @@ class Capture:
             settle=getattr(backend, "settle", None),
         )
         self._recorder.sensitivity = self.sensitivity
+        self._recorder.models = frozenset(
+            id(m) for m in (target, *(getattr(target, n, None) for n in self.models or ()))
+        )
+        self._recorder.model_paths = frozenset({"", *(self.models or ())})
         if self.within_patterns is not None:
             self._recorder.inside = self.inside
         self._started = time.perf_counter()

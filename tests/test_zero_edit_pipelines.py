@@ -239,8 +239,13 @@ def test_a_model_driven_through_its_method_is_one_model(
     vae = "pipe" if models else "pipe.2"
     assert sorted(metas) == (["pipe"] if models else ["pipe", "pipe.2"])
     assert metas[vae]["model_class"].endswith("AutoencoderKL")
-    calls = top_level_calls(index_of(tmp_path, vae))
-    assert calls == [("post_quant_conv", 0), ("decoder", 0)]
+    lines = index_of(tmp_path, vae)
+    assert top_level_calls(lines) == [("post_quant_conv", 0), ("decoder", 0)]
+    # Both sited at the script's line that called decode (the code that feeds the VAE),
+    # not inside diffusers' decode.
+    sites = {line["site"] for line in lines if line["event"] == "call" and line["parent"] is None}
+    (site,) = sites
+    assert site.startswith(str(tmp_path / "script.py")), site
     if not models:
         assert metas["pipe"]["model_class"].endswith("Linear")
 
@@ -248,7 +253,9 @@ def test_a_model_driven_through_its_method_is_one_model(
 def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
     tmp_path: Path,
 ) -> None:
-    """The coarse pass names a module of the pipeline's second model (``pipe.2``); the
+    """Comparing the first models says the run holds more (``other_models``: a clean
+    text encoder answered "match" while the VAE after it diverged).  The coarse pass
+    names a module of the pipeline's second model (``pipe.2``); the
     ``narrow`` hint's fine pass (``--capture-within``) applies to every model of the run:
     the ones without that module ran uncaptured with a "not captured" line each on the
     script's stderr, and the hint said "then compare those" where the capture to compare
@@ -267,7 +274,16 @@ def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
         (path,) = (directory / ".mldbg" / "runs").glob(f"*/captures/{name}")
         return str(path)
 
+    # The first models agree; the answer says that it covers that model only.
+    first = mldbg.compare(captured(ref_dir, "ref"), captured(port_dir, "port")).result
+    assert first["ok"]
+    others = first["other_models"]
+    assert others["models_a"] == ["ref.2"] and others["models_b"] == ["port.2"]
+    assert "mldbg compare ref.2 port.2" in others["hint"] and "…" not in others["hint"]
     result = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2")).result
+    assert "other_models" not in result  # a later model's name says which it is
+    with pytest.raises(mldbg.CompareInputError, match="compare ref.2 with port.2"):
+        mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port"))  # nothing pairs
     narrow = result["narrow"]
     assert narrow is not None, result["first_divergence"]
     within = narrow["within_a"]
@@ -275,6 +291,15 @@ def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
     assert "compare NAME.2 with the port's NAME.2" in narrow["hint"]
     fine = run_script(ref_dir, VAE_DECODE, "clean", name="fine", within=within)
     assert "not captured" not in fine.stderr, fine.stderr
+    # The denoiser, which lacks that module, is on the index only: its calls (and what
+    # they round, for the VAE's bounds), no tensor.
+    (denoiser,) = (ref_dir / ".mldbg" / "runs").glob("*/captures/fine/capture.json")
+    assert json.loads(denoiser.read_text())["index_only"] is True
+    assert json.loads(denoiser.read_text())["within"] == within
+    lines = index_of(ref_dir, "fine")
+    assert lines and all(line.get("tensors") is None for line in lines)
+    with pytest.raises(mldbg.CompareInputError, match="captured index-only"):
+        mldbg.compare(captured(ref_dir, "fine"), captured(ref_dir, "fine"))
     run_script(port_dir, VAE_DECODE, "bug", name="fine", within=within, sensitivity=False)
     fine_result = mldbg.compare(captured(ref_dir, "fine.2"), captured(port_dir, "fine.2"))
     culprit = fine_result.first_divergence
@@ -335,3 +360,60 @@ def test_replay_feeds_the_reference_inputs_through_the_ports_own_call(
     culprit = mldbg.compare("ref", "bug", replay="rep").first_divergence
     assert culprit is not None and culprit["module"] == "transformer_blocks.0.attn"
     assert culprit.get("local") is True
+
+
+TWO_ENCODERS = """
+    import sys
+    import torch
+
+    class Clip(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token_proj = torch.nn.Linear(4, 4)
+            self.final_norm = torch.nn.LayerNorm(4)
+
+        def forward(self, x):
+            return self.final_norm(self.token_proj(x))
+
+    class T5(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wi = torch.nn.Linear(4, 8)
+            self.wo = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.wo(torch.relu(self.wi(x)))
+
+    torch.manual_seed(0)
+    clip, t5, x = Clip().eval(), T5().eval(), torch.randn(2, 4)
+    with torch.no_grad():
+        order = [t5, clip] if sys.argv[1:] == ["t5-first"] else [clip, t5]
+        for encoder in order:
+            encoder(x)
+"""
+
+
+def test_models_called_in_another_order_are_pointed_at(tmp_path: Path) -> None:
+    """The port encodes with T5 before CLIP: ``NAME.2`` is T5 in one run and CLIP in the
+    other.  Entries that happen to share a name pair (``<root>#0.out``), and compare gave
+    a verdict about two different models; now it says which capture of the port's run
+    holds the reference model's modules."""
+    import mldbg
+
+    ref_dir, port_dir = tmp_path / "ref", tmp_path / "port"
+    ref_dir.mkdir()
+    port_dir.mkdir()
+    run_script(ref_dir, TWO_ENCODERS, "clip-first", name="ref")
+    run_script(port_dir, TWO_ENCODERS, "t5-first", name="port", sensitivity=False)
+
+    def captured(directory: Path, name: str) -> str:
+        (path,) = (directory / ".mldbg" / "runs").glob(f"*/captures/{name}")
+        return str(path)
+
+    crossed = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2")).result
+    others = crossed["other_models"]
+    assert others["counterpart_b"] == "port"
+    assert "compare ref.2 with port" in others["hint"]
+    same = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port")).result
+    assert same["ok"] and "counterpart_b" not in same["other_models"]
+    assert "ref.2 is model 2 of its run and port model 1" in same["other_models"]["hint"]

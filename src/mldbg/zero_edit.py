@@ -245,7 +245,7 @@ class Tracker:
         ``self`` and holds a module of a patched framework."""
         found: list[object] = []
         looked: set[int] = set()
-        frame: FrameType | None = sys._getframe(2)  # the caller of the patched __call__
+        frame: FrameType | None = sys._getframe(1)  # this module's own frames are skipped
         while frame is not None:
             code = frame.f_code
             if code.co_argcount and code.co_varnames[0] == "self" and code.co_filename != __file__:
@@ -276,9 +276,20 @@ class Tracker:
             return (model if model.open else None), True
 
     def _open(self, module: object, name: str) -> Capture | None:
-        from .capture import Capture, NoSuchModule
+        from .capture import Capture, has_module
 
         spec = self.spec
+        lacking = spec.within is not None and not has_module(module, spec.within)
+        if lacking:
+            # A pipeline's other models lack the module the fine pass looks inside: each
+            # is captured index-only, quietly (its calls and their rounding, which the
+            # models after it read; no tensors); ``finish`` speaks up if none had it.
+            try:  # its message lists paths the model has
+                Capture(module, name, within=spec.within)
+                why = ""
+            except Exception as exc:
+                why = f": {exc}"
+            self.without_within.append(f"{name} ({type(module).__name__}){why}")
         try:
             capture = Capture(
                 module,
@@ -291,13 +302,9 @@ class Tracker:
                 ops=spec.ops,
                 sensitivity=spec.sensitivity,
                 upstream=self._upstream(),
+                index_only=lacking,
             )
             capture.__enter__()
-        except NoSuchModule as exc:
-            # A pipeline's other models lack the module the fine pass looks inside: they
-            # run uncaptured, quietly; ``finish`` speaks up if no model had it.
-            self.without_within.append(f"{name} ({type(module).__name__}): {exc}")
-            return None
         except Exception as exc:  # never break the script: say why this model is not captured
             message = f"mldbg capture {name!r} ({type(module).__name__}): not captured: {exc}"
             self.problems.append(message)
@@ -377,12 +384,12 @@ class Tracker:
             for model in self.models.values():
                 if model.open:
                     self._close(model)
-            if self.without_within and not self.captures():
+            if self.without_within and all(c.index_only for c in self.captures()):
                 shown = self.without_within[:3]
                 more = len(self.without_within) - len(shown)
                 message = (
                     f"mldbg capture {self.spec.name!r}: no model has the module "
-                    f"within={self.spec.within!r}, nothing was captured: "
+                    f"within={self.spec.within!r}, no tensor was captured: "
                     + "; ".join(shown)
                     + (f"; and {more} more" if more else "")
                 )

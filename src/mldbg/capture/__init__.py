@@ -89,6 +89,7 @@ class Capture:
         sensitivity: bool = True,
         ops: str | Iterable[str] | None = None,
         upstream: list[dict[str, Any]] | None = None,
+        index_only: bool = False,
     ) -> None:
         # Several models (a pipeline's): one container holds them under their names.
         self.models = list(model) if _is_pipeline(model) else None
@@ -138,8 +139,16 @@ class Capture:
         # for calls below ``depth``), and measured: the module's inputs carry what every
         # call before it rounded (an ill-conditioned timestep embedding's floor included),
         # and compare can bound them only from the whole call tree.
+        # ``index_only``: every call outside, no tensors at all (a pipeline's model that
+        # lacks the fine pass's ``within`` module: the models after it still learn what
+        # it rounded); its ``within`` is then not checked, only recorded.
+        self.index_only = index_only
         self.within_patterns = (
-            None if within is None else _within(self._backend(), self._target, within)
+            []
+            if index_only
+            else None
+            if within is None
+            else _within(self._backend(), self._target, within)
         )
         self.path: Path | None = None
         self._entered = False
@@ -211,6 +220,7 @@ class Capture:
                     "modules": self._module_paths(backend, target),
                     **({"models": self.models} if self.models else {}),
                     **({"upstream": self.upstream} if self.upstream else {}),
+                    **({"index_only": True} if self.index_only else {}),
                 },
             )
         except OSError as exc:  # no room for even the directory: the model runs uncaptured
@@ -238,6 +248,10 @@ class Capture:
             clock=backend.device_clock() if hasattr(backend, "device_clock") else None,
         )
         self._recorder.sensitivity = self.sensitivity
+        self._recorder.models = frozenset(
+            id(m) for m in (target, *(getattr(target, n, None) for n in self.models or ()))
+        )
+        self._recorder.model_paths = frozenset({"", *(self.models or ())})
         if self.within_patterns is not None:
             self._recorder.inside = self.inside
         self._started = time.perf_counter()
@@ -428,6 +442,22 @@ def _rank() -> tuple[int, int] | None:
     except (KeyError, ValueError):
         return None
     return (rank, world) if world > 1 else None
+
+
+def has_module(model: Any, path: str) -> bool:
+    """Whether ``model`` (torch or MLX) has a module at ``path`` (``<root>``: itself).
+    True when that cannot be told (a model capture refuses): the capture says why."""
+    try:
+        framework = _framework(model)
+        if framework == "torch":
+            from . import torch_hooks as backend
+        else:
+            from . import mlx_wrappers as backend  # type: ignore[no-redef]
+        target = backend.prepare(model)
+        label = module_label(path)
+        return any(module_label(p) == label for p, _ in backend.named_modules(target))
+    except Exception:
+        return True
 
 
 def _within(backend: Any, target: Any, within: str) -> list[str]:

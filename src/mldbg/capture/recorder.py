@@ -176,7 +176,12 @@ class Recorder:
             self._seq += 1
             call = self._calls.get(path, 0)
             self._calls[path] = call + 1
-        site = None if stack else call_site()  # a top-level call: the script line
+        site = None
+        if not stack:  # a top-level call: the line of the code that called the model
+            # A submodule called from the model's own method (vae.decode -> decoder):
+            # the line that called that method, past the model's frames.
+            owners = self.models if path not in self.model_paths else frozenset()
+            site = call_site(models=owners)
         record: CallLine = {
             "event": "call",
             "seq": seq,
@@ -276,6 +281,10 @@ class Recorder:
 
     # Whether calls are re-run for their sensitivity (``capture(sensitivity=...)``).
     sensitivity = True
+    # The captured model(s): their ids and module paths ("" for one model, each name of
+    # a pipeline's): a top-level call of a submodule is sited outside their methods.
+    models: frozenset[int] = frozenset()
+    model_paths: frozenset[str] = frozenset({""})
     # ``capture(within=...)``: whether a module path's tensors are recorded (None: all).
     # A call outside is on the index (``outside_within``) and measured, without tensors.
     inside: Callable[[str], bool] | None = None

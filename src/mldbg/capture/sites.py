@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 _SKIPPED: tuple[str, ...] | None = None
 
@@ -27,15 +28,25 @@ def _skipped() -> tuple[str, ...]:
     return _SKIPPED
 
 
-def call_site(limit: int = 64) -> str | None:
-    """``file:line`` of the innermost frame that is not mldbg's, torch's or MLX's own."""
+def call_site(limit: int = 64, models: frozenset[int] = frozenset()) -> str | None:
+    """``file:line`` of the innermost frame that is not mldbg's, torch's or MLX's own, nor
+    a method of one of ``models`` (their ids): a VAE driven through ``vae.decode(z)``
+    calls its ``decoder`` from its own method, and the line that matters for the code
+    between two models is the pipeline's that called ``decode``."""
     skipped = _skipped()
     frame = sys._getframe(1)
     for _ in range(limit):
         if frame is None:
             return None
         filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(skipped):
+        if not filename.startswith(skipped) and not _method_of(frame, models):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return None
+
+
+def _method_of(frame: Any, models: frozenset[int]) -> bool:
+    code = frame.f_code
+    if not models or not code.co_argcount or code.co_varnames[0] != "self":
+        return False
+    return id(frame.f_locals.get("self")) in models

@@ -24,7 +24,7 @@ from .propose import propose_map
 from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors
 from .rules import CallKey, call_key, first_divergence
 from .sources import CompareInputError, Entry, Source
-from .upstream import upstream_of
+from .upstream import model_position, other_models_hint, upstream_of
 from .verdict import (
     NO_FLOOR,
     Depths,
@@ -162,6 +162,9 @@ def compare_sources(
     narrow = narrow_hint(a, b, culprit, results)
     if narrow is not None:  # a coarse pass: where the fine one should look
         document["narrow"] = narrow
+    others = other_models_hint(a, b)
+    if others is not None:  # a pipeline's first model: the others are captures of their own
+        document["other_models"] = others
     from .ops import ModuleVerdict, compare_ops
 
     verdicts: dict[tuple[str, int], ModuleVerdict] = {}  # each module call's outputs
@@ -495,6 +498,12 @@ def _nothing_paired(
 
     if not alignment.unpaired_a or not alignment.unpaired_b:
         empty = a if not alignment.unpaired_a else b
+        if empty.meta.get("index_only"):  # a pipeline's model without the within module
+            return (
+                f"{empty.label} has no tensors to compare: it was captured index-only, "
+                f"lacking the module within={empty.meta.get('within')!r} that another model "
+                "of its run has (compare that model's capture, NAME.k)"
+            )
         if empty.not_written:  # a byte budget of 0, or one the first call used up
             return (
                 f"{empty.label} has no tensors to compare: its {empty.not_written} tensor(s) "
@@ -507,6 +516,11 @@ def _nothing_paired(
         if proposal
         else ""
     )
+    others = other_models_hint(a, b)
+    if others is not None and (
+        "counterpart_b" in others or model_position(a) != model_position(b)
+    ):  # ref.2 against port, or T5 against CLIP: not the same model
+        hint += f". {others['hint']}"
     return (
         f"no tensor names in common: {a.label} has {some(alignment.unpaired_a)}; "
         f"{b.label} has {some(alignment.unpaired_b)}. Map B's names onto A's with --map FILE" + hint

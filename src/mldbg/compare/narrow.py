@@ -60,7 +60,7 @@ def narrow_hint(
     suffix = _model_suffix(a)
     then = (
         f"then compare NAME{suffix} with the port's NAME{suffix} (the same model of each "
-        "run; the others, which lack that module, are not captured)"
+        "run; the others, which lack that module, keep no tensors)"
         if suffix
         else "then compare those"
     )

@@ -275,6 +275,15 @@ class NarrowHint(TypedDict):
     hint: str
 
 
+class OtherModels(TypedDict):
+    """The later models a zero-edit run captured beside the first (``upstream.py``)."""
+
+    models_a: list[str]
+    models_b: list[str]
+    hint: str
+    counterpart_b: NotRequired[str]  # the capture of B's run that holds A's modules
+
+
 class WeightsHint(TypedDict):
     """The culprit's own parameters as the first suspect (``narrow.py``)."""
 

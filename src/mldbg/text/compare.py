@@ -263,6 +263,9 @@ def _print_next_steps(result: dict[str, Any]) -> None:
     narrow = result.get("narrow")
     if narrow:
         out.print(f"  [yellow]next:[/] {escape(str(narrow.get('hint')))}")
+    others = result.get("other_models")
+    if others:
+        out.print(f"  [yellow]models:[/] {escape(str(others.get('hint')))}")
     items = list(result.get("ops") or [])
     items.sort(key=lambda item: item.get("first_divergence") is None)  # diverging first
     for item in items[:OP_CALLS_SHOWN]:

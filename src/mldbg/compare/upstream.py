@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture.store import check_capture_name
+from ..store.reading import read_json
 from .records import OtherModels
 from .sources import Source, open_capture
 from .verdict import COND_C, NO_FLOOR, Floor
@@ -94,15 +95,13 @@ MAX_LISTED = 20  # later models named in the hint (a process captures at most 64
 def later_models(source: Source) -> list[str]:
     """The captures of the models ``source``'s run called after it, when ``source`` is
     the first model of a zero-edit run (they list it first among their ``upstream``)."""
-    import json
-
     if source.kind != "capture" or source.meta.get("upstream"):
         return []
     name = source.meta.get("name") or source.path.name
     found: list[tuple[int, str]] = []
     for meta_path in source.path.parent.glob("*/capture.json"):
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = read_json(meta_path)  # regular files only: a FIFO never blocks
         except (OSError, ValueError):
             continue
         listed = meta.get("upstream") if isinstance(meta, dict) else None
@@ -163,8 +162,6 @@ def counterpart_elsewhere(a: Source, b: Source) -> str | None:
     most of ``a``'s (its ``capture.json`` lists every module it kept), its name: the two
     runs called their models in another order (T5 before CLIP), so ``NAME.2`` is not the
     same model in both."""
-    import json
-
     if a.kind != "capture" or b.kind != "capture":
         return None
     ours = {str(p) for p in a.meta.get("modules") or [] if p}
@@ -176,7 +173,7 @@ def counterpart_elsewhere(a: Source, b: Source) -> str | None:
         if meta_path.parent == b.path:
             continue
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = read_json(meta_path)  # regular files only: a FIFO never blocks
         except (OSError, ValueError):
             continue
         modules = {str(p) for p in meta.get("modules") or [] if p}

@@ -422,10 +422,10 @@ def _parameter_files(path: Path) -> list[Path] | None:
 def _capture_saved(directory: Path) -> dict[str, Any]:
     """What a capture's ``save_weights`` recorded in ``capture.json`` (``weights``): the
     quantized modules' settings, one entry per module path, and the buffers' names."""
-    import json
+    from ..store.reading import read_json
 
     try:
-        meta = json.loads((directory / "capture.json").read_text())
+        meta = read_json(directory / "capture.json")  # regular files only: a FIFO never blocks
     except (OSError, ValueError):
         return {}
     saved = meta.get("weights") if isinstance(meta, dict) else None

@@ -507,7 +507,19 @@ def test_ctrl_c_on_cli_eval_interrupts_it_inside_the_script(
     assert cli("continue", "--session", name, json_out=True)["reason"] == "breakpoint"
     env = {**os.environ, "MLDBG_CONFIG_DIR": str(config_dir)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mldbg", "eval", "--session", name, "while True: pass"],
+        # A timeout far past the wait below: on a loaded machine the eval must still be
+        # running when Ctrl-C comes (it timed out at the 30 s default, exit 1, once).
+        [
+            sys.executable,
+            "-m",
+            "mldbg",
+            "eval",
+            "--session",
+            name,
+            "--timeout",
+            "600",
+            "while True: pass",
+        ],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,

@@ -93,9 +93,8 @@ def check_shards(shards: Mapping[str, Any]) -> dict[str, int | str]:
     return rules
 
 
-def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredSource:
-    """The captures whose names match ``spec`` (``tp@rank*``), one per rank, as one source."""
-    rules = check_shards(shards)
+def ranked_captures(spec: str, home: Path) -> list[dict[str, Any]]:
+    """The newest capture of each name matching ``spec`` (``tp@rank*``), in rank order."""
     newest: dict[str, dict[str, Any]] = {}
     for meta in find_captures(home):  # oldest first: the newest of each name wins
         if fnmatch.fnmatchcase(str(meta["name"]), spec):
@@ -105,7 +104,13 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
             f"no captures match {spec!r} (ranks are captured as NAME@rank0, NAME@rank1, …)",
             code=UNKNOWN_SOURCE,
         )
-    ranked = sorted(newest.values(), key=lambda m: (_rank_of(m), str(m["name"])))
+    return sorted(newest.values(), key=lambda m: (_rank_of(m), str(m["name"])))
+
+
+def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredSource:
+    """The captures whose names match ``spec`` (``tp@rank*``), one per rank, as one source."""
+    rules = check_shards(shards)
+    ranked = ranked_captures(spec, home)
     ranks = [open_capture(str(m["name"]), Path(m["path"])) for m in ranked]
     world = {m.get("world_size") for m in ranked} - {None}
     base = ranks[0]

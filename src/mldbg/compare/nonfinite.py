@@ -20,22 +20,6 @@ if TYPE_CHECKING:
 CHUNK = 1 << 22  # elements checked at a time
 
 
-def _load(found: Source, entry: Entry) -> Any:
-    """The entry's tensor; a corrupt or unreadable file is bad input with compare's codes."""
-    from ..capture.safetensors_header import CorruptTensorFile
-    from ..errors import CORRUPT_FILE, UNREADABLE
-    from .sources import CompareInputError
-
-    try:
-        return found.load(entry)
-    except CorruptTensorFile as exc:
-        raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
-    except OSError as exc:
-        raise CompareInputError(
-            f"cannot read {exc.filename or entry.file}: {exc.strerror or exc}", code=UNREADABLE
-        ) from None
-
-
 def first_nonfinite(source: str | Path, *, home: str | Path | None = None) -> dict[str, Any]:
     """``{"source", "first": {"module", "call", "class", "entries": [{"name", "shape",
     "dtype", "nan", "inf"}], "inputs_checked"} | None, "calls_checked", "victims"}``.
@@ -112,7 +96,7 @@ def _counts(found: Source, entry: Entry) -> dict[str, int] | None:
             "inf": inf if isinstance(inf, int) and inf > 0 else 0,
         }
         return counted if counted["nan"] or counted["inf"] else None
-    data = _load(found, entry)
+    data = found.load_checked(entry)
     if data.dtype.kind not in "fcV" or data.size == 0:  # V: ml_dtypes' bf16 and fp8
         return None
     flat = data.reshape(-1)

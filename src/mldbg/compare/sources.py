@@ -144,6 +144,18 @@ class Source:
             return None if entry.sketch is None else {"shape": [entry.sketch], "dtype": "F64"}
         return {"shape": entry.shape, "dtype": entry.dtype}
 
+    def load_checked(self, entry: Entry) -> npt.NDArray[np.generic]:
+        """``load``, a file that turns out corrupt or unreadable being bad input with
+        compare's codes (``corrupt_file``, ``unreadable``)."""
+        try:
+            return self.load(entry)
+        except CorruptTensorFile as exc:
+            raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
+        except OSError as exc:
+            raise CompareInputError(
+                f"cannot read {exc.filename or entry.file}: {exc.strerror or exc}", code=UNREADABLE
+            ) from None
+
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "kind": self.kind, "path": str(self.path), "label": self.label}
 

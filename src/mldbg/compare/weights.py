@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ..capture.safetensors_header import CorruptTensorFile
-from ..errors import BAD_WEIGHTS_INPUT, CORRUPT_FILE, UNKNOWN_SOURCE, UNREADABLE
+from ..errors import BAD_WEIGHTS_INPUT
 from .mapping import NameMap, load_map, parse_map
 from .quantized import (
     Packed,
@@ -222,7 +221,7 @@ def _from_ranks(spec: str, home: Path, shards: Mapping[str, Any]) -> Params:
 
     import numpy as np
 
-    from .gather import check_shards
+    from .gather import check_shards, ranked_captures
 
     rules = check_shards(shards)
     for pattern, rule in rules.items():
@@ -232,16 +231,7 @@ def _from_ranks(spec: str, home: Path, shards: Mapping[str, Any]) -> Params:
                 "('sum' is for activations' partial sums)",
                 code=BAD_WEIGHTS_INPUT,
             )
-    newest: dict[str, dict[str, Any]] = {}
-    for meta in find_captures(home):  # oldest first: the newest of each name wins
-        if fnmatch.fnmatchcase(str(meta["name"]), spec):
-            newest[str(meta["name"])] = meta
-    if not newest:
-        raise CompareInputError(
-            f"no captures match {spec!r} (ranks are captured as NAME@rank0, NAME@rank1, …)",
-            code=UNKNOWN_SOURCE,
-        )
-    ranked = sorted(newest.values(), key=lambda m: (_rank_of(m), str(m["name"])))
+    ranked = ranked_captures(spec, home)
     sides = [_from_path(str(m["path"]), home) for m in ranked]
     base = sides[0]
     params = Params(f"{spec} ({len(sides)} ranks gathered)", None)
@@ -270,14 +260,6 @@ def _from_ranks(spec: str, home: Path, shards: Mapping[str, Any]) -> Params:
     params.packed = {k: v for k, v in base.packed.items() if k in params.shapes}
     params.settings, params.settings_source = base.settings, base.settings_source
     return params
-
-
-def _rank_of(meta: Mapping[str, Any]) -> int:
-    rank = meta.get("rank")
-    if isinstance(rank, int):
-        return rank
-    tail = str(meta.get("name", "")).rsplit("@rank", 1)[-1]
-    return int(tail) if tail.isdigit() else 1 << 30
 
 
 def _module_spec(module: Any) -> QuantSpec | None:
@@ -467,16 +449,8 @@ def _from_dict(values: dict[str, Any], label: str, framework: str | None) -> Par
 
 
 def _read_entry(source: Source, entry: Entry) -> Values:
-    """One stored parameter; a file that turns out corrupt or unreadable is bad input
-    with compare's codes (``corrupt_file``, ``unreadable``)."""
-    try:
-        return to_float64(source.load(entry))
-    except CorruptTensorFile as exc:
-        raise CompareInputError(str(exc), code=CORRUPT_FILE) from None
-    except OSError as exc:
-        raise CompareInputError(
-            f"cannot read {exc.filename or entry.file}: {exc.strerror or exc}", code=UNREADABLE
-        ) from None
+    """One stored parameter, in float64 (bad files answer compare's codes)."""
+    return to_float64(source.load_checked(entry))
 
 
 def to_float64(value: Any) -> Values:

@@ -66,12 +66,7 @@ def test_a_cuda_capture_holds_what_each_call_computed(home: Path, dtype: torch.d
     assert torch.equal(root, out.cpu())
     returns = [r for r in index(cap.path) if r["event"] == "return"]
     assert all(r.get("seconds", -1.0) >= 0.0 for r in returns), returns
-    by_seq = {r["seq"]: r for r in returns}
-    calls = {r["seq"]: r for r in index(cap.path) if r["event"] == "call"}
-    root_seq = next(s for s, c in calls.items() if c["parent"] is None)
-    # nested intervals on one GPU clock, the capture's copies taken out of each
-    children = sum(by_seq[s]["seconds"] for s, c in calls.items() if c["parent"] == root_seq)
-    assert by_seq[root_seq]["seconds"] >= children * 0.5
+    # every call timed from the device's events (how long is for benchmarks/, not here)
 
 
 def test_a_cuda_tensor_is_copied_without_waiting_for_the_gpu() -> None:

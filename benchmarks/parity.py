@@ -279,7 +279,7 @@ BIG_COMPARE = (
 import sys, time
 begin = time.perf_counter()
 import mldbg, numpy, ml_dtypes
-import mldbg.compare.comparison, mldbg.compare.metrics, mldbg.compare.sources
+import mldbg.compare.comparison, mldbg.compare.judge.metrics, mldbg.compare.read.sources
 start = time.perf_counter()
 result = mldbg.compare(sys.argv[1], sys.argv[2])
 seconds = time.perf_counter() - start
@@ -291,7 +291,7 @@ BASELINE = (
     PEAK
     + """
 import mldbg, numpy, ml_dtypes, rich
-import mldbg.compare.comparison, mldbg.compare.metrics, mldbg.compare.sources
+import mldbg.compare.comparison, mldbg.compare.judge.metrics, mldbg.compare.read.sources
 print(peak_kb())
 """
 )
@@ -351,7 +351,7 @@ def numpy_pass(directory: Path, tensors: int) -> float:
 
     import numpy as np
 
-    from mldbg.compare.arrays import map_safetensors
+    from mldbg.compare.read.arrays import map_safetensors
 
     start = time.perf_counter()
     for i in range(tensors):

@@ -145,15 +145,25 @@ def test_no_import_loop() -> None:
     assert loops == []
 
 
-def layers() -> list[list[str]]:
-    """The layer table of docs/architecture.md, top first: each row's module patterns."""
-    rows = []
-    for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines():
+def table_under(heading: str) -> list[list[str]]:
+    """The first table after ``heading`` in docs/architecture.md, in its order: each row's
+    module patterns (the backquoted paths of its second column)."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert heading in text, f"docs/architecture.md lost its heading {heading!r}"
+    rows: list[list[str]] = []
+    for line in text[text.index(heading) :].splitlines()[1:]:
         match = re.match(r"\| (\w[\w -]*?) \| (`.*?) \|", line)
         if match:
             rows.append(re.findall(r"`([\w./]+)`", match[2]))
-    assert rows, "docs/architecture.md lost its layer table"
+        elif rows and not line.startswith("|"):
+            break  # the table ended
+    assert rows, f"docs/architecture.md lost the table under {heading!r}"
     return rows
+
+
+def layers() -> list[list[str]]:
+    """The layer table of docs/architecture.md, top first: each row's module patterns."""
+    return table_under("## Layers")
 
 
 def layer_of(module: str, table: list[list[str]]) -> int | None:
@@ -161,7 +171,7 @@ def layer_of(module: str, table: list[list[str]]) -> int | None:
     best: tuple[int, int] | None = None  # (length of the pattern, row)
     for row, patterns in enumerate(table):
         for pattern in patterns:
-            stem = pattern.removesuffix(".py").rstrip("/")
+            stem = pattern.removesuffix(".py").removesuffix("/__init__").rstrip("/")
             covers = path == stem or path.startswith(stem + "/")
             if covers and (best is None or len(stem) > best[0]):
                 best = (len(stem), row)
@@ -181,6 +191,44 @@ def test_every_module_is_in_a_layer_and_imports_only_downward() -> None:
             if here is not None and there is not None and there < here:
                 upward.append(f"{module} -> {target}")
     assert sorted(upward) == []
+
+
+def test_compare_stages_import_only_the_stages_before_them() -> None:
+    """compare/ reads as its pipeline: a stage (reading, pairing, judging, naming the
+    culprit, reporting, ...) imports only stages listed above it in the architecture
+    document's stage table, never a later one, and no module of compare/ is outside it."""
+    stages = table_under("## Parity")  # first row: the shapes every stage reads
+    edges = graph()
+    inside = [m for m in edges if m.startswith("mldbg.compare")]
+    unplaced = sorted(m for m in inside if layer_of(m, stages) is None)
+    assert unplaced == [], "add these to the compare stage table of docs/architecture.md"
+    later = []
+    for module in inside:
+        here = layer_of(module, stages)
+        assert here is not None
+        for target in edges[module]:
+            there = layer_of(target, stages) if target.startswith("mldbg.compare") else None
+            if there is not None and there > here:
+                later.append(f"{module} -> {target}")
+    assert sorted(later) == []
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A leading underscore means "this module's own": a name another module needs is
+    public where it is defined (aliases of public names, ``x as _x``, are fine)."""
+    private = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            ours = isinstance(node, ast.ImportFrom) and (
+                node.level > 0 or (node.module or "").startswith("mldbg")
+            )
+            if ours:
+                private += [
+                    f"{module_of(path)}: {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    assert sorted(private) == []
 
 
 def top_level_imports(path: Path) -> set[str]:

@@ -16,7 +16,7 @@ from torch import nn
 
 import mldbg
 from conftest import Session, line_of
-from mldbg.compare.arrays import map_safetensors
+from mldbg.compare.read.arrays import map_safetensors
 
 pytestmark = pytest.mark.usefixtures("home")  # a private run store (conftest)
 

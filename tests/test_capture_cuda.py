@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import mldbg  # noqa: E402
 from mldbg.capture.device_async import PendingCopy  # noqa: E402
-from mldbg.compare.load import captured_tensor  # noqa: E402
+from mldbg.compare.read.load import captured_tensor  # noqa: E402
 
 pytestmark = [
     pytest.mark.usefixtures("home"),

@@ -231,7 +231,7 @@ def test_depth_limits_the_calls_recorded(home: Path) -> None:
     below = {line.get("module") for line in lines if line.get("below_depth")}
     assert below == {"0.0", "0.1"}
     assert json.loads((cap.path / "capture.json").read_text())["budget"]["calls_below_depth"] == 2
-    from mldbg.compare.sources import open_source
+    from mldbg.compare.read.sources import open_source
 
     source = open_source(str(cap.path), home)
     assert ("0.0", 0) in source.calls and not any(e.module == "0.0" for e in source.entries)

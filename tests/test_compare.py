@@ -309,7 +309,7 @@ def test_only_inputs_differing_is_said_plainly(tmp_path: Path, monkeypatch) -> N
 
 
 def test_npz_members_are_mapped_and_compressed_ones_read(tmp_path: Path) -> None:
-    from mldbg.compare import arrays
+    from mldbg.compare.read import arrays
 
     big = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
     np.savez(tmp_path / "plain.npz", x=big, f=np.asfortranarray(big), empty=np.zeros((0, 2)))
@@ -390,7 +390,7 @@ def test_the_compare_answer_bounds_every_list_an_agent_receives() -> None:
     """REST/MCP compare answers: a port that moves the residual out of 300 blocks has 300
     boundary differences; the answer carries the first ones and the count, and cut
     warnings, never the whole lists."""
-    from mldbg.compare.answer import LISTS_SHOWN, bounded
+    from mldbg.compare.report.answer import LISTS_SHOWN, bounded
 
     boundaries = [{"name": f"blocks.{i}#0", "note": "x2.000"} for i in range(300)]
     result = {
@@ -419,7 +419,7 @@ def test_the_compare_answer_bounds_every_list_an_agent_receives() -> None:
 def test_the_compare_answer_bounds_notes_and_the_entries_each_lists() -> None:
     """Compounded 4-bit noise over a deep model is one note covering every failing entry
     (thousands on a 7B port): the answer carries the first ones and the count."""
-    from mldbg.compare.answer import LISTS_SHOWN, NOTE_ENTRIES_SHOWN, bounded
+    from mldbg.compare.report.answer import LISTS_SHOWN, NOTE_ENTRIES_SHOWN, bounded
 
     names = [f"model.layers.{i}.mlp#0.out" for i in range(5000)]
     notes = [{"name": names[0], "entries": names, "note": "quantization noise"}] + [

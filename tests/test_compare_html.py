@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mldbg.compare.report_html import render_html, write_html
+from mldbg.compare.report.html import render_html, write_html
 
 CULPRIT = "model.layers.1.mlp"
 WEIRD = 'weird.<root>&"q"#0.out'

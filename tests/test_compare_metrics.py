@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from mldbg.compare.metrics import compare_arrays, default_tolerance, layout_permutation
+from mldbg.compare.judge.metrics import compare_arrays, default_tolerance
+from mldbg.compare.pair.transposes import layout_permutation
 
 TORCH_DTYPES = {
     "F64": torch.float64,
@@ -690,7 +691,7 @@ def test_result_does_not_depend_on_chunk_size(
 def test_index_blocks_cover_in_order_within_the_chunk(shape: tuple[int, ...], chunk: int) -> None:
     """The memory bound rests on this: every block is at most ``chunk`` elements, even
     when one row along axis 0 is longer, and the blocks tile the array in C order."""
-    from mldbg.compare.metrics import _index_blocks
+    from mldbg.compare.judge.metrics import _index_blocks
 
     numbers = np.arange(int(np.prod(shape))).reshape(shape)
     blocks = [numbers[index].ravel() for index in _index_blocks(shape, chunk)]

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from mldbg.compare.metrics import SUM_ROW, compare_arrays
+from mldbg.compare.judge.metrics import SUM_ROW, compare_arrays
 
 SINGLE_SUMS = SUM_ROW * 2.0**-24 + 2.0**-22  # the float32 row bound, plus the differences'
 CHOSEN = 2.0**-22  # an element picked in float32: its difference within 2 roundings
@@ -261,7 +261,7 @@ def test_a_scaled_port_reads_as_one_to_the_verdict(kind: str, scale: float) -> N
     scale) down to 1e-6: a port that is its reference times a scale, rounded to its
     dtype, must show a residual of about one rounding, and one with an error of 1e-4 on
     top must show that error, not the noise of float32 sums."""
-    from mldbg.compare.verdict import exact_scale
+    from mldbg.compare.judge.bounds import exact_scale
 
     rng = np.random.default_rng(3)
     dtype = FLOAT_KINDS[kind]

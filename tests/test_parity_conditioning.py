@@ -28,7 +28,7 @@ mnn = pytest.importorskip("mlx.nn")
 from torch import nn  # noqa: E402
 
 import mldbg  # noqa: E402
-from mldbg.compare.verdict import AMPLIFYING  # noqa: E402
+from mldbg.compare.judge.bounds import AMPLIFYING  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
 
 U32 = 2.0**-24

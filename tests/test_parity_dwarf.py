@@ -37,8 +37,8 @@ pytestmark = [
 ]  # real transformers, mlx-lm and diffusers models
 
 import mldbg  # noqa: E402
-from mldbg.compare.rules import DWARF  # noqa: E402
-from mldbg.compare.verdict import GROWTH  # noqa: E402
+from mldbg.compare.culprit.rules import DWARF  # noqa: E402
+from mldbg.compare.judge.bounds import GROWTH  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
 from parity_zoo import flux, llama_family  # noqa: E402
 from parity_zoo.core import ZooPort, as_numpy  # noqa: E402

@@ -707,7 +707,7 @@ def test_a_capture_answers_to_its_directorys_name_not_its_claim(
     (impostor / "capture.json").write_text(json.dumps(meta))
     found = mldbg.compare("ref", "port", home=home)
     assert found.result["a"]["path"] == str(ref)
-    from mldbg.compare.sources import find_captures
+    from mldbg.compare.read.sources import find_captures
 
     assert "impostor" in {c["name"] for c in find_captures(home)}
 
@@ -718,7 +718,7 @@ def test_a_directory_too_large_to_be_tensors_is_refused(
     """``compare ~ ~`` walked the whole tree; past the limit it is refused, not walked."""
     from safetensors.torch import save_file
 
-    from mldbg.compare import sources
+    from mldbg.compare.read import sources
 
     tree = tmp_path / "tree"
     for i in range(6):

@@ -389,7 +389,7 @@ def test_html_report_shows_boundary_differences_local_error_and_proposed_map(
     home: Path, tmp_path: Path
 ) -> None:
     """What the terminal shows about a verdict, the HTML report shows too (issue 10)."""
-    from mldbg.compare.report_html import render_html
+    from mldbg.compare.report.html import render_html
 
     z = build(Case("gemma", "float32", "gelu_exact"))
     capture(z)

@@ -18,7 +18,8 @@ pytest.importorskip("torch")
 import mldbg  # noqa: E402
 from conftest import Api, Session, wait_until  # noqa: E402
 from mldbg import verbs  # noqa: E402
-from mldbg.compare import CompareInputError, gather  # noqa: E402
+from mldbg.compare import CompareInputError  # noqa: E402
+from mldbg.compare.read import gather  # noqa: E402
 
 SCRIPT = Path(__file__).parent / "ranks_scripts" / "tp_mlp.py"
 # Megatron-style split: fc1 column parallel, fc2 row parallel (partial sums before the
@@ -248,8 +249,8 @@ def test_the_weights_of_ranks_are_gathered_for_the_audit(
     import torch
     from torch import nn
 
-    from mldbg.compare.weights import audit_weights, render_audit
     from mldbg.store import current_run
+    from mldbg.weights.audit import audit_weights, render_audit
 
     monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
     torch.manual_seed(0)

@@ -115,11 +115,11 @@ def test_parity_answers_fit_their_result_types(
     import torch
 
     import mldbg
-    from mldbg.compare.answer import compare_answer
-    from mldbg.compare.nonfinite import first_nonfinite
-    from mldbg.compare.table import module_table
-    from mldbg.compare.weights import audit_weights
+    from mldbg.compare import compare_answer
+    from mldbg.compare.culprit.nonfinite import first_nonfinite
+    from mldbg.compare.report.table import module_table
     from mldbg.store import current_run
+    from mldbg.weights.audit import audit_weights
 
     home = tmp_path / "store"
     monkeypatch.setenv("MLDBG_HOME", str(home))

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import mldbg  # noqa: E402
-from mldbg.compare.sequence_calls import _group  # noqa: E402
+from mldbg.compare.pair.sequence_calls import _group  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("home")
 

@@ -1,4 +1,4 @@
-"""Each rule of the verdict (``mldbg.compare.rules``) on its own, on small hand-made
+"""Each rule of the verdict (``mldbg.compare.culprit.rules``) on its own, on small hand-made
 evidence: a capture's calls (order, nesting, call sites) and judged entries, as compare
 builds them.  The end-to-end tests (test_parity_ports, test_parity_pipelines) check the
 same rules on real models; these pin down what each rule decides and why.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mldbg.compare.rules import (
+from mldbg.compare.culprit.rules import (
     DWARF,
     RULES,
     Evidence,
@@ -20,7 +20,7 @@ from mldbg.compare.rules import (
     growth,
     pairing,
 )
-from mldbg.compare.sources import Call, Source
+from mldbg.compare.read.sources import Call, Source
 
 BOUND = 1e-6
 

@@ -23,9 +23,9 @@ pytest.importorskip("mlx_lm")
 import mldbg  # noqa: E402
 from conftest import Api, Session, wait_until  # noqa: E402
 from mldbg.compare import CompareInputError  # noqa: E402
-from mldbg.compare.weights import audit_weights  # noqa: E402
 from mldbg.text import compare as compare_render  # noqa: E402
 from mldbg.text.console import captured  # noqa: E402
+from mldbg.weights.audit import audit_weights  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "zero_edit_scripts"
 REFERENCE = "hf_llama_reference.py"

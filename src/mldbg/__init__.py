@@ -19,9 +19,9 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "Capture": "capture",
     "capture": "capture",
-    "captured_tensor": "compare.load",
-    "first_nonfinite": "compare.nonfinite",
-    "module_table": "compare.table",
+    "captured_tensor": "compare.read.load",
+    "first_nonfinite": "compare.culprit.nonfinite",
+    "module_table": "compare.report.table",
     "CompareInputError": "compare",
     "Comparison": "compare",
     "ReplayResult": "compare",
@@ -58,10 +58,11 @@ __all__ = [
 if TYPE_CHECKING:
     from .agent.tripwire import tripped
     from .capture import Capture, capture
-    from .compare import CompareInputError, Comparison, ReplayResult, compare, replay
-    from .compare.load import captured_tensor
-    from .compare.nonfinite import first_nonfinite
-    from .compare.table import module_table
+    from .compare import CompareInputError, Comparison, ReplayResult, compare
+    from .compare.culprit.nonfinite import first_nonfinite
+    from .compare.read.load import captured_tensor
+    from .compare.replay import replay
+    from .compare.report.table import module_table
     from .store.checkpoint import debug_checkpoint
     from .store.tensors import debug_clear, debug_load, debug_save, debug_show_all
 

@@ -54,7 +54,7 @@ def parse_hits(spec: str | int | None) -> tuple[str, int] | None:
     return (match.group(1) or "==", int(match.group(2)))
 
 
-def _compile_expression(text: str, what: str, code: str = "bad_condition") -> CodeType:
+def compile_expression(text: str, what: str, code: str = "bad_condition") -> CodeType:
     try:
         return compile(text, f"<{what}>", "eval")
     except (SyntaxError, ValueError) as exc:
@@ -286,7 +286,7 @@ def make_breakpoint(
         condition=condition,
         hits=str(hits) if hits not in (None, "") else None,
         log=log or None,
-        condition_code=_compile_expression(condition, "condition") if condition else None,
+        condition_code=compile_expression(condition, "condition") if condition else None,
         hits_rule=parse_hits(hits),
         log_parts=compile_log_template(log) if log else None,
     )
@@ -336,7 +336,7 @@ def make_checkpoint_filter(name: str, condition: str | None = None) -> Checkpoin
     return CheckpointFilter(
         name=name,
         condition=condition,
-        condition_code=_compile_expression(condition, "condition") if condition else None,
+        condition_code=compile_expression(condition, "condition") if condition else None,
     )
 
 

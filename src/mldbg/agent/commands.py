@@ -322,11 +322,11 @@ class CommandServer:
 
 def make_breakpoint_check(rest: LineSpec) -> None:
     """Compile a pending breakpoint's condition, hit count and log now: errors come at once."""
-    from .breakpoints import _compile_expression, compile_log_template, parse_hits
+    from .breakpoints import compile_expression, compile_log_template, parse_hits
 
     condition, log = rest.get("condition"), rest.get("log")
     if condition:
-        _compile_expression(condition, "condition")
+        compile_expression(condition, "condition")
     if log:
         compile_log_template(log)
     parse_hits(rest.get("hits"))

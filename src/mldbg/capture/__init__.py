@@ -27,7 +27,7 @@ MAX_MODULES = 100_000  # module paths listed in capture.json
 WEIGHTS = "weights.safetensors"  # the model's parameters, when asked (save_weights)
 
 
-def _framework(model: object) -> str:
+def framework_of(model: object) -> str:
     for cls in type(model).__mro__:
         module = cls.__module__ or ""
         if module.startswith("torch.nn"):
@@ -44,7 +44,7 @@ def _is_pipeline(model: object) -> bool:
     if not isinstance(model, Mapping):
         return False
     try:
-        _framework(model)
+        framework_of(model)
     except TypeError:
         return True
     return False
@@ -96,7 +96,7 @@ class Capture:
         if self.models is not None:
             from .pipeline import container
 
-            model = container(model, _framework)
+            model = container(model, framework_of)
         self.model = model
         self.rank = _rank()
         if self.rank is not None and "@rank" not in name:
@@ -110,7 +110,7 @@ class Capture:
             name = name + suffix  # one capture per torchrun rank, told apart
         self.name = check_capture_name(name)
         self.requested_name = self.name
-        self.framework = _framework(model)
+        self.framework = framework_of(model)
         self._target = self._backend().prepare(model)  # one that cannot be captured fails here
         self.inputs = inputs
         self.include = _patterns(include, "include")
@@ -448,7 +448,7 @@ def has_module(model: Any, path: str) -> bool:
     """Whether ``model`` (torch or MLX) has a module at ``path`` (``<root>``: itself).
     True when that cannot be told (a model capture refuses): the capture says why."""
     try:
-        framework = _framework(model)
+        framework = framework_of(model)
         if framework == "torch":
             from . import torch_hooks as backend
         else:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BAD_ARGUMENT, BAD_TOLERANCE
+from .read.sources import CompareInputError
 from .records import Boundary, Culprit, EntryResult
 from .replay import ReplayResult, replay  # standard library only at import
-from .sources import CompareInputError
 
-__all__ = ["CompareInputError", "Comparison", "ReplayResult", "compare", "replay"]
+__all__ = ["CompareInputError", "Comparison", "ReplayResult", "compare", "compare_answer", "replay"]
 
 
 class Comparison:
@@ -61,7 +61,7 @@ class Comparison:
         raise KeyError(name)
 
     def write_html(self, path: str | os.PathLike[str]) -> Path:
-        from .report_html import write_html
+        from .report.html import write_html
 
         return write_html(self.result, Path(path))
 
@@ -114,8 +114,8 @@ def compare(
     """
     from ..store.runs import mldbg_home
     from .comparison import compare_sources
-    from .mapping import load_map, parse_map
-    from .sources import open_source
+    from .pair.mapping import load_map, parse_map
+    from .read.sources import open_source
 
     for option, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not (math.isfinite(value) and value >= 0):
@@ -124,29 +124,29 @@ def compare(
             )
     base = Path(home) if home is not None else mldbg_home()
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)
-    from .layout import check_layout
+    from .pair.layout import check_layout
 
     check_layout(layout)
     if html is not None:  # a report path that cannot be written: said before comparing
         from ..store.output_files import check_output
-        from .report_html import DOCTYPE
+        from .report.html import DOCTYPE
 
         try:
             check_output(html, DOCTYPE.encode())
         except OSError as exc:
             raise _html_refused(html, exc) from None
     if shards is not None:  # bad rules are bad input, whatever the captures
-        from .gather import check_shards
+        from .read.gather import check_shards
 
         check_shards(shards)
     source_a = open_source(_spec(a), base)
     if shards is not None:
-        from .gather import open_gathered
+        from .read.gather import open_gathered
 
         source_b: Any = open_gathered(_spec(b), base, shards)
     else:
         source_b = open_source(_spec(b), base)
-    from .sequence_calls import align_calls
+    from .pair.sequence_calls import align_calls
 
     source_a, source_b, aligned = align_calls(source_a, source_b)
     replay_source = None
@@ -171,6 +171,45 @@ def compare(
         except OSError as exc:
             raise _html_refused(html, exc) from None
     return comparison
+
+
+def compare_answer(
+    home: Path,
+    *,
+    a: str,
+    b: str,
+    rtol: float | None = None,
+    atol: float | None = None,
+    map: dict[str, Any] | str | None = None,
+    layout: str | None = None,
+    replay: str | None = None,
+    shards: dict[str, int | str] | None = None,
+    html: str | None = None,
+    passing: bool = False,
+    inputs: bool = False,
+    offset: int = 0,
+    limit: int = 20,
+) -> dict[str, Any]:
+    """Run ``mldbg.compare`` and bound its answer (:func:`bounded`); paths are the
+    caller's to resolve (the daemon makes a client's relative to where the client runs)."""
+    from .report.answer import bounded
+
+    result = compare(
+        a,
+        b,
+        rtol=rtol,
+        atol=atol,
+        map=map,
+        layout=layout,
+        replay=replay,
+        html=html,
+        home=home,
+        shards=shards,
+    ).result
+    answer = bounded(result, passing=passing, inputs=inputs, offset=offset, limit=limit)
+    if html:
+        answer["html"] = html
+    return answer
 
 
 def _html_refused(html: str | os.PathLike[str], exc: OSError) -> CompareInputError:

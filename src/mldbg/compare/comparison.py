@@ -14,18 +14,10 @@ from typing import Any
 from ..capture.safetensors_header import CorruptTensorFile
 from ..capture.store import ROOT
 from ..errors import CORRUPT_FILE, NOTHING_COMPARABLE, NOTHING_PAIRED, UNREADABLE
-from . import metrics
-from .align import Alignment, Pair, align
-from .arrays import UnsupportedDtype
-from .divergence import _missing_child
-from .layout import Layouts
-from .mapping import NameMap, split_name
-from .propose import propose_map
-from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors
-from .rules import CallKey, call_key, first_divergence
-from .sources import CompareInputError, Entry, Source
-from .upstream import model_position, other_models_hint, upstream_of
-from .verdict import (
+from .culprit.divergence import missing_child
+from .culprit.rules import CallKey, call_key, first_divergence
+from .judge import metrics
+from .judge.bounds import (
     NO_FLOOR,
     Depths,
     amplified,
@@ -37,6 +29,15 @@ from .verdict import (
     scale_test,
     unit_roundoff,
 )
+from .judge.upstream import model_position, other_models_hint, upstream_of
+from .pair.align import Alignment, Pair, align
+from .pair.layout import Layouts
+from .pair.mapping import NameMap, split_name
+from .pair.propose import propose_map
+from .pair.transposes import layout_name
+from .read.arrays import UnsupportedDtype
+from .read.sources import CompareInputError, Entry, Source
+from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors
 
 Progress = Callable[[int, int, str], None]
 
@@ -154,7 +155,7 @@ def compare_sources(
     }
     if local is not None:
         document["replay_culprit"] = local["culprit"]
-    from .narrow import narrow_hint, weights_hint
+    from .report.narrow import narrow_hint, weights_hint
 
     audit = weights_hint(a, b, culprit)
     if audit is not None:  # the culprit's own parameters are the first suspect
@@ -165,7 +166,7 @@ def compare_sources(
     others = other_models_hint(a, b)
     if others is not None:  # a pipeline's first model: the others are captures of their own
         document["other_models"] = others
-    from .ops import ModuleVerdict, compare_ops
+    from .culprit.ops import ModuleVerdict, compare_ops
 
     verdicts: dict[tuple[str, int], ModuleVerdict] = {}  # each module call's outputs
     for pair, result in zip(alignment.pairs, results, strict=True):
@@ -270,7 +271,7 @@ def local_errors(a: Source, replay: Source, *, layout: str | None = None) -> Loc
             "class": call.class_name,
             "entries": failing[key],
         }
-        missing = _missing_child(
+        missing = missing_child(
             a, call, {}, {m for m, _ in replay.calls}, _b_modules(replay, NameMap())
         )
         if missing is not None:
@@ -570,9 +571,9 @@ def _compare_pair(
                 + (" (same number of elements: a reshape?)" if same else ""),
             )
         result["transpose"] = list(permutation)
-        result["layout"] = metrics.layout_name(permutation)
+        result["layout"] = layout_name(permutation)
     if ea.stats is not None or eb.stats is not None:  # a summary capture on either side
-        from .sketched import compare_summaries
+        from .judge.sketched import compare_summaries
 
         result.update(compare_summaries(a, b, ea, eb, permutation, result["rtol"], result["atol"]))
         return result

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import NO_INPUTS, NO_ROOT_INPUTS, NOT_A_CAPTURE
-from .mapping import NameMap, load_map, parse_map, split_name
+from .pair.mapping import NameMap, load_map, parse_map, split_name
+from .read.sources import CompareInputError, Entry, Source
 from .records import LocalCall
-from .sources import CompareInputError, Entry, Source
 
 MAX_SKIPPED = 200  # skipped calls listed in the result (all are counted)
 
@@ -97,14 +97,14 @@ def replay(
     """
     from pathlib import Path
 
-    from ..capture import Capture, _framework
+    from ..capture import Capture, framework_of
     from ..capture.recorder import Recorder
     from ..capture.store import CaptureDir, check_capture_name
     from ..store.current_run import current_run
     from ..store.runs import mldbg_home
     from .comparison import local_errors
-    from .layout import check_layout
-    from .sources import open_source
+    from .pair.layout import check_layout
+    from .read.sources import open_source
 
     mode = check_layout(layout)
     base = Path(home) if home is not None else mldbg_home()
@@ -123,7 +123,7 @@ def replay(
             code=NO_INPUTS,
         )
     names = parse_map(dict(map), "map") if isinstance(map, Mapping) else load_map(map)
-    framework = _framework(port_model)
+    framework = framework_of(port_model)
     ref_name = str(source.meta.get("name") or Path(spec).name)
     target_name = check_capture_name(name or f"{ref_name}-replay"[:100])
     selector = Capture(port_model, target_name, include=include, exclude=exclude)
@@ -473,7 +473,7 @@ class _Player:
         self, ref_inputs: list[Entry], port: list[tuple[str, Any]], module: str, call: int
     ) -> dict[str, Any] | None:
         """``{port key: converted reference tensor}``; None (and a skip) when nothing pairs."""
-        from .metrics import layout_permutation
+        from .pair.transposes import layout_permutation
 
         ref_by_key = {e.name.split(f"#{call}.", 1)[1]: e for e in ref_inputs}
         port_by_key = dict(port)
@@ -534,7 +534,7 @@ class _Player:
         self, shape_ref: tuple[int, ...], shape_port: tuple[int, ...]
     ) -> tuple[int, ...] | None:
         """Axes taking the reference's tensor to the port's layout."""
-        from .metrics import layout_permutation
+        from .pair.transposes import layout_permutation
 
         ndim = len(shape_ref)
         if self.layout == "NCHW" or ndim != len(shape_port) or ndim not in (3, 4, 5):

@@ -595,7 +595,7 @@ def compare_checkpoints(
 def nonfinite(
     manager: SessionManager, session: str | None, where: Where, *, source: str
 ) -> R.FirstNonfinite:
-    from ..compare.nonfinite import first_nonfinite
+    from ..compare.culprit.nonfinite import first_nonfinite
 
     # the parity package answers plain dicts: their shape is results.FirstNonfinite
     found = first_nonfinite(where.local(source), home=store_home(manager, where))
@@ -614,7 +614,7 @@ def module_table(
     offset: int = 0,
     limit: int = 50,
 ) -> R.ModuleTable:
-    from ..compare.table import module_table as table
+    from ..compare.report.table import module_table as table
 
     found = table(
         where.local(a),
@@ -659,7 +659,7 @@ def compare(
     limit: int = 20,
     offset: int = 0,
 ) -> R.CompareSummary:
-    from ..compare.answer import compare_answer
+    from ..compare import compare_answer
 
     answer = compare_answer(
         store_home(manager, where),
@@ -694,7 +694,7 @@ def weights(
     shards: dict[str, int | str] | None = None,
     limit: int = 50,
 ) -> R.WeightAudit:
-    from ..compare.weights import audit_weights
+    from ..weights.audit import audit_weights
 
     home = store_home(manager, where)
     result = audit_weights(

@@ -87,7 +87,7 @@ def checkpoints(
 
 def captures(home: Path, run: str | None = None, limit: int = 50) -> R.Captures:
     """The module captures of every run (or of ``run``), newest first."""
-    from ..compare.sources import find_captures, find_captures_in
+    from ..compare.read.sources import find_captures, find_captures_in
 
     found = find_captures_in(resolve_run(home, run).path) if run else find_captures(home)
     items = [

@@ -615,7 +615,7 @@ def pause_state(data: R.State) -> None:
 
 
 def weight_audit(data: R.WeightAudit) -> None:
-    from ..compare.weights import render_audit
+    from ..weights.audit import render_audit
 
     out.print(escape(render_audit(dict(data), limit=len(data.get("problems") or []))))
     if data.get("truncated"):

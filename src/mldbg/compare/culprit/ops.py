@@ -20,11 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..capture.ops import OP_CLASS_PREFIX
-from .mapping import NameMap, split_name
-from .records import OpMatch, OpsItem
-from .sources import Entry, Source
-from .verdict import Depths, depths, expected_error, unit_roundoff
+from ...capture.ops import OP_CLASS_PREFIX
+from ..judge.bounds import Depths, depths, expected_error, unit_roundoff
+from ..pair.mapping import NameMap, split_name
+from ..read.sources import Entry, Source
+from ..records import OpMatch, OpsItem
 
 if TYPE_CHECKING:
     import numpy as np
@@ -194,14 +194,14 @@ def _align(
 def _as_shape(value: npt.NDArray[np.float64], shape: list[int]) -> npt.NDArray[np.float64] | None:
     """``value`` in the reference's shape: as is, through unit axes, or a channels-last
     permutation; None when no such reading exists."""
-    from . import metrics
+    from ..pair.transposes import layout_permutation
 
     target = tuple(int(n) for n in shape)
     if tuple(value.shape) == target:
         return value
     if [n for n in value.shape if n != 1] == [n for n in target if n != 1]:
         return value.reshape(target)
-    perm = metrics.layout_permutation(target, tuple(value.shape))
+    perm = layout_permutation(target, tuple(value.shape))
     return value.transpose(perm) if perm is not None else None
 
 

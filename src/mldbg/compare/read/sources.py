@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..capture.ops import OP_CLASS_PREFIX
-from ..capture.safetensors_header import CorruptTensorFile, read_header
-from ..capture.store import CAPTURE_JSON, CAPTURES, INDEX, module_label
-from ..errors import (
+from ...capture.ops import OP_CLASS_PREFIX
+from ...capture.safetensors_header import CorruptTensorFile, read_header
+from ...capture.store import CAPTURE_JSON, CAPTURES, INDEX, module_label
+from ...errors import (
     AMBIGUOUS_CAPTURE,
     AMBIGUOUS_RUN,
     CORRUPT_CAPTURE,
@@ -35,8 +35,8 @@ from ..errors import (
     CompareInputError,
     MldbgError,
 )
-from ..store import reading
-from ..store.runs import RunDir, read_jsonl, resolve_run, runs_root
+from ...store import reading
+from ...store.runs import RunDir, read_jsonl, resolve_run, runs_root
 from . import arrays
 
 if TYPE_CHECKING:

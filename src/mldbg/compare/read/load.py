@@ -33,7 +33,7 @@ def captured_tensor(
     first element answers to the bare name (``…#0.out`` finds ``…#0.out.0``).  An unknown
     entry raises ``KeyError`` naming the closest ones.
     """
-    from ..store.runs import mldbg_home
+    from ...store.runs import mldbg_home
     from .sources import open_source
 
     if to is not None and to not in FRAMEWORKS:

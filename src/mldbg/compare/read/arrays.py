@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from ..capture.safetensors_header import CorruptTensorFile, read_header
-from ..errors import UnsupportedDtype
+from ...capture.safetensors_header import CorruptTensorFile, read_header
+from ...errors import UnsupportedDtype
 
 if TYPE_CHECKING:  # numpy is imported where an array is read, not with this module
     import numpy as np

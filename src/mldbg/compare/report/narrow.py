@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import shlex
 
-from ..capture.budget import size_text
-from ..capture.store import ROOT
-from .arrays import numpy_dtype
-from .mapping import split_name
-from .records import Culprit, EntryResult, NarrowHint, WeightsHint
-from .sources import Entry, Source
+from ...capture.budget import size_text
+from ...capture.store import ROOT
+from ..pair.mapping import split_name
+from ..read.arrays import numpy_dtype
+from ..read.sources import Entry, Source
+from ..records import Culprit, EntryResult, NarrowHint, WeightsHint
 
 
 def is_coarse(source: Source) -> bool:
@@ -155,7 +155,7 @@ def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint |
     audit them (``mldbg weights``), by capture name when both captures saved them."""
     if culprit is None or culprit.get("reason") != "inputs agree, outputs differ":
         return None
-    from ..capture import WEIGHTS
+    from ...capture import WEIGHTS
 
     saved = all(s.kind == "capture" and (s.path / WEIGHTS).is_file() for s in (a, b))
     command = (

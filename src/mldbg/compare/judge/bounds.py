@@ -50,8 +50,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import EntryResult
-from .sources import Call, Source
+from ..read.sources import Call, Source
+from ..records import EntryResult
 
 ROUNDING_C = 2.0  # bound on rel_rms, in units of u * sqrt(1 + depth)
 MAX_FACTOR = 4.0  # rel_max may exceed the rel_rms bound by this much (one unlucky element)

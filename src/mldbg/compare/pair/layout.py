@@ -1,7 +1,7 @@
 """Which side keeps its activations channels-last, decided once per comparison.
 
 A 4-D pair whose shapes differ by a channels-last permutation (``1×16×32×8`` vs
-``1×8×16×32``) is compared through the transpose (see ``metrics.layout_permutation``).
+``1×8×16×32``) is compared through the transpose (see ``transposes.layout_permutation``).
 Shapes alone cannot decide when C == H == W (a 32×32 image with 32 channels): the same
 shape is NCHW on one side and NHWC on the other.  Then the layout is decided by
 
@@ -18,10 +18,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import BAD_LAYOUT
-from . import metrics
+from ...errors import BAD_LAYOUT
+from ..read.sources import CompareInputError, Source
+from . import transposes
 from .align import Alignment, Pair
-from .sources import CompareInputError, Source
 
 LAYOUTS = ("auto", "NCHW", "NHWC")
 _CHANNELS_LAST_CLASS = re.compile(
@@ -60,7 +60,7 @@ class Layouts:
             shape_a, shape_b = tuple(pair.a.shape), tuple(pair.b.shape)
             if len(shape_a) not in (4, 5) or shape_a == shape_b or len(shape_a) != len(shape_b):
                 continue
-            perm = metrics.layout_permutation(shape_a, shape_b)
+            perm = transposes.layout_permutation(shape_a, shape_b)
             if perm == _to_first(len(shape_a)):
                 self.b_last = True
             elif perm == _to_last(len(shape_a)):
@@ -94,9 +94,9 @@ class Layouts:
         if self.mode == "NHWC":
             if fits_first:
                 return _to_first(ndim)
-            return metrics.layout_permutation(shape_a, shape_b)
+            return transposes.layout_permutation(shape_a, shape_b)
         if shape_a != shape_b:
-            return metrics.layout_permutation(shape_a, shape_b)
+            return transposes.layout_permutation(shape_a, shape_b)
         if not fits_first:
             return None  # equal shapes that no layout change maps onto themselves
         if ndim in (4, 5) and (self.b_last and not self.a_last):

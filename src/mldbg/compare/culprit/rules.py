@@ -32,20 +32,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..judge.bounds import GROWTH
+from ..read.sources import Call, Source
+from ..records import Boundary, Culprit, EntryResult, LocalErrors, Note, SideBySide, Site
 from .divergence import (
     CallKey,
-    _bad,
-    _boundaries,
-    _describe,
-    _fallback,
-    _max_abs,
-    _missing_child,
-    _missing_sibling,
-    _worst_rel,
+    boundary_differences_of,
+    culprit_of,
+    fails,
+    fallback_culprit,
+    largest_abs,
+    missing_child,
+    missing_sibling,
+    worst_rel,
 )
-from .records import Boundary, Culprit, EntryResult, LocalErrors, Note, SideBySide, Site
-from .sources import Call, Source
-from .verdict import GROWTH
 
 # A candidate whose output error is this many times smaller than a later candidate's own
 # jump is a note, not the culprit.  A margin, not a fit: the factor compares two relative
@@ -151,7 +151,7 @@ def pairing(evidence: Evidence, verdict: Verdict) -> Verdict | None:
 
 def boundary(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     """Set aside the differences the next module no longer sees (never decides)."""
-    verdict.boundaries = _boundaries(evidence.source, evidence.by_call)
+    verdict.boundaries = boundary_differences_of(evidence.source, evidence.by_call)
     return None
 
 
@@ -199,8 +199,8 @@ def glue(evidence: Evidence, verdict: Verdict) -> Verdict | None:
         "class": call.class_name,
         "reason": reason,
         "entries": [r["name"] for r in differing],
-        "max_abs": _max_abs(differing),
-        "rel_rms": _worst_rel(differing),
+        "max_abs": largest_abs(differing),
+        "rel_rms": worst_rel(differing),
         "nonfinite_mismatched": sum(r.get("nonfinite_mismatched") or 0 for r in differing),
         "inputs_compared": True,
         "glue": {
@@ -234,7 +234,7 @@ def growth(evidence: Evidence, verdict: Verdict) -> Verdict | None:
         return None
     outputs = _model_outputs(evidence)
     if outputs and all(r["ok"] for r in outputs):
-        reached = _worst_rel(outputs)
+        reached = worst_rel(outputs)
         dying = [
             s for s in suspects if not _seen_later(evidence, s) and DWARF * reached < s.out_err
         ]
@@ -260,7 +260,7 @@ def growth(evidence: Evidence, verdict: Verdict) -> Verdict | None:
         else:
             kept.append(suspect)
     chosen = kept[0]
-    culprit = _describe(chosen.call, chosen.bad_out, chosen.reason, chosen.inputs_compared)
+    culprit = culprit_of(chosen.call, chosen.bad_out, chosen.reason, chosen.inputs_compared)
     culprit["input_rel_rms"] = chosen.in_err
     culprit["rel_rms"] = chosen.out_err
     if all(r["ok"] for r in chosen.bad_out):
@@ -316,7 +316,7 @@ def quantized(evidence: Evidence, verdict: Verdict) -> Verdict | None:
             "module": rest[0].get("module"),
             "call": rest[0].get("call"),
             "entries": [r["name"] for r in rest],
-            "rel_rms": _worst_rel(rest),
+            "rel_rms": worst_rel(rest),
             "expected": max((r.get("expected") or 0.0) for r in rest),
             "note": (
                 "quantization noise compounding over depth: every call's output stays "
@@ -345,8 +345,8 @@ def replay(evidence: Evidence, verdict: Verdict) -> Verdict | None:
         "class": found.get("class", ""),
         "reason": "its own error on the reference's inputs (replay) is out of bounds",
         "entries": [e for e in entries if any(r["name"] == e for r in roles["out"])] or entries,
-        "max_abs": _max_abs(roles["out"]),
-        "rel_rms": _worst_rel(roles["out"]) if roles["out"] else None,
+        "max_abs": largest_abs(roles["out"]),
+        "rel_rms": worst_rel(roles["out"]) if roles["out"] else None,
         "nonfinite_mismatched": sum(r.get("nonfinite_mismatched") or 0 for r in roles["out"]),
         "inputs_compared": bool(roles["in"]),
         "local": True,
@@ -364,7 +364,7 @@ def fallback(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     if verdict.culprit is not None or verdict.rule in ("growth", "quantized"):
         return verdict
     rest = _unexplained(evidence, verdict)
-    verdict.culprit = _fallback(rest) if rest else None
+    verdict.culprit = fallback_culprit(rest) if rest else None
     verdict.rule = "fallback"
     return verdict
 
@@ -450,14 +450,14 @@ def _suspects(evidence: Evidence, verdict: Verdict) -> list[_Suspect]:
     calls, by_call = evidence.calls, evidence.by_call
     boundary_keys, _moved = verdict.set_aside()
     finished = sorted(
-        (calls[k].end_order or 0, _worst_rel(roles["out"]))
+        (calls[k].end_order or 0, worst_rel(roles["out"]))
         for k, roles in by_call.items()
         if k in calls and k not in boundary_keys and calls[k].end_order is not None
     )
 
     def upstream(call: Call, roles: dict[str, list[EntryResult]]) -> tuple[float, bool]:
         if roles["in"]:
-            return _worst_rel(roles["in"]), True
+            return worst_rel(roles["in"]), True
         before = [err for end, err in finished if end < (call.start_order or 0)]
         return (max(before) if before else 0.0), False
 
@@ -466,10 +466,10 @@ def _suspects(evidence: Evidence, verdict: Verdict) -> list[_Suspect]:
         call = calls.get(key)
         if call is None or key in boundary_keys:
             continue
-        bad_out = [r for r in roles["out"] if _bad(r)]
+        bad_out = [r for r in roles["out"] if fails(r)]
         if not bad_out:
             continue
-        out_err = _worst_rel(bad_out)
+        out_err = worst_rel(bad_out)
         in_err, inputs_compared = upstream(call, roles)
         bound = max((r.get("expected_local") or 0.0) for r in bad_out)
         if out_err <= GROWTH * in_err + bound:
@@ -515,13 +515,13 @@ def _inline_suspects(evidence: Evidence, verdict: Verdict, suspected: set[int]) 
         parent = by_seq.get(child.parent) if child.parent is not None else None
         if roles is None or parent is None or parent.seq in suspected or key in boundary_keys:
             continue
-        bad_in = [r for r in roles["in"] if _bad(r) and r["name"] not in moved]
+        bad_in = [r for r in roles["in"] if fails(r) and r["name"] not in moved]
         parent_in = by_call.get((parent.module, parent.call), {"in": []})["in"]
-        if not bad_in or not parent_in or any(_bad(r) for r in parent_in):
+        if not bad_in or not parent_in or any(fails(r) for r in parent_in):
             continue
-        if any(_bad(r) for r in _outputs_ended_before(evidence, child.start_order or 0)):
+        if any(fails(r) for r in _outputs_ended_before(evidence, child.start_order or 0)):
             continue
-        in_err, out_err = _worst_rel(parent_in), _worst_rel(bad_in)
+        in_err, out_err = worst_rel(parent_in), worst_rel(bad_in)
         bound = max((r.get("expected_local") or 0.0) for r in bad_in)
         if out_err <= GROWTH * in_err + bound:
             continue
@@ -537,12 +537,12 @@ def _inline_suspects(evidence: Evidence, verdict: Verdict, suspected: set[int]) 
 def _never_called(evidence: Evidence, call: Call, culprit: Culprit) -> Culprit:
     """A child (or the sibling just before) that the port has but never called, named
     instead of ``call``: the port skips it."""
-    missing = _missing_child(
+    missing = missing_child(
         evidence.source, call, evidence.by_call, evidence.b_calls, evidence.b_modules
     )
     roles = evidence.by_call[(call.module, call.call)]
     if missing is None and roles["in"] and not all(r["ok"] for r in roles["in"]):
-        missing = _missing_sibling(evidence.source, call, evidence.b_calls, evidence.b_modules)
+        missing = missing_sibling(evidence.source, call, evidence.b_calls, evidence.b_modules)
     if missing is None:
         return culprit
     return {

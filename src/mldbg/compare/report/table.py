@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import TypedDict
 
-from .. import budget
-from ..errors import BAD_ARGUMENT
-from ..store.runs import iter_jsonl
+from ... import budget
+from ...errors import BAD_ARGUMENT
+from ...store.runs import iter_jsonl
 
 if TYPE_CHECKING:
-    from .sources import Source
+    from ..read.sources import Source
 
 SORTS = ("order", "time", "self", "ratio")
 ROW_BYTES = 2_000
@@ -41,8 +41,8 @@ def module_table(
     limit: int = 50,
 ) -> dict[str, Any]:
     """``{"a", "b", "rows": [...], "summary", "total", "shown", "truncated", "next"}``."""
-    from ..store.runs import mldbg_home
-    from .sources import CompareInputError, open_source
+    from ...store.runs import mldbg_home
+    from ..read.sources import CompareInputError, open_source
 
     if sort not in SORTS:
         raise CompareInputError(f"sort {sort!r}: use one of {', '.join(SORTS)}", code=BAD_ARGUMENT)

@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from .gather import gathered_stats
-from .sources import Call, Entry, Source
+from ..read.gather import gathered_stats
+from ..read.sources import Call, Entry, Source
 
 if TYPE_CHECKING:
     import numpy as np

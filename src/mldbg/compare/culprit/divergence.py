@@ -36,20 +36,20 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..capture.store import ROOT
-from .records import Boundary, Culprit, EntryResult, JsonNumber
-from .sources import Call, Source
-from .verdict import GROWTH, exact_scale, rel
+from ...capture.store import ROOT
+from ..judge.bounds import GROWTH, exact_scale, rel
+from ..read.sources import Call, Source
+from ..records import Boundary, Culprit, EntryResult, JsonNumber
 
 CallKey = tuple[str, int]
 
 
-def _bad(result: EntryResult) -> bool:
+def fails(result: EntryResult) -> bool:
     """Fails its deciding test, or (under a strict test) the scale-aware one."""
     return not result["ok"] or result.get("scale_ok") is False
 
 
-def _worst_rel(results: list[EntryResult]) -> float:
+def worst_rel(results: list[EntryResult]) -> float:
     return max((_input_rel(r) for r in results), default=0.0)
 
 
@@ -71,13 +71,13 @@ def _is_integer(dtype: str | None) -> bool:
 _INTEGER_DTYPE = re.compile(r"^(bool|u?int\d*|[iu]\d+)$")  # safetensors (I64) and numpy names
 
 
-def _max_abs(results: list[EntryResult]) -> JsonNumber | None:
+def largest_abs(results: list[EntryResult]) -> JsonNumber | None:
     found = [value for r in results if (value := r.get("max_abs")) is not None]
     # "inf" (a float64 overflow) is a string in JSON-ready results: float() reads it
     return max(found, key=float, default=None)
 
 
-def _describe(
+def culprit_of(
     call: Call, bad_out: list[EntryResult], reason: str, inputs_compared: bool
 ) -> Culprit:
     return {
@@ -87,20 +87,20 @@ def _describe(
         "class": call.class_name,
         "reason": reason,
         "entries": [r["name"] for r in bad_out],
-        "max_abs": _max_abs(bad_out),
+        "max_abs": largest_abs(bad_out),
         "nonfinite_mismatched": sum(r.get("nonfinite_mismatched") or 0 for r in bad_out),
         "inputs_compared": inputs_compared,
         "expected": max((r.get("expected") or 0.0) for r in bad_out),
     }
 
 
-def _boundaries(
+def boundary_differences_of(
     source: Source, by_call: dict[CallKey, dict[str, list[EntryResult]]]
 ) -> list[Boundary]:
     """Calls whose differing output the next consumer no longer sees."""
     calls = source.calls
     ended = sorted(
-        (calls[k].end_order or 0, _worst_rel(roles["out"]))
+        (calls[k].end_order or 0, worst_rel(roles["out"]))
         for k, roles in by_call.items()
         if k in calls and calls[k].end_order is not None
     )
@@ -119,13 +119,13 @@ def _boundaries(
     same = _SameValues(source)
     for key, roles in by_call.items():
         call = calls.get(key)
-        bad = [r for r in roles["out"] if _bad(r)]
+        bad = [r for r in roles["out"] if fails(r)]
         if call is None or call.end_order is None or not bad:
             continue
         own_inputs = {tuple(r["shape_a"]) for r in roles["in"]}
-        in_err = _worst_rel(roles["in"]) if roles["in"] else upstream_of(call)
+        in_err = worst_rel(roles["in"]) if roles["in"] else upstream_of(call)
         local_bound = max((r.get("expected_local") or 0.0) for r in bad)
-        if _worst_rel(bad) <= GROWTH * in_err + local_bound:
+        if worst_rel(bad) <= GROWTH * in_err + local_bound:
             continue  # a victim: its difference is not its own
         # The consumer must see no more error than this call's inputs had: the
         # difference vanished, it was not merely diluted (a residual add shrinks one).
@@ -147,14 +147,14 @@ def _boundaries(
                 break
             consumer_key, inputs = nxt
             if not all(r["ok"] and r.get("scale_ok") is not False for r in inputs) or (
-                _worst_rel(inputs) > allowed
+                worst_rel(inputs) > allowed
             ):
-                if not _absorbs(by_call[consumer_key], [r for r in inputs if _bad(r)]):
+                if not _absorbs(by_call[consumer_key], [r for r in inputs if fails(r)]):
                     compensated = False
                     break
                 # The consumer still sees the difference and undoes it itself (the port
                 # moved the computation into it): its outputs agree.
-                absorbed += [r["name"] for r in inputs if _bad(r)]
+                absorbed += [r["name"] for r in inputs if fails(r)]
             consumer = consumer_key
         if not compensated or consumer is None:
             continue
@@ -173,7 +173,7 @@ def _boundaries(
                 "entries": [r["name"] for r in bad] + absorbed,
                 "ratio": ratio,
                 "compensated_by": f"{consumer[0]}#{consumer[1]}",
-                "rel_rms": _worst_rel(bad),
+                "rel_rms": worst_rel(bad),
                 "note": (
                     f"x{ratio:.3f}, compensated by the next module"
                     if ratio is not None
@@ -192,7 +192,7 @@ def _absorbs(roles: dict[str, list[EntryResult]], differing: list[EntryResult]) 
     on a tensor shaped like each differing input (a norm that takes ``8 x`` and returns
     what it returns for ``x``).  A call whose outputs merely do not depend on the values
     (a rotary embedding reading only its input's dtype) has no such output."""
-    if not roles["out"] or any(_bad(r) for r in roles["out"]):
+    if not roles["out"] or any(fails(r) for r in roles["out"]):
         return False
     shapes = {tuple(r["shape_a"]) for r in roles["out"]}
     return all(tuple(r["shape_a"]) in shapes for r in differing)
@@ -209,7 +209,7 @@ def _absorbed_inputs(
     found: list[Boundary] = []
     for key, roles in by_call.items():
         call = calls.get(key)
-        bad_in = [r for r in roles["in"] if _bad(r)]
+        bad_in = [r for r in roles["in"] if fails(r)]
         if call is None or key in absorbers or not bad_in or not _absorbs(roles, bad_in):
             continue
         if call.parent is None:
@@ -229,7 +229,7 @@ def _absorbed_inputs(
                 "entries": [r["name"] for r in bad_in],
                 "ratio": ratio,
                 "compensated_by": name,
-                "rel_rms": _worst_rel(bad_in),
+                "rel_rms": worst_rel(bad_in),
                 "note": (
                     f"input x{ratio:.3f}, compensated inside this module"
                     if ratio is not None
@@ -324,7 +324,7 @@ class _SameValues:
         return True
 
 
-def _missing_child(
+def missing_child(
     source: Source,
     call: Call,
     by_call: dict[CallKey, dict[str, list[EntryResult]]],
@@ -347,7 +347,7 @@ def _missing_child(
             c
             for c in children
             if c.module in b_calls
-            and any(_bad(r) for r in by_call.get((c.module, c.call), {}).get("in", []))
+            and any(fails(r) for r in by_call.get((c.module, c.call), {}).get("in", []))
         ),
         None,
     )
@@ -357,7 +357,7 @@ def _missing_child(
     return missing[-1]
 
 
-def _missing_sibling(
+def missing_sibling(
     source: Source, call: Call, b_calls: set[str] | None, b_modules: set[str] | None
 ) -> Call | None:
     """The sibling just before ``call`` that the port has but never called: what should
@@ -377,7 +377,7 @@ def _missing_sibling(
     return None
 
 
-def _fallback(failing: list[EntryResult]) -> Culprit:
+def fallback_culprit(failing: list[EntryResult]) -> Culprit:
     first = failing[0]
     if all(r.get("role") == "in" for r in failing):
         reason = "outputs agree, only inputs differ; first input that differs"

@@ -17,8 +17,8 @@ import difflib
 import re
 from typing import Any
 
+from ..read.sources import Call, Entry, Source
 from .mapping import NameMap
-from .sources import Call, Entry, Source
 
 _FAMILIES = (
     ("embed", re.compile(r"embed", re.I)),

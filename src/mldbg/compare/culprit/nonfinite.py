@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .sources import Entry, Source
+    from ..read.sources import Entry, Source
 
 CHUNK = 1 << 22  # elements checked at a time
 
@@ -28,8 +28,8 @@ def first_nonfinite(source: str | Path, *, home: str | Path | None = None) -> di
     is finite (or the source has no module calls: a plain tensor directory is checked
     entry by entry in its order instead).
     """
-    from ..store.runs import mldbg_home
-    from .sources import open_source
+    from ...store.runs import mldbg_home
+    from ..read.sources import open_source
 
     store = Path(home).expanduser().resolve() if home is not None else mldbg_home()
     found = open_source(str(source), store)

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import BAD_MAP
-from ..store import reading
-from .sources import CompareInputError
+from ...errors import BAD_MAP
+from ...store import reading
+from ..read.sources import CompareInputError
 
 _ENTRY = re.compile(r"^(?P<module>.*)#(?P<call>\d+)\.(?P<key>(?:in|out)(?:\..*)?)$")
 

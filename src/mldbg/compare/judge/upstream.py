@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..capture.store import check_capture_name
-from ..store.reading import read_json
-from .records import OtherModels
-from .sources import Source, open_capture
-from .verdict import COND_C, NO_FLOOR, Floor
+from ...capture.store import check_capture_name
+from ...store.reading import read_json
+from ..read.sources import Source, open_capture
+from ..records import OtherModels
+from .bounds import COND_C, NO_FLOOR, Floor
 
 MAX_UPSTREAM = 64  # captures listed (a process opens at most that many models)
 

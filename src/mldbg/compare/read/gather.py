@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BAD_SHARDS, UNKNOWN_SOURCE
+from ...errors import BAD_SHARDS, UNKNOWN_SOURCE
 from .sources import CompareInputError, Entry, Source, find_captures, open_capture
 
 if TYPE_CHECKING:

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..compare.read.sources import CompareInputError
 from ..errors import BAD_WEIGHTS_INPUT
-from .sources import CompareInputError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -388,7 +388,7 @@ def input_rounding(packed: Packed, spec: QuantSpec) -> float:
 
 
 def _unit(dtype: str) -> float:
-    from .verdict import unit_roundoff
+    from ..compare.judge.bounds import unit_roundoff
 
     u = unit_roundoff(dtype, dtype)
     return 0.0 if u is None else u

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ..errors import BAD_MAP
+from ...errors import BAD_MAP
+from ..read.sources import CompareInputError, Entry, Source
 from .mapping import NameMap, split_name
-from .sources import CompareInputError, Entry, Source
 
 
 @dataclass
@@ -156,6 +156,6 @@ def _pair_within_calls(
 
 
 def _permuted(shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> bool:
-    from .metrics import layout_permutation
+    from .transposes import layout_permutation
 
     return layout_permutation(shape_a, shape_b) is not None

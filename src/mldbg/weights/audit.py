@@ -49,8 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from ..compare.pair.mapping import NameMap, load_map, parse_map
+from ..compare.read.sources import CompareInputError, Entry, Source, find_captures, open_source
 from ..errors import BAD_WEIGHTS_INPUT
-from .mapping import NameMap, load_map, parse_map
 from .quantized import (
     Packed,
     QuantSpec,
@@ -63,7 +64,6 @@ from .quantized import (
     settings_block,
     spec_from_settings,
 )
-from .sources import CompareInputError, Entry, Source, find_captures, open_source
 
 if TYPE_CHECKING:  # numpy is imported where parameters are read
     import numpy as np
@@ -221,7 +221,7 @@ def _from_ranks(spec: str, home: Path, shards: Mapping[str, Any]) -> Params:
 
     import numpy as np
 
-    from .gather import check_shards, ranked_captures
+    from ..compare.read.gather import check_shards, ranked_captures
 
     rules = check_shards(shards)
     for pattern, rule in rules.items():
@@ -385,7 +385,7 @@ def _parameter_files(path: Path) -> list[Path] | None:
     """The files of a checkpoint: the file itself, or a directory's own tensor files
     (shards, as transformers, diffusers and mlx-lm save them); None for a directory that
     is a capture or run (``open_source`` reads those)."""
-    from .sources import TENSOR_SUFFIXES
+    from ..compare.read.sources import TENSOR_SUFFIXES
 
     if path.is_file():
         return [path]
@@ -926,7 +926,7 @@ def _renamed(
 
 
 def _rounding(dtype_a: str, dtype_b: str) -> float:
-    from .verdict import unit_roundoff
+    from ..compare.judge.bounds import unit_roundoff
 
     u = unit_roundoff(dtype_a, dtype_b)
     return 0.0 if u is None else u
@@ -947,7 +947,7 @@ _SMALLEST_SUBNORMAL = {
 
 def _underflow(dtype_a: str, dtype_b: str) -> float:
     """Half the coarser subnormal spacing of the two dtypes (0 for integers)."""
-    from .verdict import canonical_dtype
+    from ..compare.judge.bounds import canonical_dtype
 
     found = [_SMALLEST_SUBNORMAL.get(canonical_dtype(d), 0.0) for d in (dtype_a, dtype_b)]
     return max(found) / 2.0

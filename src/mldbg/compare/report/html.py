@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..store.output_files import replace_output
-from .metrics import layout_name
+from ...store.output_files import replace_output
+from ..pair.transposes import layout_name
 
 DOCTYPE = "<!DOCTYPE html>"  # a report's first bytes: what may be replaced by the next
 

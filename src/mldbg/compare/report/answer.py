@@ -7,10 +7,9 @@ come only on request, paged, and every cut says what was left out and how to get
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from .. import budget
+from ... import budget
 
 UNPAIRED_SHOWN = 50
 # Lists a real port can make long (one boundary per layer when the port adds residuals
@@ -18,45 +17,6 @@ UNPAIRED_SHOWN = 50
 # ``--json`` / ``html`` for the whole list.
 LISTS_SHOWN = {"boundary_differences": 20, "warnings": 20, "notes": 20}
 NOTE_ENTRIES_SHOWN = 20  # a note on compounded quantization noise lists every entry it covers
-
-
-def compare_answer(
-    home: Path,
-    *,
-    a: str,
-    b: str,
-    rtol: float | None = None,
-    atol: float | None = None,
-    map: dict[str, Any] | str | None = None,
-    layout: str | None = None,
-    replay: str | None = None,
-    shards: dict[str, int | str] | None = None,
-    html: str | None = None,
-    passing: bool = False,
-    inputs: bool = False,
-    offset: int = 0,
-    limit: int = 20,
-) -> dict[str, Any]:
-    """Run ``mldbg.compare`` and bound its answer (:func:`bounded`); paths are the
-    caller's to resolve (the daemon makes a client's relative to where the client runs)."""
-    from . import compare
-
-    result = compare(
-        a,
-        b,
-        rtol=rtol,
-        atol=atol,
-        map=map,
-        layout=layout,
-        replay=replay,
-        html=html,
-        home=home,
-        shards=shards,
-    ).result
-    answer = bounded(result, passing=passing, inputs=inputs, offset=offset, limit=limit)
-    if html:
-        answer["html"] = html
-    return answer
 
 
 def bounded(

@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..capture.safetensors_header import CorruptTensorFile
-from ..capture.sketch import ACCURACY, estimate, paired_statistics, relative, summarize_numpy
-from ..errors import CORRUPT_FILE, UNREADABLE
-from .records import EntryResult, Estimated
-from .sources import CompareInputError, Entry, Source
+from ...capture.safetensors_header import CorruptTensorFile
+from ...capture.sketch import ACCURACY, estimate, paired_statistics, relative, summarize_numpy
+from ...errors import CORRUPT_FILE, UNREADABLE
+from ..read.sources import CompareInputError, Entry, Source
+from ..records import EntryResult, Estimated
 
 
 def _not_measured() -> EntryResult:

@@ -503,7 +503,7 @@ class ModuleTable(Truncation, total=False):
     a: SourceRef
     b: SourceRef | None
     # [{module, call, class, depth, a: {seconds, self_seconds, in_dtypes, out_dtypes},
-    #   b: {...} | None, dtype_differs, time_ratio}] (compare/table.py)
+    #   b: {...} | None, dtype_differs, time_ratio}] (compare/report/table.py)
     rows: list[dict[str, Any]]
     summary: dict[str, Any]
 

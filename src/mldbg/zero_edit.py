@@ -322,7 +322,7 @@ class Tracker:
     def _upstream(self) -> list[dict[str, Any]]:
         """The captures of the models called before this one, each with how many of its
         calls have ended: what this model's inputs may already carry (compare bounds its
-        first inputs by their rounding, compare/upstream.py)."""
+        first inputs by their rounding, compare/judge/upstream.py)."""
         return [
             {"capture": m.capture.name, "ended": m.capture.calls_ended}
             for m in self.models.values()

@@ -120,7 +120,7 @@ class Capture:
         self.ops = _patterns(ops, "ops")
         self.sensitivity = sensitivity
         # The captures of the models this process ran before this one ([{"capture",
-        # "ended"}]: how many of their calls had ended), for compare (compare/upstream.py).
+        # "ended"}]: how many of their calls had ended), for compare (compare/judge/upstream.py).
         self.upstream = upstream
         # Off the critical path by default: a full capture's writes, and the statistics
         # and sketch of a torch model's summary on the CPU (a summary writes little, but

@@ -16,7 +16,7 @@ is recorded like a module call nested in it, at path ``<module>:op<N>.<op name>`
   a C++ class that cannot be wrapped and are not recorded.
 
 Names differ between frameworks (torch's ``mul`` + ``cat`` + ``add`` is MLX's one
-``fast.rope``), so compare aligns operations by value, not name (``compare/ops.py``).
+``fast.rope``), so compare aligns operations by value, not name (``compare/culprit/ops.py``).
 What the recorder itself does (copying a tensor to write it) is never an operation.
 """
 

@@ -2,7 +2,7 @@
 
 One line when a module call starts (:class:`CallLine`) and one when it ends
 (:class:`ReturnLine`); either carries the :class:`TensorFields` of the tensors written
-for it.  Compare reads them back as plain JSON (``compare/sources.py``): these types say
+for it.  Compare reads them back as plain JSON (``compare/read/sources.py``): these types say
 what the recorder writes, so a field added here is a field to document there.
 """
 

@@ -1,6 +1,6 @@
 """Compare two sources pair by pair and name the first divergence.
 
-Pairs are streamed: one pair's tensors are mapped, reduced chunk by chunk (metrics.py)
+Pairs are streamed: one pair's tensors are mapped, reduced chunk by chunk (judge/metrics.py)
 and released before the next, so two whole models are never in memory.  The result
 is the documented JSON shape (README, "mldbg compare").
 """

@@ -263,7 +263,7 @@ class LocalErrors(TypedDict):
 
 
 class NarrowHint(TypedDict):
-    """Where a coarse comparison says to capture next (``narrow.py``): in full inside the
+    """Where a coarse comparison says to capture next (``report/narrow.py``): in full inside the
     culprit, or, when that would not fit the coarse pass's budget, as summaries one
     level down inside it."""
 
@@ -276,7 +276,7 @@ class NarrowHint(TypedDict):
 
 
 class OtherModels(TypedDict):
-    """The later models a zero-edit run captured beside the first (``upstream.py``)."""
+    """The later models a zero-edit run captured beside the first (``judge/upstream.py``)."""
 
     models_a: list[str]
     models_b: list[str]
@@ -285,7 +285,7 @@ class OtherModels(TypedDict):
 
 
 class WeightsHint(TypedDict):
-    """The culprit's own parameters as the first suspect (``narrow.py``)."""
+    """The culprit's own parameters as the first suspect (``report/narrow.py``)."""
 
     module: str | None
     hint: str

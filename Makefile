@@ -26,9 +26,10 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 	$(VENV)/bin/mypy
+	$(PY) scripts/ratchets.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

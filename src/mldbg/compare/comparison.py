@@ -15,7 +15,7 @@ from ..capture.safetensors_header import CorruptTensorFile
 from ..capture.store import ROOT
 from ..errors import CORRUPT_FILE, NOTHING_COMPARABLE, NOTHING_PAIRED, UNREADABLE
 from .culprit.divergence import missing_child
-from .culprit.rules import CallKey, call_key, first_divergence
+from .culprit.rules import CallKey, Verdict, call_key, first_divergence
 from .judge import metrics
 from .judge.bounds import (
     NO_FLOOR,
@@ -37,7 +37,7 @@ from .pair.propose import propose_map
 from .pair.transposes import layout_name
 from .read.arrays import UnsupportedDtype
 from .read.sources import CompareInputError, Entry, Source
-from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors
+from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors, OpsItem
 
 Progress = Callable[[int, int, str], None]
 
@@ -53,47 +53,18 @@ def compare_sources(
     replay: Source | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
+    """Run the stages on two sources: pair, judge each pair, name the first divergence,
+    attach the hints for the next step.  The result is the documented JSON shape."""
     names = names or NameMap()
-    alignment = align(a, b, names)
-    proposal = None
-    few_paired = _few_paired(a, alignment)
-    if few_paired:
-        proposal = propose_map(a, b, names)
-    if not alignment.pairs:
-        extra: dict[str, Any] = {"proposed_map": proposal} if proposal else {}
-        raise CompareInputError(
-            _nothing_paired(a, b, alignment, proposal), code=NOTHING_PAIRED, **extra
-        )
+    alignment, proposal = _paired(a, b, names)
     layouts = Layouts(a, b, alignment, layout)
-    results = []
-    for done, pair in enumerate(alignment.pairs):
-        if progress is not None:
-            progress(done, len(alignment.pairs), pair.a.name)
-        results.append(_compare_pair(a, b, pair, rtol, atol, layouts))
-    if progress is not None:
-        progress(len(alignment.pairs), len(alignment.pairs), "")
+    results = _compared(a, b, alignment, rtol, atol, layouts, progress)
     strict = rtol is not None or atol is not None
-    quantized = _quantized(b, alignment, results)
-    judge(a, results, quantized, strict=strict)
+    judge(a, results, _quantized(b, alignment, results), strict=strict)
     local = local_errors(a, replay, layout=layout) if replay is not None else None
     if local is not None:
-        for result in results:
-            found = local["entries"].get(result["name"])
-            if found is not None:
-                result["local"] = found
-                if not found["ok"] and result["ok"]:
-                    # Within what upstream drift allows, but wrong on the reference's own
-                    # inputs: the replay is the stronger evidence (a bug hidden by the
-                    # noise of a 4-bit port, say), so the entry fails and says why.
-                    result["ok"] = False
-                    result["test"] = "local"
-    if all(r["error"] for r in results):
-        first = results[0]
-        raise CompareInputError(
-            f"nothing could be compared: {first['name']}: {first['error']}"
-            + (f" (and {len(results) - 1} more)" if len(results) > 1 else ""),
-            code=NOTHING_COMPARABLE,
-        )
+        _add_local_errors(results, local)
+    _refuse_if_nothing_compared(results)
     verdict = first_divergence(
         a,
         results,
@@ -103,9 +74,102 @@ def compare_sources(
         b_sites=_b_sites(b, names),
         paired=_paired_counts(a, alignment) if _unlocalizable(a, alignment) else None,
     )
-    culprit, boundaries = verdict.culprit, verdict.boundaries
-    culprit_entries = set(culprit["entries"]) if culprit else set()
-    compensated = {name: b for b in boundaries for name in b["entries"]}
+    _mark_verdict(results, verdict)
+    failed = sum(1 for r in results if not r["ok"])
+    document: dict[str, Any] = {
+        # Notes alone (differences beyond their bound that no output shows) never fail
+        # a comparison: only a culprit, or an entry no rule set aside, does.
+        "ok": failed == 0
+        or (verdict.culprit is None and bool(verdict.notes) and not verdict.undecided),
+        "a": a.describe(),
+        "b": b.describe(),
+        "rtol": rtol,
+        "atol": atol,
+        "test": "elementwise" if strict else "scale",
+        "layout": layouts.describe(),
+        "first_divergence": verdict.culprit,
+        "boundary_differences": verdict.boundaries,
+        "notes": verdict.notes,
+        "decided_by": verdict.rule,
+        "undecided": verdict.undecided,
+        "entries": results,
+        "unpaired_a": alignment.unpaired_a,
+        "unpaired_b": alignment.unpaired_b,
+        "proposed_map": proposal,
+        "replay": None if replay is None else replay.describe(),
+        "counts": _counts(results, failed, alignment),
+        "warnings": a.warnings + b.warnings + (replay.warnings if replay is not None else []),
+    }
+    if local is not None:
+        document["replay_culprit"] = local["culprit"]
+    _attach_hints(document, a, b, verdict.culprit, results)
+    ops = _operations(a, b, alignment, results, names)
+    if ops is not None:  # captured with ops=: which operation inside diverges first
+        document["ops"] = ops
+    return document
+
+
+def _paired(a: Source, b: Source, names: NameMap) -> tuple[Alignment, dict[str, Any] | None]:
+    """The pairs, and a proposed map when few entries paired; nothing paired at all is
+    bad input (with the proposal, when there is one)."""
+    alignment = align(a, b, names)
+    proposal = propose_map(a, b, names) if _few_paired(a, alignment) else None
+    if not alignment.pairs:
+        extra: dict[str, Any] = {"proposed_map": proposal} if proposal else {}
+        raise CompareInputError(
+            _nothing_paired(a, b, alignment, proposal), code=NOTHING_PAIRED, **extra
+        )
+    return alignment, proposal
+
+
+def _compared(
+    a: Source,
+    b: Source,
+    alignment: Alignment,
+    rtol: float | None,
+    atol: float | None,
+    layouts: Layouts,
+    progress: Progress | None,
+) -> list[EntryResult]:
+    """Each pair's numbers, one pair's tensors in memory at a time."""
+    results = []
+    for done, pair in enumerate(alignment.pairs):
+        if progress is not None:
+            progress(done, len(alignment.pairs), pair.a.name)
+        results.append(_compare_pair(a, b, pair, rtol, atol, layouts))
+    if progress is not None:
+        progress(len(alignment.pairs), len(alignment.pairs), "")
+    return results
+
+
+def _add_local_errors(results: list[EntryResult], local: LocalErrors) -> None:
+    for result in results:
+        found = local["entries"].get(result["name"])
+        if found is not None:
+            result["local"] = found
+            if not found["ok"] and result["ok"]:
+                # Within what upstream drift allows, but wrong on the reference's own
+                # inputs: the replay is the stronger evidence (a bug hidden by the
+                # noise of a 4-bit port, say), so the entry fails and says why.
+                result["ok"] = False
+                result["test"] = "local"
+
+
+def _refuse_if_nothing_compared(results: list[EntryResult]) -> None:
+    if all(r["error"] for r in results):
+        first = results[0]
+        raise CompareInputError(
+            f"nothing could be compared: {first['name']}: {first['error']}"
+            + (f" (and {len(results) - 1} more)" if len(results) > 1 else ""),
+            code=NOTHING_COMPARABLE,
+        )
+
+
+def _mark_verdict(results: list[EntryResult], verdict: Verdict) -> None:
+    """Mark the culprit's entries, set aside the differences the next module undoes, and
+    note on each failing entry what a rule said of it."""
+    culprit_entries = set(verdict.culprit["entries"]) if verdict.culprit else set()
+    compensated = {name: b for b in verdict.boundaries for name in b["entries"]}
     for result in results:
         result["culprit"] = result["name"] in culprit_entries
         if result["name"] in compensated and not result["culprit"]:
@@ -116,45 +180,33 @@ def compare_sources(
     for result in results:
         if result["name"] in noted and not result["ok"]:
             result["note"] = noted[result["name"]]
-    failed = sum(1 for r in results if not r["ok"])
-    document: dict[str, Any] = {
-        # Notes alone (differences beyond their bound that no output shows) never fail
-        # a comparison: only a culprit, or an entry no rule set aside, does.
-        "ok": failed == 0 or (culprit is None and bool(verdict.notes) and not verdict.undecided),
-        "a": a.describe(),
-        "b": b.describe(),
-        "rtol": rtol,
-        "atol": atol,
-        "test": "elementwise" if strict else "scale",
-        "layout": layouts.describe(),
-        "first_divergence": culprit,
-        "boundary_differences": boundaries,
-        "notes": verdict.notes,
-        "decided_by": verdict.rule,
-        "undecided": verdict.undecided,
-        "entries": results,
-        "unpaired_a": alignment.unpaired_a,
-        "unpaired_b": alignment.unpaired_b,
-        "proposed_map": proposal,
-        "replay": None if replay is None else replay.describe(),
-        "counts": {
-            "compared": len(results),
-            "passed": len(results) - failed,
-            "failed": failed,
-            "noted": sum(1 for r in results if r.get("note")),
-            "unpaired_a": len(alignment.unpaired_a),
-            "unpaired_b": len(alignment.unpaired_b),
-            # tensors of operations recorded with ops=, aligned by value under "ops"
-            **(
-                {"operations_a": alignment.operations_a, "operations_b": alignment.operations_b}
-                if alignment.operations_a or alignment.operations_b
-                else {}
-            ),
-        },
-        "warnings": a.warnings + b.warnings + (replay.warnings if replay is not None else []),
+
+
+def _counts(results: list[EntryResult], failed: int, alignment: Alignment) -> dict[str, int]:
+    counts = {
+        "compared": len(results),
+        "passed": len(results) - failed,
+        "failed": failed,
+        "noted": sum(1 for r in results if r.get("note")),
+        "unpaired_a": len(alignment.unpaired_a),
+        "unpaired_b": len(alignment.unpaired_b),
     }
-    if local is not None:
-        document["replay_culprit"] = local["culprit"]
+    if alignment.operations_a or alignment.operations_b:
+        # tensors of operations recorded with ops=, aligned by value under "ops"
+        counts["operations_a"] = alignment.operations_a
+        counts["operations_b"] = alignment.operations_b
+    return counts
+
+
+def _attach_hints(
+    document: dict[str, Any],
+    a: Source,
+    b: Source,
+    culprit: Culprit | None,
+    results: list[EntryResult],
+) -> None:
+    """What to do next: audit the culprit's parameters, capture finer, compare the
+    pipeline's other models."""
     from .report.narrow import narrow_hint, weights_hint
 
     audit = weights_hint(a, b, culprit)
@@ -166,6 +218,13 @@ def compare_sources(
     others = other_models_hint(a, b)
     if others is not None:  # a pipeline's first model: the others are captures of their own
         document["other_models"] = others
+
+
+def _operations(
+    a: Source, b: Source, alignment: Alignment, results: list[EntryResult], names: NameMap
+) -> list[OpsItem] | None:
+    """The operations recorded with ``ops=`` aligned by value inside each module call,
+    judged by how that call's outputs fared."""
     from .culprit.ops import ModuleVerdict, compare_ops
 
     verdicts: dict[tuple[str, int], ModuleVerdict] = {}  # each module call's outputs
@@ -175,10 +234,7 @@ def compare_sources(
             verdicts[key] = verdicts.get(key, ModuleVerdict()).add(
                 bool(result["ok"]), result.get("expected")
             )
-    ops = compare_ops(a, b, verdicts, names)
-    if ops is not None:  # captured with ops=: which operation inside diverges first
-        document["ops"] = ops
-    return document
+    return compare_ops(a, b, verdicts, names)
 
 
 def local_errors(a: Source, replay: Source, *, layout: str | None = None) -> LocalErrors:

@@ -92,6 +92,11 @@ MAX_PERMUTED_DIMS = 5
 AGREEMENT_SAMPLE = 1 << 20  # elements drawn for the element agreement test (never_loaded)
 
 
+# One parameter's row of the audit: name, name_port, status, note, shapes and dtypes, and
+# per status its own fields (layout, quant, fused, cosine, agree): results.WeightAudit.
+Row: TypeAlias = "dict[str, Any]"
+
+
 @dataclass
 class Params:
     """Parameters by name, each read (as float64 numpy) only when compared.
@@ -484,7 +489,7 @@ def audit(ref: Params, port: Params, names: NameMap, fresh: Params | None) -> di
         mapped = names.to_a(name)
         if not names.ignored(mapped):
             port_by_ref_name[mapped] = name
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     missing: list[str] = []
     for name in ref.shapes:
         if names.ignored(name):
@@ -557,10 +562,8 @@ def audit(ref: Params, port: Params, names: NameMap, fresh: Params | None) -> di
     }
 
 
-def _row(
-    ref: Params, port: Params, name: str, other: str | None, status: str, note: str
-) -> dict[str, Any]:
-    row: dict[str, Any] = {
+def _row(ref: Params, port: Params, name: str, other: str | None, status: str, note: str) -> Row:
+    row: Row = {
         "name": name,
         "name_port": other,
         "status": status,
@@ -574,63 +577,99 @@ def _row(
     return row
 
 
-def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None) -> dict[str, Any]:
-    import numpy as np
-
+def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None) -> Row:
+    """One parameter of the reference against the port's: the first explanation that
+    fits decides its row (within rounding, never loaded, a layout, axes of size 1, a
+    shape, then how the values differ)."""
     if other in port.unresolved or name in ref.unresolved:
         row = _row(ref, port, name, other, "shape", "")
         row["note"] = port.unresolved.get(other) or ref.unresolved[name]
         return row
-    a, slack_a = ref.read_with_allowance(name)
-    b, slack_b = port.read_with_allowance(other)
-    slack_b = slack_b + _underflow(ref.dtypes[name], port.dtypes[other])
-    quant = port.quant.get(other) or ref.quant.get(name)
-    u = _rounding(ref.dtypes[name], port.dtypes[other])
-    for side, key in ((port, other), (ref, name)):
-        if key in side.quant:
-            u = max(u, input_rounding(side.packed[key], side.quant[key]))
-    row = _row(ref, port, name, other, "ok", "")
-    if quant is not None:
-        row["quant"] = _quant_fields(ref, port, name, other)
-    row["rel_rms"] = _rel_rms(a, b) if a.shape == b.shape else None
-    dtype_changed = ref.dtypes[name] != port.dtypes[other]
-    if a.shape == b.shape and _close(a, b, u, slack_a, slack_b):
+    pair = _Judged.read(ref, port, name, other)
+    if pair.within_rounding():
+        return pair.row
+    fresh_name = other if fresh is not None and other in fresh.shapes else None
+    if fresh_name is not None and fresh is not None and pair.as_initialized(fresh.read(fresh_name)):
+        return pair.row
+    transposed_conv = _is_transposed_conv(ref, name) or _is_transposed_conv(port, other)
+    if pair.through_layout(transposed_conv) or pair.through_unit_axes(transposed_conv):
+        return pair.row
+    pair.by_values()
+    return pair.row
+
+
+@dataclass
+class _Judged:
+    """A parameter pair's values and what rounding allows between them, and the row that
+    says what was found."""
+
+    a: Values
+    b: Values
+    slack_a: Values | float
+    slack_b: Values | float
+    u: float
+    quant: QuantSpec | None
+    dtype_changed: bool
+    row: Row
+
+    @classmethod
+    def read(cls, ref: Params, port: Params, name: str, other: str) -> _Judged:
+        a, slack_a = ref.read_with_allowance(name)
+        b, slack_b = port.read_with_allowance(other)
+        slack_b = slack_b + _underflow(ref.dtypes[name], port.dtypes[other])
+        quant = port.quant.get(other) or ref.quant.get(name)
+        u = _rounding(ref.dtypes[name], port.dtypes[other])
+        for side, key in ((port, other), (ref, name)):
+            if key in side.quant:
+                u = max(u, input_rounding(side.packed[key], side.quant[key]))
+        row = _row(ref, port, name, other, "ok", "")
         if quant is not None:
-            row["quant"]["worst"] = _worst(a, b, u, slack_a, slack_b)
+            row["quant"] = _quant_fields(ref, port, name, other)
+        row["rel_rms"] = _rel_rms(a, b) if a.shape == b.shape else None
+        dtype_changed = ref.dtypes[name] != port.dtypes[other]
+        return cls(a, b, slack_a, slack_b, u, quant, dtype_changed, row)
+
+    def _agreeing_status(self) -> str:
+        """The status of values that agree: quantized, a changed dtype, or plainly ok."""
+        return "quantized" if self.quant is not None else "dtype" if self.dtype_changed else "ok"
+
+    def within_rounding(self) -> bool:
+        a, b, row, quant = self.a, self.b, self.row, self.quant
+        if a.shape != b.shape or not _close(a, b, self.u, self.slack_a, self.slack_b):
+            return False
+        if quant is not None:
+            row["quant"]["worst"] = _worst(a, b, self.u, self.slack_a, self.slack_b)
             row.update(
                 status="quantized",
                 note=f"within what {quant.describe()} explains "
                 f"(worst element at {row['quant']['worst']:.2g} of its allowance)",
             )
-        elif dtype_changed:
+        elif self.dtype_changed:
             row.update(
                 status="dtype",
-                note=f"{ref.dtypes[name]} → {port.dtypes[other]}, values within one rounding",
+                note=f"{row['dtype_ref']} → {row['dtype_port']}, values within one rounding",
             )
-        return row
-    fresh_name = other if fresh is not None and other in fresh.shapes else None
-    if fresh_name is not None and fresh is not None:
-        initial = fresh.read(fresh_name)
-        if initial.shape == b.shape and np.array_equal(initial, b):
-            row.update(
+        return True
+
+    def as_initialized(self, initial: Values) -> bool:
+        import numpy as np
+
+        if initial.shape == self.b.shape and np.array_equal(initial, self.b):
+            self.row.update(
                 status="never_loaded", note="identical to a fresh initialization of the port"
             )
-            return row
-    transposed_conv = _is_transposed_conv(ref, name) or _is_transposed_conv(port, other)
-    layout = _layout(a, b, u, slack_a, slack_b, transposed_conv)
-    if layout is not None:
+            return True
+        return False
+
+    def through_layout(self, transposed_conv: bool) -> bool:
+        layout = _layout(self.a, self.b, self.u, self.slack_a, self.slack_b, transposed_conv)
+        if layout is None:
+            return False
         expected = layout in EXPECTED_LAYOUTS
-        row.update(
+        quant = self.quant
+        self.row.update(
             layout=layout,
-            status=(
-                "quantized"
-                if expected and quant is not None
-                else "dtype"
-                if expected and dtype_changed
-                else "ok"
-                if expected
-                else "layout"
-            ),
+            status=self._agreeing_status() if expected else "layout",
             note=(
                 f"stored as {layout.split('→')[1]}, the port framework's layout"
                 if expected
@@ -639,78 +678,81 @@ def _pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None
             )
             + (f", within what {quant.describe()} explains" if quant is not None else ""),
         )
-        return row
-    unit = _unit_axes(a, b, u, slack_a, slack_b, transposed_conv)
-    if unit is not None:
+        return True
+
+    def through_unit_axes(self, transposed_conv: bool) -> bool:
+        unit = _unit_axes(self.a, self.b, self.u, self.slack_a, self.slack_b, transposed_conv)
+        if unit is None:
+            return False
         layout, same_order = unit
-        row.update(
+        dropped = "dropped" if self.a.ndim > self.b.ndim else "added"
+        self.row.update(
             layout=layout,
-            status=(
-                ("quantized" if quant is not None else "dtype" if dtype_changed else "ok")
-                if same_order
-                else "layout"
-            ),
+            status=self._agreeing_status() if same_order else "layout",
             note=(
-                f"the same values with axes of size 1 {'dropped' if a.ndim > b.ndim else 'added'}"
+                f"the same values with axes of size 1 {dropped}"
                 " (a 1×1 convolution's kernel and a linear weight)"
                 if same_order
                 else f"equal only through the permutation {layout} (axes of size 1 aside): "
                 "transposed by mistake"
             ),
         )
-        return row
-    if a.shape != b.shape:
+        return True
+
+    def by_values(self) -> None:
+        """Values that differ: as initialized, a shape no permutation explains, loaded
+        from the wrong place in part, or outside what quantization explains."""
+        import numpy as np
+
+        a, b, row, quant = self.a, self.b, self.row, self.quant
         if _constant(b) and not _constant(a):
             row.update(status="never_loaded", note="holds one constant value, as initialized")
-            return row
-        row.update(
-            status="shape",
-            note=f"shapes {list(a.shape)} vs {list(b.shape)}: no permutation maps one onto the other",
-        )
-        return row
-    if _constant(b) and not _constant(a):
-        row.update(status="never_loaded", note="holds one constant value, as initialized")
-        return row
-    cosine = _cosine(a, b)
-    row["cosine"] = cosine
-    agree, chance = _agreement(a, b, u, slack_a, slack_b)
-    row["agree"] = agree
-    counted = max(1, min(int(np.count_nonzero(a)), AGREEMENT_SAMPLE))
-    by_chance = agree <= chance + 4.0 * math.sqrt(max(chance, 1.0 / counted) / counted)
-    uncorrelated = a.size >= 64 and cosine is not None and abs(cosine) < 4.0 / math.sqrt(a.size)
-    if uncorrelated and by_chance:
-        row.update(
-            status="never_loaded", note="uncorrelated with the reference: a random initialization"
-        )
-        return row
-    if not by_chance and quant is None:
-        row.update(
-            status="values",
-            note=f"{agree:.0%} of the elements agree, the rest differ: loaded from the "
-            "wrong place in part (a slice, an offset, a shard)",
-        )
-        return row
-    if quant is not None:
-        row["quant"]["worst"] = _worst(a, b, u, slack_a, slack_b)
-        row.update(
-            status="values",
-            note=f"outside what {quant.describe()} explains: an element is "
-            f"{row['quant']['worst']:.3g}x its allowance",
-        )
-        return row
-    row.update(status="values", note="same name and shape, different values")
-    return row
+            return
+        if a.shape != b.shape:
+            row.update(
+                status="shape",
+                note=f"shapes {list(a.shape)} vs {list(b.shape)}: "
+                "no permutation maps one onto the other",
+            )
+            return
+        cosine = _cosine(a, b)
+        row["cosine"] = cosine
+        agree, chance = _agreement(a, b, self.u, self.slack_a, self.slack_b)
+        row["agree"] = agree
+        counted = max(1, min(int(np.count_nonzero(a)), AGREEMENT_SAMPLE))
+        by_chance = agree <= chance + 4.0 * math.sqrt(max(chance, 1.0 / counted) / counted)
+        uncorrelated = a.size >= 64 and cosine is not None and abs(cosine) < 4.0 / math.sqrt(a.size)
+        if uncorrelated and by_chance:
+            row.update(
+                status="never_loaded",
+                note="uncorrelated with the reference: a random initialization",
+            )
+        elif not by_chance and quant is None:
+            row.update(
+                status="values",
+                note=f"{agree:.0%} of the elements agree, the rest differ: loaded from the "
+                "wrong place in part (a slice, an offset, a shard)",
+            )
+        elif quant is not None:
+            row["quant"]["worst"] = _worst(a, b, self.u, self.slack_a, self.slack_b)
+            row.update(
+                status="values",
+                note=f"outside what {quant.describe()} explains: an element is "
+                f"{row['quant']['worst']:.3g}x its allowance",
+            )
+        else:
+            row.update(status="values", note="same name and shape, different values")
 
 
 def _fused(
     ref: Params, port: Params, missing: list[str], extra: list[tuple[str, str]]
-) -> tuple[list[dict[str, Any]], list[str], list[tuple[str, str]]]:
+) -> tuple[list[Row], list[str], list[tuple[str, str]]]:
     """Parameters one side keeps fused (``qkv_proj``, ``gate_up_proj``) and the other
     split: a tensor that is exactly the concatenation, along one axis, of parameters of
     the other side's same module (``…self_attn.q_proj.weight`` … for
     ``…self_attn.qkv_proj.weight``), each within rounding.  Each part and the whole get a
     ``fused`` row (loaded right, under another structure); the rest is returned."""
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     by_port = {other: mapped for mapped, other in extra}
     # The port fuses what the reference splits, then the other way round.
     for mapped, other in list(extra):
@@ -750,7 +792,7 @@ def _fused(
     return rows, missing, [(mapped, other) for other, mapped in by_port.items()]
 
 
-def _row_port(port: Params, other: str, status: str, note: str) -> dict[str, Any]:
+def _row_port(port: Params, other: str, status: str, note: str) -> Row:
     return {
         "name": None,
         "name_port": other,

@@ -98,93 +98,136 @@ def boundary_differences_of(
     source: Source, by_call: dict[CallKey, dict[str, list[EntryResult]]]
 ) -> list[Boundary]:
     """Calls whose differing output the next consumer no longer sees."""
-    calls = source.calls
-    ended = sorted(
-        (calls[k].end_order or 0, worst_rel(roles["out"]))
-        for k, roles in by_call.items()
-        if k in calls and calls[k].end_order is not None
-    )
-
-    def upstream_of(call: Call) -> float:
-        """Inputs not compared: the largest error of any output finished before it."""
-        start = call.start_order or 0
-        before = [err for end, err in ended if end < start]
-        return max(before) if before else 0.0
-
-    starts = sorted(
-        ((calls[k].start_order, k) for k in by_call if k in calls and by_call[k]["in"]),
-    )
+    finder = _Consumers(source, by_call)
     found: list[Boundary] = []
     absorbers: set[CallKey] = set()
-    same = _SameValues(source)
     for key, roles in by_call.items():
-        call = calls.get(key)
+        call = source.calls.get(key)
         bad = [r for r in roles["out"] if fails(r)]
         if call is None or call.end_order is None or not bad:
             continue
-        own_inputs = {tuple(r["shape_a"]) for r in roles["in"]}
-        in_err = worst_rel(roles["in"]) if roles["in"] else upstream_of(call)
+        in_err = worst_rel(roles["in"]) if roles["in"] else finder.upstream_error(call)
         local_bound = max((r.get("expected_local") or 0.0) for r in bad)
-        if worst_rel(bad) <= GROWTH * in_err + local_bound:
-            continue  # a victim: its difference is not its own
         # The consumer must see no more error than this call's inputs had: the
         # difference vanished, it was not merely diluted (a residual add shrinks one).
         allowed = GROWTH * in_err + local_bound
-        consumer = None
-        compensated = True
-        absorbed: list[str] = []
-        for result in bad:
-            shape = tuple(result["shape_a"])
-            readers = None  # a new shape: its first reader is the consumer
-            if shape in own_inputs:
-                readers = _reads_output(same, result["name"], roles["in"])
-                if readers is None:  # an identity in the reference: undecidable
-                    compensated = False
-                    break
-            nxt = _next_consumer(calls, by_call, starts, call, shape, readers)
-            if nxt is None:
-                compensated = False
-                break
-            consumer_key, inputs = nxt
-            if not all(r["ok"] and r.get("scale_ok") is not False for r in inputs) or (
-                worst_rel(inputs) > allowed
-            ):
-                if not _absorbs(by_call[consumer_key], [r for r in inputs if fails(r)]):
-                    compensated = False
-                    break
-                # The consumer still sees the difference and undoes it itself (the port
-                # moved the computation into it): its outputs agree.
-                absorbed += [r["name"] for r in inputs if fails(r)]
-            consumer = consumer_key
-        if not compensated or consumer is None:
+        if worst_rel(bad) <= allowed:
+            continue  # a victim: its difference is not its own
+        undone = finder.undone_by(call, roles, bad, allowed)
+        if undone is None:
             continue
+        consumer, absorbed = undone
         absorbers.add(consumer)
-        ratio = None
-        for result in bad:
-            scale = exact_scale(result, result.get("expected") or 0.0)
-            if scale is not None and scale != 0:
-                ratio = 1.0 / scale  # reference / port: the factor the port applies elsewhere
+        ratio = _ratio(bad)
         found.append(
-            {
-                "name": f"{call.module}#{call.call}",
-                "module": call.module,
-                "call": call.call,
-                "class": call.class_name,
-                "entries": [r["name"] for r in bad] + absorbed,
-                "ratio": ratio,
-                "compensated_by": f"{consumer[0]}#{consumer[1]}",
-                "rel_rms": worst_rel(bad),
-                "note": (
+            _boundary(
+                call,
+                bad,
+                absorbed,
+                ratio,
+                compensated_by=f"{consumer[0]}#{consumer[1]}",
+                note=(
                     f"x{ratio:.3f}, compensated by the next module"
                     if ratio is not None
                     else "differs, and the next module's outputs agree again"
                     if absorbed
                     else "differs, but the next module's inputs agree again"
                 ),
-            }
+            )
         )
-    found += _absorbed_inputs(calls, by_call, absorbers)
+    found += _absorbed_inputs(source.calls, by_call, absorbers)
     return found
+
+
+class _Consumers:
+    """Who reads a call's outputs next, and what error each call's inputs brought, for
+    one comparison's calls."""
+
+    def __init__(self, source: Source, by_call: dict[CallKey, dict[str, list[EntryResult]]]):
+        self.calls = source.calls
+        self.by_call = by_call
+        self.ended = sorted(
+            (self.calls[k].end_order or 0, worst_rel(roles["out"]))
+            for k, roles in by_call.items()
+            if k in self.calls and self.calls[k].end_order is not None
+        )
+        self.starts = sorted(
+            (self.calls[k].start_order, k) for k in by_call if k in self.calls and by_call[k]["in"]
+        )
+        self.same = _SameValues(source)
+
+    def upstream_error(self, call: Call) -> float:
+        """Inputs not compared: the largest error of any output finished before it."""
+        start = call.start_order or 0
+        before = [err for end, err in self.ended if end < start]
+        return max(before) if before else 0.0
+
+    def undone_by(
+        self,
+        call: Call,
+        roles: dict[str, list[EntryResult]],
+        bad: list[EntryResult],
+        allowed: float,
+    ) -> tuple[CallKey, list[str]] | None:
+        """The call that next reads each differing output and no longer sees the
+        difference (its inputs agree within ``allowed``, or it undoes the difference
+        itself: then its differing inputs are listed as absorbed); None when any
+        differing output reaches a reader that still sees it, or has no reader."""
+        own_inputs = {tuple(r["shape_a"]) for r in roles["in"]}
+        consumer = None
+        absorbed: list[str] = []
+        for result in bad:
+            shape = tuple(result["shape_a"])
+            readers = None  # a new shape: its first reader is the consumer
+            if shape in own_inputs:
+                readers = _reads_output(self.same, result["name"], roles["in"])
+                if readers is None:  # an identity in the reference: undecidable
+                    return None
+            nxt = _next_consumer(self.calls, self.by_call, self.starts, call, shape, readers)
+            if nxt is None:
+                return None
+            consumer, inputs = nxt
+            agree = all(r["ok"] and r.get("scale_ok") is not False for r in inputs)
+            if not agree or worst_rel(inputs) > allowed:
+                differing = [r for r in inputs if fails(r)]
+                if not _absorbs(self.by_call[consumer], differing):
+                    return None
+                # The consumer still sees the difference and undoes it itself (the port
+                # moved the computation into it): its outputs agree.
+                absorbed += [r["name"] for r in differing]
+        return None if consumer is None else (consumer, absorbed)
+
+
+def _ratio(differing: list[EntryResult]) -> float | None:
+    """reference / port: the exact factor the port applies elsewhere, when there is one."""
+    ratio = None
+    for result in differing:
+        scale = exact_scale(result, result.get("expected") or 0.0)
+        if scale is not None and scale != 0:
+            ratio = 1.0 / scale
+    return ratio
+
+
+def _boundary(
+    call: Call,
+    differing: list[EntryResult],
+    absorbed: list[str],
+    ratio: float | None,
+    *,
+    compensated_by: str,
+    note: str,
+) -> Boundary:
+    return {
+        "name": f"{call.module}#{call.call}",
+        "module": call.module,
+        "call": call.call,
+        "class": call.class_name,
+        "entries": [r["name"] for r in differing] + absorbed,
+        "ratio": ratio,
+        "compensated_by": compensated_by,
+        "rel_rms": worst_rel(differing),
+        "note": note,
+    }
 
 
 def _absorbs(roles: dict[str, list[EntryResult]], differing: list[EntryResult]) -> bool:
@@ -214,28 +257,21 @@ def _absorbed_inputs(
             continue
         if call.parent is None:
             continue  # the runs' own inputs differ: that is said plainly, never excused
-        ratio = None
-        for result in bad_in:
-            scale = exact_scale(result, result.get("expected") or 0.0)
-            if scale is not None and scale != 0:
-                ratio = 1.0 / scale
+        ratio = _ratio(bad_in)
         name = f"{call.module}#{call.call}"
         found.append(
-            {
-                "name": name,
-                "module": call.module,
-                "call": call.call,
-                "class": call.class_name,
-                "entries": [r["name"] for r in bad_in],
-                "ratio": ratio,
-                "compensated_by": name,
-                "rel_rms": worst_rel(bad_in),
-                "note": (
+            _boundary(
+                call,
+                bad_in,
+                [],
+                ratio,
+                compensated_by=name,
+                note=(
                     f"input x{ratio:.3f}, compensated inside this module"
                     if ratio is not None
                     else "input differs, but this module's outputs agree"
                 ),
-            }
+            )
         )
     return found
 

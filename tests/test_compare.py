@@ -329,7 +329,21 @@ def test_npz_members_are_mapped_and_compressed_ones_read(tmp_path: Path) -> None
 
 
 def test_a_dtype_numpy_lacks_is_an_entry_error(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
-    """A well-formed safetensors file in a dtype numpy lacks (F8_E8M0) is not corrupt."""
+    """A well-formed safetensors file in a dtype numpy cannot map (F4, two elements a
+    byte) is not corrupt: that entry says so, the others compare."""
+    a, b = dirs
+    header = json.dumps({"scale": {"dtype": "F4", "shape": [8], "data_offsets": [0, 4]}})
+    blob = len(header).to_bytes(8, "little") + header.encode() + bytes([127, 127, 128, 126])
+    for side in (a, b):
+        (side / "scale.safetensors").write_bytes(blob)
+    result = mldbg.compare(a, b).result
+    entry = next(e for e in result["entries"] if e["name"] == "scale")
+    assert not entry["ok"] and "F4" in entry["error"]
+    assert result["counts"]["passed"] == 12
+
+
+def test_an_ml_dtypes_format_compares(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
+    """F8_E8M0 (MX scales) has no numpy dtype but ml_dtypes has: it compares."""
     a, b = dirs
     header = json.dumps({"scale": {"dtype": "F8_E8M0", "shape": [4], "data_offsets": [0, 4]}})
     blob = len(header).to_bytes(8, "little") + header.encode() + bytes([127, 127, 128, 126])
@@ -337,8 +351,8 @@ def test_a_dtype_numpy_lacks_is_an_entry_error(tmp_path: Path, dirs: tuple[Path,
         (side / "scale.safetensors").write_bytes(blob)
     result = mldbg.compare(a, b).result
     entry = next(e for e in result["entries"] if e["name"] == "scale")
-    assert not entry["ok"] and "F8_E8M0" in entry["error"]
-    assert result["counts"]["passed"] == 12
+    assert entry["ok"] and not entry["error"] and entry["dtype_a"] == "F8_E8M0"
+    assert result["counts"]["passed"] == 13
 
 
 def test_a_folder_named_like_a_capture_does_not_hide_it(

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import dtypes
 from .recorder import Recorder
 from .records import Quantization, TensorInfo
 from .sensitivity import HeldCall, held_output, measuring, rounded_output
@@ -307,26 +308,9 @@ def save(tensors: dict[str, Any], tmp: Path) -> tuple[dict[str, TensorInfo], dic
     return write_buffers(tmp, entries), skipped
 
 
-_NAMES = {
-    "bool": "BOOL",
-    "uint8": "U8",
-    "uint16": "U16",
-    "uint32": "U32",
-    "uint64": "U64",
-    "int8": "I8",
-    "int16": "I16",
-    "int32": "I32",
-    "int64": "I64",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float32": "F32",
-    "float64": "F64",
-    "complex64": "C64",
-}
-
-
 def _safetensors_name(dtype: mx.Dtype) -> str | None:
-    return _NAMES.get(str(dtype).rsplit(".", 1)[-1])
+    found = dtypes.lookup(dtype)
+    return found.code if found is not None and found.safetensors else None
 
 
 _DTYPES: dict[mx.Dtype, str | None] = {}

@@ -11,6 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from .. import dtypes
 from ..errors import CorruptTensorFile
 from ..store import reading
 from .records import TensorInfo
@@ -18,28 +19,7 @@ from .records import TensorInfo
 MAX_HEADER = 100_000_000
 # Every dtype the safetensors format defines, with its size in bits.  A name outside this
 # table is not a format mldbg cannot read yet: the header is corrupt (or not safetensors).
-DTYPE_BITS = {
-    "BOOL": 8,
-    "U8": 8,
-    "I8": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3": 8,
-    "F8_E8M0": 8,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "C64": 64,
-    "F64": 64,
-    "I64": 64,
-    "U64": 64,
-}
+DTYPE_BITS = {d.code: d.bits for d in dtypes.TABLE if d.safetensors}
 
 
 def read_header(path: Path) -> tuple[dict[str, Any], int]:

@@ -113,14 +113,21 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeGuard, TypeVar
 
+from .. import dtypes
 from .records import Sensitivity
 
 if TYPE_CHECKING:  # numpy is imported when a capture measures (``import mldbg`` stays light)
     import numpy as np
 
-# Unit roundoff (half an ulp at 1) per float dtype name, as torch and MLX spell them.
-_UNIT = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 _PLAIN = (int, float, bool, str, bytes, type(None))
+
+
+def _unit(dtype_name: str) -> float:
+    """Unit roundoff (half an ulp at 1) of a float dtype, as torch and MLX spell it;
+    float32's for a dtype that does not round."""
+    return dtypes.unit_roundoff(dtype_name) or dtypes.BY_CODE["F32"].unit_roundoff or 0.0
+
+
 STATEFUL_IN_TRAINING = ("Dropout", "BatchNorm")
 SEED = 20  # the perturbation's signs: the same on every run, whatever the user's seeds
 _STATE = threading.local()
@@ -386,8 +393,8 @@ def measure(
                 return None
             if not all(frame.is_float(x) or _is_plain_or_tensor(x) for x in values):
                 return None  # an object the call may update (a cache): never run it twice
-            finest = min(outputs, key=lambda x: _UNIT.get(frame.dtype_name(x), _UNIT["float32"]))
-            u_out = _UNIT.get(frame.dtype_name(finest), _UNIT["float32"])
+            finest = min(outputs, key=lambda x: _unit(frame.dtype_name(x)))
+            u_out = _unit(frame.dtype_name(finest))
             drawn = [0]  # tensors perturbed so far by this re-run: each gets its own signs
 
             def perturb(x: T, u: float) -> T:
@@ -397,7 +404,7 @@ def measure(
             def moved(x: object) -> object:
                 if not frame.is_float(x):
                     return x
-                u_in = _UNIT.get(frame.dtype_name(x), _UNIT["float32"])
+                u_in = _unit(frame.dtype_name(x))
                 if u_in > u_out:
                     # A step the input's own dtype cannot hold (a bfloat16 timestep into a
                     # float32 embedding): perturbed in the dtype the op computes in.
@@ -411,7 +418,7 @@ def measure(
                 # one step of that dtype, kept in it (what reads it reads the same dtype).
                 if not frame.is_float(x):
                     return x
-                return perturb(x, _UNIT.get(frame.dtype_name(x), _UNIT["float32"]))
+                return perturb(x, _unit(frame.dtype_name(x)))
 
             def change(again_output: object) -> float | None:
                 again = [x for x in _leaves(again_output) if frame.is_float(x)]

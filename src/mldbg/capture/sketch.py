@@ -33,6 +33,8 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
+from .. import dtypes
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -254,27 +256,6 @@ def _range(stats: dict[str, Any]) -> float | None:
     return None if low is None or high is None else float(high) - float(low)
 
 
-# Framework dtype names (``torch.bfloat16``, ``mlx.core.bfloat16``) as safetensors names.
-DTYPE_NAMES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint64": "U64",
-    "uint32": "U32",
-    "uint16": "U16",
-    "uint8": "U8",
-    "bool": "BOOL",
-}
-
-
 def dtype_name(dtype: Any) -> str:
     """``BF16`` for ``torch.bfloat16`` / ``mlx.core.bfloat16`` / numpy's ``bfloat16``."""
-    text = str(dtype).rsplit(".", 1)[-1]
-    return DTYPE_NAMES.get(text, text)
+    return dtypes.code(dtype)

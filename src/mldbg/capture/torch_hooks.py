@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .. import dtypes
 from .device_async import DeviceClock, PendingCopy
 from .recorder import Recorder
 from .records import TensorInfo
@@ -311,31 +312,15 @@ _NAMES: dict[torch.dtype, str] = {}
 
 
 def _safetensors_names() -> dict[torch.dtype, str]:
-    """Torch dtype -> safetensors dtype name, for the dtypes this torch has."""
+    """Torch dtype -> safetensors dtype name, for the dtypes this torch has (a cache: it is
+    read at every captured tensor)."""
     import torch
 
     if not _NAMES:
-        for attr, name in (
-            ("float64", "F64"),
-            ("float32", "F32"),
-            ("float16", "F16"),
-            ("bfloat16", "BF16"),
-            ("int64", "I64"),
-            ("int32", "I32"),
-            ("int16", "I16"),
-            ("int8", "I8"),
-            ("uint8", "U8"),
-            ("uint16", "U16"),
-            ("uint32", "U32"),
-            ("uint64", "U64"),
-            ("bool", "BOOL"),
-            ("complex64", "C64"),
-            ("float8_e4m3fn", "F8_E4M3"),
-            ("float8_e5m2", "F8_E5M2"),
-        ):
-            dtype = getattr(torch, attr, None)
-            if dtype is not None:
-                _NAMES[dtype] = name
+        for found in dtypes.TABLE:
+            dtype = getattr(torch, found.numpy, None)
+            if found.safetensors and found.bits % 8 == 0 and isinstance(dtype, torch.dtype):
+                _NAMES[dtype] = found.code
     return _NAMES
 
 

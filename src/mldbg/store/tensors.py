@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import dtypes
 from . import size as _store
 from .runs import PRIVATE_FILE, ignore_in_git, make_private_dirs, mldbg_home
 
@@ -194,24 +195,6 @@ def _write(tensor: Any, framework: str, path: Path, metadata: dict[str, str]) ->
 
 
 FRAMEWORKS = ("torch", "mlx", "numpy")
-# safetensors dtype names -> numpy's (bf16 and the fp8s come from ml_dtypes).
-_NUMPY_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U64": "uint64",
-    "U32": "uint32",
-    "U16": "uint16",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
 
 
 def _module_root(value: object) -> str:
@@ -303,10 +286,11 @@ def _load_numpy(name: str, path: Path) -> Any:
         (length,) = struct.unpack("<Q", fh.read(8))
         header = json.loads(fh.read(length))
         entry = header.get(KEY) or next(v for k, v in header.items() if k != "__metadata__")
-        dtype_name = _NUMPY_DTYPES.get(entry["dtype"])
+        found = dtypes.BY_CODE.get(entry["dtype"])
+        dtype_name = found.numpy if found is not None and found.bits % 8 == 0 else None
         if dtype_name is None:
             raise TypeError(f"{name!r} has dtype {entry['dtype']}, which numpy cannot hold")
-        if dtype_name.startswith(("bfloat", "float8")):
+        if not hasattr(np, dtype_name):  # bf16, the fp8s: ml_dtypes has them
             try:
                 import ml_dtypes
             except ImportError:

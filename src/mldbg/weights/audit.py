@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from .. import dtypes
 from ..compare.pair.mapping import NameMap, load_map, parse_map
 from ..compare.read.sources import CompareInputError, Entry, Source, find_captures, open_source
 from ..errors import BAD_WEIGHTS_INPUT
@@ -974,25 +975,14 @@ def _rounding(dtype_a: str, dtype_b: str) -> float:
     return 0.0 if u is None else u
 
 
-# The smallest positive subnormal of each float format: below the smallest normal a
-# conversion rounds to a grid of this spacing, an absolute error of up to half of it that
-# the relative ``u·|r|`` does not cover (float16 weights of std 0.02 have such elements).
-_SMALLEST_SUBNORMAL = {
-    "F64": 2.0**-1074,
-    "F32": 2.0**-149,
-    "BF16": 2.0**-133,
-    "F16": 2.0**-24,
-    "F8_E4M3": 2.0**-9,
-    "F8_E5M2": 2.0**-16,
-}
-
-
 def _underflow(dtype_a: str, dtype_b: str) -> float:
-    """Half the coarser subnormal spacing of the two dtypes (0 for integers)."""
-    from ..compare.judge.bounds import canonical_dtype
-
-    found = [_SMALLEST_SUBNORMAL.get(canonical_dtype(d), 0.0) for d in (dtype_a, dtype_b)]
-    return max(found) / 2.0
+    """Half the coarser subnormal spacing of the two dtypes (0 for integers): below the
+    smallest normal a conversion rounds to a grid of that spacing, an absolute error the
+    relative ``u·|r|`` does not cover (float16 weights of std 0.02 have such elements)."""
+    spacings = [
+        (found.min_subnormal if found else None) for found in map(dtypes.lookup, (dtype_a, dtype_b))
+    ]
+    return max((s for s in spacings if s is not None), default=0.0) / 2.0
 
 
 def _close(

@@ -31,11 +31,11 @@ The order in which these apply is ``rules.RULES``.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 
 import numpy as np
 
+from ... import dtypes
 from ...capture.store import ROOT
 from ..judge.bounds import GROWTH, exact_scale, rel
 from ..read.sources import Call, Source
@@ -65,10 +65,7 @@ def _input_rel(r: EntryResult) -> float:
 
 
 def _is_integer(dtype: str | None) -> bool:
-    return bool(_INTEGER_DTYPE.match(str(dtype or "").lower()))
-
-
-_INTEGER_DTYPE = re.compile(r"^(bool|u?int\d*|[iu]\d+)$")  # safetensors (I64) and numpy names
+    return dtype is not None and dtypes.is_exact(dtype)
 
 
 def largest_abs(results: list[EntryResult]) -> JsonNumber | None:

@@ -50,6 +50,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ... import dtypes
 from ..read.sources import Call, Source
 from ..records import EntryResult
 
@@ -62,48 +63,32 @@ QUANT_C = 3.5  # bound on quantization noise, in units of one module's expected 
 # x1.9.  Only used to pick the culprit among entries that already fail.
 GROWTH = 2.0
 
-# float32's entry is 4 u: in fp32 both sides accumulate long reductions (a matmul over
-# K = 64..4096 terms) in a different order, an error ~ sqrt(K) u per op, where bf16 and
-# fp16 ports accumulate in fp32 and round once per op.
-_UNIT_ROUNDOFF = {
-    "F64": 2.0**-50,
-    "F32": 2.0**-22,
-    "F16": 2.0**-11,
-    "BF16": 2.0**-8,
-    "F8_E4M3": 2.0**-4,
-    "F8_E5M2": 2.0**-3,
-    "C128": 2.0**-50,
-    "C64": 2.0**-22,
-}
-_ALIASES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-}
+# The unit a bound counts in, per dtype: its unit roundoff (``dtypes.py``), except where
+# both sides compute in that precision.  In float32 both accumulate long reductions (a
+# matmul over K = 64..4096 terms) in a different order, an error ~ sqrt(K) u per op, where
+# bf16 and fp16 ports accumulate in fp32 and round once per op: float32 counts 4 u
+# (float64, 8 u).
+ACCUMULATION = {"F64": 8.0, "F32": 4.0, "C128": 8.0, "C64": 4.0}
 
 
 def canonical_dtype(dtype: str) -> str:
     """The safetensors name of a dtype (``F32`` for ``float32``)."""
-    return _ALIASES.get(dtype, dtype)
+    return dtypes.code(dtype)
 
 
 def unit_roundoff(dtype_a: str, dtype_b: str) -> float | None:
-    """The larger unit roundoff of the two dtypes; None when both are exact (integers)."""
+    """The larger unit of the two dtypes' bounds; None when both are exact (integers)."""
     found = [_unit(d) for d in (dtype_a, dtype_b)]
     known = [u for u in found if u is not None]
     return max(known) if known else None
 
 
 def _unit(dtype: str) -> float | None:
-    name = _ALIASES.get(dtype, dtype)
-    if name in _UNIT_ROUNDOFF:
-        return _UNIT_ROUNDOFF[name]
-    if name.startswith(("I", "U", "BOOL", "int", "uint", "bool")):
-        return None
-    return _UNIT_ROUNDOFF["F32"]
+    found = dtypes.lookup(dtype)
+    if found is None:  # a name no table holds is held to float32's bound
+        return None if dtypes.is_exact(dtype) else _unit("F32")
+    u = found.unit_roundoff
+    return None if u is None else u * ACCUMULATION.get(found.code, 1.0)
 
 
 def quantization_error(bits: int, group_size: int) -> float:

@@ -52,39 +52,10 @@ from typing import Any, TypeAlias, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from ... import dtypes
 from ..records import JsonNumber, PairMetrics, RunningMetrics, ScaleMetrics, WorstElement
 
 _Float = TypeVar("_Float", np.float32, np.float64)
-
-# torch.testing.assert_close defaults (torch/testing/_comparison.py), keyed by safetensors
-# dtype name.  fp8 is not in torch's table; its entries are ours: one machine epsilon
-# relative (2**-3 for E4M3's 3 mantissa bits, 2**-2 for E5M2's 2), i.e. a port may round
-# once differently, and an absolute floor of 1e-2, about E4M3's smallest normal value
-# (2**-6), below which fp8 keeps almost no relative precision.
-_TOLERANCES: dict[str, tuple[float, float]] = {
-    "F64": (1e-7, 1e-7),
-    "F32": (1.3e-6, 1e-5),
-    "F16": (1e-3, 1e-5),
-    "BF16": (1.6e-2, 1e-5),
-    "F8_E4M3": (0.125, 1e-2),
-    "F8_E5M2": (0.25, 1e-2),
-    "C128": (1e-7, 1e-7),
-    "C64": (1.3e-6, 1e-5),
-}
-# numpy / ml_dtypes names, for callers that pass ``str(array.dtype)`` instead.
-_ALIASES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e4m3": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "complex128": "C128",
-    "complex64": "C64",
-}
-_EXACT_PREFIXES = ("I", "U", "BOOL", "int", "uint", "bool")
-_FALLBACK_TOLERANCE = _TOLERANCES["F32"]
 
 
 def default_tolerance(dtype_a: str, dtype_b: str) -> tuple[float, float]:
@@ -103,14 +74,14 @@ def default_tolerance(dtype_a: str, dtype_b: str) -> tuple[float, float]:
 
 
 def _tolerance_of(dtype: str) -> tuple[float, float]:
-    name = _ALIASES.get(dtype, dtype)
-    if name in _TOLERANCES:
-        return _TOLERANCES[name]
-    if name.startswith(_EXACT_PREFIXES):
+    found = dtypes.lookup(dtype)
+    if found is not None:
+        return found.tolerance
+    if dtypes.is_exact(dtype):
         return (0.0, 0.0)
-    if name.startswith("F8"):
-        return _TOLERANCES["F8_E5M2"] if "E5M2" in name else _TOLERANCES["F8_E4M3"]
-    return _FALLBACK_TOLERANCE
+    if dtype.startswith("F8"):  # an fp8 variant the table lacks: its family's
+        return dtypes.BY_CODE["F8_E5M2" if "E5M2" in dtype else "F8_E4M3"].tolerance
+    return dtypes.BY_CODE["F32"].tolerance
 
 
 # Elements per streamed block.  A block's buffers (three of 512 KB in single precision,

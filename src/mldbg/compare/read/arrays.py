@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from ... import dtypes
 from ...capture.safetensors_header import CorruptTensorFile, read_header
 from ...errors import UnsupportedDtype
 
@@ -26,33 +27,19 @@ class TensorHeader(TypedDict):
     dtype: str
 
 
-_NUMPY_DTYPES = {
-    "F64": "<f8",
-    "F32": "<f4",
-    "F16": "<f2",
-    "I64": "<i8",
-    "I32": "<i4",
-    "I16": "<i2",
-    "I8": "i1",
-    "U64": "<u8",
-    "U32": "<u4",
-    "U16": "<u2",
-    "U8": "u1",
-    "BOOL": "?",
-    "C64": "<c8",
-}
-_ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
-
-
 def numpy_dtype(name: str) -> np.dtype[np.generic]:
+    """The numpy dtype of a safetensors code, little-endian as the files store it (bf16 and
+    the fp8s through ml_dtypes); formats narrower than a byte cannot be mapped."""
     import numpy as np
 
-    if name in _NUMPY_DTYPES:
-        return np.dtype(_NUMPY_DTYPES[name])
-    if name in _ML_DTYPES:
+    found = dtypes.BY_CODE.get(name)
+    if found is not None and found.bits % 8 == 0:
+        if hasattr(np, found.numpy):
+            return np.dtype(found.numpy).newbyteorder("<")
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, _ML_DTYPES[name]))
+        if hasattr(ml_dtypes, found.numpy):
+            return np.dtype(getattr(ml_dtypes, found.numpy))
     raise UnsupportedDtype(f"dtype {name} cannot be compared (numpy has no such type)")
 
 
@@ -61,13 +48,8 @@ def dtype_name(dtype: npt.DTypeLike) -> str:
     import numpy as np
 
     dtype = np.dtype(dtype)
-    for name, code in _NUMPY_DTYPES.items():
-        if np.dtype(code) == dtype:
-            return name
-    for name, attr in _ML_DTYPES.items():
-        if dtype.name == attr:
-            return name
-    return str(dtype)
+    found = dtypes.lookup(dtype.name)
+    return found.code if found is not None else str(dtype)
 
 
 def map_safetensors(
@@ -237,20 +219,6 @@ def map_npz(path: Path, key: str) -> npt.NDArray[np.generic]:
 
 # -- torch.save files ------------------------------------------------------------------------
 
-_TORCH_DTYPES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-}
 _PT_CACHE: dict[str, tuple[float, dict[str, Any]]] = {}
 
 
@@ -301,7 +269,7 @@ def pt_headers(path: Path) -> dict[str, TensorHeader]:
     return {
         key: {
             "shape": list(t.shape),
-            "dtype": _TORCH_DTYPES.get(str(t.dtype).removeprefix("torch."), str(t.dtype)),
+            "dtype": dtypes.code(t.dtype),
         }
         for key, t in _pt_tensors(path).items()
     }
@@ -317,10 +285,10 @@ def map_pt(path: Path, key: str) -> npt.NDArray[np.generic]:
     if tensor is None:
         raise CorruptTensorFile(f"{path} holds no tensor {key!r}")
     tensor = tensor.detach().contiguous()
-    name = _TORCH_DTYPES.get(str(tensor.dtype).removeprefix("torch."))
-    if name in _ML_DTYPES:
-        width = torch.int16 if name == "BF16" else torch.uint8
-        return tensor.view(width).numpy().view(numpy_dtype(name))
-    if name is None:
+    found = dtypes.lookup(tensor.dtype)
+    if found is None:
         raise UnsupportedDtype(f"dtype {tensor.dtype} cannot be compared")
+    if not hasattr(np, found.numpy):  # bf16, the fp8s: through an integer of their width
+        width = torch.int16 if found.bits == 16 else torch.uint8
+        return tensor.view(width).numpy().view(numpy_dtype(found.code))
     return np.asarray(tensor.numpy())

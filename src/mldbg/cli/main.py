@@ -21,8 +21,8 @@ import re
 import sys
 from typing import Any, NoReturn
 
+from .. import __version__, verbs
 from .. import results as R
-from .. import verbs
 from ..errors import NO_DAEMON, MldbgError, UsageError
 from ..verbs import VERBS, Arg, Verb
 
@@ -138,6 +138,7 @@ def build_parser(full: bool = True, only: str | None = None) -> Parser:
         parents=[common],
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"mldbg {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
     sub.required = True
 
@@ -194,7 +195,7 @@ def build_parser(full: bool = True, only: str | None = None) -> Parser:
     if only is None or only in TOOL_COMMANDS:
         from . import tools_cmd
 
-        tools_cmd.add_parsers(command)
+        tools_cmd.add_parsers(command, common)
     return parser
 
 

@@ -151,6 +151,10 @@ class Verb:
     # The agent command this verb only passes its arguments on to (same names, see
     # ``agent/protocol.py``): the daemon's handler for it is generated, not written.
     agent: P.AgentCommand[Any, Any] | None = None
+    # A verb that judges (weights): its result's boolean field saying all is well.  The CLI
+    # exits as ``compare`` does: 0 when it is true, 1 when false, 2 on the verb's own
+    # errors (bad input), so a script can branch on the exit code alone.
+    verdict: str | None = None
 
     @property
     def path(self) -> str:
@@ -944,6 +948,7 @@ VERBS: tuple[Verb, ...] = (
         ),
         description="Per parameter: ok, dtype, quantized, never_loaded, layout, shape, values, "
         "missing, extra, renamed, fused, tied, buffer. Failures first.",
+        verdict="ok",
     ),
     Verb(
         "tensors",

@@ -28,6 +28,10 @@ from ..verbs import VERBS, Arg, Verb
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+# a judging verb (``Verb.verdict``), as ``mldbg compare``: 1 when its verdict is false,
+# 2 when what it was given cannot be judged (one of the verb's own error codes)
+EXIT_PROBLEMS = 1
+EXIT_BAD_INPUT = 2
 # errors in what was typed, not in what happened: exit 2 like argparse's own
 USAGE_CODES = frozenset(
     {"usage", "bad_argument", "bad_session_name", "confirm", "confirmation_required"}
@@ -495,7 +499,7 @@ def _main(argv: list[str], as_json: bool) -> int:
         return EXIT_USAGE
     except MldbgError as exc:
         emit_error(exc, as_json)
-        return EXIT_USAGE if exc.code in USAGE_CODES else EXIT_ERROR
+        return error_exit(exc, getattr(locals().get("args"), "verb", None))
     except KeyboardInterrupt:
         if getattr(locals().get("args"), "verb", None) == "eval":
             _interrupt_eval(getattr(locals()["args"], "session", "default"))
@@ -506,6 +510,21 @@ def _main(argv: list[str], as_json: bool) -> int:
         from ..text import render
 
         render.show(verb.name, data)
+    return verdict_exit(verb, data)
+
+
+def error_exit(exc: MldbgError, verb_name: str | None) -> int:
+    """A judging verb's own errors are bad input (2, as compare's); else usage 2, others 1."""
+    verb = verbs.BY_NAME.get(verb_name or "")
+    if verb is not None and verb.verdict and exc.code in verb.errors:
+        return EXIT_BAD_INPUT
+    return EXIT_USAGE if exc.code in USAGE_CODES else EXIT_ERROR
+
+
+def verdict_exit(verb: Verb, data: object) -> int:
+    """0, or 1 when a judging verb's answer says something is wrong (``Verb.verdict``)."""
+    if verb.verdict and isinstance(data, dict) and data.get(verb.verdict) is False:
+        return EXIT_PROBLEMS
     return 0
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from .. import __version__, verbs
@@ -344,7 +345,16 @@ def _still_running(elapsed: float) -> None:
     render.err.print(f"[dim]still running ({elapsed:.0f} s)…[/]")
 
 
-def run_verb(verb: Verb, a: argparse.Namespace) -> Any:
+def _progress(as_json: bool) -> Callable[[float], None] | None:
+    """``still running`` lines only where a person watches a terminal.  A reader of pipes
+    (an agent, a log) gets stdout and stderr apart, often one after the other: progress on
+    stderr then reads as coming after the final state, which is printed last."""
+    if as_json or not sys.stderr.isatty():
+        return None
+    return _still_running
+
+
+def run_verb(verb: Verb, a: argparse.Namespace, as_json: bool = False) -> Any:
     from ..client.api import connect
 
     values = verb_arguments(verb, a)
@@ -355,7 +365,7 @@ def run_verb(verb: Verb, a: argparse.Namespace) -> Any:
             wait = values.pop("wait", 60.0)
             if values.pop("no_wait", False):
                 wait = 0.0
-            return client.resume(verb.name, session, wait, _still_running, **values)
+            return client.resume(verb.name, session, wait, _progress(as_json), **values)
         return client.call(verb.name, session, **values)
     if verb.store and getattr(a, "session", None):
         values["session"] = a.session
@@ -493,7 +503,7 @@ def _main(argv: list[str], as_json: bool) -> int:
 
             return tools_cmd.run(args, as_json)
         verb = verbs.get(args.verb)
-        data = run_verb(verb, args)
+        data = run_verb(verb, args, as_json)
     except UsageError as exc:
         emit_error(exc, as_json)
         return EXIT_USAGE

@@ -1,0 +1,74 @@
+"""What scripts and people read from the CLI: progress, ended sessions, help texts."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# a script that runs past one wait slice (5 s): the client reports progress in between
+SLOW = "import time\nprint('working', flush=True)\ntime.sleep(7)\nprint('finished')\n"
+
+
+def test_wait_prints_no_progress_where_no_terminal_shows_it(cli, write) -> None:
+    """An agent reads stdout and stderr apart (often stdout first): a progress line on
+    stderr then reads as coming after the final state.  Without a terminal there is none."""
+    write("slow.py", SLOW)
+    cli("start", "--session", "noprogress", "--run", "slow.py")
+    try:
+        done = cli("wait", "--session", "noprogress", "--max-wait", "60")
+        assert "exited" in done.stdout and "finished" in done.stdout
+        assert "still running" not in done.stdout + done.stderr, done.stderr
+    finally:
+        cli("terminate", "--session", "noprogress", expect=None)
+
+
+def test_wait_shows_progress_on_a_terminal_before_the_final_state(
+    config_dir: Path, daemon: dict[str, Any], tmp_path: Path, write
+) -> None:
+    write("slow.py", SLOW)
+    env = {**os.environ, "MLDBG_CONFIG_DIR": str(config_dir), "MLDBG_HOME": str(tmp_path / "s")}
+    base = [sys.executable, "-m", "mldbg"]
+    started = subprocess.run(
+        [*base, "start", "--session", "tty", "--run", "slow.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        screen = _on_a_terminal([*base, "wait", "--session", "tty"], tmp_path, env)
+        assert "still running (5 s)" in screen, screen
+        assert screen.index("still running") < screen.index("exited"), screen
+        assert "still running" not in screen[screen.index("exited") :]
+    finally:
+        subprocess.run([*base, "terminate", "--session", "tty"], env=env, capture_output=True)
+
+
+def _on_a_terminal(argv: list[str], cwd: Path, env: dict[str, str]) -> str:
+    """What ``argv`` shows on a real pseudo-terminal (stdout and stderr both on it)."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=follower, stderr=follower)
+    os.close(follower)
+    shown = b""
+    try:
+        while True:
+            ready, _, _ = select.select([leader], [], [], 90)
+            if not ready:
+                break
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the other end closed: the command exited
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+        process.wait(30)
+    return shown.decode(errors="replace")

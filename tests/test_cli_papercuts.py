@@ -72,3 +72,21 @@ def _on_a_terminal(argv: list[str], cwd: Path, env: dict[str, str]) -> str:
         os.close(leader)
         process.wait(30)
     return shown.decode(errors="replace")
+
+
+def test_terminate_says_when_the_session_had_already_ended(cli, write) -> None:
+    """What was asked already holds (as ``wait`` on an ended session, ``serve --stop``
+    without a daemon): not an error, exit 0, but said, in words and in ``already_ended``."""
+    write("quick.py", "print('bye')\n")
+    cli("start", "--session", "ended", "--run", "quick.py")
+    cli("wait", "--session", "ended")
+    answer = cli("terminate", "--session", "ended", json_out=True)
+    assert answer["already_ended"] is True and answer["state"] == "exited"
+    assert answer["terminated"] is False  # it ended by itself, and stays so recorded
+    text = cli("terminate", "--session", "ended").stdout
+    assert "had already ended" in text and "exit code 0" in text
+
+    write("slow.py", SLOW)
+    cli("start", "--session", "live", "--run", "slow.py")
+    answer = cli("terminate", "--session", "live", json_out=True)
+    assert answer["already_ended"] is False and answer["terminated"] is True

@@ -165,6 +165,8 @@ class State(TypedDict, total=False):
     output_tail: NotRequired[str]
     output_truncated: NotRequired[bool]
     terminated: NotRequired[bool]
+    # terminate: the session had ended before it was asked (not an error: it is ended)
+    already_ended: NotRequired[bool]
     store_error: NotRequired[str]
     recovered: NotRequired[Recovered]  # listed again by a restarted daemon (live_runs.py)
     warnings: NotRequired[list[str]]

@@ -701,7 +701,13 @@ VERBS: tuple[Verb, ...] = (
         ),
         method="GET",
     ),
-    Verb("terminate", "end the script (its run record stays)", R.State),
+    Verb(
+        "terminate",
+        "end the script (its run record stays)",
+        R.State,
+        description="A session that had already ended is not an error: its state, with "
+        "`already_ended` true.",
+    ),
     Verb(
         "forget",
         "remove a session from the daemon's list (terminating it first if it runs)",

@@ -614,6 +614,15 @@ def pause_state(data: R.State) -> None:
         )
 
 
+def terminated(data: R.State) -> None:
+    if data.get("already_ended"):  # what was asked already held: say so, not an error
+        out.print(
+            f"[bold]{escape(str(data.get('session')))}[/] had already ended "
+            f"({escape(str(data.get('state')))}); nothing to terminate"
+        )
+    state(data)
+
+
 def weight_audit(data: R.WeightAudit) -> None:
     from ..compare.weights import render_audit
 
@@ -658,7 +667,7 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
     "unwatch": watches,
     "threads": threads,
     "thread": state,
-    "terminate": state,
+    "terminate": terminated,
     "forget": forgotten,
     "trace": trace,
     "sessions": sessions_listing,

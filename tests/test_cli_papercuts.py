@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import pty
 import select
@@ -90,3 +91,60 @@ def test_terminate_says_when_the_session_had_already_ended(cli, write) -> None:
     cli("start", "--session", "live", "--run", "slow.py")
     answer = cli("terminate", "--session", "live", json_out=True)
     assert answer["already_ended"] is False and answer["terminated"] is True
+
+
+def _flag_help(verb: str, flag: str) -> str:
+    from mldbg.cli.main import build_parser
+
+    sub = next(
+        a for a in build_parser(only=verb)._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    for action in sub.choices[verb]._actions:
+        if flag in action.option_strings:
+            return str(action.help)
+    raise AssertionError(f"{verb} has no {flag}")
+
+
+def test_a_flag_that_flips_a_default_is_described_as_the_flag_acts() -> None:
+    """``--run`` sets stop_on_entry false: its help said "pause before the first line"
+    (the argument's meaning, the opposite of the flag's).  Every such flag of the table
+    is described as the flag acts."""
+    from mldbg.verbs import VERBS
+
+    flipped = [
+        (verb, arg)
+        for verb in VERBS
+        for arg in verb.args
+        if verb.cli and arg.cli and arg.type is bool and arg.default is True
+    ]
+    assert flipped, "the table has no flag that flips a true default any more"
+    for verb, arg in flipped:
+        assert arg.cli_help, f"{verb.name} {arg.cli_flag}: say what the flag does (cli_help)"
+        assert _flag_help(verb.name, arg.cli_flag) == arg.cli_help.replace("%", "%%")
+    run = _flag_help("start", "--run")
+    assert "without pausing" in run and "pause before" not in run
+
+
+def test_start_options_say_what_they_do(cli, write, tmp_path: Path) -> None:
+    """Each help text checked against what the option does."""
+    write("where.py", "import os, sys\nprint(os.getcwd(), os.environ.get('K'), sys.executable)\n")
+    (tmp_path / "sub").mkdir()
+    assert "repeatable" in _flag_help("start", "--env")
+    assert "repeatable" in _flag_help("start", "--require-editable")
+    python = _flag_help("start", "--python")
+    assert "virtualenv's, else mldbg's" in python
+    ran = cli(
+        "start",
+        "-s",
+        "opts",
+        "--run",
+        "--cwd",
+        "sub",
+        "--env",
+        "K=v",
+        "../where.py",
+        json_out=True,
+    )
+    assert ran["state"] in ("running", "exited")  # --run: no pause before the first line
+    done = cli("wait", "-s", "opts", json_out=True)
+    assert done["output_tail"].split()[:2] == [str(tmp_path / "sub"), "v"]

@@ -112,6 +112,9 @@ class Arg:
     nargs: str | None = None
     max_length: int = TEXT_LIMIT  # the longest text anywhere in the value (see TEXT_LIMIT)
     max_items: int = ITEMS_LIMIT  # the most entries of a list or mapping value
+    # The CLI flag's help where the flag does not act as the argument reads: a bool flag
+    # that flips a true default (``--run`` sets stop_on_entry false) says what the flag does.
+    cli_help: str | None = None
 
     @property
     def required(self) -> bool:
@@ -302,12 +305,17 @@ VERBS: tuple[Verb, ...] = (
             ),
             Arg("module", str, "run a module, as python -m does", flag="-m"),
             Arg("args", list[str], "the script's arguments", cli=False, max_length=ENV_LIMIT),
-            Arg("python", str, "interpreter (default: the active virtualenv's python)"),
+            Arg(
+                "python",
+                str,
+                "interpreter (default: the active virtualenv's, else mldbg's)",
+            ),
             Arg("cwd", str, "working directory for the script (default: here)", kind="path"),
             Arg(
                 "env",
                 dict[str, str],
-                "variables added to the environment (K=V)",
+                "variables added to the environment",
+                cli_help="variables added to the environment (K=V; repeatable)",
                 max_length=ENV_LIMIT,
             ),
             Arg(
@@ -325,7 +333,15 @@ VERBS: tuple[Verb, ...] = (
                 "breakpoints set before anything runs (FILE:LINE[:COND] on the CLI)",
                 flag="--break",
             ),
-            Arg("stop_on_entry", bool, "pause before the first line", True, flag="--run"),
+            Arg(
+                "stop_on_entry",
+                bool,
+                "pause before the first line",
+                True,
+                flag="--run",
+                cli_help="run at once, without pausing before the first line (it stops at "
+                "a breakpoint, or runs to the end)",
+            ),
             Arg("replace", bool, "terminate a live session of this name first", False),
             Arg(
                 "no_follow",
@@ -338,6 +354,8 @@ VERBS: tuple[Verb, ...] = (
                 list[str],
                 "refuse to start unless these packages are editable installs for the script's "
                 "python",
+                cli_help="refuse to start unless this package is an editable install for the "
+                "script's python (repeatable)",
             ),
             Arg(
                 "wait",
@@ -705,8 +723,7 @@ VERBS: tuple[Verb, ...] = (
         "terminate",
         "end the script (its run record stays)",
         R.State,
-        description="A session that had already ended is not an error: its state, with "
-        "`already_ended` true.",
+        description="Already ended: `already_ended` true, not an error.",
     ),
     Verb(
         "forget",

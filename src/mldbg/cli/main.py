@@ -91,7 +91,7 @@ def _literal(text: str) -> str:
 def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
     if not arg.cli or arg.name == "session":
         return
-    kwargs: dict[str, Any] = {"help": _literal(arg.help)}
+    kwargs: dict[str, Any] = {"help": _literal(arg.cli_help or arg.help)}
     if arg.positional:
         kwargs["nargs"] = None if arg.required else "?"
         kwargs["default"] = None if arg.required else arg.default

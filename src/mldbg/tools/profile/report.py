@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from ...store.runs import write_json_atomic
+from ...store.runs import open_private, write_json_atomic
 from .analyze import (
     CALL_METHODS,
     COMPONENTS,
@@ -260,7 +260,12 @@ def build_result(raw: RawProfile, include: list[str] | None, cwd: str) -> Profil
         "output_tail": raw.output_tail,
         "truncated": len(entries) > MAX_FILES or groups_total > len(groups),
     }
-    report.write_text(markdown(result, [_file_entry(f, hot) for f in ran[:REPORT_FILES]]))
+    text = markdown(result, [_file_entry(f, hot) for f in ran[:REPORT_FILES]])
+    # private, as every file of the run store: it names the files and arguments that ran
+    with open(
+        open_private(report, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8"
+    ) as handle:
+        handle.write(text)
     write_json_atomic(raw.run.file("profile_result.json"), result)
     return result
 

@@ -122,7 +122,7 @@ def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
     parser.add_argument(*names, dest=arg.name, **kwargs)
 
 
-COMMANDS = ("compare", "serve", "mcp", "demo")
+COMMANDS = ("compare", "serve", "mcp", "demo", "docs")
 
 
 def build_parser(full: bool = True, only: str | None = None) -> Parser:
@@ -197,6 +197,11 @@ def build_parser(full: bool = True, only: str | None = None) -> Parser:
     if only in (None, "demo"):
         p = command("demo", "a scripted session on the bundled tiny PyTorch model")
         p.add_argument("--keep", action="store_true", help="leave the demo session open")
+    if only in (None, "docs"):
+        command(
+            "docs",
+            "a one-time link that opens the REST API's docs (OpenAPI) in a browser",
+        )
     if only is None or only in TOOL_COMMANDS:
         from . import tools_cmd
 
@@ -452,6 +457,19 @@ def run_command(args: argparse.Namespace, as_json: bool) -> int:
         from ..mcp.server import run_stdio
 
         run_stdio()
+        return 0
+    if args.verb == "docs":
+        from ..client.api import connect
+
+        link = connect().request("POST", "/v1/docs-link", body={})
+        if as_json:
+            print(json.dumps(link))
+        else:  # the link is the answer: printed alone on its line, to copy or click
+            render.err.print(
+                f"open within {link['expires_in_s']:.0f} s, once (it leaves a "
+                f"{link['cookie_s'] / 60:.0f}-minute cookie for the docs pages only):"
+            )
+            print(link["url"])
         return 0
     if args.verb == "demo":
         from .demo import run_demo

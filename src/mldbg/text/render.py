@@ -205,7 +205,10 @@ def breakpoint_line(bp: R.BreakpointInfo) -> str:
             rule.append(f"|x| > {bp['max_abs']:g}")
         if bp.get("subnormal"):
             rule.append("subnormal")
-        parts = [f"#{bp['id']} tripwire: module outputs with {' or '.join(rule)}"]
+        parts = [
+            f"#{bp['id']} tripwire: module outputs with {' or '.join(rule)}; "
+            "MLX indices out of range"
+        ]
     elif bp.get("pending"):
         parts = [
             f"#{bp['id']} function {escape(str(bp.get('function')))} [yellow](pending: "

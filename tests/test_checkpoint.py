@@ -384,3 +384,15 @@ def test_two_runs_compared_by_name_and_hit(tmp_path: Path, cli) -> None:
     assert (
         "layer #3" in human and "stats rel 0.09091" in human and "only in A (1): final#1" in human
     )
+    # B is the reference ("this run against that one"): relative differences are on its
+    # scale, as compare's are on its reference's (the port's values are 1.1 times its own)
+    flipped = cli(
+        "compare-checkpoints",
+        "reference/.mldbg/latest",
+        "--run",
+        "port/.mldbg/latest",
+        "--hit",
+        "3",
+        json_out=True,
+    )
+    assert flipped["pairs"][0]["variables"]["y"]["stats_max_rel"] == pytest.approx(0.1, rel=1e-5)

@@ -88,3 +88,33 @@ def test_require_editable(lib: EditableRepo) -> None:
     with pytest.raises(MldbgError) as regular:
         doctor.require_editable(sys.executable, "torch")
     assert regular.value.code == "not_editable" and "regular install" in regular.value.message
+
+
+def test_doctor_python_reports_that_interpreters_virtualenv(
+    cli, lib: EditableRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run from another activated virtualenv, ``--python X`` reports X's, not the caller's."""
+    monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)  # the caller's (this test's) environment
+    report = cli("doctor", "--python", str(lib.venv_python), json_out=True)
+    assert report["python"]["virtualenv"] == str(lib.venv_python.parent.parent)
+    assert report["python"]["prefix"] == str(lib.venv_python.parent.parent)
+
+
+def test_a_copy_shadowing_the_editable_checkout_is_labelled_shadowed(cli, tmp_path: Path) -> None:
+    lib = make_editable_repo(tmp_path)
+    site = next((lib.venv_python.parent.parent / "lib").glob("python*/site-packages"))
+    shutil.copytree(lib.repo / "toylib", site / "toylib")  # a stray copy installed over it
+    report = cli("doctor", "--python", str(lib.venv_python), "toylib", json_out=True)
+    toy = next(p for p in report["packages"] if p["name"] == "toylib")
+    assert toy["imported_from"] == str((site / "toylib").resolve())
+    assert toy["shadowed"] is True and toy["editable"] is False
+    assert toy["source"] == str(lib.repo) and "shadows the checkout" in toy["warnings"][0]
+    line = next(
+        line
+        for line in cli("doctor", "--python", str(lib.venv_python), "toylib").stdout.splitlines()
+        if "toylib" in line and "0.3.1" in line
+    )
+    assert "shadowed" in line and "editable" not in line
+    with pytest.raises(MldbgError) as refused:
+        doctor.require_editable(str(lib.venv_python), "toylib")
+    assert "shadows the checkout" in refused.value.message

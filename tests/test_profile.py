@@ -152,3 +152,66 @@ def test_bad_input_and_crashing_scripts(cli, write) -> None:
     write("quiet.py", "print('hi')\n")
     result = cli("profile", "--include", "not_a_package_here", "quiet.py", json_out=True)
     assert result["include_unmatched"] == ["not_a_package_here"] and result["files"] == []
+
+
+MODELING = """
+def rotate(x):
+    return -x
+
+
+def scale(x):
+    return x * 0.5
+
+
+def gate(x):
+    return max(x, 0)
+
+
+def norm(x):
+    return x / 2
+
+
+class ToyAttention:
+    def forward(self, xs):
+        return [rotate(scale(gate(norm(x)))) for x in xs]
+
+
+class ToyBlock:
+    def __init__(self):
+        self.attn = ToyAttention()
+
+    def forward(self, xs):
+        return self.attn.forward(xs)
+
+
+class ToyModel:
+    def __init__(self):
+        self.blocks = [ToyBlock(), ToyBlock()]
+
+    def forward(self, xs):
+        for block in self.blocks:
+            xs = block.forward(xs)
+        return xs
+"""
+
+
+def test_breakpoints_include_the_models_forward_methods(cli, write) -> None:
+    """The most-called functions of a modeling file are its helpers (called per element);
+    the model's ``forward`` methods run a few times each, and are where a person stops
+    first: the suggestions name them too."""
+    write("toymodels/__init__.py", "")
+    modeling = write("toymodels/modeling_toy.py", MODELING)
+    write(
+        "run_toy.py",
+        "from toymodels.modeling_toy import ToyModel\nprint(ToyModel().forward(list(range(50))))\n",
+    )
+    result = cli("profile", "--include", "toymodels", "run_toy.py", json_out=True)
+    suggested = {bp["function"]: bp["location"] for bp in result["breakpoints"]}
+    for method in ("ToyModel.forward", "ToyBlock.forward", "ToyAttention.forward"):
+        line = line_of(modeling, f"class {method.split('.')[0]}")
+        assert method in suggested, result["breakpoints"]
+        defined = int(suggested[method].rsplit(":", 1)[1])
+        assert line < defined <= line + 6  # the method's own def, in its class
+    assert {"rotate", "scale"} & set(suggested)  # the most-called ones still too
+    text = Path(result["report"]).read_text()
+    assert "ToyModel.forward" in text.split("## Where to put breakpoints")[1].split("##")[0]

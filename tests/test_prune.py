@@ -123,3 +123,58 @@ def test_not_a_repo_and_unused_repo(cli, lib: EditableRepo, tmp_path: Path) -> N
     )
     assert error["code"] == "repo_not_used"
     assert len(files_on(lib.repo, "main-pruned")) == len(files_on(lib.repo, "main"))
+
+
+def test_restored_files_stay_through_later_runs(cli, lib: EditableRepo) -> None:
+    repo, py, script = str(lib.repo), str(lib.venv_python), str(lib.script)
+    cli("prune", "setup", repo, json_out=True)
+    cli("prune", "run", "--repo", repo, "--python", py, script, json_out=True)
+    cli("prune", "restore", "--repo", repo, "toylib/unused.py", json_out=True)
+    again = cli("prune", "run", "--repo", repo, "--python", py, script, json_out=True)
+    assert "toylib/unused.py" not in again["removed"] and again["commit"] is None
+    assert "toylib/unused.py" in files_on(lib.repo, "main-pruned")
+    assert "toylib/layers/flash.py" not in files_on(lib.repo, "main-pruned")
+    state = cli("prune", "status", "--repo", repo, json_out=True)
+    assert state["kept"] == ["toylib/unused.py"] and state["removed"] == ["toylib/layers/flash.py"]
+    assert "kept by restore: toylib/unused.py" in cli("prune", "status", "--repo", repo).stdout
+
+
+@pytest.fixture
+def no_identity(lib: EditableRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user with no git identity anywhere (and git told not to guess one)."""
+    git(lib.repo, "config", "--unset", "user.email")
+    git(lib.repo, "config", "--unset", "user.name")
+    config = tmp_path / "gitconfig"
+    config.write_text("[user]\n\tuseConfigOnly = true\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for name in ("EMAIL", "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GIT_COMMITTER_EMAIL", raising=False)
+
+
+def test_no_git_identity_is_refused_before_anything_is_written(
+    cli, lib: EditableRepo, no_identity: None, tmp_path: Path
+) -> None:
+    repo, py, script = str(lib.repo), str(lib.venv_python), str(lib.script)
+    branches = git(lib.repo, "branch", "--list")
+    error = cli("prune", "setup", repo, json_out=True, expect=1)
+    assert error["code"] == "no_git_identity"
+    assert 'git config --global user.email "you@example.com"' in error["error"]
+    assert git(lib.repo, "branch", "--list") == branches  # no pruned branch made
+
+    git(lib.repo, "config", "user.email", "t@example.com")  # set up by someone who could
+    git(lib.repo, "config", "user.name", "T")
+    cli("prune", "setup", repo, json_out=True)
+    git(lib.repo, "config", "--unset", "user.email")
+    git(lib.repo, "config", "--unset", "user.name")
+    pruned = git(lib.repo, "rev-parse", "main-pruned")
+    error = cli("prune", "run", "--repo", repo, "--python", py, script, json_out=True, expect=1)
+    assert error["code"] == "no_git_identity"
+    assert not (tmp_path / ".mldbg" / "runs").exists()  # refused before the profile run
+    error = cli("prune", "restore", "--repo", repo, "toylib/unused.py", json_out=True, expect=1)
+    assert error["code"] == "no_git_identity"
+    assert git(lib.repo, "rev-parse", "main-pruned") == pruned
+    # a dry run commits nothing: it needs no identity
+    dry = cli("prune", "run", "--repo", repo, "--dry-run", "--python", py, script, json_out=True)
+    assert dry["removed"] == ["toylib/layers/flash.py", "toylib/unused.py"]

@@ -175,3 +175,68 @@ def test_classic_start_never_resolves_against_the_daemons_directory(
     assert failed["success"] is False
     kept = api.get("/v1/sessions/default")
     assert kept["run_id"] == started["data"]["run_id"] and kept["state"] == "exited"
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return next(
+        (
+            found
+            for found in map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))
+            if found
+        ),
+        None,
+    )
+
+
+@pytest.mark.browser
+def test_docs_open_in_a_browser_through_a_one_time_link(cli, daemon, tmp_path: Path) -> None:
+    """A browser cannot send the bearer header: ``mldbg docs`` prints a link whose nonce
+    buys, once, a cookie that opens the docs pages and nothing else."""
+    import subprocess
+
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("no headless Chromium on PATH: run scripts/ensure_chromium.sh")
+    link = cli("docs", json_out=True)
+    assert link["url"].startswith(daemon["url"] + "/docs/login?nonce=")
+    assert 0 < link["expires_in_s"] <= 120
+    shown = subprocess.run(
+        [
+            chromium,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            link["url"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "swagger-ui" in shown.stdout and "unauthorized" not in shown.stdout, shown.stdout
+    # used: the same link opens nothing again
+    again = httpx.get(link["url"], follow_redirects=False)
+    assert again.status_code == 401 and "mldbg docs" in again.json()["error"]
+
+    text = cli("docs").stdout.strip()
+    assert text.startswith(daemon["url"] + "/docs/login?nonce=")  # the link alone on stdout
+    login = httpx.get(text, follow_redirects=False)
+    assert login.status_code == 303 and login.headers["location"] == "/docs"
+    cookie = login.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Domain" not in cookie
+    jar = {"mldbg_docs": login.cookies["mldbg_docs"]}
+    assert httpx.get(daemon["url"] + "/openapi.json", cookies=jar).status_code == 200
+    assert httpx.get(daemon["url"] + "/docs", cookies=jar).status_code == 200
+    # every other route still needs the token, cookie or not
+    for method, path in ROUTES:
+        if path not in ("/docs", "/openapi.json"):
+            response = httpx.request(method, daemon["url"] + path, cookies=jar, json={})
+            assert response.status_code == 401, (method, path)
+    assert httpx.post(daemon["url"] + "/v1/docs-link", cookies=jar).status_code == 401
+    wrong = {"mldbg_docs": "x" * 43}
+    assert httpx.get(daemon["url"] + "/openapi.json", cookies=wrong).status_code == 401

@@ -46,10 +46,11 @@ def test_one_expression_in_two_sessions(session: Session, port: Session, write) 
         s.start(script, breakpoints=[{"file": str(script), "line": line_of(script, "stop")}])
         assert s.cont(wait=60)["reason"] == "breakpoint"
 
-    both = session.api.post(f"{session.base}/eval", {"expression": "h", "against": port.name})
-    assert both["session"] == session.name and both["against"]["session"] == port.name
+    # asked in the port, set against the reference (`eval -s port h --against ref`)
+    both = port.api.post(f"{port.base}/eval", {"expression": "h", "against": session.name})
+    assert both["session"] == port.name and both["against"]["session"] == session.name
     assert (
-        both["summary"]["dtype"] == "bfloat16" and both["against"]["summary"]["dtype"] == "float32"
+        both["summary"]["dtype"] == "float32" and both["against"]["summary"]["dtype"] == "bfloat16"
     )
     diff = both["difference"]
     ref = np.tanh(np.arange(12, dtype=np.float32).reshape(3, 4) / 10)
@@ -60,12 +61,13 @@ def test_one_expression_in_two_sessions(session: Session, port: Session, write) 
     assert diff["worst"]["index"] == [1, 1]
     assert diff["max_abs"] == pytest.approx(np.abs(port_values - ref_bf16).max(), rel=1e-6)
     assert diff["mismatched"] == int(np.count_nonzero(port_values != ref_bf16))
-    assert 0 < diff["rel_rms"] < 1 and 0.9 < diff["cosine"] < 1
+    # relative to the reference (the session set against), as compare's is
+    error = np.linalg.norm(port_values - ref_bf16) / np.linalg.norm(ref_bf16)
+    assert diff["rel_rms"] == pytest.approx(error, rel=1e-6) and 0.9 < diff["cosine"] < 1
 
-    numbers = session.api.post(
-        f"{session.base}/eval", {"expression": "steps", "against": port.name}
-    )
-    assert numbers["difference"] == {"equal": False, "b_minus_a": 1.0, "rel": 0.25}
+    numbers = port.api.post(f"{port.base}/eval", {"expression": "steps", "against": session.name})
+    # port 4, reference 3: off by a third of the reference's value
+    assert numbers["difference"] == {"equal": False, "b_minus_a": -1.0, "rel": pytest.approx(1 / 3)}
     same = session.api.post(
         f"{session.base}/eval", {"expression": "x.shape[0]", "against": port.name}
     )

@@ -192,3 +192,52 @@ def test_a_compiled_model_is_checked_as_a_whole(session: Session, write) -> None
     assert state["tripwire"]["class"] == "OptimizedModule"
     assert state["location"]["line"] == line_of(script, "call compiled")
     assert session.run_to_end(120)["exit_code"] == 0
+
+
+OUT_OF_RANGE = """
+import mlx.core as mx
+
+steps = 1000
+sigmas = mx.linspace(1.0, 0.0, steps)  # a schedule of 1000 noise levels
+ids = mx.array([3, 7, 1000])
+table = mx.ones((4, 1000))
+total = mx.array(0.0)
+for i in range(steps + 1):  # one step too many
+    sigma = sigmas[i]  # read sigma
+    total = total + sigma
+rows = mx.take(table[0], ids)  # read rows
+mx.eval(total, rows)
+print("done")
+"""
+
+
+def test_mlx_read_out_of_range_stops_where_it_is_read(session: Session, write) -> None:
+    """``sigmas[1000]`` on 1000 elements: MLX returns whatever memory holds (subnormal
+    garbage, or a plausible number, or it crashes), inline, in no module's output.  The
+    tripwire checks the index, not the garbage: it stops at the read, before it runs."""
+    pytest.importorskip("mlx.core")
+    script = write("schedule.py", OUT_OF_RANGE)
+    session.start(script)
+    session.brk(None, None, nonfinite=True, subnormal=True)
+    state = session.cont(wait=60)
+    assert state["reason"] == "tripwire", state
+    trip = state["tripwire"]
+    assert trip["kind"] == "out_of_bounds" and trip["framework"] == "mlx", trip
+    assert trip["operation"] == "array[...]"
+    found = trip["found"][0]
+    assert (found["index"], found["axis"], found["size"]) == (1000, 0, 1000), found
+    assert found["shape"] == [1000] and found["dtype"] == "float32"
+    assert state["location"]["line"] == line_of(script, "read sigma")
+    assert session.value("i") == "1000"  # the caller's frame, live, before the read
+    assert "out of range" in state["note"] and "1000" in state["note"]
+    assert session.value("import mldbg; mldbg.tripped().args[1]") == "1000"
+    # an index held in an array, through mx.take
+    state = session.cont(wait=60)
+    assert state["reason"] == "tripwire", state
+    assert state["tripwire"]["operation"] == "mx.take"
+    assert state["tripwire"]["found"][0]["index"] == 1000
+    assert state["location"]["line"] == line_of(script, "read rows")
+    session.api.post(f"{session.base}/remove", {"id": state["tripwire"]["id"]})
+    assert session.value("type(mx.array.__getitem__).__name__") != "function"  # restored
+    state = session.cont(wait=60)  # removed: the reads run, with whatever MLX reads there
+    assert state["state"] in ("exited", "crashed"), state

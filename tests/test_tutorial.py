@@ -21,6 +21,7 @@ STEPS = [
     "debug_load",
     "parity",
     "profile",
+    "prune",
 ]
 
 
@@ -37,6 +38,10 @@ def test_every_step_runs_and_checks_out(cli, tmp_path: Path, track: str) -> None
     assert "step = 2" in by_name["condition"]["detail"]
     assert "linear.py" in by_name["library"]["detail"]
     assert "steps [0, 1, 2]" in by_name["checkpoints"]["detail"]
+    assert (
+        "removed minilib/flash_attention.py, minilib/models/gpt.py" in (by_name["prune"]["detail"])
+    )
+    assert "restored minilib/models/gpt.py" in by_name["prune"]["detail"]
     if not by_name["parity"]["skipped"]:
         assert "layers.0.attn" in by_name["parity"]["detail"]
     assert (workdir / "tutorial.py").exists() and (workdir / ".mldbg" / "runs").is_dir()

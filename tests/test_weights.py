@@ -142,16 +142,18 @@ def test_cli_audits_files(cli: Any, tmp_path: Path) -> None:
     )
     port = load(fresh_port(), ref.state_dict(), buggy=True)
     mx.save_safetensors(str(tmp_path / "port.safetensors"), dict(tree_flatten(port.parameters())))
-    answer = cli("weights", "ref.safetensors", "port.safetensors", json_out=True)
+    # exit codes as compare's: 0 all loaded right, 1 problems found, 2 bad input
+    answer = cli("weights", "ref.safetensors", "port.safetensors", json_out=True, expect=1)
     assert answer["ok"] is False
     statuses = {row["name"] or row["name_port"]: row["status"] for row in answer["problems"]}
     assert statuses["conv.weight"] == "layout"
     assert statuses["norm.weight"] == "never_loaded"
     assert statuses["fc.weight"] == "renamed"
-    text = cli("weights", "ref.safetensors", "port.safetensors").stdout
+    text = cli("weights", "ref.safetensors", "port.safetensors", expect=1).stdout
     assert "never_loaded" in text and "PROBLEMS" in text
-    bad = cli("weights", "nowhere.safetensors", "port.safetensors", expect=None, json_out=True)
+    bad = cli("weights", "nowhere.safetensors", "port.safetensors", expect=2, json_out=True)
     assert bad["code"] == "unknown_source"
+    assert cli("weights", "ref.safetensors", "ref.safetensors", json_out=True)["ok"] is True
     np.testing.assert_array_equal(np.array(port.norm.weight), np.ones(8))
     json.dumps(answer)
 

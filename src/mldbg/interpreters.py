@@ -68,7 +68,6 @@ except Exception:
     dists_of = {}
 out = {"python": sys.executable, "version": sys.version.split()[0], "prefix": sys.prefix,
        "base_prefix": getattr(sys, "base_prefix", sys.prefix),
-       "virtual_env": os.environ.get("VIRTUAL_ENV"),
        "site_packages": [p for p in (site.getsitepackages() if hasattr(site, "getsitepackages") else [])],
        "packages": {}}
 for name in names:
@@ -137,8 +136,7 @@ class Probe(TypedDict):
     python: str
     version: str
     prefix: str
-    base_prefix: str
-    virtual_env: str | None
+    base_prefix: str  # != prefix: this interpreter is a virtualenv's, at prefix
     site_packages: list[str]
     packages: dict[str, ProbedPackage]
 
@@ -157,7 +155,10 @@ class PackageReport(TypedDict):
     version: str | None
     distribution: str | None
     imported_from: str | None
-    editable: bool
+    editable: bool  # the copy imported is the editable install (``pip install -e``)
+    # an editable install exists, but another copy is imported instead (its ``source``
+    # is not what runs)
+    shadowed: bool
     source: str | None
     git: GitState | None
     warnings: list[str]
@@ -241,9 +242,11 @@ def package_report(info: ProbedPackage) -> PackageReport:
     source = _file_url_path(direct.get("url", "")) if direct else None
     location = info.get("location")
     real_location = os.path.realpath(location) if location else None
+    shadowed = False
     if editable and source and real_location:
         real_source = os.path.realpath(source)
         if not (real_location + os.sep).startswith(real_source.rstrip(os.sep) + os.sep):
+            shadowed = True
             warnings.append(
                 f"{info['name']} is installed editable from {source}, but this Python imports "
                 f"it from {location}: another copy shadows the checkout (breakpoints in "
@@ -261,7 +264,8 @@ def package_report(info: ProbedPackage) -> PackageReport:
         "version": info.get("version"),
         "distribution": info.get("distribution"),
         "imported_from": real_location,
-        "editable": editable,
+        "editable": editable and not shadowed,
+        "shadowed": shadowed,
         "source": source,
         "git": git_state(git_root) if git_root and (editable or not _in_site(git_root)) else None,
         "warnings": warnings,
@@ -343,6 +347,8 @@ def require_editable(python: str | None, package: str, *, cwd: str | None = None
             code=NOT_EDITABLE,
             package=package,
         )
+    if info["shadowed"]:  # installed editable, but another copy is what runs
+        raise MldbgError(info["warnings"][0], code=NOT_EDITABLE, package=package)
     if not info["editable"]:
         raise MldbgError(
             f"{package} {info['version'] or ''} is imported from {info['imported_from']}, a regular "

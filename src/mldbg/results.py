@@ -165,6 +165,8 @@ class State(TypedDict, total=False):
     output_tail: NotRequired[str]
     output_truncated: NotRequired[bool]
     terminated: NotRequired[bool]
+    # terminate: the session had ended before it was asked (not an error: it is ended)
+    already_ended: NotRequired[bool]
     store_error: NotRequired[str]
     recovered: NotRequired[Recovered]  # listed again by a restarted daemon (live_runs.py)
     warnings: NotRequired[list[str]]
@@ -607,3 +609,13 @@ class Cleaned(TypedDict, total=False):
     kept_live: list[str]
     freed_bytes: int
     dry_run: bool
+
+
+class DocsLink(TypedDict):
+    """``POST /v1/docs-link`` (``mldbg docs``): a one-time link to the OpenAPI docs for a
+    browser; opened within ``expires_in_s`` it leaves a cookie good for ``cookie_s`` that
+    opens the docs pages only."""
+
+    url: str
+    expires_in_s: float
+    cookie_s: float

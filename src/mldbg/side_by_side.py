@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from .summary import relative
+
 if TYPE_CHECKING:  # the result shapes, for the type checker
     from typing import TypeGuard
 
@@ -37,8 +39,9 @@ class Evaluates(Protocol):
 
 
 def tensor_difference(a_path: Path, b_path: Path) -> R.TensorDifference:
-    """How the tensor in ``b_path`` differs from the one in ``a_path`` (a: the session
-    asked, b: the one it is set against)."""
+    """How the tensor in ``a_path`` differs from the one in ``b_path`` (a: the session
+    asked, the port; b: the one it is set against, the reference).  Relative errors are on
+    the reference's scale (``rel_rms = ||b - a|| / ||b||``), as ``compare``'s are."""
     import numpy as np
 
     a = np.load(a_path, allow_pickle=False)
@@ -62,8 +65,8 @@ def tensor_difference(a_path: Path, b_path: Path) -> R.TensorDifference:
     out["mean_abs"] = _json(float(delta[both].mean()) if both.any() else None)
     norm_a = float(np.sqrt(np.sum(np.square(x[both])))) if both.any() else 0.0
     norm_d = float(np.sqrt(np.sum(np.square(delta[both])))) if both.any() else 0.0
-    out["rel_rms"] = _json(norm_d / norm_a if norm_a else (0.0 if norm_d == 0 else None))
     norm_b = float(np.sqrt(np.sum(np.square(y[both])))) if both.any() else 0.0
+    out["rel_rms"] = _json(relative(norm_d, norm_b))
     dot = float(np.dot(x[both], y[both])) if both.any() else 0.0
     out["cosine"] = _json(dot / (norm_a * norm_b) if norm_a and norm_b else None)
     out["nonfinite_a"] = int(np.count_nonzero(~np.isfinite(x)))
@@ -86,12 +89,11 @@ def _element(
 
 
 def scalar_difference(a: object, b: object) -> R.ScalarDifference:
-    """Two plain values (their summaries' ``value``): numbers subtract, others compare."""
+    """Two plain values (their summaries' ``value``): numbers subtract, others compare;
+    ``rel`` is on the reference's (``b``'s) scale."""
     if _number(a) and _number(b):
         delta = float(b) - float(a)
-        scale = max(abs(float(a)), abs(float(b)))
-        rel = abs(delta) / scale if scale else 0.0
-        return {"equal": a == b, "b_minus_a": _json(delta), "rel": _json(rel)}
+        return {"equal": a == b, "b_minus_a": _json(delta), "rel": _json(relative(delta, b))}
     return {"equal": a == b}
 
 

@@ -943,3 +943,13 @@ def _tensor_line(s: Summary) -> str:
 
 def _short(x: object) -> str:
     return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def relative(difference: float, reference: float) -> float | None:
+    """``|difference|`` on the reference's scale: how every relative error mldbg reports
+    is measured (``compare``'s ``rel_rms`` against A, ``eval --against`` and
+    ``compare-checkpoints`` against the session or run set against).  0 for no difference;
+    None (unbounded) for a difference from an exact zero."""
+    if difference == 0:
+        return 0.0
+    return abs(difference) / abs(reference) if reference else None

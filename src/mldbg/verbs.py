@@ -112,6 +112,9 @@ class Arg:
     nargs: str | None = None
     max_length: int = TEXT_LIMIT  # the longest text anywhere in the value (see TEXT_LIMIT)
     max_items: int = ITEMS_LIMIT  # the most entries of a list or mapping value
+    # The CLI flag's help where the flag does not act as the argument reads: a bool flag
+    # that flips a true default (``--run`` sets stop_on_entry false) says what the flag does.
+    cli_help: str | None = None
 
     @property
     def required(self) -> bool:
@@ -151,6 +154,10 @@ class Verb:
     # The agent command this verb only passes its arguments on to (same names, see
     # ``agent/protocol.py``): the daemon's handler for it is generated, not written.
     agent: P.AgentCommand[Any, Any] | None = None
+    # A verb that judges (weights): its result's boolean field saying all is well.  The CLI
+    # exits as ``compare`` does: 0 when it is true, 1 when false, 2 on the verb's own
+    # errors (bad input), so a script can branch on the exit code alone.
+    verdict: str | None = None
 
     @property
     def path(self) -> str:
@@ -298,12 +305,17 @@ VERBS: tuple[Verb, ...] = (
             ),
             Arg("module", str, "run a module, as python -m does", flag="-m"),
             Arg("args", list[str], "the script's arguments", cli=False, max_length=ENV_LIMIT),
-            Arg("python", str, "interpreter (default: the active virtualenv's python)"),
+            Arg(
+                "python",
+                str,
+                "interpreter (default: the active virtualenv's, else mldbg's)",
+            ),
             Arg("cwd", str, "working directory for the script (default: here)", kind="path"),
             Arg(
                 "env",
                 dict[str, str],
-                "variables added to the environment (K=V)",
+                "variables added to the environment",
+                cli_help="variables added to the environment (K=V; repeatable)",
                 max_length=ENV_LIMIT,
             ),
             Arg(
@@ -321,7 +333,15 @@ VERBS: tuple[Verb, ...] = (
                 "breakpoints set before anything runs (FILE:LINE[:COND] on the CLI)",
                 flag="--break",
             ),
-            Arg("stop_on_entry", bool, "pause before the first line", True, flag="--run"),
+            Arg(
+                "stop_on_entry",
+                bool,
+                "pause before the first line",
+                True,
+                flag="--run",
+                cli_help="run at once, without pausing before the first line (it stops at "
+                "a breakpoint, or runs to the end)",
+            ),
             Arg("replace", bool, "terminate a live session of this name first", False),
             Arg(
                 "no_follow",
@@ -334,6 +354,8 @@ VERBS: tuple[Verb, ...] = (
                 list[str],
                 "refuse to start unless these packages are editable installs for the script's "
                 "python",
+                cli_help="refuse to start unless this package is an editable install for the "
+                "script's python (repeatable)",
             ),
             Arg(
                 "wait",
@@ -697,7 +719,12 @@ VERBS: tuple[Verb, ...] = (
         ),
         method="GET",
     ),
-    Verb("terminate", "end the script (its run record stays)", R.State),
+    Verb(
+        "terminate",
+        "end the script (its run record stays)",
+        R.State,
+        description="Already ended: `already_ended` true, not an error.",
+    ),
     Verb(
         "forget",
         "remove a session from the daemon's list (terminating it first if it runs)",
@@ -944,6 +971,7 @@ VERBS: tuple[Verb, ...] = (
         ),
         description="Per parameter: ok, dtype, quantized, never_loaded, layout, shape, values, "
         "missing, extra, renamed, fused, tied, buffer. Failures first.",
+        verdict="ok",
     ),
     Verb(
         "tensors",

@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +67,35 @@ def test_run_store_is_private_whatever_the_umask(write, tmp_path: Path) -> None:
         expected = {"run.json", "output.log", "events.jsonl", "checkpoints.jsonl", "captures"}
         assert expected <= {p.name for p in run_dir.iterdir()}
         assert list(run_dir.glob("captures/ref/*.safetensors"))  # the capture's tensors too
+        # what the CLI writes in its own process: a profile run (its report, its output),
+        # a compare's HTML report
+        cli = [sys.executable, "-m", "mldbg"]
+        env = {**os.environ, "MLDBG_CONFIG_DIR": str(shared)}
+        outputs = []
+        for argv in (
+            [*cli, "profile", "--json", str(script)],
+            [*cli, "compare", "--json", "ref", "ref", "--html", str(tmp_path / "report.html")],
+        ):
+            done = subprocess.run(
+                argv, cwd=tmp_path, env=env, capture_output=True, text=True, umask=0
+            )
+            assert done.returncode == 0, done.stderr
+            outputs.append(json.loads(done.stdout))
+        report = Path(outputs[0]["report"])
+        assert report.name.startswith("PROFILE_REPORT_") and report.is_relative_to(home)
+        assert _mode(tmp_path / "report.html") == 0o600
+        # every file and directory mldbg wrote in its store: private, whatever the umask
+        written = []
+        for root, dirs, files in os.walk(home):
+            for name in dirs + files:
+                path = Path(root, name)
+                written.append(path)
+                if not path.is_symlink():  # latest -> runs/<newest>
+                    assert _mode(path) == (0o700 if name in dirs else 0o600), path
+        names = {p.name for p in written}
+        assert {".gitignore", "output.log", "run.json", "profile.json", report.name} <= names
         for directory in (home, home / "runs", run_dir, home / "tensors"):
             assert _mode(directory) == 0o700, directory
-        for root, dirs, files in os.walk(run_dir):
-            for name in dirs:
-                assert _mode(Path(root, name)) == 0o700, Path(root, name)
-            for name in files:
-                assert _mode(Path(root, name)) == 0o600, Path(root, name)
-        for tensor in (home / "tensors").iterdir():
-            assert _mode(tensor) == 0o600, tensor
         for name in ("server.json", "daemon.lock"):
             assert _mode(shared / name) == 0o600
     finally:

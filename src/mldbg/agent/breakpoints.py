@@ -401,7 +401,7 @@ class Tripwire:
             parts.append(f"|x| > {self.max_abs:g}")
         if self.subnormal:
             parts.append("subnormal values")
-        return " or ".join(parts)
+        return " or ".join([*parts, "MLX indices out of range"])
 
 
 class AnyBreakpoint(Protocol):

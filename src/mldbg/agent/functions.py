@@ -262,7 +262,10 @@ class ImportWatcher:
         self._busy.value = True
         try:
             self._safe_retry()
-            if not any(n.startswith(fullname + ".") for n in self._pending_names()):
+            # the module itself too: an extension module (mlx.core) may be the last import
+            if not any(
+                n == fullname or n.startswith(fullname + ".") for n in self._pending_names()
+            ):
                 return None
             spec = self._spec_from_others(fullname, path, target)
             if spec is not None:

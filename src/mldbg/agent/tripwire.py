@@ -16,6 +16,10 @@ wrapped while the tripwire is set (classes defined later too), and restored when
 removed.  MLX outputs are evaluated to be checked (the tripwire costs MLX its laziness
 while set), and tracers inside ``mx.compile`` cannot be checked: they are passed over.
 
+The garbage of an out-of-bounds read is not always subnormal, and a read inline in the
+script is no module's output: MLX, which does not check indices, has its indexing checked
+too while the tripwire is set (``bounds.py``), stopping before an out-of-range read.
+
 Standard library only, like the rest of the agent: a framework is touched only once the
 script has imported it (``sys.modules``); an import watcher arms it when that happens.
 """
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
+from .bounds import IndexGuard, OutOfRange
 from .paths import canonical_code_file, is_mldbg_file
 
 if TYPE_CHECKING:
@@ -72,6 +77,11 @@ class Found(TypedDict, total=False):
     inf: int
     above_max_abs: int
     subnormal: int
+    # an index out of range (kind "out_of_bounds"): the index, its axis (None: into the
+    # flattened array) and the axis' size; shape and dtype are the indexed array's
+    index: int
+    axis: int | None
+    size: int
 
 
 class _Removable(Protocol):
@@ -123,6 +133,8 @@ class Wire:
         # wrapped too
         self._mlx_subclass_hook: tuple[type, object] | None = None
         self._paths: dict[int, tuple[object, dict[int, str]]] = {}  # root id -> (root, paths)
+        # MLX indices out of range, checked before the read (bounds.py)
+        self._bounds = IndexGuard(self._out_of_range, self._quiet)
 
     # -- arming -----------------------------------------------------------------------------
 
@@ -142,6 +154,8 @@ class Wire:
             missing.append("torch.nn.modules.module")
         if self._mlx_subclass_hook is None:
             missing.append("mlx.nn.layers.base")
+        if not self._bounds.installed:
+            missing.append("mlx.core")
         return missing
 
     def install_available(self) -> None:
@@ -159,6 +173,9 @@ class Wire:
         base = sys.modules.get("mlx.nn.layers.base")
         if self._mlx_subclass_hook is None and base is not None and hasattr(base, "Module"):
             self._install_mlx(base)
+        mx = sys.modules.get("mlx.core")
+        if not self._bounds.installed and mx is not None and hasattr(mx, "array"):
+            self._bounds.install(mx)
 
     def _install_torch(self, module_py: ModuleType) -> None:
         torch = sys.modules.get("torch")
@@ -214,6 +231,7 @@ class Wire:
             type.__setattr__(cls, "__call__", __call__)
 
     def _uninstall(self) -> None:
+        self._bounds.uninstall()
         for handle in self._torch_handles:
             with contextlib.suppress(Exception):
                 handle.remove()
@@ -322,6 +340,7 @@ class Wire:
         _last = Tripped(path, module, tuple(args), dict(kwargs or {}), output, found)
         details = {
             "id": rule.id,
+            "kind": "module_output",
             "module": path,
             "class": type(module).__name__,
             "framework": framework,
@@ -333,6 +352,44 @@ class Wire:
             f"{path} ({type(module).__name__}) returned {_what(found)} from finite inputs; "
             "stopped in the frame that called it. In eval, `import mldbg; mldbg.tripped()` "
             "has the module (.module), its inputs (.args, .kwargs) and its output (.output)"
+        )
+        self.debugger.stop(frame, "tripwire", tripwire=details, note=note)
+
+    def _out_of_range(self, array: object, index: object, problem: OutOfRange) -> None:
+        """An MLX index out of range: stop where the script reads (or writes) with it,
+        before MLX does; every such read stops, whatever values it would return."""
+        global _last
+        rule = self.rule
+        frame = _caller_frame()
+        if rule is None or frame is None:
+            return
+        rule.hit_count += 1
+        found: Found = {
+            "name": "index",
+            "shape": list(problem.shape),
+            "dtype": problem.dtype,
+            "index": problem.index,
+            "axis": problem.axis,
+            "size": problem.size,
+        }
+        _last = Tripped(problem.operation, None, (array, index), {}, None, [found])
+        details = {
+            "id": rule.id,
+            "kind": "out_of_bounds",
+            "operation": problem.operation,
+            "framework": "mlx",
+            "rule": rule.describe(),
+            "found": [found],
+            "hit_count": rule.hit_count,
+        }
+        where = "the flattened array" if problem.axis is None else f"axis {problem.axis}"
+        writes = problem.operation.endswith("=") or problem.operation.startswith("mx.put")
+        note = (
+            f"{problem.operation}: index {problem.index} is out of range for {where} "
+            f"(size {problem.size}) of a {problem.dtype}{list(problem.shape)} array. MLX does "
+            f"not check indices: this {'write would corrupt memory' if writes else 'read would return whatever memory holds'}. "
+            "Stopped before it runs; in eval, `import mldbg; mldbg.tripped().args` has the "
+            "array and the index"
         )
         self.debugger.stop(frame, "tripwire", tripwire=details, note=note)
 

@@ -19,15 +19,20 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
+from .. import __version__, verbs
 from .. import results as R
-from .. import verbs
 from ..errors import NO_DAEMON, MldbgError, UsageError
 from ..verbs import VERBS, Arg, Verb
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+# a judging verb (``Verb.verdict``), as ``mldbg compare``: 1 when its verdict is false,
+# 2 when what it was given cannot be judged (one of the verb's own error codes)
+EXIT_PROBLEMS = 1
+EXIT_BAD_INPUT = 2
 # errors in what was typed, not in what happened: exit 2 like argparse's own
 USAGE_CODES = frozenset(
     {"usage", "bad_argument", "bad_session_name", "confirm", "confirmation_required"}
@@ -86,7 +91,7 @@ def _literal(text: str) -> str:
 def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
     if not arg.cli or arg.name == "session":
         return
-    kwargs: dict[str, Any] = {"help": _literal(arg.help)}
+    kwargs: dict[str, Any] = {"help": _literal(arg.cli_help or arg.help)}
     if arg.positional:
         kwargs["nargs"] = None if arg.required else "?"
         kwargs["default"] = None if arg.required else arg.default
@@ -117,7 +122,7 @@ def _add_arg(parser: argparse.ArgumentParser, arg: Arg) -> None:
     parser.add_argument(*names, dest=arg.name, **kwargs)
 
 
-COMMANDS = ("compare", "serve", "mcp", "demo")
+COMMANDS = ("compare", "serve", "mcp", "demo", "docs")
 
 
 def build_parser(full: bool = True, only: str | None = None) -> Parser:
@@ -138,6 +143,7 @@ def build_parser(full: bool = True, only: str | None = None) -> Parser:
         parents=[common],
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"mldbg {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
     sub.required = True
 
@@ -191,10 +197,15 @@ def build_parser(full: bool = True, only: str | None = None) -> Parser:
     if only in (None, "demo"):
         p = command("demo", "a scripted session on the bundled tiny PyTorch model")
         p.add_argument("--keep", action="store_true", help="leave the demo session open")
+    if only in (None, "docs"):
+        command(
+            "docs",
+            "a one-time link that opens the REST API's docs (OpenAPI) in a browser",
+        )
     if only is None or only in TOOL_COMMANDS:
         from . import tools_cmd
 
-        tools_cmd.add_parsers(command)
+        tools_cmd.add_parsers(command, common)
     return parser
 
 
@@ -339,7 +350,16 @@ def _still_running(elapsed: float) -> None:
     render.err.print(f"[dim]still running ({elapsed:.0f} s)…[/]")
 
 
-def run_verb(verb: Verb, a: argparse.Namespace) -> Any:
+def _progress(as_json: bool) -> Callable[[float], None] | None:
+    """``still running`` lines only where a person watches a terminal.  A reader of pipes
+    (an agent, a log) gets stdout and stderr apart, often one after the other: progress on
+    stderr then reads as coming after the final state, which is printed last."""
+    if as_json or not sys.stderr.isatty():
+        return None
+    return _still_running
+
+
+def run_verb(verb: Verb, a: argparse.Namespace, as_json: bool = False) -> Any:
     from ..client.api import connect
 
     values = verb_arguments(verb, a)
@@ -350,7 +370,7 @@ def run_verb(verb: Verb, a: argparse.Namespace) -> Any:
             wait = values.pop("wait", 60.0)
             if values.pop("no_wait", False):
                 wait = 0.0
-            return client.resume(verb.name, session, wait, _still_running, **values)
+            return client.resume(verb.name, session, wait, _progress(as_json), **values)
         return client.call(verb.name, session, **values)
     if verb.store and getattr(a, "session", None):
         values["session"] = a.session
@@ -438,6 +458,19 @@ def run_command(args: argparse.Namespace, as_json: bool) -> int:
 
         run_stdio()
         return 0
+    if args.verb == "docs":
+        from ..client.api import connect
+
+        link = connect().request("POST", "/v1/docs-link", body={})
+        if as_json:
+            print(json.dumps(link))
+        else:  # the link is the answer: printed alone on its line, to copy or click
+            render.err.print(
+                f"open within {link['expires_in_s']:.0f} s, once (it leaves a "
+                f"{link['cookie_s'] / 60:.0f}-minute cookie for the docs pages only):"
+            )
+            print(link["url"])
+        return 0
     if args.verb == "demo":
         from .demo import run_demo
 
@@ -488,13 +521,13 @@ def _main(argv: list[str], as_json: bool) -> int:
 
             return tools_cmd.run(args, as_json)
         verb = verbs.get(args.verb)
-        data = run_verb(verb, args)
+        data = run_verb(verb, args, as_json)
     except UsageError as exc:
         emit_error(exc, as_json)
         return EXIT_USAGE
     except MldbgError as exc:
         emit_error(exc, as_json)
-        return EXIT_USAGE if exc.code in USAGE_CODES else EXIT_ERROR
+        return error_exit(exc, getattr(locals().get("args"), "verb", None))
     except KeyboardInterrupt:
         if getattr(locals().get("args"), "verb", None) == "eval":
             _interrupt_eval(getattr(locals()["args"], "session", "default"))
@@ -505,6 +538,21 @@ def _main(argv: list[str], as_json: bool) -> int:
         from ..text import render
 
         render.show(verb.name, data)
+    return verdict_exit(verb, data)
+
+
+def error_exit(exc: MldbgError, verb_name: str | None) -> int:
+    """A judging verb's own errors are bad input (2, as compare's); else usage 2, others 1."""
+    verb = verbs.BY_NAME.get(verb_name or "")
+    if verb is not None and verb.verdict and exc.code in verb.errors:
+        return EXIT_BAD_INPUT
+    return EXIT_USAGE if exc.code in USAGE_CODES else EXIT_ERROR
+
+
+def verdict_exit(verb: Verb, data: object) -> int:
+    """0, or 1 when a judging verb's answer says something is wrong (``Verb.verdict``)."""
+    if verb.verdict and isinstance(data, dict) and data.get(verb.verdict) is False:
+        return EXIT_PROBLEMS
     return 0
 
 

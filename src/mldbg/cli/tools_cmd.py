@@ -40,32 +40,14 @@ def cmd_profile(a: argparse.Namespace) -> Report:
 def cmd_prune(a: argparse.Namespace) -> Report:
     from ..tools.profile import prune
 
-    # Options may also follow the action (`prune run --repo R SCRIPT`); the script's own
-    # arguments start at the first word that is not one of these.
-    again = argparse.ArgumentParser(prog=f"mldbg prune {a.action}", add_help=False)
-    again.add_argument("--repo", default=a.repo)
-    again.add_argument("--dry-run", action="store_true", default=a.dry_run)
-    again.add_argument("--python", default=a.python)
-    again.add_argument("--json", action="store_true")
-    again.add_argument("rest", nargs=argparse.REMAINDER)
-    try:
-        a = argparse.Namespace(**{**vars(a), **vars(again.parse_args(a.rest))})
-    except SystemExit:
-        raise UsageError(f"bad options for mldbg prune {a.action}") from None
     if a.action == "setup":
-        if len(a.rest) != 1:
-            raise UsageError("mldbg prune setup REPO")
-        data: prune.PruneResult = prune.setup(a.rest[0])
+        data: prune.PruneResult = prune.setup(a.repo_dir)
     elif a.action == "run":
-        if not a.rest:
-            raise UsageError("mldbg prune run [--repo REPO] [--dry-run] SCRIPT [ARGS...]")
-        data = prune.run(a.rest[0], a.rest[1:], repo=a.repo, dry_run=a.dry_run, python=a.python)
+        data = prune.run(a.script, a.args, repo=a.repo, dry_run=a.dry_run, python=a.python)
     elif a.action == "restore":
-        if not a.rest:
-            raise UsageError("mldbg prune restore [--repo REPO] FILE...")
-        data = prune.restore(a.rest, repo=a.repo)
+        data = prune.restore(a.files, repo=a.repo)
     else:
-        data = prune.status(a.repo or (a.rest[0] if a.rest else None))
+        data = prune.status(a.repo or a.repo_dir)
     return Report(data, lambda: prune.render_prune(data, render.out))
 
 
@@ -113,7 +95,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], Report]] = {
 }
 
 
-def add_parsers(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
+def add_parsers(
+    verb: Callable[[str, str], argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """The toolbox's commands; ``common`` holds the options every command takes (--json)."""
     p = verb("profile", "run a script (not under the debugger) and report which library code ran")
     p.add_argument(
         "--include",
@@ -125,16 +110,14 @@ def add_parsers(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("--python", help="interpreter to run it with (default: the active venv's)")
     p.add_argument("script", help="the script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
-    p = verb(
-        "prune",
-        "a <branch>-pruned branch of a library checkout holding only the files a script ran: "
-        "setup REPO | run SCRIPT [ARGS...] | restore FILE... | status [REPO]",
+    _add_prune(
+        verb(
+            "prune",
+            "a <branch>-pruned branch of a library checkout holding only the files a script "
+            "ran: setup REPO | run SCRIPT [ARGS...] | restore FILE... | status [REPO]",
+        ),
+        common,
     )
-    p.add_argument("action", choices=["setup", "run", "restore", "status"])
-    p.add_argument("--repo", help="the library's git checkout (default: the one here)")
-    p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
-    p.add_argument("--python", help="interpreter to run the script with")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="REPO, SCRIPT [ARGS...] or FILE...")
     p = verb(
         "doctor", "which copy of each ML library is imported, editable or not, and mldbg's state"
     )
@@ -161,6 +144,69 @@ def add_parsers(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("track", nargs="?", choices=["torch", "mlx"], default="torch")
     p.add_argument("--non-interactive", action="store_true", help="run every step without waiting")
     p.add_argument("--dir", help="where to put the tutorial's files (default: a new temp dir)")
+
+
+def _prune_options(p: argparse.ArgumentParser, names: tuple[str, ...], default: object) -> None:
+    """prune's options, on ``prune`` itself (before the action) and on each action that
+    takes them."""
+    if "repo" in names:
+        p.add_argument(
+            "--repo",
+            default=default,
+            help="the library's git checkout (default: the one here)",
+        )
+    if "dry_run" in names:
+        p.add_argument(
+            "--dry-run",
+            action="store_true",
+            default=False if default is None else default,
+            help="only list what would be removed",
+        )
+    if "python" in names:
+        p.add_argument("--python", default=default, help="interpreter to run the script with")
+
+
+def _add_prune(p: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """``prune ACTION``: each action a sub-command with its own options and ``--help``.
+
+    The options may come before the action too (``prune --repo R run S``): there they set
+    the defaults, and an action's own copy (default suppressed) only overrides them when
+    typed after it.
+    """
+    _prune_options(p, ("repo", "dry_run", "python"), None)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    actions.required = True
+
+    def action(name: str, help: str, *options: str) -> argparse.ArgumentParser:
+        q = actions.add_parser(
+            name, help=help, description=help, parents=[common], allow_abbrev=False
+        )
+        _prune_options(q, options, argparse.SUPPRESS)
+        return q
+
+    q = action("setup", "make <branch>-pruned at the checkout's current commit")
+    q.add_argument("repo_dir", metavar="REPO", help="the library's git checkout")
+    q = action(
+        "run",
+        "profile the script, then commit on the pruned branch the removal of what never ran",
+        "repo",
+        "dry_run",
+        "python",
+    )
+    q.add_argument("script", help="the script to run")
+    q.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    q = action(
+        "restore",
+        "bring files back onto the pruned branch; later runs keep them",
+        "repo",
+    )
+    q.add_argument("files", nargs="+", metavar="FILE", help="relative to the checkout, or absolute")
+    q = action(
+        "status",
+        "the branches, what the pruned branch lacks, uncommitted work",
+        "repo",
+    )
+    q.add_argument("repo_dir", nargs="?", metavar="REPO", help="the checkout (or --repo)")
 
 
 def run_tutorial_cli(args: argparse.Namespace, as_json: bool) -> int:

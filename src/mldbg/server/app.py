@@ -34,7 +34,7 @@ from ..verbs import VERBS, Arg, Verb
 from .classic import classic_router
 from .handlers import call
 from .manager import SessionManager
-from .security import SecurityMiddleware
+from .security import COOKIE_SECONDS, DOCS_LOGIN, LINK_SECONDS, DocsAccess, SecurityMiddleware
 
 # Arguments every run-store verb takes from its client: where the client is, so that
 # "./.mldbg" and relative paths mean what they mean there, not in the daemon.
@@ -346,6 +346,20 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
             answer["recovered_total"] = len(recovered)
         return budget.shrink(answer, MAX_ANSWER)
 
+    docs = DocsAccess()
+
+    @app.post("/v1/docs-link", responses=ERROR_RESPONSES)
+    def docs_link(request: Request) -> R.DocsLink:
+        """A one-time link that opens these docs in a browser (which cannot send the
+        bearer header): opened within ``expires_in_s``, it leaves a short-lived cookie that
+        admits the docs pages only; every other route still needs the token."""
+        base = str(request.base_url).rstrip("/")
+        return {
+            "url": f"{base}{DOCS_LOGIN}?nonce={docs.link()}",
+            "expires_in_s": LINK_SECONDS,
+            "cookie_s": COOKIE_SECONDS,
+        }
+
     @app.post("/v1/shutdown", responses=ERROR_RESPONSES)
     def shutdown() -> dict[str, Any]:
         """Terminate every session and stop the daemon."""
@@ -381,7 +395,7 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
             )
 
     app.include_router(classic_router(manager))
-    app.add_middleware(SecurityMiddleware, token=token)
+    app.add_middleware(SecurityMiddleware, token=token, docs=docs)
     _document_every_answer(app)
     return app
 

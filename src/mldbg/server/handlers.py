@@ -317,7 +317,13 @@ def output(
 
 @handles("terminate")
 def terminate(manager: SessionManager, session: str | None) -> R.State:
-    return _session(manager, session).terminate()
+    """Ending an ended session is what was asked, already done (as ``wait`` on one):
+    answered with its state and ``already_ended``, never an error."""
+    target = _session(manager, session)
+    already = target.ended
+    state = target.terminate()
+    state["already_ended"] = already
+    return state
 
 
 # -- breakpoints ------------------------------------------------------------------------------

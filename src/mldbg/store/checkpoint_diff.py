@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from .. import budget
+from ..summary import relative as relative_to
 from .runs import CHECKPOINTS, RunDir, iter_jsonl, resolve_run
 
 if TYPE_CHECKING:  # the result shapes, for the type checker
@@ -156,9 +157,9 @@ def _tensors(a: dict[str, object], b: dict[str, object]) -> R.VariableComparison
             continue
         delta = float(y) - float(x)
         deltas[key] = _finite(delta)
-        scale = max(abs(float(x)), abs(float(y)))
-        if math.isfinite(delta) and scale > 0:
-            relative.append(abs(delta) / scale)
+        rel = relative_to(delta, float(y))  # b is the reference: on its scale
+        if math.isfinite(delta) and rel is not None:
+            relative.append(rel)
     if deltas:
         out["stats_b_minus_a"] = deltas
         out["stats_max_rel"] = max(relative) if relative else 0.0

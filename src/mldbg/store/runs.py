@@ -249,7 +249,7 @@ def ignore_in_git(home: Path) -> None:
     if path.exists():
         return
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # as every store file
         with os.fdopen(fd, "w") as fh:
             fh.write("# written by mldbg: this directory is its run store, never source\n*\n")
 

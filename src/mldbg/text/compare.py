@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .. import results as R
 from ..memory import human_size as _size
-from .console import err, out
+from .console import err, out, print_table
 from .console import one_line as escape  # every text here is one line; names from captures too
 
 FOLD = 6  # agreeing rows in a row beyond which the middle ones are folded
@@ -117,14 +117,8 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
         columns.append(("local", "right"))
     columns += [("cosine", "right"), ("status", "left")]
     for column, justify in columns:
-        # Names are the point of the table: they fold onto more lines, never lose a
-        # character; the short columns never wrap.
-        table.add_column(
-            column,
-            justify=justify,  # type: ignore[arg-type]
-            overflow="fold" if column == "name" else "ellipsis",
-            no_wrap=column != "name",
-        )
+        # names are the point of the table: print_table never splits them
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
     position = {id(e): i for i, e in enumerate(result["entries"])}
     for row in _rows(entries, show_all):
         if isinstance(row, int):
@@ -156,8 +150,7 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
             cells.append(text)
         cells += [number(row.get("cosine")), _status(row)]
         table.add_row(*cells)
-    # Piped output (an agent, a log file) has no width to respect: keep rows whole.
-    _print_whole(table)
+    print_table(table, keep=("#", "name"))
     _verdict(result)
 
 
@@ -364,20 +357,6 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[int, int, str], None] | No
         yield update
 
 
-def _print_whole(table: Table) -> None:
-    """Piped output (an agent, a log file) has no width to respect: keep rows whole, so
-    names and run ids can be copied."""
-    if out.is_terminal:
-        out.print(table)
-        return
-    width = out.width
-    out.width = 240
-    try:
-        out.print(table)
-    finally:
-        out.width = width
-
-
 def captures(data: R.Captures) -> None:
     items = data.get("captures", [])
     if not items:
@@ -397,4 +376,4 @@ def captures(data: R.Captures) -> None:
             _size(item.get("bytes") or 0),
             escape(str(item.get("model_class") or "")),
         )
-    _print_whole(table)
+    print_table(table, keep=("name", "run"))

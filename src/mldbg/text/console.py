@@ -11,11 +11,11 @@ import io
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from rich.console import Console, RenderableType
     from rich.table import Table
 
 
@@ -88,6 +88,137 @@ def plain_line(text: str) -> None:
         out.print(escape(text))
 
 
+# -- tables -----------------------------------------------------------------------------------
+
+PIPED_WIDTH = 240  # piped output (an agent, a log file) has no width to respect: rows stay whole
+SHRUNK = 4  # the narrowest an ellipsized column gets (its header's width when that is wider)
+FOLDED = 16  # the narrowest a folded column (a value's summary) gets
+
+
+def print_table(table: Table, keep: Collection[str] = (), fold: Collection[str] = ()) -> None:
+    """Print ``table`` to fit the terminal, never splitting a name.
+
+    The columns in ``keep`` (names: modules, runs, sessions, tensors) are as wide as their
+    longest cell and never wrap; the others give way: those in ``fold`` wrap onto more
+    lines, the rest are cut with an ellipsis, the widest first.  When even that cannot fit
+    (a name wider than the terminal), the rows are printed wider than the terminal rather
+    than cut: a terminal wraps the line, the name stays whole to copy.  Piped output is
+    printed as on a terminal ``PIPED_WIDTH`` wide.
+    """
+    width = out.width if out.is_terminal else PIPED_WIDTH
+    needed = _fit(table, width, set(keep), set(fold))
+    stacked = needed > width and bool(keep)
+    before = out.width
+    out.width = width if stacked else max(width, needed)
+    try:
+        if stacked:
+            _print_stacked(table, width, set(keep), set(fold))
+        else:
+            out.print(table)
+    finally:
+        out.width = before
+
+
+STACK_INDENT = 2
+
+
+def _print_stacked(table: Table, width: int, keep: set[str], fold: set[str]) -> None:
+    """The names too wide to share a line with the other columns: each row's names on a
+    line of their own, its other cells on the next, indented, under one header."""
+    from rich.padding import Padding
+    from rich.table import Table as RichTable
+
+    columns = table.columns
+    kept = [i for i, c in enumerate(columns) if str(c.header) in keep]
+    rest = [i for i in range(len(columns)) if i not in kept]
+    rows: list[tuple[RenderableType, ...]] = list(zip(*(c._cells for c in columns), strict=True))
+
+    def part(cells: list[tuple[RenderableType, ...]], header: bool) -> RichTable:
+        part = RichTable(
+            box=None, pad_edge=False, show_header=header, header_style=table.header_style
+        )
+        for i in rest:
+            c = columns[i]
+            part.add_column(c.header, justify=c.justify, style=c.style)
+        for cell in cells:
+            part.add_row(*(cell[i] for i in rest))
+        return part
+
+    whole = part(rows, True)
+    _fit(whole, width - STACK_INDENT, set(), fold)
+    widths = [c.width for c in whole.columns]
+
+    def shaped(cells: list[tuple[RenderableType, ...]], header: bool) -> Padding:
+        one = part(cells, header)
+        for column, fixed in zip(one.columns, widths, strict=True):
+            column.width = fixed
+            column.no_wrap = str(column.header) not in fold
+            column.overflow = "fold" if str(column.header) in fold else "ellipsis"
+        return Padding(one, (0, 0, 0, STACK_INDENT))
+
+    if table.show_header:
+        style = str(table.header_style or "")
+        heads = "  ".join(escape(str(columns[i].header)) for i in kept)
+        out.print(f"[{style}]{heads}[/]" if style else heads)
+        out.print(shaped([], True))
+    for row in rows:
+        names = [row[i] for i in kept if _text_width(row[i])]
+        together = sum(_text_width(n) for n in names) + 2 * (len(names) - 1) <= width
+        for line in ["  ".join(map(str, names))] if together else names:
+            out.print(line)
+        if any(_text_width(row[i]) for i in rest):
+            out.print(shaped([row], False))
+
+
+def _fit(table: Table, width: int, keep: set[str], fold: set[str]) -> int:
+    """Set every column's width for ``width``; returns the width the rows need."""
+    columns = table.columns
+    natural = [
+        max([_text_width(c.header)] + [_text_width(cell) for cell in c._cells]) for c in columns
+    ]
+    pads = table._extra_width + sum(table._get_padding_width(i) for i in range(len(columns)))
+    kept = [i for i, c in enumerate(columns) if str(c.header) in keep]
+    rest = [i for i in range(len(columns)) if i not in kept]
+    floors = {
+        i: min(natural[i], FOLDED if str(columns[i].header) in fold else SHRUNK) for i in rest
+    }
+    for i in rest:
+        floors[i] = max(floors[i], min(natural[i], _text_width(columns[i].header)))
+    room = width - pads - sum(natural[i] for i in kept)
+    widths = _water_fill({i: natural[i] for i in rest}, floors, room)
+    for i, column in enumerate(columns):
+        column.width = natural[i] if i in kept else widths[i]
+        column.no_wrap = str(column.header) not in fold
+        column.overflow = "fold" if str(column.header) in fold else "ellipsis"
+    return pads + sum(c.width or 0 for c in columns)
+
+
+def _water_fill(wanted: dict[int, int], floors: dict[int, int], room: int) -> dict[int, int]:
+    """Widths within ``room``: the widest columns are cut first, none below its floor."""
+    if sum(wanted.values()) <= room:
+        return dict(wanted)
+    level = max(wanted.values(), default=0)
+    while level > 0 and sum(max(floors[i], min(n, level)) for i, n in wanted.items()) > room:
+        level -= 1
+    widths = {i: max(floors[i], min(n, level)) for i, n in wanted.items()}
+    spare = room - sum(widths.values())
+    for i in sorted(wanted, key=lambda i: wanted[i] - widths[i], reverse=True):
+        if spare <= 0:
+            break
+        if widths[i] < wanted[i]:
+            widths[i] += 1
+            spare -= 1
+    return widths
+
+
+def _text_width(cell: object) -> int:
+    """The widest line of a cell as shown (markup removed)."""
+    from rich.text import Text
+
+    text = cell if isinstance(cell, Text) else Text.from_markup(str(cell))
+    return max((line.cell_len for line in text.split("\n")), default=0)
+
+
 _out = _LazyConsole(highlight=False, soft_wrap=True)
 _err = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 # what renderers print to: each a rich Console to them (every attribute is the console's)
@@ -99,14 +230,25 @@ _CAPTURE_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def captured(width: int = 120) -> Iterator[io.StringIO]:
+def captured(width: int = 120, terminal: bool = False) -> Iterator[io.StringIO]:
     """Everything printed to ``out`` and ``err`` inside the block, as plain text in the
-    yielded buffer (one capture at a time: the consoles are the process's)."""
+    yielded buffer (one capture at a time: the consoles are the process's).
+
+    ``terminal``: printed as on a terminal that wide (renderers fit its width), still
+    without escape codes."""
     from rich.console import Console
 
     with _CAPTURE_LOCK:
         buffer = io.StringIO()
-        console = Console(file=buffer, width=width, no_color=True, highlight=False, soft_wrap=True)
+        console = Console(
+            file=buffer,
+            width=width,
+            no_color=True,
+            highlight=False,
+            soft_wrap=True,
+            force_terminal=terminal or None,
+            color_system=None if terminal else "auto",
+        )
         _out._redirect = _err._redirect = console
         try:
             yield buffer

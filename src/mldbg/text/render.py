@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import results as R
 from ..memory import human_size as _size
-from .console import Table, captured, err, escape, out, plain_line
+from .console import Table, captured, err, escape, out, plain_line, print_table
 
 __all__ = ["Table", "err", "escape", "out", "plain_line"]  # used through render by other modules
 
@@ -166,7 +166,7 @@ def variables(data: R.Variables) -> None:
     table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
     table.add_column("name")
     table.add_column("type", style="cyan")
-    table.add_column("value", overflow="fold")
+    table.add_column("value")
     for var in data.get("variables", []):
         name = var["name"] if var.get("scope") == "local" else f"{var['name']} [dim](global)[/]"
         table.add_row(
@@ -174,7 +174,7 @@ def variables(data: R.Variables) -> None:
             escape(var["type"]),
             escape(var["summary"]),
         )
-    out.print(table)
+    print_table(table, keep=("name",), fold=("value",))
     if data.get("truncated"):
         call = data.get("next")
         offset = call["args"].get("offset", "") if call else ""
@@ -205,7 +205,10 @@ def breakpoint_line(bp: R.BreakpointInfo) -> str:
             rule.append(f"|x| > {bp['max_abs']:g}")
         if bp.get("subnormal"):
             rule.append("subnormal")
-        parts = [f"#{bp['id']} tripwire: module outputs with {' or '.join(rule)}"]
+        parts = [
+            f"#{bp['id']} tripwire: module outputs with {' or '.join(rule)}; "
+            "MLX indices out of range"
+        ]
     elif bp.get("pending"):
         parts = [
             f"#{bp['id']} function {escape(str(bp.get('function')))} [yellow](pending: "
@@ -234,12 +237,8 @@ def sessions(data: R.Sessions) -> None:
         out.print("no sessions")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    # the names are what the user types next (-s NAME): never cut, whatever the width
-    longest = max(len(str(s.get("session"))) for s in items)
-    table.add_column("session", no_wrap=True, min_width=longest)
-    for column in ("parent", "state", "pid", "where"):
+    for column in ("session", "parent", "state", "pid", "where", "run"):
         table.add_column(column)
-    table.add_column("run", no_wrap=True, overflow="ignore")
     for s in items:
         place = where(s.get("location")) if s.get("state") == "paused" else ""
         if s.get("state") in ("exited", "crashed"):
@@ -262,7 +261,8 @@ def sessions(data: R.Sessions) -> None:
             escape(place),
             s.get("run_id") or "",
         )
-    out.print(table)
+    # the names are what the user types next (-s NAME): never cut, whatever the width
+    print_table(table, keep=("session", "parent", "run"))
 
 
 def runs(data: R.Runs) -> None:
@@ -271,8 +271,7 @@ def runs(data: R.Runs) -> None:
         out.print(f"no runs under {escape(data.get('home', ''))}")
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    table.add_column("run", no_wrap=True, overflow="ignore")
-    for column in ("state", "ended", "checkpoints", "size", "script"):
+    for column in ("run", "state", "ended", "checkpoints", "size", "script"):
         table.add_column(column)
     for run in items:
         how = (
@@ -288,7 +287,7 @@ def runs(data: R.Runs) -> None:
             _size(run.get("size_bytes", 0)),
             escape(str(run.get("script") or "")),
         )
-    out.print(table)
+    print_table(table, keep=("run", "script"))
 
 
 def checkpoints(data: R.Checkpoints) -> None:
@@ -398,7 +397,7 @@ def module_rows(data: R.ModuleTable) -> None:
     if two:
         columns += ["B ms", "B self", "B dtypes", "B/A"]
     for column in columns:
-        table.add_column(column, overflow="fold" if column == "module" else "ellipsis")
+        table.add_column(column)
 
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value * 1e3:.3g}"
@@ -423,7 +422,7 @@ def module_rows(data: R.ModuleTable) -> None:
                 cells += [f"{mark}{shown}[/]" if mark else shown]
                 cells += ["-" if ratio is None else f"{ratio:.2g}×"]
         table.add_row(*cells)
-    out.print(table)
+    print_table(table, keep=("module",))
     summary = data.get("summary") or {}
     first = summary.get("first_dtype_difference")
     if first:
@@ -471,7 +470,7 @@ def tensors(data: R.TensorStore) -> None:
             str(meta.get("framework", "")),
             str(meta.get("saved_at", "")),
         )
-    out.print(table)
+    print_table(table, keep=("name",))
 
 
 def tensor_info(item: R.TensorRecord) -> None:
@@ -614,6 +613,15 @@ def pause_state(data: R.State) -> None:
         )
 
 
+def terminated(data: R.State) -> None:
+    if data.get("already_ended"):  # what was asked already held: say so, not an error
+        out.print(
+            f"[bold]{escape(str(data.get('session')))}[/] had already ended "
+            f"({escape(str(data.get('state')))}); nothing to terminate"
+        )
+    state(data)
+
+
 def weight_audit(data: R.WeightAudit) -> None:
     from ..weights.audit import render_audit
 
@@ -658,7 +666,7 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
     "unwatch": watches,
     "threads": threads,
     "thread": state,
-    "terminate": state,
+    "terminate": terminated,
     "forget": forgotten,
     "trace": trace,
     "sessions": sessions_listing,

@@ -119,9 +119,8 @@ def doctor(
         report = next(r for r in reports if r["name"] == name)
         if not report["found"]:
             report["warnings"].append(f"{name} is not importable by {data['python']}")
-    venv = data.get("virtual_env") or (
-        data["prefix"] if data["prefix"] != data["base_prefix"] else None
-    )
+    # the interpreter's own virtualenv (its prefix), never the caller's $VIRTUAL_ENV
+    venv = data["prefix"] if data["prefix"] != data["base_prefix"] else None
     store = _store(cwd)
     warnings = [w for r in reports for w in r["warnings"]]
     if store["warning"]:
@@ -157,7 +156,13 @@ def render_doctor(result: DoctorResult, console: Console) -> None:
         if not p["found"]:
             console.print(f"  [dim]{p['name']:<14} not installed[/]")
             continue
-        kind = "[green]editable[/]" if p["editable"] else "installed"
+        kind = (
+            "[yellow]shadowed[/]"  # the editable checkout is not what this Python imports
+            if p["shadowed"]
+            else "[green]editable[/]"
+            if p["editable"]
+            else "installed"
+        )
         line = f"  [bold]{p['name']:<14}[/] {p['version'] or '?':<12} {kind} {escape(str(p['imported_from']))}"
         git = p["git"]
         if git:

@@ -27,6 +27,7 @@ from typing import Any, TypedDict
 
 from .. import examples
 from ..errors import TutorialError
+from ..examples import prune_library
 
 # -- every command the tutorial runs ------------------------------------------------------------
 # ``mldbg ...`` commands get ``--json`` added right after the verb when the tutorial checks
@@ -75,6 +76,27 @@ COMMANDS: dict[str, list[str]] = {
     "capture_port": ["python", "-m", examples.PARITY_PORT, "tutorial-port"],
     "compare": ["mldbg", "compare", "tutorial-ref", "tutorial-port"],
     "profile": ["mldbg", "profile", "--include", "{framework_package}", "{script}"],
+    # prune: a library's git checkout reduced to the files a script ran
+    "prune_setup": ["mldbg", "prune", "setup", prune_library.REPO],
+    "prune_run": [
+        "mldbg",
+        "prune",
+        "run",
+        "--repo",
+        prune_library.REPO,
+        "--python",
+        "{python}",
+        prune_library.SCRIPT,
+    ],
+    "prune_restore": [
+        "mldbg",
+        "prune",
+        "restore",
+        "--repo",
+        prune_library.REPO,
+        prune_library.RESTORED,
+    ],
+    "prune_status": ["mldbg", "prune", "status", "--repo", prune_library.REPO],
     "terminate": ["mldbg", "terminate", "--session", "{session}"],
     # the MLX track's porting steps: the non-finite tripwire, then reference and port side by side
     "start_nan": [
@@ -175,7 +197,8 @@ class Step:
     commands: list[tuple[str, int]]  # (key in COMMANDS, expected exit code)
     check: Callable[[list[Ran]], tuple[bool, str]]
     meaning: str
-    needs: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()  # modules the step imports
+    programs: tuple[str, ...] = ()  # and programs it runs (on the PATH)
 
 
 @dataclass
@@ -274,7 +297,36 @@ def prepare(framework: str, workdir: Path) -> Track:
         for side in ("reference", "port"):
             marker = _marker_line(workdir / f"side_{side}.py", "# tutorial:")
             track.values[f"side_{side}_line"] = str(marker)
+    if shutil.which("git"):
+        _library_checkout(workdir)
     return track
+
+
+def _library_checkout(workdir: Path) -> None:
+    """The prune step's library: a git checkout with one commit, and the script using it.
+
+    The checkout gets an identity of its own, so prune can commit there whether or not
+    the user has set one."""
+    repo = workdir / prune_library.REPO
+    if (repo / ".git").exists():
+        return
+    for name, text in prune_library.FILES.items():
+        path = repo / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    (workdir / prune_library.SCRIPT).write_text(prune_library.SCRIPT_TEXT, encoding="utf-8")
+    for argv in (
+        ["init", "-q", "-b", "main"],
+        ["config", "user.name", "mldbg tutorial"],
+        ["config", "user.email", "tutorial@mldbg.invalid"],
+        ["add", "-A"],
+        ["commit", "-q", "-m", "minilib 0.1.0"],
+    ):
+        done = subprocess.run(
+            ["git", "-C", str(repo), *argv], capture_output=True, text=True, timeout=60
+        )
+        if done.returncode != 0:
+            raise TutorialError(f"git {' '.join(argv)} in {repo}: {done.stderr.strip()}")
 
 
 def command_line(track: Track, key: str) -> list[str]:
@@ -430,6 +482,22 @@ def _steps(track: Track) -> list[Step]:
         ok = bool(linear) and bool(report) and os.path.exists(str(report))
         return ok, f"{len(files)} {v['framework_package']} files ran; report {report}"
 
+    def check_prune(r: list[Ran]) -> tuple[bool, str]:
+        made, ran, back, state = (x.data or {} for x in r)
+        gone = sorted(prune_library.NEVER_RAN)
+        left = sorted(set(gone) - {prune_library.RESTORED})
+        ok = (
+            made.get("pruned_branch") == "main-pruned"
+            and sorted(ran.get("removed") or []) == gone
+            and back.get("restored") == [prune_library.RESTORED]
+            and state.get("removed") == left
+            and state.get("kept") == [prune_library.RESTORED]
+        )
+        return ok, (
+            f"{made.get('pruned_branch')}: removed {', '.join(ran.get('removed') or [])}; "
+            f"restored {', '.join(back.get('restored') or [])} (kept by later runs)"
+        )
+
     porting = [
         Step(
             "tripwire",
@@ -580,6 +648,19 @@ def _steps(track: Track) -> list[Step]:
             check_profile,
             "the report says what to read first and where breakpoints will hit.",
         ),
+        Step(
+            "prune",
+            "Prune: a library reduced to what ran",
+            f"{prune_library.REPO} is a library's git checkout (as one installed with "
+            f"`pip install -e`); {prune_library.SCRIPT} uses one of its two models. `prune "
+            "setup` makes a main-pruned branch, `prune run` profiles the script and commits "
+            "there the removal of every file that never ran.",
+            [("prune_setup", 0), ("prune_run", 0), ("prune_restore", 0), ("prune_status", 0)],
+            check_prune,
+            "check out main-pruned to read only the code the model runs; your branch and work "
+            "tree are untouched. A file restored by hand stays through later runs.",
+            programs=("git",),
+        ),
         *(porting if track.framework == "mlx" else []),
     ]
 
@@ -632,6 +713,7 @@ def tutorial(
             result["steps"].append(entry)
             emit(f"\n[{number}/{len(steps)}] {step.title}\n  {step.explain}")
             missing = [m for m in step.needs if importlib.util.find_spec(m) is None]
+            missing += [p for p in step.programs if shutil.which(p) is None]
             if missing:
                 entry["ok"], entry["skipped"] = True, f"needs {', '.join(missing)}"
                 emit(f"  (skipped: needs {', '.join(missing)})")

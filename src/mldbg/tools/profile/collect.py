@@ -25,6 +25,7 @@ from ...store.runs import (
     RunDir,
     finalize_run_dir,
     mldbg_home,
+    open_private,
     reserve_run_dir,
     write_json_atomic,
 )
@@ -126,7 +127,9 @@ def run_profiled(
     child_env.setdefault("MLDBG_HOME", str(home))
     argv = [interpreter, "-m", "mldbg.tools.profile.runner", str(raw_out), script_path, *args]
     try:
-        with open(run.file(OUTPUT_LOG), "wb") as log:
+        # private like every run file (the script's output may hold secrets)
+        log_fd = open_private(run.file(OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with open(log_fd, "wb") as log:
             try:
                 process = subprocess.Popen(
                     argv,

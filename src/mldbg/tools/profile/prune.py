@@ -22,6 +22,7 @@ from ...errors import (
     FILE_NOT_FOUND,
     GIT_FAILED,
     GIT_MISSING,
+    NO_GIT_IDENTITY,
     NOT_A_GIT_REPO,
     NOT_SET_UP,
     REPO_NOT_USED,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 SUFFIX = "-pruned"
 SOURCE_KEY = "mldbgsource"  # git config branch.<pruned>.mldbgsource = <source branch>
+KEEP_KEY = "mldbgkeep"  # git config branch.<pruned>.mldbgkeep = a file restore brought back
 MAX_LISTED = 200
 
 
@@ -85,6 +87,7 @@ class PruneStatusResult(TypedDict):
     dirty: list[str]
     removed: list[str]
     removed_count: int
+    kept: list[str]  # restored files every later run keeps
     prune_commits: int
     source_ahead: int
     truncated: bool
@@ -143,6 +146,35 @@ def _source_of(top: Path, pruned: str) -> str | None:
     return (
         _git(top, "config", "--get", f"branch.{pruned}.{SOURCE_KEY}", check=False).strip() or None
     )
+
+
+def _kept(top: Path, pruned: str) -> list[str]:
+    """Files ``restore`` brought back: later runs keep them, whether or not they ran."""
+    out = _git(top, "config", "--get-all", f"branch.{pruned}.{KEEP_KEY}", check=False)
+    return sorted({line for line in out.splitlines() if line})
+
+
+def _keep(top: Path, pruned: str, files: list[str]) -> None:
+    known = set(_kept(top, pruned))
+    for path in files:
+        if path not in known:
+            _git(top, "config", "--add", f"branch.{pruned}.{KEEP_KEY}", path)
+            known.add(path)
+
+
+def _require_identity(top: Path) -> None:
+    """Prune commits on the pruned branch: without a git identity the commit fails, after
+    the profile run and with git's own words.  Asked first, before anything is written."""
+    for who in ("GIT_AUTHOR_IDENT", "GIT_COMMITTER_IDENT"):
+        if _git(top, "var", who, check=False).strip():
+            continue
+        raise MldbgError(
+            f"git has no identity to commit the pruned branch with (user.name and "
+            f'user.email): run `git config --global user.email "you@example.com"` and '
+            f'`git config --global user.name "Your Name"` (or the same without --global '
+            f"in {top}, for this checkout only), then try again; nothing was changed",
+            code=NO_GIT_IDENTITY,
+        )
 
 
 def _dirty(top: Path) -> list[str]:
@@ -234,6 +266,7 @@ def setup(repo: str) -> PruneSetupResult:
     top = _toplevel(repo)
     source, pruned = _branches(top)
     _refuse_dirty(top)
+    _require_identity(top)  # every later run and restore commits
     created = not _exists(top, pruned)
     if created:
         _git(top, "branch", pruned, "HEAD")
@@ -298,6 +331,8 @@ def run(
             code=NOT_SET_UP,
         )
     _refuse_dirty(top)
+    if not dry_run:
+        _require_identity(top)
     raw = run_profiled(script, args, python=python, cwd=cwd)
     if raw.exit_code != 0 or raw.signal:
         raise MldbgError(
@@ -319,7 +354,7 @@ def run(
         )
     tracked_pruned = _tracked(top, pruned)
     tracked_source = _tracked(top, source)
-    remove = _prunable(tracked_pruned, used)
+    remove = _prunable(tracked_pruned, used | set(_kept(top, pruned)))
     restore = sorted(p for p in used if p in tracked_source and p not in tracked_pruned)
     commit = None
     if not dry_run and (remove or restore):
@@ -371,6 +406,7 @@ def restore(files: list[str], *, repo: str | None = None) -> PruneRestoreResult:
     source, pruned = _pair(top)
     if _current_branch(top) == pruned:
         _refuse_dirty(top)
+    _require_identity(top)
     in_source = _tracked(top, source)
     in_pruned = _tracked(top, pruned)
     wanted: list[str] = []
@@ -395,6 +431,7 @@ def restore(files: list[str], *, repo: str | None = None) -> PruneRestoreResult:
         commit = _commit(
             top, pruned, [], source, add, f"mldbg prune: restore {len(add)} file(s) from {source}"
         )
+    _keep(top, pruned, sorted(set(wanted)))  # sticky: the next run does not remove them again
     return {
         "action": "restore",
         "repo": str(top),
@@ -416,8 +453,10 @@ def status(repo: str | None = None) -> PruneStatusResult:
         source, pruned = (configured, current) if configured else (current, current + SUFFIX)
     exists = bool(pruned and source and _exists(top, pruned) and _source_of(top, pruned) == source)
     removed: list[str] = []
+    kept: list[str] = []
     commits = ahead = 0
     if exists and source and pruned:
+        kept = _kept(top, pruned)
         out = _git(top, "diff", "--name-only", "-z", "--diff-filter=D", source, pruned)
         removed = sorted(p for p in out.split("\0") if p)
         commits = int(_git(top, "rev-list", "--count", f"{source}..{pruned}").strip() or 0)
@@ -433,6 +472,7 @@ def status(repo: str | None = None) -> PruneStatusResult:
         "dirty": _dirty(top)[:MAX_LISTED],
         "removed": removed[:MAX_LISTED],
         "removed_count": len(removed),
+        "kept": kept[:MAX_LISTED],
         "prune_commits": commits,
         "source_ahead": ahead,
         "truncated": len(removed) > MAX_LISTED,
@@ -493,6 +533,8 @@ def render_prune(result: PruneResult, console: Console) -> None:
             f"{result['source_ahead']} commit(s) ahead"
             + (" (checked out)" if result["pruned_checked_out"] else "")
         )
+        if result["kept"]:
+            console.print(f"kept by restore: {escape(', '.join(result['kept'][:10]))}")
         if result["dirty"]:
             console.print(
                 f"[yellow]uncommitted changes: {escape(', '.join(result['dirty'][:5]))}[/]"

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from ...store.runs import write_json_atomic
+from ...store.runs import open_private, write_json_atomic
 from .analyze import (
+    CALL_METHODS,
     COMPONENTS,
     FileStats,
     Scope,
@@ -184,19 +185,34 @@ def _plumbing(name: str) -> bool:
     )
 
 
+def _forward(name: str) -> bool:
+    """A model's own computation: ``Module.forward`` (torch), ``__call__`` (MLX), ``call``."""
+    return "." in name and name.rsplit(".", 1)[-1] in CALL_METHODS
+
+
 def _breakpoints(files: list[FileStats], per_file: int = 3) -> list[Breakpoint]:
-    """The most-called functions of each file to read first: breakpoints that surely hit."""
-    chosen: list[Breakpoint] = []
-    for f in files:
+    """Breakpoints that surely hit, in the files to read first: each file's ``forward``
+    methods that ran (where a person porting a model stops first, though its helpers are
+    called far more often) and its most-called functions.  The forward methods are kept
+    first when the list is full."""
+    forwards: list[tuple[int, Breakpoint]] = []
+    helpers: list[tuple[int, Breakpoint]] = []
+    for order, f in enumerate(files):
         ranked = sorted(
             ((n, line, name) for (name, line), n in f.functions.items() if not _plumbing(name)),
             key=lambda c: (-c[0], c[1]),
         )
-        chosen += [
-            {"location": f"{f.path}:{line}", "function": name, "calls": n}
-            for n, line, name in ranked[:per_file]
-        ]
-    return chosen[:MAX_BREAKPOINTS]
+        methods = [c for c in ranked if _forward(c[2])][:per_file]
+        rest = [c for c in ranked if not _forward(c[2])][:per_file]
+        for into, chosen in ((forwards, methods), (helpers, rest)):
+            into += [
+                (order, {"location": f"{f.path}:{line}", "function": name, "calls": n})
+                for n, line, name in chosen
+            ]
+    kept = (forwards + helpers)[:MAX_BREAKPOINTS]
+    # in the order of the files to read, each file's forward methods first
+    kept.sort(key=lambda item: (item[0], not _forward(item[1]["function"])))
+    return [bp for _order, bp in kept]
 
 
 def build_result(raw: RawProfile, include: list[str] | None, cwd: str) -> ProfileResult:
@@ -244,7 +260,12 @@ def build_result(raw: RawProfile, include: list[str] | None, cwd: str) -> Profil
         "output_tail": raw.output_tail,
         "truncated": len(entries) > MAX_FILES or groups_total > len(groups),
     }
-    report.write_text(markdown(result, [_file_entry(f, hot) for f in ran[:REPORT_FILES]]))
+    text = markdown(result, [_file_entry(f, hot) for f in ran[:REPORT_FILES]])
+    # private, as every file of the run store: it names the files and arguments that ran
+    with open(
+        open_private(report, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8"
+    ) as handle:
+        handle.write(text)
     write_json_atomic(raw.run.file("profile_result.json"), result)
     return result
 

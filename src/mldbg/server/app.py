@@ -348,7 +348,11 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
 
     @app.post("/v1/shutdown", responses=ERROR_RESPONSES)
     def shutdown() -> dict[str, Any]:
-        """Terminate every session and stop the daemon."""
+        """Terminate every session and stop the daemon: gone within ``STOP_DEADLINE`` s
+        of this call, whatever its other threads are doing (``serve.Stop``)."""
+        arm = getattr(app.state, "arm_stop", None)
+        if arm is not None:
+            arm()  # first: ending the sessions is bounded by the deadline too
         manager.shutdown()
         stop = getattr(app.state, "stop", None)
         if stop is not None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypedDict, cast
 from .. import budget
 from ..errors import INTERNAL, NO_SUCH_FRAME, NOT_PAUSED, CommandError
 from . import protocol as P
+from .compiling import compile_text
 from .evaluation import EvalError, FrameNamespace
 from .interrupt import EvalInterrupt, Interruptible
 from .paths import canonical_code_file, is_library_file, is_mldbg_file
@@ -201,7 +202,7 @@ class PausedThread:
         for item in items[:64]:
             expression = str(item.get("expression", ""))
             try:
-                code = compile(expression, "<watch>", "eval")
+                code = compile_text(expression, "<watch>", "eval")
             except (SyntaxError, ValueError) as exc:
                 values.append({**cast("R.Watch", item), "error": f"{type(exc).__name__}: {exc}"})
                 continue

@@ -88,8 +88,9 @@ def raw(config_dir: Path, daemon: dict[str, Any]) -> Iterator[RawMcp]:
 
 
 def _call(frame_id: object, arguments: str) -> bytes:
-    head = '{"jsonrpc": "2.0", "id": %s, "method": "tools/call", ' % json.dumps(frame_id)
-    return (head + '"params": {"name": "sessions", "arguments": %s}}' % arguments).encode()
+    """A tools/call frame with ``arguments`` written as given (raw JSON text)."""
+    head = '{"jsonrpc": "2.0", "id": ' + json.dumps(frame_id) + ', "method": "tools/call", '
+    return (head + '"params": {"name": "sessions", "arguments": ' + arguments + "}}").encode()
 
 
 BAD_FRAMES = {

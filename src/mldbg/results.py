@@ -366,6 +366,7 @@ class RunMeta(TypedDict, total=False):
     ended_note: str
     paused_at: object  # where the script was paused when its daemon went away
     store_error: str
+    capture_problems: list[str]  # what start --capture could not do (zero_edit.Tracker)
 
 
 class RunRecord(TypedDict):

@@ -414,11 +414,13 @@ class PausedThread:
                 exc.code,
             ) from None
         described = summary.summarize(value, force=True)  # asked for: a lazy array runs now
+        repr_cut = False
         if summary.is_tensor(value):  # its one line comes from the same stats: computed once
             text = summary.one_line_from_summary(described, 1000)
-        else:
-            text = summary.safe_repr(value)
+        else:  # within the budget already: its "… (N chars)" says what was left out
+            text, repr_cut = summary.repr_within(value, budget.VALUE)
         text, result_cut = budget.cap(text, budget.VALUE)
+        result_cut = result_cut or repr_cut
         output, output_cut = budget.cap(
             printed.getvalue(), budget.EVAL_OUTPUT, "tail", dropped=printed.dropped
         )

@@ -66,6 +66,7 @@ from .errors import (
     UNKNOWN_SOURCE,
     UNREADABLE,
 )
+from .names import SESSION_NAME_MAX
 
 REQUIRED: Any = ...  # marks an argument without a default
 
@@ -194,6 +195,7 @@ STORE_SESSION = Arg(
     str,
     "read the run store of this session (default: none; see home)",
     kind="session",
+    max_length=SESSION_NAME_MAX,
     flag="--session",
     short="-s",
 )
@@ -607,6 +609,7 @@ VERBS: tuple[Verb, ...] = (
                 "also evaluate it in this paused session (the reference beside the port): "
                 "both values and their difference",
                 kind="session",
+                max_length=SESSION_NAME_MAX,
             ),
         ),
         errors=(*PAUSED_ERRORS, EVAL_ERROR, EVAL_TIMEOUT, EVAL_INTERRUPTED),

@@ -118,7 +118,7 @@ def _field(arg: Arg, strict: bool = False) -> tuple[object, object]:
     if arg.type is str:
         extra["max_length"] = arg.max_length
     if arg.kind == "session":
-        extra.update(pattern=SESSION_NAME_PATTERN, max_length=SESSION_NAME_MAX)
+        extra["pattern"] = SESSION_NAME_PATTERN
     annotation = arg.type
     if arg.choices:
         from typing import Literal
@@ -199,13 +199,7 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
                         description=arg.help,
                         ge=arg.minimum,
                         le=arg.maximum,
-                        max_length=(
-                            SESSION_NAME_MAX
-                            if arg.kind == "session"
-                            else arg.max_length
-                            if arg.type is str
-                            else None
-                        ),
+                        max_length=arg.max_length if arg.type is str else None,
                         pattern=SESSION_NAME_PATTERN if arg.kind == "session" else None,
                     ),
                 )
@@ -508,9 +502,9 @@ def validation_error(errors: Any) -> ErrorBody:
         kind = error.get("type", "")
         where = tuple(error.get("loc", ()))
         named = where[:2] == ("path", "name") or (
-            len(where) == 2 and where[1] in SESSION_ARGS and kind != "missing"
+            len(where) == 2 and where[1] in SESSION_ARGS and kind == "string_pattern_mismatch"
         )
-        if named and kind not in ("extra_forbidden", "string_type"):
+        if named:
             # the route's own pattern refused it: said as every other edge says it
             code = BAD_SESSION_NAME
             shown = budget.capped(repr(error.get("input")), 80)

@@ -400,8 +400,8 @@ def test_lone_surrogates_in_arguments_leave_the_server_serving(
     config_dir: Path, daemon: dict[str, Any]
 ) -> None:
     """No SDK client can send a lone surrogate (it cannot encode one), but JSON can escape
-    it: raw lines holding ``\\udcff`` in arguments are not answered (not valid UTF-8 text
-    for the SDK), and the next call is."""
+    it: raw lines holding ``\\udcff`` in arguments are answered with a JSON-RPC error (not
+    Unicode text: ``mcp/frames.py``), and the next call is served."""
     import subprocess
 
     env = {**os.environ, "MLDBG_CONFIG_DIR": str(config_dir)}
@@ -431,8 +431,8 @@ def test_lone_surrogates_in_arguments_leave_the_server_serving(
         send(call % (3, "eval", '{"expression":"\\udcff","session":"\\ud800"}'))
         send(call % (4, "sessions", "{}"))
         answer = json.loads(server.stdout.readline())
-        while answer.get("id") in (2, 3):  # answered after all: with an error, never a crash
-            assert answer.get("error") or answer["result"]["isError"], answer
+        while answer.get("id") in (2, 3):  # answered: with an error, never a crash
+            assert answer["error"]["code"] == -32600, answer
             answer = json.loads(server.stdout.readline())
         assert answer["id"] == 4 and "sessions" in answer["result"]["structuredContent"]
     finally:

@@ -25,23 +25,40 @@ ERROR = 12_000  # a whole error answer: a message, a traceback, and what else it
 
 
 def cap(text: str, limit: int, keep: str = "head", dropped: int = 0) -> tuple[str, bool]:
-    """``text`` cut to about ``limit`` bytes of UTF-8, keeping its head or its tail.
+    """``text`` cut to at most ``limit`` bytes of UTF-8, marker included, keeping its head
+    or its tail.
 
-    The cut is marked inside the text, so it can never be mistaken for the whole.
-    ``dropped``: bytes the collector of ``text`` already left out on the side not kept
-    (a bounded buffer of output): the marker states the total cut, not only the last.
+    The cut is marked inside the text, so it can never be mistaken for the whole, and
+    the marker says everything left out: ``dropped``, bytes the collector of ``text``
+    already left out on the side not kept (a bounded buffer of output), and a marker of
+    an earlier cut on that side (the agent caps a message, the daemon caps it again):
+    one marker, the total (a 100 MB message read "…[26 bytes cut]…").  A text that fits
+    is never cut again.
     """
     if not dropped and (
         len(text) <= limit // 4 or len(text.encode("utf-8", "surrogatepass")) <= limit
     ):
         return text, False
+    earlier = _TAIL_MARK.match(text) if keep == "tail" else _HEAD_MARK.search(text)
+    if earlier is not None:
+        dropped += int(earlier[1])
+        text = text[earlier.end() :] if keep == "tail" else text[: earlier.start()]
     data = text.encode("utf-8", "surrogatepass")
-    left = max(len(data) - limit, 0) + dropped
+    room = max(limit - len(_marker(len(data) + dropped).encode()), 0)
     if keep == "tail":
-        kept = data[-limit:].decode("utf-8", "ignore")
-        return f"…[{left} bytes cut]…" + kept, True
-    kept = data[:limit].decode("utf-8", "ignore")
-    return kept + f"…[{left} bytes cut]…", True
+        kept = data[len(data) - room :].decode("utf-8", "ignore")
+    else:
+        kept = data[:room].decode("utf-8", "ignore")
+    left = len(data) - len(kept.encode("utf-8", "surrogatepass")) + dropped
+    return (_marker(left) + kept if keep == "tail" else kept + _marker(left)), True
+
+
+def _marker(left: int) -> str:
+    return f"…[{left} bytes cut]…"
+
+
+_HEAD_MARK = re.compile(r"…\[(\d+) bytes cut\]…$")  # ends a text whose head was kept
+_TAIL_MARK = re.compile(r"^…\[(\d+) bytes cut\]…")  # starts one whose tail was kept
 
 
 def capped(text: str, limit: int, keep: str = "head") -> str:

@@ -9,18 +9,21 @@ parent's name with a dot (``default.w1234``), which the pattern allows.
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 from .errors import BAD_SESSION_NAME, MldbgError
 
-SESSION_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+# The whole rule but the length, as a pattern the OpenAPI document can carry (no ".."
+# written into it: a name the document allowed, "a..b", was refused).
+SESSION_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*\.?$"
+SESSION_NAME_MAX = 64
 _SESSION_NAME = re.compile(SESSION_NAME_PATTERN)
 SESSION_NAME_RULE = "1-64 letters, digits, '_', '-' or '.', not starting with '.' or '-', no '..'"
 
 
 def check_session_name(name: object) -> str:
     """``name`` if it is a valid session name; a ``bad_session_name`` error otherwise."""
-    # fullmatch: ``$`` also matches before a final newline, and "name\n" got through
-    if isinstance(name, str) and _SESSION_NAME.fullmatch(name) and ".." not in name:
+    if is_session_name(name):
         return name
     shown = repr(name)
     if len(shown) > 80:
@@ -32,5 +35,10 @@ def check_session_name(name: object) -> str:
     )
 
 
-def is_session_name(name: object) -> bool:
-    return isinstance(name, str) and bool(_SESSION_NAME.fullmatch(name)) and ".." not in name
+def is_session_name(name: object) -> TypeGuard[str]:
+    # fullmatch: ``$`` also matches before a final newline, and "name\n" got through
+    return (
+        isinstance(name, str)
+        and len(name) <= SESSION_NAME_MAX
+        and bool(_SESSION_NAME.fullmatch(name))
+    )

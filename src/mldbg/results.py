@@ -128,6 +128,15 @@ class Recovered(TypedDict, total=False):
     store_error: str
 
 
+class DaemonStopped(TypedDict):
+    """``mldbg serve --stop --json`` once the daemon's process is gone."""
+
+    stopped: bool
+    running: bool
+    pid: int
+    forced: str | None  # "SIGKILL": it did not end itself in time (a thread stuck in C)
+
+
 class DetachedChild(TypedDict):
     """A child process that could not reach the daemon and runs undebugged, as it wrote
     in the run's detached.jsonl."""
@@ -359,6 +368,7 @@ class RunMeta(TypedDict, total=False):
     ended_note: str
     paused_at: object  # where the script was paused when its daemon went away
     store_error: str
+    capture_problems: list[str]  # what start --capture could not do (zero_edit.Tracker)
 
 
 class RunRecord(TypedDict):

@@ -257,6 +257,20 @@ def safe_repr(value: object, max_chars: int = 4096) -> str:
     return _truncate(text, max_chars, total)
 
 
+def repr_within(value: object, limit: int) -> tuple[str, bool]:
+    """``safe_repr`` in at most ``limit`` bytes of UTF-8, and whether it was cut.  A cut
+    one still ends in ``… (N chars)``: a byte cap applied after ``safe_repr`` cut that
+    off, and a 100 MB string read "…[98 bytes cut]…"."""
+    text, total = _repr_text(value, limit)
+    chars = limit
+    while True:
+        shown = _truncate(text, chars, total)
+        size = len(shown.encode("utf-8", "surrogatepass"))
+        if size <= limit or chars <= 64:
+            return shown, total is not None or shown != text
+        chars = max(64, chars * limit // size - 1)  # wide characters: fewer of them
+
+
 def _json_number(x: float | int | bool) -> float | int | bool | str:
     """Strict JSON has no NaN or infinity: they travel as ``"nan"``, ``"inf"``, ``"-inf"``."""
     if isinstance(x, float) and not math.isfinite(x):

@@ -66,6 +66,7 @@ from .errors import (
     UNKNOWN_SOURCE,
     UNREADABLE,
 )
+from .names import SESSION_NAME_MAX
 
 REQUIRED: Any = ...  # marks an argument without a default
 
@@ -91,14 +92,16 @@ class Arg:
     elsewhere); ``source`` values (a breakpoint's file) too, but only where that file
     exists, else they go as typed for the debuggee to find (its cwd, then its import
     path: ``torch/nn/modules/linear.py``); ``text`` may be ``-`` on the CLI to read
-    standard input.  ``nargs="*"``: on the CLI the flag takes zero or more values.
+    standard input; ``session`` is a session's name (``names.py``: the OpenAPI document
+    carries its pattern, so a name it allows is a name).  ``nargs="*"``: on the CLI the
+    flag takes zero or more values.
     """
 
     name: str
     type: Any
     help: str
     default: Any = None
-    kind: Literal["plain", "path", "text", "source"] = "plain"
+    kind: Literal["plain", "path", "text", "source", "session"] = "plain"
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
@@ -198,6 +201,8 @@ STORE_SESSION = Arg(
     "session",
     str,
     "read the run store of this session (default: none; see home)",
+    kind="session",
+    max_length=SESSION_NAME_MAX,
     flag="--session",
     short="-s",
 )
@@ -625,6 +630,8 @@ VERBS: tuple[Verb, ...] = (
                 str,
                 "also evaluate it in this paused session (the reference beside the port): "
                 "both values and their difference",
+                kind="session",
+                max_length=SESSION_NAME_MAX,
             ),
         ),
         errors=(*PAUSED_ERRORS, EVAL_ERROR, EVAL_TIMEOUT, EVAL_INTERRUPTED),

@@ -52,6 +52,9 @@ ENV = "MLDBG_CAPTURE"
 MAX_MODELS = 64  # models (captures) one process may open; more are run uncaptured
 # The longest NAME: room left in a capture name's 100 characters for ".64" and "@rank99999".
 MAX_NAME = 100 - len(f".{MAX_MODELS}") - len("@rank99999")
+MAX_CALLED = 20  # class names of outermost calls kept, to say what a pattern could match
+MAX_PROBLEM = 2_000  # characters of one problem kept in run.json
+MAX_PROBLEMS = 20  # problems kept in run.json
 _MARK = "_mldbg_zero_edit"
 _RECORDING = "_mldbg_capture_layer"  # mlx_wrappers' recording classes: never wrapped
 
@@ -164,6 +167,8 @@ class Tracker:
         self.closed = False
         self.problems: list[str] = []
         self.without_within: list[str] = []  # models without the ``within`` module
+        # classes of the outermost module calls: what a ``models`` pattern could have named
+        self.called: dict[str, None] = {}
 
     # -- the wrapper body shared by both frameworks -------------------------------------------
 
@@ -229,6 +234,8 @@ class Tracker:
         if state.in_model:
             return None
         if not state.depth:
+            if len(self.called) < MAX_CALLED:
+                self.called.setdefault(type(module).__name__)
             matching = [m for m in self._owners(module) if self._matches(m)]
             if matching:
                 return matching[-1]
@@ -378,12 +385,16 @@ class Tracker:
             model.capture.close_when_idle()
 
     def finish(self) -> None:
-        """Close every open capture (writes each ``capture.json``); later calls run plain."""
+        """Close every open capture (writes each ``capture.json``); later calls run plain.
+        What could not be done is said on stderr and kept in run.json (``capture_problems``):
+        a pattern that matched no model made no capture, so no capture.json can say it."""
         with self.lock:
             self.closed = True
             for model in self.models.values():
                 if model.open:
                     self._close(model)
+            if self.spec.models is not None and not self.models:
+                self._say(self._matched_nothing())
             if self.without_within and all(c.index_only for c in self.captures()):
                 shown = self.without_within[:3]
                 more = len(self.without_within) - len(shown)
@@ -393,8 +404,36 @@ class Tracker:
                     + "; ".join(shown)
                     + (f"; and {more} more" if more else "")
                 )
-                self.problems.append(message)
-                print(message, file=sys.stderr)
+                self._say(message)
+            self._keep_problems()
+
+    def _matched_nothing(self) -> str:
+        patterns = ", ".join(repr(p) for p in self.spec.models or ())
+        called = ", ".join(self.called) or "none (no torch or MLX module was called)"
+        more = " …" if len(self.called) >= MAX_CALLED else ""
+        return (
+            f"mldbg capture {self.spec.name!r}: no model matched --capture-model {patterns}; "
+            f"nothing was captured. Classes of the outermost module calls: {called}{more}"
+        )
+
+    def _say(self, message: str) -> None:
+        self.problems.append(message)
+        print(message, file=sys.stderr)
+
+    def _keep_problems(self) -> None:
+        """Add this process's problems to its run's run.json, bounded (never raises: the
+        script's end must not fail on it)."""
+        if not self.problems:
+            return
+        from .store.current_run import current_run
+
+        try:
+            run = current_run()
+            kept = run.read_meta().get("capture_problems") or []
+            problems = [*kept, *(p[:MAX_PROBLEM] for p in self.problems)][:MAX_PROBLEMS]
+            run.update_meta(capture_problems=problems)
+        except (OSError, ValueError) as exc:
+            print(f"mldbg capture: run.json not updated: {exc}", file=sys.stderr)
 
     def captures(self) -> list[Capture]:
         return [m.capture for m in self.models.values() if m.capture is not None]

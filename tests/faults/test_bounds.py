@@ -236,3 +236,43 @@ def test_the_classic_routes_have_the_same_limits(api: Api) -> None:
     ]:
         error = api.post(path, body, expect=400)
         assert error["code"] == "too_long", (path, error)
+
+
+def _marked(text: str, marks: int = 1) -> tuple[int, int]:
+    """(bytes the text's cut markers say were left out, bytes of text kept)."""
+    import re
+
+    found = re.findall(r"…\[(\d+) bytes cut\]…", text)
+    assert len(found) == marks, text[-200:]
+    kept = re.sub(r"…\[\d+ bytes cut\]…", "", text)
+    return sum(int(n) for n in found), len(kept.encode())
+
+
+def test_a_text_cut_twice_says_everything_that_was_cut() -> None:
+    """The agent caps a message, the daemon caps it again: the second marker said what the
+    second cut removed ("[26 bytes cut]" of a 100 MB message), not the whole."""
+    text = "ValueError: " + "z" * 1_000_000
+    once, cut = budget.cap(text, budget.MESSAGE)
+    assert cut and len(once.encode()) <= budget.MESSAGE
+    assert budget.cap(once, budget.MESSAGE) == (once, False)  # what fits is never cut again
+    for keep in ("head", "tail"):
+        first, _ = budget.cap(text, 8_000, keep)
+        again, _ = budget.cap(first, 1_000, keep)
+        left, kept = _marked(again)
+        assert len(again.encode()) <= 1_000 and left + kept == len(text.encode()), keep
+
+
+def test_cut_markers_say_what_was_cut_from_an_evaluation(session, write) -> None:
+    script = write("values.py", "x = 1\n")
+    session.start(script)
+    answer = session.eval('"x" * 100_000_000')
+    assert answer["result_truncated"] is True
+    assert answer["result"].endswith("… (100000000 chars)"), answer["result"][-60:]
+    assert len(answer["result"].encode()) <= budget.VALUE
+    error = session.eval('raise ValueError("z" * 100_000_000)', expect=400)
+    left, kept = _marked(error["error"])
+    assert left + kept == len("ValueError: ") + 100_000_000
+    # its line of the message cut, and the whole cut to its tail: the markers say both
+    left, kept = _marked(error["traceback"], marks=2)
+    assert left > 100_000_000 - kept  # the traceback holds the whole message, and more
+    session.terminate()

@@ -305,11 +305,12 @@ def test_forty_waits_do_not_starve_the_daemon(api, write, tmp_path: Path) -> Non
 
 
 def _pretend_older(daemon: Daemon) -> None:
-    """Make the running daemon look started by another mldbg (an upgrade since)."""
-    path = daemon.config / "server.json"
-    info = json.loads(path.read_text())
-    info.pop("verbs", None)  # what a daemon from before the fingerprint publishes
-    path.write_text(json.dumps(info))
+    """Make the running daemon look started by another mldbg (an upgrade since): both
+    descriptions it wrote, server.json and its lock's copy (which clients trust first)."""
+    for path in (daemon.config / "server.json", daemon.config / "daemon.lock"):
+        info = json.loads(path.read_text())
+        info.pop("verbs", None)  # what a daemon from before the fingerprint publishes
+        path.write_text(json.dumps(info))
 
 
 def _cli(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,12 +1,17 @@
 """Fuzzing as a test: nothing an agent sends takes the tool down.
 
-Three surfaces, each driven by generated input against real parts (the slow tier of
+Four surfaces, each driven by generated input against real parts (the slow tier of
 ``make test``, each bounded to a fixed number of derandomized examples):
 
 * the MCP tools through the real SDK client against ``mldbg mcp`` and a paused session:
   unicode, control characters, huge and nested values, wrong types, unknown arguments,
   and evaluations whose results hold lone surrogates.  Every call is answered (a result,
   or a tool error carrying ``{"error", "code"}``), and the server and the session live on;
+* raw JSON-RPC frames written to ``mldbg mcp``'s stdin, as no SDK client would send them:
+  envelopes truncated, spliced with NULs, invalid UTF-8, lone-surrogate escapes, stray
+  brackets, wrapped in deep nesting.  Each is answered as JSON-RPC says (a request by its
+  id, anything unreadable by an error with id null), every line the server writes is a
+  JSON-RPC message, and the next request is served;
 * the CLI's argument parser (in-process, no daemon): any argument list parses or is a
   usage error, never a traceback;
 * the REST API through schemathesis with its conformance checks on: no 5xx, every status
@@ -24,6 +29,7 @@ from typing import Any
 import anyio
 import pytest
 from daemons import start_body
+from test_mcp_frames import RawMcp
 
 from conftest import Api, line_of
 
@@ -156,6 +162,132 @@ def test_fuzzing_the_mcp_tools_never_takes_the_server_down(
         assert len(calls) >= 100
     finally:
         api.post("/v1/sessions/fuzzed/terminate")
+
+
+# -- raw MCP frames ----------------------------------------------------------------------
+
+# quick to answer, so each frame's answer comes before long (tools/call goes to the daemon)
+_METHODS = ["ping", "tools/list", "prompts/list", "resources/list", "nope", "notifications/x"]
+_json_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),  # lone surrogates included: json.dumps escapes them ("\udcff")
+)
+_json_value = st.recursive(
+    _json_scalar,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+_ids = st.one_of(
+    st.integers(min_value=1000, max_value=1 << 40),
+    st.text(min_size=1, max_size=12).map(lambda t: "f-" + t),
+    st.sampled_from([None, True, 1.5, [], {}]),
+)
+_params = st.dictionaries(st.text(max_size=8), _json_value, max_size=3)
+_head = {
+    "jsonrpc": st.sampled_from(["2.0", "2.0", "2.0", "1.0", 2]),
+    "method": st.sampled_from(_METHODS) | st.text(max_size=10),
+}
+_envelope = st.one_of(
+    st.fixed_dictionaries({**_head, "id": _ids}, optional={"params": _params}),
+    st.fixed_dictionaries(_head, optional={"params": _params}),  # a notification
+).map(lambda message: json.dumps(message).encode())
+_splices = st.sampled_from(
+    [b"\x00", b"\xff", b"\xc3", b'"', b"{", b"[", b"]", b"}", b",", b":", b"\\", b"\\udcff"]
+)
+
+
+def _mutated(frame: bytes, how: str, at: int, splice: bytes, depth: int) -> bytes:
+    at = at % (len(frame) + 1)
+    if how == "truncate":
+        return frame[:at] or b"{"
+    if how == "splice":
+        return frame[:at] + splice + frame[at:]
+    if how == "nest":
+        return b"[" * depth + frame + b"]" * depth
+    return frame
+
+
+_frames = st.one_of(
+    st.builds(
+        _mutated,
+        _envelope,
+        st.sampled_from(["keep", "keep", "keep", "truncate", "splice", "splice", "nest"]),
+        st.integers(min_value=0, max_value=1 << 16),
+        _splices,
+        st.integers(min_value=1, max_value=200_000),
+    ),
+    st.binary(min_size=1, max_size=64),
+).filter(lambda frame: b"\n" not in frame and b"\r" not in frame and frame.strip())
+
+
+def _answered_by_id(frame: bytes) -> object:
+    """The id a request in ``frame`` is answered with (``...`` when none is owed one)."""
+    try:
+        message = json.loads(frame)
+    except (ValueError, RecursionError):
+        return None  # unreadable: an error with id null
+    if not isinstance(message, dict):
+        return None
+    found = message.get("id")
+    usable = isinstance(found, int | str) and not isinstance(found, bool)
+    if "method" in message and "id" in message:  # a request: answered by its id if usable
+        return found if usable and not _has_surrogate(found) else None
+    return ...  # a notification or a response: nothing is owed
+
+
+def _has_surrogate(value: object) -> bool:
+    return isinstance(value, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+
+
+def test_fuzzing_raw_mcp_frames_every_request_is_answered(
+    config_dir: Path, daemon: dict[str, Any]
+) -> None:
+    frames: list[bytes] = []
+
+    @settings(
+        max_examples=300,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(frame=_frames)
+    def collect(frame: bytes) -> None:
+        frames.append(frame)
+
+    collect()
+    raw = RawMcp(config_dir)
+    problems: list[str] = []
+    try:
+        for number, frame in enumerate(frames):
+            owed = _answered_by_id(frame)
+            probe = f"probe-{number}"
+            raw.send(frame)
+            raw.send(json.dumps({"jsonrpc": "2.0", "id": probe, "method": "ping"}).encode())
+            got: list[dict[str, Any]] = []
+            while not any(a.get("id") == probe for a in got) or (
+                owed is not ... and not any(a.get("id") == owed for a in got)
+            ):
+                answer = raw.receive()
+                if answer.get("jsonrpc") != "2.0" or not ("result" in answer or "error" in answer):
+                    problems.append(f"{frame[:120]!r}: not a JSON-RPC answer: {answer}")
+                    break
+                error = answer.get("error")
+                if error is not None and not (
+                    isinstance(error.get("code"), int) and error.get("message")
+                ):
+                    problems.append(f"{frame[:120]!r}: an error without code or message: {error}")
+                got.append(answer)
+        raw.still_serves(10**9)
+    finally:
+        raw.close()
+    assert not problems, "\n".join(problems[:20])
+    assert len(frames) >= 200
 
 
 _flags = sorted(

@@ -27,6 +27,7 @@ from ..errors import (
     NOT_A_SOURCE_FILE,
     BreakpointError,
 )
+from .compiling import compile_text
 from .exception_breaks import ExceptionBreak, ExceptionBreaks
 from .paths import canonical, canonical_code_file
 
@@ -56,7 +57,7 @@ def parse_hits(spec: str | int | None) -> tuple[str, int] | None:
 
 def compile_expression(text: str, what: str, code: str = "bad_condition") -> CodeType:
     try:
-        return compile(text, f"<{what}>", "eval")
+        return compile_text(text, f"<{what}>", "eval")
     except (SyntaxError, ValueError) as exc:
         message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
         raise BreakpointError(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
+from ..own_work import own_work
 from . import protocol as P
 from . import threads as T
 from .breakpoints import (
@@ -150,7 +151,8 @@ class Debugger(ThreadHolding):
         """Apply condition, hit count and logpoint; True when this hit stopped the thread."""
         if condition is None and bp.condition_code is not None:
             try:
-                condition = bool(eval(bp.condition_code, frame.f_globals, frame.f_locals))
+                with own_work():  # the user's condition, not an operation of the model
+                    condition = bool(eval(bp.condition_code, frame.f_globals, frame.f_locals))
             except Exception as exc:
                 condition = exc
         if isinstance(condition, BaseException):  # a broken condition stops: the user sees why
@@ -167,7 +169,8 @@ class Debugger(ThreadHolding):
         if not bp.hit_matches():
             return False
         if bp.log_parts is not None:
-            message = format_log(bp, frame)
+            with own_work():
+                message = format_log(bp, frame)
             stream = sys.__stdout__
             if stream is not None:
                 stream.write(message + "\n")
@@ -305,7 +308,9 @@ class Debugger(ThreadHolding):
             return
         self._busy.add(me)
         try:
-            with self._stop_lock:
+            # what the stop runs on this thread (watches, summaries, every command served
+            # while paused: eval, vars...) is the debugger's, never the model's operations
+            with self._stop_lock, own_work():
                 if reason == "pause" and not self._pause_flag:
                     return  # another thread already answered the pause
                 self._pause_flag = False

@@ -16,6 +16,7 @@ from types import CodeType, FrameType
 
 from .. import budget
 from ..errors import EvalError
+from .compiling import compile_text, parse
 from .interrupt import EvalInterrupt
 
 
@@ -33,7 +34,8 @@ def declares_global(source: str) -> bool:
     """Does the code say ``global NAME``?  Then it means the frame's real globals, and it
     runs against them directly (no overlay of the locals, see ``FrameNamespace.run``)."""
     try:
-        return any(isinstance(node, ast.Global) for node in ast.walk(ast.parse(source)))
+        tree = parse(source, "<mldbg-eval>", "exec")
+        return any(isinstance(node, ast.Global) for node in ast.walk(tree))
     except (SyntaxError, ValueError):
         return False
 
@@ -43,14 +45,11 @@ def compile_input(source: str) -> tuple[list[CodeType] | None, CodeType | None]:
     if not source.strip():
         raise EvalError("nothing to evaluate: the expression is empty", {"type": "ValueError"})
     try:
-        tree = ast.parse(source, "<mldbg-eval>", "exec")
+        tree = parse(source, "<mldbg-eval>", "exec")
     except ValueError as exc:  # NUL bytes
         raise EvalError(f"cannot compile: {exc}", {"type": "ValueError"}) from None
     except SyntaxError as exc:
-        raise EvalError(
-            f"syntax error: {exc.msg} (line {exc.lineno}, column {exc.offset})",
-            {"type": "SyntaxError", "line": exc.lineno, "offset": exc.offset, "text": exc.text},
-        ) from None
+        raise _syntax_error(exc) from None
     last = tree.body[-1] if tree.body else None
     body, tail = tree.body, None
     if isinstance(last, ast.Expr):
@@ -63,19 +62,29 @@ def compile_input(source: str) -> tuple[list[CodeType] | None, CodeType | None]:
         groups = [body] if together else [[node] for node in body]
         statements = (
             [
-                compile(ast.Module(body=group, type_ignores=[]), "<mldbg-eval>", "exec")
+                compile_text(ast.Module(body=group, type_ignores=[]), "<mldbg-eval>", "exec")
                 for group in groups
             ]
             if body
             else None
         )
-        expression = compile(tail, "<mldbg-eval>", "eval") if tail is not None else None
+        expression = compile_text(tail, "<mldbg-eval>", "eval") if tail is not None else None
     except SyntaxError as exc:
-        raise EvalError(
-            f"syntax error: {exc.msg} (line {exc.lineno}, column {exc.offset})",
-            {"type": "SyntaxError", "line": exc.lineno, "offset": exc.offset, "text": exc.text},
-        ) from None
+        raise _syntax_error(exc) from None
     return statements, expression
+
+
+def _syntax_error(exc: SyntaxError) -> EvalError:
+    where = f" (line {exc.lineno}, column {exc.offset})" if exc.lineno is not None else ""
+    return EvalError(
+        budget.capped(f"syntax error: {exc.msg}{where}", budget.MESSAGE),
+        {
+            "type": "SyntaxError",
+            "line": exc.lineno,
+            "offset": exc.offset,
+            "text": None if exc.text is None else budget.capped(exc.text, budget.MESSAGE),
+        },
+    )
 
 
 class FrameNamespace:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from types import CodeType
 
 from ..errors import InstrumentError
+from .compiling import compile_text, depth, parse
 
 HOOK = "__mldbg_bp__"
 # Second argument of the hook: what the compiled code already decided about the line.
@@ -70,6 +71,9 @@ _NOT_INLINE = (
 
 # Statements whose first line fires more than one line event per execution, or whose
 # first line event comes after code on other lines ran (decorators): they need arming.
+# The deepest condition compiled into the code (see parse_condition); deeper ones are
+# evaluated by the debugger.  Real conditions nest a few levels.
+INLINE_DEPTH = 100
 _REPEATING = (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # Code objects compiled from an expression inside another scope's statement.
@@ -172,10 +176,15 @@ def _hook_statement(stmt: ast.stmt, line: int, arm: bool) -> ast.stmt:
 
 
 def parse_condition(condition: str) -> ast.expr | None:
-    """The condition's expression, or None when it cannot be compiled in (see the module doc)."""
+    """The condition's expression, or None when it cannot be compiled in (see the module
+    doc).  Nested deeper than ``INLINE_DEPTH``, it is not compiled in either: copying it
+    into the function and compiling that recurse once per level (``RecursionError``), so
+    the debugger evaluates it instead, as it does every condition it cannot compile in."""
     try:
-        tree = ast.parse(condition.strip(), "<condition>", "eval")
+        tree = parse(condition.strip(), "<condition>", "eval")
     except (SyntaxError, ValueError):
+        return None
+    if depth(tree, INLINE_DEPTH + 1) > INLINE_DEPTH:
         return None
     if any(isinstance(node, _NOT_INLINE) for node in ast.walk(tree)):
         return None
@@ -297,7 +306,7 @@ def instrument_source(
     ``inline_only``, only those lines get anything, and only if compiled in.
     """
     try:
-        plain = compile(source, file, "exec", dont_inherit=True)
+        plain = compile_text(source, file, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
         raise InstrumentError(f"{file} does not compile: {exc}") from None
     asked = {line: text for line, text in (conditions or {}).items() if line in lines}
@@ -334,7 +343,7 @@ def _build(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            module = compile(tree, file, "exec", dont_inherit=True)
+            module = compile_text(tree, file, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:  # e.g. a hook in front of `from __future__`
         raise InstrumentError(f"{file} cannot take a hook: {exc}") from None
     result = Instrumented(file, lines, plain, module)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from types import CodeType, FrameType
 
 from ..errors import TemplateError
+from .compiling import compile_text, parse
 
 MAX_FIELD = 1000  # characters of one field's text
 MAX_MESSAGE = 8000  # characters of a whole message
@@ -51,7 +52,7 @@ def compile_template(template: str) -> list[Part]:
         raise TemplateError("the message holds a NUL byte")
     quote = _quote_for(template)
     try:
-        tree = ast.parse(f"f{quote}{template}{quote}", "<log message>", "eval")
+        tree = parse(f"f{quote}{template}{quote}", "<log message>", "eval")
     except SyntaxError as exc:
         raise TemplateError(exc.msg) from None
     body = tree.body
@@ -59,7 +60,12 @@ def compile_template(template: str) -> list[Part]:
         return [str(body.value)]
     if not isinstance(body, ast.JoinedStr):  # pragma: no cover - the parser guarantees it
         raise TemplateError("not an f-string")
-    return _parts(body, template)
+    try:
+        return _parts(body, template)
+    except SyntaxError as exc:  # a field nested too deeply to compile
+        raise TemplateError(exc.msg) from None
+    except RecursionError:  # or to unparse (ast.unparse recurses in Python)
+        raise TemplateError("a replacement field is nested too deeply") from None
 
 
 def _parts(node: ast.JoinedStr, template: str) -> list[Part]:
@@ -71,7 +77,7 @@ def _parts(node: ast.JoinedStr, template: str) -> list[Part]:
             expression = ast.Expression(value.value)
             ast.fix_missing_locations(expression)
             source = ast.unparse(value.value)
-            code = compile(expression, "<log expression>", "eval")
+            code = compile_text(expression, "<log expression>", "eval")
             spec = value.format_spec
             parts.append(
                 Field(

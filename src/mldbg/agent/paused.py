@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypedDict, cast
 from .. import budget
 from ..errors import INTERNAL, NO_SUCH_FRAME, NOT_PAUSED, CommandError
 from . import protocol as P
+from .compiling import compile_text
 from .evaluation import EvalError, FrameNamespace
 from .interrupt import EvalInterrupt, Interruptible
 from .paths import canonical_code_file, is_library_file, is_mldbg_file
@@ -201,7 +202,7 @@ class PausedThread:
         for item in items[:64]:
             expression = str(item.get("expression", ""))
             try:
-                code = compile(expression, "<watch>", "eval")
+                code = compile_text(expression, "<watch>", "eval")
             except (SyntaxError, ValueError) as exc:
                 values.append({**cast("R.Watch", item), "error": f"{type(exc).__name__}: {exc}"})
                 continue
@@ -413,11 +414,13 @@ class PausedThread:
                 exc.code,
             ) from None
         described = summary.summarize(value, force=True)  # asked for: a lazy array runs now
+        repr_cut = False
         if summary.is_tensor(value):  # its one line comes from the same stats: computed once
             text = summary.one_line_from_summary(described, 1000)
-        else:
-            text = summary.safe_repr(value)
+        else:  # within the budget already: its "… (N chars)" says what was left out
+            text, repr_cut = summary.repr_within(value, budget.VALUE)
         text, result_cut = budget.cap(text, budget.VALUE)
+        result_cut = result_cut or repr_cut
         output, output_cut = budget.cap(
             printed.getvalue(), budget.EVAL_OUTPUT, "tail", dropped=printed.dropped
         )

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
+from ..own_work import own_work
 from .bounds import IndexGuard, OutOfRange
 from .paths import canonical_code_file, is_mldbg_file
 
@@ -498,6 +499,11 @@ def _check(value: object, rule: Tripwire | None, framework: str, prefix: str) ->
     """Every tensor in ``value`` (walked into tuples, lists, dicts) that breaks ``rule``."""
     if rule is None:
         return []
+    with own_work():  # its checks are not the model's operations
+        return _checked(value, rule, framework, prefix)
+
+
+def _checked(value: object, rule: Tripwire, framework: str, prefix: str) -> list[Found]:
     found: list[Found] = []
     count = 0
     for name, tensor in _tensors(value, prefix, 0):

@@ -14,6 +14,7 @@ from types import CodeType
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import BAD_ARGUMENT, BAD_EXPRESSION, NO_SUCH_WATCH, TOO_MANY_WATCHES, BreakpointError
+from .compiling import compile_text
 
 if TYPE_CHECKING:
     from .. import results as R
@@ -59,7 +60,7 @@ class Watches:
                     code=TOO_MANY_WATCHES,
                 )
             try:
-                code = compile(expression, "<watch>", "eval")
+                code = compile_text(expression, "<watch>", "eval")
             except (SyntaxError, ValueError) as exc:
                 message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
                 raise BreakpointError(

@@ -17,7 +17,8 @@ is recorded like a module call nested in it, at path ``<module>:op<N>.<op name>`
 
 Names differ between frameworks (torch's ``mul`` + ``cat`` + ``add`` is MLX's one
 ``fast.rope``), so compare aligns operations by value, not name (``compare/culprit/ops.py``).
-What the recorder itself does (copying a tensor to write it) is never an operation.
+What the recorder itself does (copying a tensor to write it) is never an operation, nor is
+any other work of mldbg's on that thread (``own_work.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ..own_work import doing_own_work
 from .recorder import SKIPPED, Recorder
 from .sensitivity import measuring
 from .store import module_label
@@ -140,7 +142,15 @@ class OpScope:
         return not frames
 
     def active(self) -> bool:
-        return bool(self._frames()) and not self.recorder.busy() and not measuring()
+        """A wanted call is open on this thread, and what runs now is the model's: not the
+        recorder's copies, a sensitivity re-run, or mldbg's own work (``own_work``: a
+        checkpoint, ``debug_save``, the debugger at a stop, the capture's measurements)."""
+        return (
+            bool(self._frames())
+            and not self.recorder.busy()
+            and not measuring()
+            and not doing_own_work()
+        )
 
     def record(
         self,

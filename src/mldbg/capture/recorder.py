@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..own_work import own_work
 from ..store.runs import PRIVATE_FILE
 from .budget import Policy
 from .device_async import DeviceClock, Mark
@@ -317,7 +318,7 @@ class Recorder:
         ``seconds``."""
         if not self.wants_sensitivity(seq):
             return None
-        with self._capture_work():
+        with self._capture_work(), own_work():
             return measure(seq in self._with_children)  # {"sensitivity", "step"}, or None
 
     def exit(
@@ -340,7 +341,8 @@ class Recorder:
             self._local.busy -= 1
         if self.on_idle is not None and not self._stack():
             then, self.on_idle = self.on_idle, None
-            then()
+            with own_work():  # closing the capture: its writes are not the model's
+                then()
 
     def _exit(
         self,

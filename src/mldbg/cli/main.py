@@ -430,10 +430,10 @@ def run_command(args: argparse.Namespace, as_json: bool) -> int:
 
     if args.verb == "serve":
         if args.stop:
-            from ..client.api import connect
+            from ..client.api import stop_daemon
 
             try:
-                client = connect(autostart=False, any_mldbg=True)
+                data = stop_daemon()
             except MldbgError as exc:
                 if exc.code != NO_DAEMON:
                     raise
@@ -443,9 +443,13 @@ def run_command(args: argparse.Namespace, as_json: bool) -> int:
                 else:
                     render.out.print("no mldbg daemon is running; nothing to stop")
                 return 0
-            data = client.request("POST", "/v1/shutdown", body={})
             if as_json:
                 print(json.dumps(data))
+            elif data["forced"]:
+                render.out.print(
+                    f"stopped the mldbg daemon (pid {data['pid']}) with {data['forced']}: it "
+                    "did not end itself in time; its sessions end themselves"
+                )
             else:
                 render.out.print(f"stopped the mldbg daemon (pid {data['pid']})")
             return 0

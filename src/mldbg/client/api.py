@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -32,6 +33,7 @@ from ..errors import (
     DAEMON_BUSY,
     DAEMON_SKEW,
     DAEMON_START_FAILED,
+    DAEMON_STUCK,
     DAEMON_UNREACHABLE,
     NO_DAEMON,
     DaemonError,
@@ -39,6 +41,8 @@ from ..errors import (
 )
 from ..names import check_session_name
 from ..server.config import (
+    STOP_BACKSTOP,
+    STOP_DEADLINE,
     ServerInfo,
     config_dir,
     daemon_lock_held,
@@ -263,17 +267,16 @@ def _healthy(info: ServerInfo, timeout: float = 3.0) -> bool:
 def _find_daemon() -> ServerInfo | None:
     """The live daemon's description, or None if there is none.
 
-    The daemon's lock (``config.daemon_lock_held``) says whether one lives; its
-    description comes from server.json, or, when that is missing or corrupt, from the
-    copy the daemon keeps in its lock file.  A server.json whose pid is alive but that no
-    lock backs is a daemon from before the lock existed: still used, never replaced.
+    The daemon's lock (``config.daemon_lock_held``) says whether one lives, and the
+    description its holder wrote there is the truth: server.json is only a copy, which
+    may be missing, corrupt or stale (another daemon's, or naming a URL nobody listens
+    on).  Without a readable lock description, server.json's is used.  A server.json whose
+    pid is alive but that no lock backs is a daemon from before the lock existed: still
+    used, never replaced.
     """
     info = read_server_info()
     if daemon_lock_held():
-        held = read_lock_info()
-        if held is not None and (info is None or info.get("pid") != held.get("pid")):
-            return held
-        return info
+        return read_lock_info() or info
     if info is not None and _pid_alive(info) and not lock_file().exists():
         return info
     return None
@@ -363,6 +366,101 @@ def _retire(info: ServerInfo) -> None:
     while time.monotonic() < deadline and (_pid_alive(info) or daemon_lock_held()):
         time.sleep(0.05)
     print(f"mldbg: {where}; it had no live session and was replaced", file=sys.stderr)
+
+
+# -- stopping the daemon -------------------------------------------------------------------
+
+# How long `serve --stop` waits for the daemon to end itself before it ends the process by
+# its pid: the daemon's own deadline, its C watchdog's, and a margin for a loaded machine.
+STOP_PATIENCE = STOP_DEADLINE + STOP_BACKSTOP + 5.0
+KILL_PATIENCE = 10.0  # after SIGKILL: only the kernel is left to act
+
+
+def stop_daemon() -> R.DaemonStopped:
+    """Stop the running daemon, and say "stopped" only once its process is gone.
+
+    It is asked over HTTP (``POST /v1/shutdown``), or with SIGTERM when it does not
+    answer, and ends itself within ``STOP_DEADLINE`` s whatever its threads do.  One that
+    cannot (a thread holding the GIL in C code: nothing of the daemon's Python runs) is
+    ended with SIGKILL past ``STOP_PATIENCE``, only while it still holds its lock (the pid
+    is still that daemon's); its debuggees notice and end themselves (``live_runs.py``).
+    ``NO_DAEMON`` when none runs; ``DAEMON_STUCK`` when the process outlives even that.
+    """
+    client = connect(autostart=False, any_mldbg=True)
+    info = client.info
+    pid = int(info["pid"])
+    started = time.monotonic()
+    try:
+        asked = _healthy(info) and _ask_to_stop(client)
+    finally:
+        client.close()
+    if not asked:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)  # the same clean stop, through its signal handler
+    forced = None
+    if not _wait_gone(pid, started + STOP_PATIENCE):
+        if _holds_the_lock(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                forced = "SIGKILL"
+        if not _wait_gone(pid, time.monotonic() + KILL_PATIENCE):
+            raise MldbgError(
+                f"the mldbg daemon (pid {pid}) is still running {time.monotonic() - started:.0f}"
+                " s after it was asked to stop; end it with: kill -9 "
+                f"{pid}",
+                code=DAEMON_STUCK,
+                pid=pid,
+            )
+    return {"stopped": True, "running": False, "pid": pid, "forced": forced}
+
+
+def _ask_to_stop(client: Client) -> bool:
+    """POST /v1/shutdown on a connection of its own, bounded in time: True once asked
+    (an answer, or a connection the stopping daemon dropped mid-answer)."""
+    conn = None
+    try:
+        conn = Connection(client.host, client.port, STOP_PATIENCE)
+        status, _ = conn.request("POST", "/v1/shutdown", b"{}", client.headers)
+    except TimeoutError:
+        return False  # it never answered: the signal asks it again
+    except OSError:
+        return True  # it closed the connection: it is stopping
+    finally:
+        if conn is not None:
+            conn.close()
+    return status == 200
+
+
+def _gone(pid: int) -> bool:
+    """Has process ``pid`` ended?  A zombie (ended, not yet reaped by its parent) has."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[:1] == ["Z"]
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc (macOS)
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _wait_gone(pid: int, deadline: float) -> bool:
+    while not _gone(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _holds_the_lock(pid: int) -> bool:
+    """Is ``pid`` still the daemon of this config directory (never kill a reused pid)?"""
+    held = read_lock_info() if daemon_lock_held() else None
+    return held is not None and held.get("pid") == pid
 
 
 def _start_daemon(directory: Path) -> ServerInfo:

@@ -397,4 +397,7 @@ def tool_names() -> list[str]:
 
 
 def run_stdio() -> None:
-    build_server().run("stdio")
+    """Serve over stdio through ``frames.serve``: every frame answered, within bounds."""
+    from .frames import serve
+
+    anyio.run(serve, build_server())

@@ -16,20 +16,28 @@ import contextlib
 import inspect
 import os
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any
 
 import anyio.to_thread
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import Scope
 from typing_extensions import TypedDict
 
 from .. import __version__, budget
 from .. import results as R
 from ..errors import BAD_ARGUMENT, BAD_PATH, BAD_SESSION_NAME, INTERNAL, TOO_LONG, MldbgError
-from ..names import SESSION_NAME_PATTERN, SESSION_NAME_RULE, check_session_name
+from ..names import (
+    SESSION_NAME_MAX,
+    SESSION_NAME_PATTERN,
+    SESSION_NAME_RULE,
+    check_session_name,
+)
 from ..verbs import VERBS, Arg, Verb
 from .classic import classic_router
 from .handlers import call
@@ -109,14 +117,19 @@ def _field(arg: Arg, strict: bool = False) -> tuple[object, object]:
         extra["le"] = arg.maximum
     if arg.type is str:
         extra["max_length"] = arg.max_length
+    if arg.kind == "session":
+        extra["pattern"] = SESSION_NAME_PATTERN
     annotation = arg.type
     if arg.choices:
         from typing import Literal
 
         annotation = Literal[arg.choices]  # type: ignore[valid-type]
-    if arg.required:
-        return annotation, Field(..., **extra)
-    return annotation | None, Field(arg.default, **extra)
+    annotation = annotation if arg.required else annotation | None
+    if arg.type is int and not arg.choices:
+        # 4497.0 is an integer to JSON Schema, and so to the OpenAPI document: taken as 4497
+        # (outside the optional: inside it, pydantic left ``ge`` unsaid in the schema)
+        annotation = Annotated[annotation, BeforeValidator(integral)]
+    return annotation, Field(... if arg.required else arg.default, **extra)
 
 
 def args_model(verb: Verb) -> type[BaseModel]:
@@ -162,7 +175,12 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
                 "name",
                 inspect.Parameter.POSITIONAL_OR_KEYWORD,
                 annotation=str,
-                default=Path(..., description="session name", pattern=SESSION_NAME_PATTERN),
+                default=Path(
+                    ...,
+                    description="session name",
+                    pattern=SESSION_NAME_PATTERN,
+                    max_length=SESSION_NAME_MAX,
+                ),
             )
         )
     if verb.method == "GET":
@@ -182,6 +200,7 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
                         ge=arg.minimum,
                         le=arg.maximum,
                         max_length=arg.max_length if arg.type is str else None,
+                        pattern=SESSION_NAME_PATTERN if arg.kind == "session" else None,
                     ),
                 )
             )
@@ -193,13 +212,16 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
             return run(session, kwargs)
 
     else:
-        body_default = Body(...) if any(a.required for a in verb.args) else Body(None)
+        # A body is required (an object) where an argument is; elsewhere it may be left
+        # out or null, meaning every default: the schema says which, and the route agrees
+        # (a `null` body the schema allowed was refused).
+        required = any(a.required for a in verb.args)
         params.append(
             inspect.Parameter(
                 "body",
                 inspect.Parameter.KEYWORD_ONLY,
-                annotation=model | None,
-                default=body_default,
+                annotation=model if required else model | None,
+                default=Body(...) if required else Body(None),
             )
         )
 
@@ -216,6 +238,21 @@ def _endpoint(manager: SessionManager, verb: Verb, model: type[BaseModel]) -> An
     endpoint.__name__ = f"verb_{verb.name}"
     endpoint.__doc__ = verb.description or verb.help
     return endpoint
+
+
+def integral(value: object) -> object:
+    """An integral number given as a float (``4497.0``) or as text in a query string
+    (``"4497.0"``, ``"1e3"``) as the int it is; anything else as given, for the int
+    validation to judge (a boolean is still no number, ``4497.5`` still no integer)."""
+    if isinstance(value, bool) or not isinstance(value, float | str):
+        return value
+    try:
+        number = Decimal(value.strip() if isinstance(value, str) else value)
+    except (InvalidOperation, ValueError):
+        return value
+    if number.is_finite() and number == number.to_integral_value():
+        return int(number)
+    return value
 
 
 def _nul_at(value: object, where: str) -> str | None:
@@ -320,9 +357,13 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
         code = {404: "no_such_route", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = f"{request.method} {request.url.path}: {exc.detail}"
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method the path takes, not only one route's
+            headers["Allow"] = ", ".join(_allowed(app, request.scope))
         return SafeJSONResponse(
             status_code=exc.status_code,
             content={"error": budget.capped(message, 500), "code": code},
+            headers=headers,
         )
 
     @app.exception_handler(Exception)
@@ -362,7 +403,11 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
 
     @app.post("/v1/shutdown", responses=ERROR_RESPONSES)
     def shutdown() -> dict[str, Any]:
-        """Terminate every session and stop the daemon."""
+        """Terminate every session and stop the daemon: gone within ``STOP_DEADLINE`` s
+        of this call, whatever its other threads are doing (``serve.Stop``)."""
+        arm = getattr(app.state, "arm_stop", None)
+        if arm is not None:
+            arm()  # first: ending the sessions is bounded by the deadline too
         manager.shutdown()
         stop = getattr(app.state, "stop", None)
         if stop is not None:
@@ -398,6 +443,18 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
     app.add_middleware(SecurityMiddleware, token=token, docs=docs)
     _document_every_answer(app)
     return app
+
+
+def _allowed(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods the request's path takes, for a 405's ``Allow``: every route that would
+    take the path with that method (one route per verb, so a path can hold two, status's
+    GET and forget's DELETE; the classic routes sit in an included router)."""
+    allowed = []
+    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"):
+        probe = {**scope, "method": method}
+        if any(route.matches(probe)[0] == Match.FULL for route in app.router.routes):
+            allowed.append(method)
+    return allowed
 
 
 def _document_every_answer(app: FastAPI) -> None:
@@ -442,6 +499,11 @@ def _document_every_answer(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+# The arguments that are session names (``Arg.kind == "session"``), beside a session
+# verb's path: the pattern of either refuses a name as ``bad_session_name``.
+SESSION_ARGS = frozenset(a.name for v in VERBS for a in v.args if a.kind == "session")
+
+
 def validation_error(errors: Any) -> ErrorBody:
     """pydantic's complaint as mldbg's error: which argument, what was wrong, no URLs."""
     problems = []
@@ -452,7 +514,11 @@ def validation_error(errors: Any) -> ErrorBody:
         name = ".".join(loc) or "request body"
         argument = argument or name
         kind = error.get("type", "")
-        if tuple(error.get("loc", ()))[:2] == ("path", "name"):
+        where = tuple(error.get("loc", ()))
+        named = where[:2] == ("path", "name") or (
+            len(where) == 2 and where[1] in SESSION_ARGS and kind == "string_pattern_mismatch"
+        )
+        if named:
             # the route's own pattern refused it: said as every other edge says it
             code = BAD_SESSION_NAME
             shown = budget.capped(repr(error.get("input")), 80)

@@ -23,6 +23,14 @@ from typing import IO, TypedDict, cast
 
 SERVER_JSON = "server.json"
 DAEMON_LOCK = "daemon.lock"
+# How long a daemon may take to stop once asked (SIGTERM, SIGINT, POST /v1/shutdown):
+# requests in flight and its sessions get this long, then the process exits whatever its
+# threads still do (``serve.py``).  ``mldbg serve --stop`` waits this long and a little
+# more before it ends the process by its pid (``client/api.py``: ``stop_daemon``).
+STOP_DEADLINE = 10.0
+# The daemon's last resort past STOP_DEADLINE, a watchdog in C (faulthandler) that exits
+# even while a thread holds the GIL in C code (a regex that backtracks for ages).
+STOP_BACKSTOP = 5.0
 
 
 class _DaemonAddress(TypedDict):

@@ -16,7 +16,7 @@ from ..errors import MldbgError, SessionBusy, SessionNotFound
 from ..names import check_session_name
 from ..store.runs import RunDir
 from ..verbs import fix
-from .children import Family
+from .children import ChildSession, Family
 from .sessions import Session, StartRequest
 
 
@@ -117,5 +117,20 @@ class SessionManager:
             self._sessions.pop(name, None)
 
     def shutdown(self) -> None:
-        for session in self.all():
-            session.terminate()
+        """End every session: the scripts all at once, each in a thread of its own, then
+        what is left of their children (ended with them, mostly).  A stop is bounded
+        (``config.STOP_DEADLINE``); one script after the other, each taking up to a few
+        grace periods to end, would add up past it."""
+        sessions = self.all()
+        roots = [s for s in sessions if not isinstance(s, ChildSession)]
+        ending = [
+            threading.Thread(target=s.terminate, name=f"mldbg-end-{s.name}", daemon=True)
+            for s in roots
+        ]
+        for thread in ending:
+            thread.start()
+        for thread in ending:
+            thread.join()
+        for session in sessions:
+            if session not in roots:
+                session.terminate()

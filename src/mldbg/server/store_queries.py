@@ -15,7 +15,15 @@ from typing import Any, TypeVar, cast
 
 from .. import budget
 from .. import results as R
-from ..store.runs import CHECKPOINTS, EVENTS, describe_run, iter_jsonl, list_runs, resolve_run
+from ..store.runs import (
+    CHECKPOINTS,
+    EVENTS,
+    describe_run,
+    is_dir,
+    iter_jsonl,
+    list_runs,
+    resolve_run,
+)
 
 CAPTURE_KEYS = (
     "name",
@@ -89,7 +97,10 @@ def captures(home: Path, run: str | None = None, limit: int = 50) -> R.Captures:
     """The module captures of every run (or of ``run``), newest first."""
     from ..compare.read.sources import find_captures, find_captures_in
 
-    found = find_captures_in(resolve_run(home, run).path) if run else find_captures(home)
+    if run:
+        found = find_captures_in(resolve_run(home, run).path)
+    else:  # a home that cannot be a directory (too long a name) holds no captures
+        found = find_captures(home) if is_dir(home) else []
     items = [
         cast("R.CaptureRecord", {k: c.get(k) for k in CAPTURE_KEYS} | {"path": c["path"]})
         for c in reversed(found)  # capture.json's fields, as the capture wrote them

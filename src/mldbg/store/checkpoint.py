@@ -20,6 +20,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .. import summary
+from ..own_work import own_work
 from . import current_run
 from .runs import CHECKPOINTS, JsonlWriter
 
@@ -180,7 +181,18 @@ def debug_checkpoint(
     """
     if _OFF:
         return
-    frame = sys._getframe(1)
+    with own_work():  # its summaries and copies are not the model's operations
+        _record(sys._getframe(1), name, skip, metadata, variables)
+
+
+def _record(
+    frame: FrameType,
+    name: str,
+    skip: bool,
+    metadata: Mapping[str, object] | None,
+    variables: dict[str, object],
+) -> None:
+    """``debug_checkpoint`` called from ``frame``: record, and pause there if asked."""
     asked = bool(variables)
     if not variables:
         variables = {k: v for k, v in frame.f_locals.items() if summary.is_tensor(v)}

@@ -319,10 +319,17 @@ def run_size(path: Path) -> int:
     return total
 
 
+def is_dir(path: Path) -> bool:
+    """Is ``path`` a directory?  A path that cannot name one (a part longer than the
+    system allows, a loop of links) is not: on 3.10/3.11 ``Path.is_dir`` raised for it, and
+    a run-store verb given a 4,096-character ``home`` answered an error, not "no runs"."""
+    return os.path.isdir(path)
+
+
 def list_runs(home: Path) -> list[RunDir]:
     """Runs, oldest first (by start time in the id's order of creation on disk)."""
     root = runs_root(home)
-    if not root.is_dir():
+    if not is_dir(root):
         return []
     runs = [RunDir(p) for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     return sorted(
@@ -366,7 +373,7 @@ def resolve_run(home: Path, spec: str | None) -> RunDir:
 
     if spec in (None, "", "latest"):
         link = home / "latest"
-        if link.exists():
+        if os.path.exists(link):  # (not Path.exists: it raises for too long a name)
             return RunDir(link.resolve())
         runs = list_runs(home)
         if not runs:
@@ -377,11 +384,11 @@ def resolve_run(home: Path, spec: str | None) -> RunDir:
         return runs[-1]
     assert spec is not None
     as_path = Path(spec).expanduser()
-    if as_path.is_dir():
+    if is_dir(as_path):
         return RunDir(as_path.resolve())
     root = runs_root(home)
     exact = root / spec
-    if exact.is_dir():
+    if is_dir(exact):
         return RunDir(exact)
     ids = [r.run_id for r in list_runs(home)]
     matches = [i for i in ids if i.startswith(spec)]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import dtypes
+from ..own_work import own_work
 from . import size as _store
 from .runs import PRIVATE_FILE, ignore_in_git, make_private_dirs, mldbg_home
 
@@ -148,6 +149,11 @@ def debug_save(tensor: Any, name: str, *, exit_after: bool = False) -> Path:
     ``exit_after=True`` ends the script cleanly (exit code 0) once the tensor is stored,
     for "run the reference up to here and hand me this tensor" workflows.
     """
+    with own_work():  # its copy and export are not the model's operations
+        return _save(tensor, name, exit_after)
+
+
+def _save(tensor: Any, name: str, exit_after: bool) -> Path:
     framework = _framework(tensor)
     path = _path(name)
     _guard(_nbytes(tensor, framework), path.parent.parent)
@@ -241,6 +247,11 @@ def debug_load(name: str, *, to: str | None = None) -> Any:
     ``to`` is ``"torch"``, ``"mlx"`` or ``"numpy"``; left out, the caller's framework
     (see :func:`_caller_framework`), so ``debug_load`` in an MLX script needs no torch.
     """
+    with own_work():  # its conversions are not the model's operations
+        return _load(name, to)
+
+
+def _load(name: str, to: str | None) -> Any:
     path = _path(name)
     if not path.exists():
         stored = [item["name"] for item in list_tensors()]

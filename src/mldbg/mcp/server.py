@@ -46,7 +46,7 @@ Sessions (`session`, default "default") run side by side; store tools read the s
 store, else `home`, else ./.mldbg.
 Answers are bounded: `truncated`/`next` say what is left and the call that gets it;
 offset/limit page every listing; texts are at most 4096 characters unless maxLength says.
-Errors: JSON with `code` and a `hint` (the call that fixes it). Any tool: bad_argument,
+Errors: JSON with `code` and a `hint` (the call that fixes it). Every tool: bad_argument,
 too_long, bad_session_name, daemon_unreachable; session tools: unknown_session, session_ended,
 not_paused, agent_timeout. The breakpoint errors: file_not_found, not_a_source_file,
 no_code_at_line (nearest_lines), bad_condition, bad_hits, bad_log, ambiguous_file,

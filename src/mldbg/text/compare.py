@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeAlias
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -18,6 +18,9 @@ from ..compare.report.answer import Selection
 from ..memory import human_size as _size
 from .console import call_text, err, out, print_table
 from .console import one_line as escape  # every text here is one line; names from captures too
+
+# One entry of a comparison (compare.records.EntryResult) as the table reads it.
+Entry: TypeAlias = "dict[str, Any]"
 
 FOLD = 6  # agreeing rows in a row beyond which the middle ones are folded
 UNPAIRED_SHOWN = 20  # unpaired names printed per side (all of them are in --json / --html)
@@ -37,7 +40,7 @@ def number(value: float | str | None) -> str:
     return f"{value:.2e}"
 
 
-def _shape(entry: dict[str, Any]) -> str:
+def _shape(entry: Entry) -> str:
     a, b = entry.get("shape_a"), entry.get("shape_b")
     text = "×".join(str(n) for n in a or []) or "scalar"
     if a != b:
@@ -48,14 +51,14 @@ def _shape(entry: dict[str, Any]) -> str:
     return text
 
 
-def _quant(entry: dict[str, Any]) -> str:
+def _quant(entry: Entry) -> str:
     quant = entry.get("quantized")
     if not quant:
         return ""
     return f" [dim]({quant.get('bits')}-bit, group {quant.get('group_size')}: expected)[/]"
 
 
-def _status(entry: dict[str, Any]) -> str:
+def _status(entry: Entry) -> str:
     if entry.get("error"):
         mark = "[bold red]◀ culprit[/] " if entry.get("culprit") else ""
         return f"{mark}[red]{escape(entry['error'])}[/]"
@@ -72,12 +75,12 @@ def _status(entry: dict[str, Any]) -> str:
     return f"{label} [dim]{mismatched}/{numel}{extra}[/]"
 
 
-def _rows(entries: list[dict[str, Any]], show_all: bool) -> list[dict[str, Any] | int]:
+def _rows(entries: list[Entry], show_all: bool) -> list[Entry | int]:
     """Entries to show, with an int standing for that many folded agreeing rows."""
     if show_all:
         return list(entries)
-    rows: list[dict[str, Any] | int] = []
-    run: list[dict[str, Any]] = []
+    rows: list[Entry | int] = []
+    run: list[Entry] = []
 
     def flush() -> None:
         if len(run) > FOLD:
@@ -167,7 +170,7 @@ def _table(with_local: bool) -> tuple[Table, list[tuple[str, str]]]:
     return table, columns
 
 
-def _cells(row: dict[str, Any], position: int, with_local: bool) -> list[str]:
+def _cells(row: Entry, position: int, with_local: bool) -> list[str]:
     dtype = row.get("dtype_a") or ""
     if row.get("dtype_b") != row.get("dtype_a"):
         dtype += f"/{row.get('dtype_b')}"
@@ -269,7 +272,7 @@ OP_CALLS_SHOWN = 4  # module calls whose operations are summed up (all are in --
 OPS_BEFORE = 2  # agreeing operations shown before the first diverging one
 
 
-def _print_estimates(entries: list[dict[str, Any]]) -> None:
+def _print_estimates(entries: list[Entry]) -> None:
     """How many entries a summary capture let compare only estimate, and how."""
     estimated = [e["estimated"] for e in entries if e.get("estimated")]
     if not estimated:

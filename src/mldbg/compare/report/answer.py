@@ -8,6 +8,7 @@ come only on request, paged, and every cut says what was left out and how to get
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Mapping
 from typing import Any
 
 from ... import budget
@@ -85,7 +86,7 @@ class Selection:
         }
         return {k: v for k, v in found.items() if v is not None}
 
-    def wants(self, entry: dict[str, Any]) -> bool:
+    def wants(self, entry: Mapping[str, object]) -> bool:
         if self.module is not None and not _matches_module(entry, self.module):
             return False
         if self.call is not None and entry.get("call") != self.call:
@@ -103,7 +104,7 @@ class Selection:
         )
 
 
-def statuses(entry: dict[str, Any]) -> set[str]:
+def statuses(entry: Mapping[str, object]) -> set[str]:
     """What ``status=`` finds an entry by (several may hold: a culprit also fails)."""
     found = {"passing" if entry.get("ok") else "failing"}
     if entry.get("culprit"):
@@ -117,7 +118,7 @@ def statuses(entry: dict[str, Any]) -> set[str]:
     return found
 
 
-def _matches_module(entry: dict[str, Any], pattern: str) -> bool:
+def _matches_module(entry: Mapping[str, object], pattern: str) -> bool:
     names = [str(entry.get("name") or ""), str(entry.get("module") or "")]
     if entry.get("module") is not None and entry.get("call") is not None:
         names.append(f"{entry['module']}#{entry['call']}")

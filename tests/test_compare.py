@@ -49,7 +49,7 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_directories_that_agree_exit_0(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
-    result = run_cli(tmp_path, str(dirs[0]), str(dirs[1]), "--json")
+    result = run_cli(tmp_path, str(dirs[0]), str(dirs[1]), "--json", "--all")
     assert result.returncode == 0, result.stdout + result.stderr
     data = as_json(result)
     assert data["ok"] and data["first_divergence"] is None
@@ -68,7 +68,7 @@ def test_first_diverging_entry_and_unpaired(tmp_path: Path, dirs: tuple[Path, Pa
     np.save(b / "step9.npy", np.load(a / "step9.npy") + 1)
     np.save(b / "extra.npy", np.zeros(3, np.float32))
     (a / "step11.npy").rename(a / "only_a.npy")
-    result = run_cli(tmp_path, str(a), str(b), "--json")
+    result = run_cli(tmp_path, str(a), str(b), "--json", "--all")
     assert result.returncode == 1, result.stdout + result.stderr
     data = as_json(result)
     assert not data["ok"]
@@ -91,7 +91,7 @@ def test_two_single_tensors_pair_whatever_their_names(tmp_path: Path) -> None:
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     np.save(tmp_path / "ours.npy", x)
     np.save(tmp_path / "theirs.npy", x)
-    result = run_cli(tmp_path, "ours.npy", "theirs.npy", "--json")
+    result = run_cli(tmp_path, "ours.npy", "theirs.npy", "--json", "--all")
     assert result.returncode == 0, result.stdout + result.stderr
     assert as_json(result)["entries"][0]["name_b"] == "theirs"
 
@@ -100,7 +100,7 @@ def test_channels_last_is_compared_after_the_transpose(tmp_path: Path) -> None:
     nchw = np.random.default_rng(1).standard_normal((2, 3, 5, 7)).astype(np.float32)
     np.save(tmp_path / "torch.npy", nchw)
     np.save(tmp_path / "mlx.npy", nchw.transpose(0, 2, 3, 1).copy())
-    data = as_json(run_cli(tmp_path, "torch.npy", "mlx.npy", "--json"))
+    data = as_json(run_cli(tmp_path, "torch.npy", "mlx.npy", "--json", "--all"))
     (entry,) = data["entries"]
     assert data["ok"] and entry["layout"] == "NHWC→NCHW" and entry["transpose"] == [0, 3, 1, 2]
     assert entry["max_abs"] == 0.0
@@ -119,7 +119,7 @@ def test_shape_mismatch_among_others_is_a_divergence(
 ) -> None:
     a, b = dirs
     np.save(b / "step3.npy", np.zeros((4, 6), np.float32))
-    data = as_json(run_cli(tmp_path, str(a), str(b), "--json"))
+    data = as_json(run_cli(tmp_path, str(a), str(b), "--json", "--all"))
     assert data["first_divergence"]["name"] == "step3"
     step3 = next(e for e in data["entries"] if e["name"] == "step3")
     assert step3["error"].startswith("shapes differ") and step3["max_abs"] is None
@@ -140,7 +140,9 @@ def test_bf16_from_torch_and_mlx_tensor_store(
         str(port / "h.safetensors"),
         {"tensor": mx.array(values.float().numpy()).astype(mx.bfloat16)},
     )
-    data = as_json(run_cli(tmp_path, str(tmp_path / "store" / "tensors"), str(port), "--json"))
+    data = as_json(
+        run_cli(tmp_path, str(tmp_path / "store" / "tensors"), str(port), "--json", "--all")
+    )
     (entry,) = data["entries"]
     assert data["ok"] and entry["dtype_a"] == entry["dtype_b"] == "BF16"
     assert entry["max_abs"] == 0.0 and entry["rtol"] == pytest.approx(1.6e-2)
@@ -238,7 +240,9 @@ def test_map_files_rename_and_bad_maps_are_bad_input(
     assert no_map.returncode == 2 and "--map" in no_map.stdout + no_map.stderr
     mapping = tmp_path / "map.json"
     mapping.write_text(json.dumps({"regex": [["^iter_", "step"]], "ignore": ["step1?"]}))
-    data = as_json(run_cli(tmp_path, str(a), str(renamed), "--map", str(mapping), "--json"))
+    data = as_json(
+        run_cli(tmp_path, str(a), str(renamed), "--map", str(mapping), "--json", "--all")
+    )
     assert data["ok"] and len(data["entries"]) == 10 and data["entries"][0]["name_b"] == "iter_0"
     for bad in (
         '{"regex": [["(", "x"]]}',
@@ -267,7 +271,7 @@ def test_a_dtype_without_metrics_is_an_entry_error_not_a_crash(
     a, b = dirs
     for side in (a, b):
         np.save(side / "spectrum.npy", np.ones(3, np.complex64))
-    data = as_json(run_cli(tmp_path, str(a), str(b), "--json"))
+    data = as_json(run_cli(tmp_path, str(a), str(b), "--json", "--all"))
     entry = next(e for e in data["entries"] if e["name"] == "spectrum")
     assert entry["ok"] is False and "complex" in entry["error"]
     assert sum(1 for e in data["entries"] if e["ok"]) == 12

@@ -231,6 +231,9 @@ BREAK_ERRORS = (
 PAUSED_ERRORS = (NOT_PAUSED, SESSION_ENDED, AGENT_TIMEOUT)
 RESUME_ERRORS = (NOT_PAUSED, SESSION_ENDED)
 
+# What compare's status filter finds an entry by (compare/report/answer.py, statuses()).
+COMPARE_STATUSES = ("failing", "passing", "culprit", "noted", "compensated", "error")
+
 # Zero-edit capture: `start --capture NAME` records the script's models, unmodified.
 CAPTURE_ARGS = (
     Arg(
@@ -886,7 +889,7 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "a",
                 str,
-                "reference: capture name, run id, RUN/NAME, directory or file",
+                "reference: capture, run id, RUN/NAME, directory or file",
                 REQUIRED,
                 positional=True,
             ),
@@ -896,33 +899,30 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "map",
                 dict[str, Any] | str,  # a map file, or the same map inline as a JSON object
-                "a map file of B's names: {rename, regex, ignore} (a JSON object works in MCP/REST)",
+                "B's names mapped: a map file, or {rename, regex, ignore} inline",
                 kind="path",
             ),
             Arg(
                 "layout",
                 str,
-                "how B's image tensors are laid out when shapes cannot tell",
+                "B's image layout where shapes cannot tell",
                 choices=("auto", "NCHW", "NHWC"),
             ),
-            Arg("replay", str, "a replay capture (mldbg.replay): show local errors, blame by them"),
+            Arg("replay", str, "a replay capture (mldbg.replay): judge by local errors"),
             Arg(
                 "shards",
                 dict[str, int | str],
                 "gather b's ranks (b=tp@rank*): {glob: dim or 'sum'}",
                 max_items=SHARD_RULES_LIMIT,
             ),
-            Arg("html", str, "also write a self-contained HTML report here", kind="path"),
+            Arg("html", str, "also write an HTML report here", kind="path"),
             Arg("passing", bool, "also list the entries that agree", False, flag="--all"),
             Arg("inputs", bool, "also list input entries", False),
-            Arg(
-                "limit",
-                int,
-                "at most this many entries (culprit and failures first)",
-                20,
-                minimum=0,
-                maximum=100000,
-            ),
+            Arg("module", str, "only modules matching this glob (blocks.3.*)"),
+            Arg("call", int, "only this call (0: the first)", minimum=0),
+            Arg("status", str, "only this status", choices=COMPARE_STATUSES),
+            Arg("kind", str, "only outputs or inputs", choices=("out", "in")),
+            Arg("limit", int, LIMIT_HELP, 20, minimum=0, maximum=100000),
             OFFSET,
             HOME,
             STORE_SESSION,
@@ -934,8 +934,8 @@ VERBS: tuple[Verb, ...] = (
         # never raised; not_tensors and nothing_paired are said in the README, the MCP
         # tool list stays agent-sized)
         errors=(UNKNOWN_SOURCE, CORRUPT_FILE, CORRUPT_CAPTURE, UNREADABLE, BAD_MAP, BAD_SHARDS),
-        description="Names the first divergence: the module whose inputs agree and whose "
-        "outputs differ. Failing entries first; passing ones only with passing=true.",
+        description="Names the first divergence (inputs agree, outputs differ). Culprit and "
+        "failures first; filters: module, call, status, kind.",
     ),
     Verb(
         "weights",
@@ -1033,6 +1033,91 @@ def get(name: str) -> Verb:
 def fix(verb: str, **args: object) -> R.Call:
     """A call that fixes or continues an error, worded by each surface (CLI flag, MCP tool)."""
     return {"verb": verb, "args": {k: v for k, v in args.items() if v is not None}}
+
+
+Surface = Literal["cli", "mcp", "rest"]
+
+
+def word(call: R.Call, surface: Surface) -> str:
+    """A call to make next (a ``next``, a ``fix``, a hint's ``calls``), as the surface that
+    asked would make it: the command line (``cli``), the MCP tool call with its JSON
+    arguments (``mcp``), or the route and its JSON body (``rest``).  Every hint, ``next`` and
+    ``fix`` an answer carries is a structured call; this is the one place it becomes text."""
+    import json
+
+    name = str(call.get("verb"))
+    args = dict(call.get("args") or {})
+    verb = BY_NAME.get(name)
+    if surface == "mcp":
+        listed = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in args.items())
+        return f"{name}({listed})"
+    if surface == "rest":
+        session = str(args.pop("session", "default"))
+        if verb is None:
+            return f"POST /v1/{name}"
+        path = verb.path.replace("{name}", session) if verb.scope == "session" else verb.path
+        if verb.scope == "global" and session != "default":
+            args["session"] = session
+        if verb.method == "GET":  # arguments in the query string
+            from urllib.parse import urlencode
+
+            return f"GET {path}" + (f"?{urlencode(args)}" if args else "")
+        return f"{verb.method} {path}" + (f" {json.dumps(args, default=str)}" if args else "")
+    return _command_line(name, verb, args)
+
+
+def _command_line(name: str, verb: Verb | None, args: dict[str, object]) -> str:
+    """The call as one types it: flags first, then the positional arguments (start's
+    script last of all, its own arguments after it)."""
+    flags = ["mldbg", name]
+    session = args.pop("session", None)
+    if verb is None:
+        return " ".join(flags)
+    positional: list[str] = []
+    trailing: list[str] = []  # start's script arguments: typed after the script
+    for key, value in args.items():
+        try:
+            arg = verb.arg(key)
+        except KeyError:
+            continue
+        if not arg.cli:
+            if key == "args" and isinstance(value, list):
+                trailing = [_shell_word(item) for item in value]
+                if "--" in value:  # after a `--`, every word is the script's, `--` too
+                    trailing.insert(0, "--")
+        elif arg.positional:
+            positional.append(_shell_word(value))
+        elif arg.type is bool:
+            if bool(value) != bool(arg.default):
+                flags.append(arg.cli_flag)
+        elif isinstance(value, list) and arg.nargs is None:  # a repeatable flag
+            for item in value:
+                flags.append(_option(arg.cli_flag, item))
+        else:
+            flags.append(_option(arg.cli_flag, value))
+    if session and session != "default":
+        flags += ["--session", _shell_word(session)]
+    if verb.name == "start" and "script" not in args and "module" not in args:
+        positional.append("SCRIPT")
+    return " ".join(flags + positional + trailing)
+
+
+def _option(flag: str, value: object) -> str:
+    """``--flag VALUE``; ``--flag=VALUE`` for a value an option parser would take for an
+    option of its own (``-x``)."""
+    word = _shell_word(value)
+    text = str(value)
+    return f"{flag} {word}" if not text.startswith("-") else _shell_word(f"{flag}={text}")
+
+
+def _shell_word(value: object) -> str:
+    """One argument as a shell reads it back: quoted where it must be (a module path may
+    hold anything a capture's index held), JSON for a mapping."""
+    import json
+    import shlex
+
+    text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+    return shlex.quote(text)
 
 
 def fingerprint() -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import verbs
 from ..compare import CompareInputError, compare
+from ..compare.report.answer import Selection, bounded
 from ..errors import BAD_ARGUMENT, BAD_SHARDS, MldbgError
 from ..text import compare as compare_render
 from ..text import render
@@ -22,9 +23,9 @@ from ..verbs import Arg
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-# The verb's arguments that mean something only to an answer a client pages through
-# (the CLI prints the whole table, folded, or the whole JSON).
-_PAGING = ("limit", "offset", "home", "session")
+# The verb's arguments the CLI does not take (yet): it compares in its own process, in the
+# run store of its working directory or $MLDBG_HOME.
+_PAGING = ("home", "session")
 
 
 def add_arguments(p: argparse.ArgumentParser, add_arg: Callable[[Any, Arg], None]) -> None:
@@ -102,10 +103,36 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
         refused = _write_map(args.propose_map, proposal)
         if refused is not None:
             return _bad_input(refused, as_json)
-    if as_json:
-        print(json.dumps(comparison.result, indent=2, allow_nan=False))
+    selection = Selection(
+        passing=args.passing,
+        inputs=args.inputs,
+        module=args.module,
+        call=args.call,
+        status=args.status,
+        kind=args.kind,
+    )
+    if as_json:  # the page an agent gets on every surface: bounded, with its `next`
+        page = bounded(
+            comparison.result,
+            passing=args.passing,
+            inputs=args.inputs,
+            module=args.module,
+            call=args.call,
+            status=args.status,
+            kind=args.kind,
+            offset=args.offset,
+            limit=args.limit,
+        )
+        if args.html:
+            page["html"] = args.html
+        print(json.dumps(page, indent=2, allow_nan=False))
     else:
-        compare_render.show(comparison.result, show_all=args.passing, show_inputs=args.inputs)
+        compare_render.show(
+            comparison.result,
+            show_all=args.passing,
+            show_inputs=args.inputs,
+            selection=selection,
+        )
         if args.html:
             render.out.print(f"report: {args.html}")
     return EXIT_OK if comparison.ok else EXIT_DIVERGED

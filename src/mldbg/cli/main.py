@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from .. import __version__, verbs
-from .. import results as R
 from ..errors import NO_DAEMON, MldbgError, UsageError
 from ..verbs import VERBS, Arg, Verb
 
@@ -382,33 +381,7 @@ def hint(fixes: object) -> str | None:
     would type them."""
     if not fixes or not isinstance(fixes, list):
         return None
-    return "; or ".join(cli_command(f) for f in fixes[:3])
-
-
-def cli_command(fix: R.Call) -> str:
-    verb = verbs.BY_NAME.get(str(fix.get("verb")))
-    args = dict(fix.get("args") or {})
-    words = ["mldbg", str(fix.get("verb"))]
-    session = args.pop("session", None)
-    if verb is None:
-        return " ".join(words)
-    for name, value in args.items():
-        try:
-            arg = verb.arg(name)
-        except KeyError:
-            continue
-        if arg.positional:
-            words.append(str(value))
-        elif arg.type is bool:
-            if bool(value) != bool(arg.default):
-                words.append(arg.cli_flag)
-        else:
-            words += [arg.cli_flag, str(value)]
-    if verb.name == "start" and "script" not in args:
-        words.append("SCRIPT")
-    if session and session != "default":
-        words += ["--session", str(session)]
-    return " ".join(words)
+    return "; or ".join(verbs.word(f, "cli") for f in fixes[:3])
 
 
 def emit_error(exc: MldbgError, as_json: bool) -> None:

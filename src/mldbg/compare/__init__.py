@@ -187,6 +187,10 @@ def compare_answer(
     html: str | None = None,
     passing: bool = False,
     inputs: bool = False,
+    module: str | None = None,
+    call: int | None = None,
+    status: str | None = None,
+    kind: str | None = None,
     offset: int = 0,
     limit: int = 20,
 ) -> dict[str, Any]:
@@ -206,7 +210,17 @@ def compare_answer(
         home=home,
         shards=shards,
     ).result
-    answer = bounded(result, passing=passing, inputs=inputs, offset=offset, limit=limit)
+    answer = bounded(
+        result,
+        passing=passing,
+        inputs=inputs,
+        offset=offset,
+        limit=limit,
+        module=module,
+        call=call,
+        status=status,
+        kind=kind,
+    )
     if html:
         answer["html"] = html
     return answer

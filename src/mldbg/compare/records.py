@@ -8,7 +8,12 @@ hold, for the code of ``compare/`` that builds and reads them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from typing_extensions import NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    from ..results import Call
 
 # A JSON float: a finite number, or "nan" / "inf" / "-inf" (never a bare NaN).
 JsonNumber = float | str
@@ -273,6 +278,7 @@ class NarrowHint(TypedDict):
     # What a full capture inside the culprit would write (side A), about: None unknown.
     full_bytes: int | None
     hint: str
+    calls: list[Call]  # the two captures to make, then the comparison of them
 
 
 class OtherModels(TypedDict):
@@ -289,6 +295,7 @@ class WeightsHint(TypedDict):
 
     module: str | None
     hint: str
+    calls: list[Call]  # the audit (after capturing both with their parameters, if needed)
 
 
 class OpMatch(TypedDict, total=False):

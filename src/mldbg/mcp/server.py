@@ -16,7 +16,7 @@ import inspect
 import json
 import re
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import anyio
 import anyio.from_thread
@@ -33,34 +33,25 @@ from ..errors import BAD_ARGUMENT, DAEMON_UNREACHABLE, INTERNAL, OS_ERROR, Mldbg
 from ..verbs import VERBS, Arg, Verb
 
 INSTRUCTIONS = """\
-mldbg debugs PyTorch and MLX scripts in their own process. Tools are named as the CLI's
-verbs. start(script=...) runs a script and pauses before its first line; break (file +
-line; a condition, hit count or log message optional), then continue: it returns where
-the script stopped, with code around the line. At a stop: vars (tensors summarized:
-shape, dtype, device, stats; filter and page with filter/offset/limit), eval (any Python
-in the selected frame), stack, frame/up/down, step. output pages the script's
-stdout/stderr; trace reads back every stop of a run. Several sessions run at once under
-different `session` names. Parity: capture module outputs in both runs with
-mldbg.capture(model, "ref") / mldbg.capture(model, "port"), then compare(a="ref",
-b="port") names the first module whose inputs agree and outputs differ. Porting loop:
-eval(expression, against="ref") evaluates the same code in a second paused session and
-gives both values and their difference; break(nonfinite=true) stops where a module first
-returns NaN/Inf; in eval, mldbg.captured_tensor("ref", "<entry name>") loads a captured
-tensor. Lazy MLX arrays are summarized unevaluated; eval evaluates them.
-Every answer is bounded: `truncated` and `next` say what was left out and which call
-gets it. Errors are JSON with a `code` and a `hint` naming the call that fixes them; any
-tool can answer bad_argument, too_long (a text over its maxLength), bad_session_name or
-daemon_unreachable; a session tool also unknown_session, session_ended, not_paused (it
-needs a paused script) or agent_timeout; a tool that sets breakpoints (start, break,
-until, restart) the breakpoint errors: file_not_found, not_a_source_file, no_code_at_line
-(with nearest_lines), bad_condition, bad_hits, bad_log, ambiguous_file, no_such_function;
-a tool that reads captures or tensor files (compare, weights, nonfinite, module-table) the
-source errors: unknown_source, corrupt_file, unreadable.
-Texts are at most 4096 characters
-unless a tool's schema says otherwise (maxLength). Session tools take `session` (default
-"default"): several sessions run at once under different names. Run-store tools (runs,
-checkpoints, captures, tensors, clean, compare) read the store of `session` if given,
-else `home` (a directory), else $MLDBG_HOME, else ./.mldbg."""
+mldbg debugs PyTorch/MLX scripts and proves a port matches its reference.
+Parity, no edits: start(script="ref.py", capture="ref", stop_on_entry=false) and the same for
+the port (capture="port") record every model call; compare(a="ref", b="port") names the first
+module, step or glue code where the port diverges. Then make the calls its answer hands out
+(narrow `calls`, weights_hint, `next`): a finer capture inside the culprit, the weights audit,
+the line step. Filter a long compare by module/call/status/kind.
+Debugging: start(script=...) pauses before line 1; break(file, line) (condition/hits/log
+optional), continue; at a stop: vars, eval (any Python in the frame; against="ref" evaluates
+in a second session and diffs), stack, step. break(nonfinite=true) stops at the first NaN/Inf.
+Sessions (`session`, default "default") run side by side; store tools read the session's
+store, else `home`, else ./.mldbg.
+Answers are bounded: `truncated`/`next` say what is left and the call that gets it;
+offset/limit page every listing; texts are at most 4096 characters unless maxLength says.
+Errors: JSON with `code` and a `hint` (the call that fixes it). Every tool: bad_argument,
+too_long, bad_session_name, daemon_unreachable; session tools: unknown_session, session_ended,
+not_paused, agent_timeout. The breakpoint errors: file_not_found, not_a_source_file,
+no_code_at_line (nearest_lines), bad_condition, bad_hits, bad_log, ambiguous_file,
+no_such_function. The source errors: unknown_source, corrupt_file, unreadable.
+Guides: the docs/ folder of the mldbg repository."""
 
 TEXT_BUDGET = 6_000  # the text form of a result; the JSON is in structured content
 
@@ -115,11 +106,7 @@ def tool_hint(fixes: object) -> str | None:
     agent would make them."""
     if not fixes or not isinstance(fixes, list):
         return None
-    calls = []
-    for fix in fixes[:3]:
-        args = ", ".join(f"{k}={v!r}" for k, v in (fix.get("args") or {}).items())
-        calls.append(f"{fix.get('verb')}({args})")
-    return "call " + "; or ".join(calls)
+    return "call " + "; or ".join(verbs.word(fix, "mcp") for fix in fixes[:3])
 
 
 @contextlib.contextmanager
@@ -144,8 +131,10 @@ def _as_tool_error() -> Iterator[None]:
         ) from None
 
 
-def result_text(verb: Verb, data: object) -> str:
-    """The compact human form of a result: what the CLI prints, bounded."""
+def result_text(verb: Verb, data: object, args: dict[str, object] | None = None) -> str:
+    """The compact human form of a result: what the CLI prints, bounded, its calls worded
+    as tool calls.  When the text had to be cut, it says so and, for a page of entries,
+    which call gets the rows it could not show."""
     from ..text import render
 
     if verb.name == "output" and isinstance(data, dict):
@@ -154,12 +143,38 @@ def result_text(verb: Verb, data: object) -> str:
             text += f"\n[{data.get('size')} bytes in all; next: {json.dumps(data.get('next'))}]"
         return budget.capped(text, TEXT_BUDGET, "tail")
     try:
-        text = render.to_text(verb.name, data)
+        text = render.to_text(verb.name, data, surface="mcp")
     except Exception:
         text = json.dumps(data, separators=(",", ":"), default=str)
     if isinstance(data, dict) and data.get("truncated") and data.get("next"):
-        text += f"\n[truncated; next: {json.dumps(data['next'], default=str)}]"
-    return budget.capped(text, TEXT_BUDGET)
+        next_call = verbs.word(cast("R.Call", data["next"]), "mcp")
+        text += f"\n[truncated; next: {next_call}]"
+    if len(text) <= TEXT_BUDGET:
+        return text
+    return _cut_text(verb, text, data, args or {})
+
+
+def _cut_text(verb: Verb, text: str, data: object, args: dict[str, object]) -> str:
+    """``text`` cut to the budget, saying what was cut: for a page of entries, the first
+    entry the kept text no longer shows and the call that starts there."""
+    marker = "\n[text cut at {kept} of {total} characters; the structured content is whole{more}]"
+    room = TEXT_BUDGET - len(marker) - 200
+    kept = budget.capped(text, room)
+    more = ""
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if isinstance(entries, list) and entries:
+        visible = 0
+        for entry in entries:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if not isinstance(name, str) or name not in kept:
+                break
+            visible += 1
+        if visible < len(entries):
+            start = args.get("offset")
+            offset = (start if isinstance(start, int) else 0) + visible
+            call: R.Call = {"verb": verb.name, "args": {**args, "offset": offset}}
+            more = f"; rows from {offset} on: {verbs.word(call, 'mcp')}"
+    return kept + marker.format(kept=len(kept), total=len(text), more=more)
 
 
 class Tools:
@@ -201,7 +216,7 @@ class Tools:
             # from an OSError, say) may not be, and one lone surrogate kills the stdio writer
             data = budget.encodable(data)
             return CallToolResult(
-                content=[TextContent(type="text", text=result_text(verb, data))],
+                content=[TextContent(type="text", text=result_text(verb, data, args))],
                 structured_content=data,
             )
 
@@ -280,8 +295,8 @@ def compact_input_schema(verb: Verb, schema: dict[str, Any]) -> dict[str, Any]:
             prop["description"] = mcp_terms(verb, prop["description"])
         if name == "session" or (verb.store and name == "home"):  # said once, in INSTRUCTIONS
             properties[name] = {"type": "string"}
-        elif prop.get("description") == verbs.LIMIT_HELP:
-            prop["description"] = "at most this many items"
+        elif prop.get("description") in (verbs.LIMIT_HELP, verbs.OFFSET.help):
+            del prop["description"]  # paging is said once, in INSTRUCTIONS
     compact: dict[str, Any] = {"type": "object", "properties": properties}
     if schema.get("required"):
         compact["required"] = schema["required"]

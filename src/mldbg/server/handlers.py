@@ -662,6 +662,10 @@ def compare(
     html: str | None = None,
     passing: bool = False,
     inputs: bool = False,
+    module: str | None = None,
+    call: int | None = None,
+    status: str | None = None,
+    kind: str | None = None,
     limit: int = 20,
     offset: int = 0,
 ) -> R.CompareSummary:
@@ -680,6 +684,10 @@ def compare(
         html=where.local(html) if html else None,
         passing=passing,
         inputs=inputs,
+        module=module,
+        call=call,
+        status=status,
+        kind=kind,
         offset=offset,
         limit=limit,
     )

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeAlias
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from .. import results as R
+from ..compare.report.answer import Selection
 from ..memory import human_size as _size
-from .console import err, out, print_table
+from .console import call_text, err, out, print_table
 from .console import one_line as escape  # every text here is one line; names from captures too
+
+# One entry of a comparison (compare.records.EntryResult) as the table reads it.
+Entry: TypeAlias = "dict[str, Any]"
 
 FOLD = 6  # agreeing rows in a row beyond which the middle ones are folded
 UNPAIRED_SHOWN = 20  # unpaired names printed per side (all of them are in --json / --html)
@@ -36,7 +40,7 @@ def number(value: float | str | None) -> str:
     return f"{value:.2e}"
 
 
-def _shape(entry: dict[str, Any]) -> str:
+def _shape(entry: Entry) -> str:
     a, b = entry.get("shape_a"), entry.get("shape_b")
     text = "×".join(str(n) for n in a or []) or "scalar"
     if a != b:
@@ -47,14 +51,14 @@ def _shape(entry: dict[str, Any]) -> str:
     return text
 
 
-def _quant(entry: dict[str, Any]) -> str:
+def _quant(entry: Entry) -> str:
     quant = entry.get("quantized")
     if not quant:
         return ""
     return f" [dim]({quant.get('bits')}-bit, group {quant.get('group_size')}: expected)[/]"
 
 
-def _status(entry: dict[str, Any]) -> str:
+def _status(entry: Entry) -> str:
     if entry.get("error"):
         mark = "[bold red]◀ culprit[/] " if entry.get("culprit") else ""
         return f"{mark}[red]{escape(entry['error'])}[/]"
@@ -71,12 +75,12 @@ def _status(entry: dict[str, Any]) -> str:
     return f"{label} [dim]{mismatched}/{numel}{extra}[/]"
 
 
-def _rows(entries: list[dict[str, Any]], show_all: bool) -> list[dict[str, Any] | int]:
+def _rows(entries: list[Entry], show_all: bool) -> list[Entry | int]:
     """Entries to show, with an int standing for that many folded agreeing rows."""
     if show_all:
         return list(entries)
-    rows: list[dict[str, Any] | int] = []
-    run: list[dict[str, Any]] = []
+    rows: list[Entry | int] = []
+    run: list[Entry] = []
 
     def flush() -> None:
         if len(run) > FOLD:
@@ -95,15 +99,59 @@ def _rows(entries: list[dict[str, Any]], show_all: bool) -> list[dict[str, Any] 
     return rows
 
 
-def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = False) -> None:
-    a, b = result["a"], result["b"]
-    out.print(f"[bold]A[/] {escape(a['label'])}  [dim]{escape(a['path'])}[/]")
-    out.print(f"[bold]B[/] {escape(b['label'])}  [dim]{escape(b['path'])}[/]")
-    for warning in result.get("warnings", []):
-        out.print(f"[yellow]warning:[/] {escape(warning)}")
-    entries = [e for e in result["entries"] if show_inputs or e.get("role") != "in"]
+def show(
+    result: dict[str, Any],
+    *,
+    show_all: bool = False,
+    show_inputs: bool = False,
+    selection: Selection | None = None,
+) -> None:
+    """The comparison as a table, its verdict under it.  ``result`` is a whole comparison
+    (the CLI's) or one page of it (``compare.report.answer.bounded``: each entry carries
+    its ``row`` in the whole, and a later page has no header or verdict, only its rows).
+    ``selection`` keeps the rows it wants (a filter), unfolded."""
+    page = result.get("page")
+    if page is None:
+        a, b = result["a"], result["b"]
+        out.print(f"[bold]A[/] {escape(a['label'])}  [dim]{escape(a['path'])}[/]")
+        out.print(f"[bold]B[/] {escape(b['label'])}  [dim]{escape(b['path'])}[/]")
+        for warning in result.get("warnings", []):
+            out.print(f"[yellow]warning:[/] {escape(warning)}")
+    else:
+        first = int(page.get("offset") or 0) + 1
+        out.print(
+            f"[dim]rows {first}-{first + len(result['entries']) - 1} of the "
+            f"{page.get('matching')} asked for (the header and verdict are on the first page)[/]"
+        )
+    position = {id(e): e.get("row", i) for i, e in enumerate(result["entries"])}
+    wanted: dict[str, object] | None
+    matching: object
+    if selection is not None and selection.filtered:
+        entries = [e for e in result["entries"] if selection.wants(e)]
+        wanted = {k: v for k, v in selection.args().items() if k not in ("passing", "inputs")}
+        matching, show_all = len(entries), True
+    else:
+        entries = [e for e in result["entries"] if show_inputs or e.get("role") != "in"]
+        wanted, matching = result.get("filter"), result.get("matching")
+    if wanted:
+        listed = ", ".join(f"{k}={v}" for k, v in wanted.items())
+        out.print(f"[dim]filter: {escape(listed)}: {matching} entries match[/]")
+    table, columns = _table(any(e.get("local") for e in result["entries"]))
+    for row in _rows(entries, show_all):
+        if isinstance(row, int):
+            blank = [""] * (len(columns) - 2)
+            table.add_row("", f"[dim]… {row} agreeing rows …[/]", *blank)
+            continue
+        table.add_row(*_cells(row, position[id(row)], len(columns) > 9))
+    print_table(table, keep=("#", "name"))
+    if page is None:
+        _verdict(result)
+    if result.get("next"):
+        out.print(f"[dim]more: {escape(call_text(result['next']))}[/]")
+
+
+def _table(with_local: bool) -> tuple[Table, list[tuple[str, str]]]:
     table = Table(box=None, pad_edge=False, header_style="bold")
-    with_local = any(e.get("local") for e in result["entries"])
     columns = [
         ("#", "right"),
         ("name", "left"),
@@ -119,39 +167,34 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
     for column, justify in columns:
         # names are the point of the table: print_table never splits them
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    position = {id(e): i for i, e in enumerate(result["entries"])}
-    for row in _rows(entries, show_all):
-        if isinstance(row, int):
-            blank = [""] * (len(columns) - 2)
-            table.add_row("", f"[dim]… {row} agreeing rows …[/]", *blank)
-            continue
-        dtype = row.get("dtype_a") or ""
-        if row.get("dtype_b") != row.get("dtype_a"):
-            dtype += f"/{row.get('dtype_b')}"
-        name = escape(row["name"])
-        if row.get("role") == "in":
-            name = f"[dim]{name}[/]"
-        if row.get("culprit"):
-            name = f"[bold red]{name}[/]"
-        cells = [
-            str(position[id(row)]),
-            name,
-            _shape(row),
-            dtype,
-            number(row.get("max_abs")),
-            number(row.get("rel_rms")),
-            number(row.get("expected")),
-        ]
-        if with_local:
-            local = row.get("local") or {}
-            text = number(local.get("rel_rms")) if local else "-"
-            if local and not local.get("ok"):
-                text = f"[red]{text}[/]"
-            cells.append(text)
-        cells += [number(row.get("cosine")), _status(row)]
-        table.add_row(*cells)
-    print_table(table, keep=("#", "name"))
-    _verdict(result)
+    return table, columns
+
+
+def _cells(row: Entry, position: int, with_local: bool) -> list[str]:
+    dtype = row.get("dtype_a") or ""
+    if row.get("dtype_b") != row.get("dtype_a"):
+        dtype += f"/{row.get('dtype_b')}"
+    name = escape(row["name"])
+    if row.get("role") == "in":
+        name = f"[dim]{name}[/]"
+    if row.get("culprit"):
+        name = f"[bold red]{name}[/]"
+    cells = [
+        str(position),
+        name,
+        _shape(row),
+        dtype,
+        number(row.get("max_abs")),
+        number(row.get("rel_rms")),
+        number(row.get("expected")),
+    ]
+    if with_local:
+        local = row.get("local") or {}
+        text = number(local.get("rel_rms")) if local else "-"
+        if local and not local.get("ok"):
+            text = f"[red]{text}[/]"
+        cells.append(text)
+    return [*cells, number(row.get("cosine")), _status(row)]
 
 
 def _verdict(result: dict[str, Any]) -> None:
@@ -229,7 +272,7 @@ OP_CALLS_SHOWN = 4  # module calls whose operations are summed up (all are in --
 OPS_BEFORE = 2  # agreeing operations shown before the first diverging one
 
 
-def _print_estimates(entries: list[dict[str, Any]]) -> None:
+def _print_estimates(entries: list[Entry]) -> None:
     """How many entries a summary capture let compare only estimate, and how."""
     estimated = [e["estimated"] for e in entries if e.get("estimated")]
     if not estimated:
@@ -253,9 +296,11 @@ def _print_next_steps(result: dict[str, Any]) -> None:
     audit = result.get("weights_hint")
     if audit:
         out.print(f"  [yellow]weights:[/] {escape(str(audit.get('hint')))}")
+        _print_calls(audit.get("calls"))
     narrow = result.get("narrow")
     if narrow:
         out.print(f"  [yellow]next:[/] {escape(str(narrow.get('hint')))}")
+        _print_calls(narrow.get("calls"))
     others = result.get("other_models")
     if others:
         out.print(f"  [yellow]models:[/] {escape(str(others.get('hint')))}")
@@ -267,6 +312,12 @@ def _print_next_steps(result: dict[str, Any]) -> None:
         out.print(
             f"  [dim]… operations of {len(items) - OP_CALLS_SHOWN} more module calls in --json[/]"
         )
+
+
+def _print_calls(calls: object) -> None:
+    """The calls a hint hands out, one a line, worded for the surface printing them."""
+    for call in calls if isinstance(calls, list) else []:
+        out.print(f"    {escape(call_text(call))}", highlight=False)
 
 
 def _print_ops(item: dict[str, Any]) -> None:

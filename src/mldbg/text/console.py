@@ -11,12 +11,15 @@ import io
 import re
 import sys
 import threading
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.table import Table
+
+    from ..results import Call
+    from ..verbs import Surface
 
 
 class _LazyConsole:
@@ -229,15 +232,32 @@ err = cast("Console", _err)
 _CAPTURE_LOCK = threading.Lock()
 
 
+# Who reads what the renderers print: a person at the command line, or an agent through
+# MCP (``captured(surface="mcp")``).  The calls an answer hands out (``next``, ``fix``, a
+# hint's ``calls``) are worded for it: a command line, or a tool call.
+_SURFACE: Surface = "cli"
+
+
+def call_text(call: Mapping[str, object]) -> str:
+    """A call an answer hands out, as the surface printing it makes it."""
+    from .. import verbs
+
+    return verbs.word(cast("Call", call), _SURFACE)
+
+
 @contextlib.contextmanager
-def captured(width: int = 120, terminal: bool = False) -> Iterator[io.StringIO]:
+def captured(
+    width: int = 120, terminal: bool = False, surface: Surface = "cli"
+) -> Iterator[io.StringIO]:
     """Everything printed to ``out`` and ``err`` inside the block, as plain text in the
     yielded buffer (one capture at a time: the consoles are the process's).
 
     ``terminal``: printed as on a terminal that wide (renderers fit its width), still
-    without escape codes."""
+    without escape codes.  ``surface``: who reads it (the calls it hands out are worded
+    for them)."""
     from rich.console import Console
 
+    global _SURFACE
     with _CAPTURE_LOCK:
         buffer = io.StringIO()
         console = Console(
@@ -250,7 +270,9 @@ def captured(width: int = 120, terminal: bool = False) -> Iterator[io.StringIO]:
             color_system=None if terminal else "auto",
         )
         _out._redirect = _err._redirect = console
+        _SURFACE = surface
         try:
             yield buffer
         finally:
             _out._redirect = _err._redirect = None
+            _SURFACE = "cli"

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import results as R
 from ..memory import human_size as _size
-from .console import Table, captured, err, escape, out, plain_line, print_table
+from .console import Table, call_text, captured, err, escape, out, plain_line, print_table
+
+if TYPE_CHECKING:
+    from ..verbs import Surface
 
 __all__ = ["Table", "err", "escape", "out", "plain_line"]  # used through render by other modules
 
@@ -68,11 +71,8 @@ def state(data: R.State) -> None:
             from ..memory import one_line
 
             out.print(f"[dim]memory: {escape(one_line(memory))}[/]")
-        if data.get("fix"):  # worded for any surface: "step out", "continue"
-            calls = [
-                " ".join([str(f.get("verb")), *map(str, (f.get("args") or {}).values())])
-                for f in data["fix"][:3]
-            ]
+        if data.get("fix"):  # worded for the surface printing it
+            calls = [call_text(f) for f in data["fix"][:3]]
             out.print(f"[dim]try: {escape('; or '.join(calls))}[/]")
     elif kind == "running":
         out.print(f"[bold]{name}[/]: running (pid {data.get('pid')})")
@@ -683,8 +683,9 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
 }
 
 
-def to_text(verb: str, data: object, width: int = 120) -> str:
-    """What ``mldbg VERB`` would print, as plain text (for MCP's text content)."""
-    with captured(width) as buffer:
+def to_text(verb: str, data: object, width: int = 120, surface: Surface = "mcp") -> str:
+    """What ``mldbg VERB`` would print, as plain text (for MCP's text content), with the
+    calls it hands out worded for ``surface``."""
+    with captured(width, surface=surface) as buffer:
         show(verb, data)
     return buffer.getvalue().rstrip("\n")

@@ -7,6 +7,8 @@ come only on request, paged, and every cut says what was left out and how to get
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Mapping
 from typing import Any
 
 from ... import budget
@@ -19,25 +21,149 @@ LISTS_SHOWN = {"boundary_differences": 20, "warnings": 20, "notes": 20}
 NOTE_ENTRIES_SHOWN = 20  # a note on compounded quantization noise lists every entry it covers
 
 
+# Keys of the first page only: later pages say which page they are and hold their rows.
+HEADER_ONLY = (
+    "a",
+    "b",
+    "rtol",
+    "atol",
+    "test",
+    "layout",
+    "boundary_differences",
+    "notes",
+    "warnings",
+    "unpaired_a",
+    "unpaired_b",
+    "proposed_map",
+    "replay",
+    "replay_culprit",
+    "weights_hint",
+    "narrow",
+    "other_models",
+    "ops",
+    "calls_aligned",
+    "html",
+    "first_divergence",
+    "decided_by",
+    "undecided",
+)
+
+
+class Selection:
+    """Which entries a page of the comparison shows: by default the culprit and the
+    failing outputs; ``passing``/``inputs`` add the others; ``module`` (a glob of module
+    paths or entry names), ``call``, ``status`` and ``kind`` narrow to what they match.
+    A ``module`` or ``call`` filter shows every entry it matches, passing ones and inputs
+    included (one asks for a module to see how it fared), unless ``status``/``kind`` say
+    otherwise."""
+
+    def __init__(
+        self,
+        *,
+        passing: bool = False,
+        inputs: bool = False,
+        module: str | None = None,
+        call: int | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+    ) -> None:
+        self.passing, self.inputs = passing, inputs
+        self.module, self.call, self.status, self.kind = module, call, status, kind
+
+    @property
+    def filtered(self) -> bool:
+        return any(v is not None for v in (self.module, self.call, self.status, self.kind))
+
+    def args(self) -> dict[str, object]:
+        """The arguments that make this selection again (for a ``next`` call)."""
+        found = {
+            "passing": self.passing or None,
+            "inputs": self.inputs or None,
+            "module": self.module,
+            "call": self.call,
+            "status": self.status,
+            "kind": self.kind,
+        }
+        return {k: v for k, v in found.items() if v is not None}
+
+    def wants(self, entry: Mapping[str, object]) -> bool:
+        if self.module is not None and not _matches_module(entry, self.module):
+            return False
+        if self.call is not None and entry.get("call") != self.call:
+            return False
+        if self.kind is not None and entry.get("role") != self.kind:
+            return False
+        if self.status is not None:
+            return self.status in statuses(entry)
+        culprit = bool(entry.get("culprit"))
+        narrowed = self.module is not None or self.call is not None
+        if not (self.passing or narrowed or culprit) and entry.get("ok"):
+            return False
+        return (
+            self.kind is not None or self.inputs or narrowed or culprit or entry.get("role") != "in"
+        )
+
+
+def statuses(entry: Mapping[str, object]) -> set[str]:
+    """What ``status=`` finds an entry by (several may hold: a culprit also fails)."""
+    found = {"passing" if entry.get("ok") else "failing"}
+    if entry.get("culprit"):
+        found.add("culprit")
+    if entry.get("error"):
+        found.add("error")
+    if entry.get("note"):
+        found.add("noted")
+    if entry.get("compensated_by"):
+        found.add("compensated")
+    return found
+
+
+def _matches_module(entry: Mapping[str, object], pattern: str) -> bool:
+    names = [str(entry.get("name") or ""), str(entry.get("module") or "")]
+    if entry.get("module") is not None and entry.get("call") is not None:
+        names.append(f"{entry['module']}#{entry['call']}")
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names)
+
+
 def bounded(
-    result: dict[str, Any], *, passing: bool, inputs: bool, offset: int, limit: int
+    result: dict[str, Any],
+    *,
+    passing: bool = False,
+    inputs: bool = False,
+    offset: int = 0,
+    limit: int = 20,
+    module: str | None = None,
+    call: int | None = None,
+    status: str | None = None,
+    kind: str | None = None,
 ) -> dict[str, Any]:
-    """``result`` with its entries cut to the ones asked for: the culprit and failures first."""
+    """One page of ``result``: the entries asked for (the culprit and failures first when
+    no filter is given, else in execution order), each with its ``row`` (its place in the
+    whole comparison, the same on every page), ``next`` whenever anything was left out,
+    and the header, verdict and hints on the first page only."""
+    selection = Selection(
+        passing=passing, inputs=inputs, module=module, call=call, status=status, kind=kind
+    )
     entries = result.get("entries", [])
-    wanted = [
-        e
-        for e in entries
-        if (passing or not e.get("ok") or e.get("culprit"))
-        and (inputs or e.get("role") != "in" or e.get("culprit"))
-    ]
-    wanted.sort(key=lambda e: (not e.get("culprit"), bool(e.get("ok"))))
+    wanted = [{**e, "row": row} for row, e in enumerate(entries) if selection.wants(e)]
+    if not selection.filtered:
+        wanted.sort(key=lambda e: (not e.get("culprit"), bool(e.get("ok"))))
     shown = wanted[offset : offset + limit]
     answer = {k: v for k, v in result.items() if k != "entries"}
+    if offset > 0:  # a later page: said once, on the first
+        for key in HEADER_ONLY:
+            answer.pop(key, None)
+        answer["page"] = {"offset": offset, "limit": limit, "matching": len(wanted)}
     answer["entries"] = shown
     answer["total"] = len(entries)
+    answer["matching"] = len(wanted)
     answer["shown"] = len(shown)
+    if selection.filtered:
+        answer["filter"] = {
+            k: v for k, v in selection.args().items() if k not in ("passing", "inputs")
+        }
     answer["left_out"] = {
-        "passing": 0 if passing else sum(1 for e in entries if e.get("ok")),
+        "passing": 0 if passing or selection.filtered else sum(1 for e in entries if e.get("ok")),
         "not_asked": len(entries) - len(wanted),
         "beyond_limit": max(0, len(wanted) - offset - len(shown)),
     }
@@ -45,10 +171,17 @@ def bounded(
     if offset + len(shown) < len(wanted):
         answer["next"] = {
             "verb": "compare",
-            "args": {"offset": offset + len(shown), "limit": limit},
+            "args": {**selection.args(), "offset": offset + len(shown), "limit": limit},
         }
-    elif not passing and answer["left_out"]["passing"]:
+    elif not passing and not selection.filtered and answer["left_out"]["passing"]:
         answer["next"] = {"verb": "compare", "args": {"passing": True, "limit": limit}}
+    if offset == 0:
+        _bound_lists(result, answer)
+    return answer
+
+
+def _bound_lists(result: dict[str, Any], answer: dict[str, Any]) -> None:
+    """The first page's lists a real port can make long, cut to their first items."""
     for side in ("unpaired_a", "unpaired_b"):
         names = result.get(side) or []
         if len(names) > UNPAIRED_SHOWN:
@@ -67,7 +200,6 @@ def bounded(
         if len(items) > most:
             answer[f"{key}_count"] = len(items)
             answer["truncated"] = True
-    return answer
 
 
 def _short_note(note: dict[str, Any]) -> dict[str, Any]:

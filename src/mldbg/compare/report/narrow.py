@@ -9,14 +9,20 @@ This says so in the comparison's ``narrow`` field, with the module's path on eac
 
 from __future__ import annotations
 
-import shlex
+import contextlib
+from typing import TYPE_CHECKING
 
 from ...capture.budget import size_text
 from ...capture.store import ROOT
+from ...store.reading import read_json
+from ...store.runs import RUN_JSON
 from ..pair.mapping import split_name
 from ..read.arrays import numpy_dtype
 from ..read.sources import Entry, Source
 from ..records import Culprit, EntryResult, NarrowHint, WeightsHint
+
+if TYPE_CHECKING:
+    from ...results import Call
 
 
 def is_coarse(source: Source) -> bool:
@@ -48,43 +54,81 @@ def narrow_hint(
     limits = [n for n in (_budget_limit(a), _budget_limit(b)) if n is not None]
     limit = min(limits) if limits else None
     summary = full is not None and limit is not None and full > limit and _has_children(a, module_a)
-    # Quoted for a shell: "<root>" unquoted is a redirection, and a module path comes from
-    # the capture's index, which may hold anything ("x; rm -rf ~").
-    where = f"--capture-within {shlex.quote(within_a or ROOT)}"
-    port = (
-        ""
-        if within_b == within_a
-        else f" (the port: --capture-within {shlex.quote(within_b or ROOT)})"
-    )
-    cost = f" (about {size_text(full)})" if full is not None else ""
     suffix = _model_suffix(a)
+    fine_a, fine_b = _fine_name(a), _fine_name(b)
+    options: dict[str, object] = {}
+    if summary and limit is not None:
+        options = {
+            "capture_mode": "summary",
+            "capture_depth": 1,
+            "capture_budget": size_text(limit),
+        }
+    calls: list[Call] = [
+        _rerun(a, fine_a, capture_within=within_a or ROOT, **options),
+        _rerun(b, fine_b, capture_within=within_b or ROOT, **options),
+        {"verb": "compare", "args": {"a": fine_a + suffix, "b": fine_b + suffix}},
+    ]
     then = (
-        f"then compare NAME{suffix} with the port's NAME{suffix} (the same model of each "
-        "run; the others, which lack that module, keep no tensors)"
+        f"then compare {fine_a}{suffix} with {fine_b}{suffix} (the same model of each run; "
+        "the others, which lack that module, keep no tensors)"
         if suffix
-        else "then compare those"
+        else f"then compare {fine_a} with {fine_b}"
     )
     if summary:
         assert full is not None and limit is not None
         hint = (
             f"a full capture inside the culprit would write about {size_text(full)}, over "
             f"the {size_text(limit)} budget: capture both scripts again as summaries one "
-            f"level down inside it: mldbg start --capture NAME {where} --capture-mode summary "
-            f"--capture-depth 1 --capture-budget {size_text(limit)}{port} --run SCRIPT; "
-            f"{then}, and narrow again"
+            f"level down inside it, {then}, and narrow again"
         )
     else:
-        hint = (
-            f"capture both scripts again in full inside the culprit only{cost}: "
-            f"mldbg start --capture NAME {where}{port} --run SCRIPT; {then}"
-        )
+        cost = f" (about {size_text(full)})" if full is not None else ""
+        hint = f"capture both scripts again in full inside the culprit only{cost}, {then}"
     return {
         "within_a": within_a,
         "within_b": within_b,
         "mode": "summary" if summary else "full",
         "full_bytes": full,
         "hint": hint,
+        "calls": calls,
     }
+
+
+def _fine_name(source: Source, suffix: str = "-fine") -> str:
+    """The name a finer capture of ``source``'s run gets: its own with ``-fine`` for a
+    ``-coarse`` (``ref-coarse`` -> ``ref-fine``) or added (a model number ``.k`` is left
+    out: the capture adds it to the model that has the module)."""
+    name = str(source.meta.get("name") or source.path.name)
+    stem, dot, number = name.rpartition(".")
+    base = stem if dot and stem and number.isdigit() else name
+    for coarse in ("-coarse", "_coarse"):
+        base = base.removesuffix(coarse)
+    return base + suffix
+
+
+def _rerun(source: Source, capture: str, **options: object) -> Call:
+    """The ``start`` call that runs ``source``'s script again as its run was started
+    (script or module, arguments, working directory, interpreter: its run.json), capturing
+    as ``capture`` with ``options``; ``SCRIPT`` where the run is not known (a directory of
+    tensor files)."""
+    meta: dict[str, object] = {}
+    if source.kind == "capture":
+        with contextlib.suppress(OSError, ValueError):
+            found = read_json(source.path.parent.parent / RUN_JSON)
+            meta = found if isinstance(found, dict) else {}
+    args: dict[str, object] = {}
+    if isinstance(meta.get("module"), str):
+        args["module"] = meta["module"]
+    else:
+        args["script"] = meta.get("script") if isinstance(meta.get("script"), str) else "SCRIPT"
+    argv = meta.get("argv")
+    if isinstance(argv, list) and argv:
+        args["args"] = [str(item) for item in argv]
+    for key in ("cwd", "python"):
+        if isinstance(meta.get(key), str):
+            args[key] = meta[key]
+    args.update(capture=capture, **options, stop_on_entry=False)
+    return {"verb": "start", "args": args}
 
 
 def fine_pass_bytes(source: Source, module: str) -> int | None:
@@ -152,20 +196,26 @@ def _model_suffix(source: Source) -> str:
 def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint | None:
     """When the culprit's inputs agree and its outputs differ, its own parameters are the
     first suspect (a weight never loaded, transposed, converted wrongly): say how to
-    audit them (``mldbg weights``), by capture name when both captures saved them."""
+    audit them (the ``weights`` verb), by capture name when both captures saved them,
+    else after capturing both again with their parameters saved."""
     if culprit is None or culprit.get("reason") != "inputs agree, outputs differ":
         return None
     from ...capture import WEIGHTS
 
     saved = all(s.kind == "capture" and (s.path / WEIGHTS).is_file() for s in (a, b))
-    command = (
-        f"mldbg weights {shlex.quote(a.spec)} {shlex.quote(b.spec)}"
-        if saved
-        else "mldbg weights REF.safetensors PORT.safetensors "
-        "(or capture both with --capture-weights and give the capture names)"
-    )
+    head = f"{culprit.get('name')}: inputs agree, outputs differ: audit its parameters first"
+    if saved:
+        calls: list[Call] = [{"verb": "weights", "args": {"reference": a.spec, "port": b.spec}}]
+        return {"module": culprit.get("module"), "hint": head, "calls": calls}
+    with_weights, port_weights = _fine_name(a, "-weights"), _fine_name(b, "-weights")
+    calls = [
+        _rerun(a, with_weights, capture_weights=True),
+        _rerun(b, port_weights, capture_weights=True),
+        {"verb": "weights", "args": {"reference": with_weights, "port": port_weights}},
+    ]
     return {
         "module": culprit.get("module"),
-        "hint": f"{culprit.get('name')}: inputs agree, outputs differ: audit its parameters "
-        f"first: {command}",
+        "hint": f"{head} (the captures did not save them: capture both again with their "
+        "parameters, or give the weights verb the two checkpoint files)",
+        "calls": calls,
     }

@@ -76,11 +76,17 @@ def test_deep_model_culprit_found_within_1gb_in_two_runs_of_each_script(
             compare_render.show(first.result)
         tensor = deep_model.TOKENS * deep_model.HIDDEN * 4
         assert narrow["mode"] == "full" and narrow["full_bytes"] == 11 * 2 * tensor  # 369 MB
+        said = buffer.getvalue()
         assert (
-            "next: capture both scripts again in full inside the culprit only (about 369MB): "
-            f"mldbg start --capture NAME --capture-within blocks.{deep_model.BUGGY_BLOCK}"
-            in buffer.getvalue()
+            "next: capture both scripts again in full inside the culprit only (about 369MB)" in said
         )
+        # the two runs again, as each was started, inside the culprit; then their compare
+        for script, name in (("deep_reference.py", "ref-fine"), ("deep_port.py", "port-fine")):
+            assert (
+                f"--capture {name} --capture-within blocks.{deep_model.BUGGY_BLOCK} --run "
+                f"{tmp_path / script}" in said
+            )
+        assert "mldbg compare ref-fine port-fine" in said
         # Run 2 of each script: in full, inside that block only.
         fine = {"capture_within": narrow["within_a"], "capture_budget": "1GB"}
         run_captured(sessions[2], "deep_reference.py", capture="ref-fine", **fine)
@@ -176,7 +182,9 @@ def test_a_culprit_too_large_for_the_budget_is_narrowed_by_summaries_first(home:
     assert first.first_divergence["module"] == "stages.3"
     narrow = first.result["narrow"]
     assert narrow["mode"] == "summary" and narrow["full_bytes"] > budget
-    assert "--capture-within stages.3 --capture-mode summary --capture-depth 1" in narrow["hint"]
+    start_a = narrow["calls"][0]["args"]
+    assert start_a["capture_within"] == "stages.3" and start_a["capture_depth"] == 1
+    assert start_a["capture_mode"] == "summary"
     # The estimate is what a full capture inside the stage writes (tensors of one size).
     with torch.no_grad(), mldbg.capture(a, "whole-stage", within="stages.3") as whole:
         a(x)

@@ -540,7 +540,9 @@ def test_the_narrow_hint_is_a_command_a_shell_runs_as_written(home: Path) -> Non
     coarse("coarse-bug", bug=True)
     result = mldbg.compare("coarse-ref", "coarse-bug", home=home).result
     assert result["first_divergence"]["module"] == "<root>"
-    command = result["narrow"]["hint"].split(": ", 1)[1].split(";")[0]
+    from mldbg import verbs
+
+    command = verbs.word(result["narrow"]["calls"][0], "cli")
     lexer = shlex.shlex(command, posix=True, punctuation_chars=True)  # "<" as a shell reads it
     lexer.whitespace_split = True
     words = list(lexer)

@@ -152,6 +152,7 @@ def test_several_sessions_side_by_side(api: Api, write, tmp_path: Path) -> None:
         )
         assert "still paused" in busy["error"] and "--replace" not in busy["error"]
         assert {"verb": "start", "args": {"session": "port", "replace": True}} in busy["fix"]
+        assert 'POST /v1/sessions/port/start {"replace": true}' in busy["hint"]  # REST's words
     finally:
         for name in ("reference", "port"):
             api.http.delete(f"/v1/sessions/{name}")

@@ -102,7 +102,11 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     assert replayed.first_divergence["module"] == "model.layers.0.self_attn"
     assert replayed.first_divergence.get("local") is True  # named by its own local error
     hint = buggy.result["weights_hint"]  # inputs agree, outputs differ: weights first
-    assert hint["module"] == "model.layers.0.self_attn" and "--capture-weights" in hint["hint"]
+    assert hint["module"] == "model.layers.0.self_attn"
+    # not saved: both scripts run again with their parameters saved, then the audit
+    starts = [c["args"] for c in hint["calls"] if c["verb"] == "start"]
+    assert len(starts) == 2 and all(s["capture_weights"] is True for s in starts)
+    assert hint["calls"][-1]["verb"] == "weights"
     (inside,) = buggy.result["ops"]
     assert inside["first_divergence"]["class_b"] == "fast.rope"
     with captured(width=300) as buffer:  # the human answer shows both next steps

@@ -288,7 +288,11 @@ def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
     assert narrow is not None, result["first_divergence"]
     within = narrow["within_a"]
     assert within.startswith("decoder.up_blocks.0"), narrow
-    assert "compare NAME.2 with the port's NAME.2" in narrow["hint"]
+    assert "compare ref-fine.2 with port-fine.2" in narrow["hint"]
+    assert narrow["calls"][2] == {
+        "verb": "compare",
+        "args": {"a": "ref-fine.2", "b": "port-fine.2"},
+    }
     fine = run_script(ref_dir, VAE_DECODE, "clean", name="fine", within=within)
     assert "not captured" not in fine.stderr, fine.stderr
     # The denoiser, which lacks that module, is on the index only: its calls (and what

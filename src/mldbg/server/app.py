@@ -29,7 +29,7 @@ from starlette.routing import Match
 from starlette.types import Scope
 from typing_extensions import TypedDict
 
-from .. import __version__, budget
+from .. import __version__, budget, verbs
 from .. import results as R
 from ..errors import BAD_ARGUMENT, BAD_PATH, BAD_SESSION_NAME, INTERNAL, TOO_LONG, MldbgError
 from ..names import (
@@ -343,6 +343,10 @@ def create_app(manager: SessionManager, token: str) -> FastAPI:
     async def _mldbg_error(request: Request, exc: MldbgError) -> SafeJSONResponse:
         payload = exc.to_json()
         payload["error"] = budget.capped(str(payload.get("error")), budget.MESSAGE)
+        fixes = payload.get("fix")
+        if isinstance(fixes, list) and fixes and "hint" not in payload:
+            # worded as routes: a client of its own (the CLI, MCP) words them its way
+            payload["hint"] = "; or ".join(verbs.word(f, "rest") for f in fixes[:3])
         # the message has its budget; what an error carries beside it (the path it was
         # given, candidates, a traceback) is bounded too, as a whole
         return SafeJSONResponse(

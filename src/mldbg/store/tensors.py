@@ -153,7 +153,7 @@ def debug_save(tensor: Any, name: str, *, exit_after: bool = False) -> Path:
         return _save(tensor, name, exit_after)
 
 
-def _save(tensor: Any, name: str, exit_after: bool) -> Path:
+def _save(tensor: object, name: str, exit_after: bool) -> Path:
     framework = _framework(tensor)
     path = _path(name)
     _guard(_nbytes(tensor, framework), path.parent.parent)
@@ -251,7 +251,7 @@ def debug_load(name: str, *, to: str | None = None) -> Any:
         return _load(name, to)
 
 
-def _load(name: str, to: str | None) -> Any:
+def _load(name: str, to: str | None) -> object:
     path = _path(name)
     if not path.exists():
         stored = [item["name"] for item in list_tensors()]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mldbg import verbs
@@ -200,6 +200,13 @@ NAMES = st.text(
 )
 
 
+@settings(
+    max_examples=150,
+    deadline=None,  # a busy machine must not fail it
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     script=NAMES,
     script_args=st.lists(NAMES, max_size=4),

@@ -256,3 +256,77 @@ def test_the_mcp_instructions_teach_the_zero_edit_job_in_a_screen() -> None:
     for taught in ('capture="ref"', 'compare(a="ref", b="port")', "break(", "eval", "docs/"):
         assert taught in INSTRUCTIONS
     assert "mldbg.capture(" not in INSTRUCTIONS  # the edit-the-script workflow is not the lead
+
+
+# -- signal over noise: parameter-free modules one side computes inline -------------------
+
+
+class Mlp(torch.nn.Module):
+    """The reference: an activation module between two linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = (
+            torch.nn.Linear(8, 16),
+            torch.nn.GELU(),
+            torch.nn.Linear(16, 8),
+        )
+        self.dropout = torch.nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.fc2(self.act(self.fc1(x))))
+
+
+class InlineMlp(torch.nn.Module):
+    """The port: the same linears, the activation inline, no dropout; ``scale`` a bug."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)) * self.scale)
+
+
+class Outer(torch.nn.Module):
+    def __init__(self, mlp: torch.nn.Module) -> None:
+        super().__init__()
+        self.norm, self.mlp, self.act = torch.nn.LayerNorm(8), mlp, torch.nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.norm(x))
+
+
+def _captured(home: Path, name: str, model: torch.nn.Module) -> None:
+    from mldbg.store import current_run
+
+    current_run.reset()
+    with torch.no_grad(), mldbg.capture(model, name):
+        model(torch.randn(2, 8, generator=torch.Generator().manual_seed(1)))
+
+
+def test_parameter_free_modules_without_a_counterpart_are_counted_not_listed(home: Path) -> None:
+    torch.manual_seed(0)
+    ref = Outer(Mlp())
+    clean = Outer(InlineMlp())
+    clean.load_state_dict(ref.state_dict())
+    buggy = Outer(InlineMlp(scale=1.5))
+    buggy.load_state_dict(ref.state_dict())
+    for name, model in (("ref", ref), ("clean", clean), ("bug", buggy)):
+        _captured(home, name, model)
+
+    result = mldbg.compare("ref", "clean", home=home).result
+    assert result["ok"], result["first_divergence"]
+    assert not any("act" in n or "dropout" in n for n in result["unpaired_a"])
+    assert result["unpaired_parameter_free"]["a"] == 4  # act, dropout: an input, an output each
+    assert result["counts"]["unpaired_a"] == 4  # still counted in the whole
+
+    # The culprit is the MLP (its inline work is scaled): its parameter-free children are
+    # on the culprit's path and stay listed, with the hint to look at the inline code.
+    bug = mldbg.compare("ref", "bug", home=home).result
+    assert bug["first_divergence"]["module"] == "mlp", bug["first_divergence"]
+    assert any(n.startswith("mlp.act#0") for n in bug["unpaired_a"])
+    assert any(n.startswith("mlp.dropout#0") for n in bug["unpaired_a"])
+    meta = json.loads(next(home.glob("runs/*/captures/ref/capture.json")).read_text())
+    assert set(meta["parameter_free"]) == {"mlp.act", "mlp.dropout", "act"}  # uncalled too

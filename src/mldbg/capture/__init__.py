@@ -168,12 +168,16 @@ class Capture:
 
         return mlx_wrappers
 
-    def _module_paths(self, backend: Any, target: Any) -> list[str]:
+    def _module_paths(self, backend: Any, target: Any) -> tuple[list[str], list[str]]:
+        """Every kept module's path, and those of the modules that hold no parameter (in
+        them or below): an activation, a dropout, a rotary helper, which a port may compute
+        inline instead (compare lists such modules without a counterpart apart)."""
         try:
-            paths = [path for path, _ in backend.named_modules(target) if self.keeps(path)]
-        except Exception:  # the list is a hint for compare; never fail the capture on it
-            return []
-        return paths[:MAX_MODULES]
+            kept = [(p, m) for p, m in backend.named_modules(target) if self.keeps(p)]
+            free = [path for path, module in kept if not backend.has_parameters(module)]
+        except Exception:  # the lists are hints for compare; never fail the capture on them
+            return [], []
+        return [path for path, _ in kept][:MAX_MODULES], free[:MAX_MODULES]
 
     def inside(self, path: str) -> bool:
         """Whether call ``path``'s tensors are recorded: inside ``within`` (if given)."""
@@ -195,6 +199,7 @@ class Capture:
         self._entered = True
         backend = self._backend()
         target = self._target
+        modules, parameter_free = self._module_paths(backend, target)
         try:
             self._directory = CaptureDir(
                 current_run(),
@@ -217,7 +222,8 @@ class Capture:
                     ),
                     # Every kept module, called or not: compare tells a module the port
                     # has but never calls (a skipped norm) from one it lacks altogether.
-                    "modules": self._module_paths(backend, target),
+                    "modules": modules,
+                    "parameter_free": parameter_free,
                     **({"models": self.models} if self.models else {}),
                     **({"upstream": self.upstream} if self.upstream else {}),
                     **({"index_only": True} if self.index_only else {}),

@@ -47,6 +47,14 @@ def prepare(model: nn.Module) -> nn.Module:
     return model
 
 
+def has_parameters(module: nn.Module) -> bool:
+    """Whether ``module`` or a module inside it holds a parameter (a quantized layer's
+    packed weight counts; frozen ones too)."""
+    from mlx.utils import tree_flatten
+
+    return bool(tree_flatten(module.parameters()))
+
+
 def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(path, module)`` depth-first in insertion order, each instance once, first path wins.
 

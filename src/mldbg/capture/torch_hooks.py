@@ -41,6 +41,11 @@ def prepare(model: nn.Module) -> nn.Module:
     return _unwrap(model)
 
 
+def has_parameters(module: nn.Module) -> bool:
+    """Whether ``module`` or a module inside it holds a parameter (buffers do not count)."""
+    return next(iter(module.parameters()), None) is not None
+
+
 def named_modules(
     model: nn.Module, wrappers: list[nn.Module] | None = None
 ) -> list[tuple[str, nn.Module]]:

@@ -38,6 +38,7 @@ from .pair.transposes import layout_name
 from .read.arrays import UnsupportedDtype
 from .read.sources import CompareInputError, Entry, Source
 from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors, OpsItem
+from .report.unpaired import parameter_free_apart
 
 Progress = Callable[[int, int, str], None]
 
@@ -75,6 +76,8 @@ def compare_sources(
         paired=_paired_counts(a, alignment) if _unlocalizable(a, alignment) else None,
     )
     _mark_verdict(results, verdict)
+    unpaired_a, free_a = parameter_free_apart(alignment.unpaired_a, a, verdict.culprit)
+    unpaired_b, free_b = parameter_free_apart(alignment.unpaired_b, b, verdict.culprit)
     failed = sum(1 for r in results if not r["ok"])
     document: dict[str, Any] = {
         # Notes alone (differences beyond their bound that no output shows) never fail
@@ -93,8 +96,10 @@ def compare_sources(
         "decided_by": verdict.rule,
         "undecided": verdict.undecided,
         "entries": results,
-        "unpaired_a": alignment.unpaired_a,
-        "unpaired_b": alignment.unpaired_b,
+        "unpaired_a": unpaired_a,
+        "unpaired_b": unpaired_b,
+        # parameter-free modules one side computes inline (report/unpaired.py): counted
+        "unpaired_parameter_free": {"a": len(free_a), "b": len(free_b)},
         "proposed_map": proposal,
         "replay": None if replay is None else replay.describe(),
         "counts": _counts(results, failed, alignment),

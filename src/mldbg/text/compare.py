@@ -212,14 +212,22 @@ def _verdict(result: dict[str, Any]) -> None:
     aligned = result.get("calls_aligned")
     if aligned:  # two generation loops that split the sequence differently
         out.print(f"[dim]calls aligned: {escape(str(aligned.get('note')))}[/]")
+    apart = result.get("unpaired_parameter_free") or {}
     for side in ("a", "b"):
         names = result[f"unpaired_{side}"]
+        listed = result.get(f"unpaired_{side}_count", len(names))
         if names:
             shown = ", ".join(escape(n) for n in names[:UNPAIRED_SHOWN])
-            more = len(names) - UNPAIRED_SHOWN
+            more = listed - min(len(names), UNPAIRED_SHOWN)
             tail = f" … and {more} more (--json or --html lists all)" if more > 0 else ""
             after = " (after the map)" if side == "b" else ""
-            out.print(f"[dim]only in {side.upper()}{after}, {len(names)}: {shown}{tail}[/]")
+            out.print(f"[dim]only in {side.upper()}{after}, {listed}: {shown}{tail}[/]")
+        if apart.get(side):
+            out.print(
+                f"[dim]and {apart[side]} entries of parameter-free modules only in "
+                f"{side.upper()} (an activation, a dropout, a helper the other side computes "
+                "inline), off the culprit's path: not listed[/]"
+            )
     proposal = result.get("proposed_map")
     if proposal:
         import json

@@ -115,7 +115,7 @@ class NoArgs(TypedDict):
 
 
 class ConfigureArgs(TypedDict, total=False):
-    breakpoints: list[dict[str, Any]]  # each one BreakArgs
+    breakpoints: list[BreakArgs]
     watches: list[str]
     main_file: str | None
 
@@ -146,9 +146,7 @@ class BreakArgs(TypedDict, total=False):
     nonfinite: bool
     max_abs: float | None
     subnormal: bool
-    id: int  # as ``breaks`` lists it (restart and children copy those)
-    hit_count: int
-    pending: bool
+    id: int  # the id it has in the script's process (the daemon's copies keep it)
 
 
 class RemoveArgs(TypedDict, total=False):

@@ -149,7 +149,7 @@ def start(
         cwd=cwd,
         env=base_env,
         env_overrides=env_overrides,
-        breakpoints=[dict(bp) for bp in breakpoints or []],
+        breakpoints=[cast("P.BreakArgs", dict(bp)) for bp in breakpoints or []],
         stop_on_entry=stop_on_entry,
         replace=replace,
         follow=not no_follow,
@@ -365,9 +365,8 @@ def break_(
         spec["max_abs"] = max_abs
     if subnormal:
         spec["subnormal"] = True
-    result = P.BREAK.call(s, spec)
+    result = s.set_breakpoint(spec)
     s.log.event("breakpoint_set", **result)
-    _remember(s)
     if result.get("file"):
         warning = imported_copy_warning(s, result["file"])
         if warning:
@@ -398,24 +397,14 @@ def remove(
 ) -> R.BreakpointInfo:
     s = _session(manager, session)
     spec: P.RemoveArgs = {"file": file, "line": line, "checkpoint": checkpoint, "id": id}
-    result = P.REMOVE.call(s, spec)
+    result = s.remove_breakpoint(spec)
     s.log.event("breakpoint_removed", **result)
-    _remember(s)
     return result
 
 
 @handles("clear")
 def clear(manager: SessionManager, session: str | None) -> R.Removed:
-    s = _session(manager, session)
-    result = P.CLEAR.call(s)
-    _remember(s)
-    return result
-
-
-def _remember(s: Session) -> None:
-    from . import pdb_verbs
-
-    pdb_verbs.remember(s)
+    return _session(manager, session).clear_breakpoints()
 
 
 # -- pdb / debugpy verbs: until, restart, watch, threads (issue 12) -----------------------------
@@ -450,9 +439,7 @@ def watch(manager: SessionManager, session: str | None, *, expression: str) -> R
     from . import pdb_verbs
 
     s = _session(manager, session)
-    result = P.WATCH.call(s, {"expression": expression})
-    _remember(s)
-    return pdb_verbs.with_values(s, result)
+    return pdb_verbs.with_values(s, s.watch(expression))
 
 
 @handles("unwatch")
@@ -466,9 +453,7 @@ def unwatch(
     from . import pdb_verbs
 
     s = _session(manager, session)
-    result = P.UNWATCH.call(s, pdb_verbs.unwatch_args(target, id))
-    _remember(s)
-    return pdb_verbs.with_values(s, result)
+    return pdb_verbs.with_values(s, s.unwatch(pdb_verbs.unwatch_args(target, id)))
 
 
 @handles("thread")

@@ -28,9 +28,9 @@ import mldbg
 from conftest import Api
 from mldbg.capture.budget import MAX_BUDGET, parse_size
 from mldbg.capture.store import check_capture_name
+from mldbg.capture_options import MAX_NAME, Spec
 from mldbg.compare import CompareInputError
 from mldbg.store import current_run, reading
-from mldbg.zero_edit import MAX_NAME, Spec
 
 
 class MLP(torch.nn.Module):

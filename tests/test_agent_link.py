@@ -73,11 +73,14 @@ def test_the_secret_and_a_hello_open_the_link(listener: Any) -> None:
     assert link.hello["pid"] == 42 and link.pid == 42
     events: list[dict[str, Any]] = []
     link.start(events.append, lambda: None)
-    sock.sendall(b'{"event": "log", "message": "hi"}\n')
+    # an event its declaration refuses (protocol.LOG: no breakpoint, file, line) is dropped
+    sock.sendall(b'{"event": "log", "message": "bad"}\n{"event": "nonesuch"}\n')
+    good = {"event": "log", "message": "hi", "file": "x.py", "line": 3, "breakpoint": 1}
+    sock.sendall(json.dumps(good).encode() + b"\n")
     deadline = time.monotonic() + 30
     while not events and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert events == [{"event": "log", "message": "hi"}]
+    assert events == [good]
     # the listener keeps accepting: a second process of the session gets in too
     collector.arrived.clear()
     other = connect(listening.address)

@@ -250,12 +250,20 @@ class ChildSession(Session):
     # -- events ------------------------------------------------------------------------------
 
     def on_event(self, message: dict[str, Any]) -> None:
-        if message.get("event") == P.FINISHED and isinstance(message.get("exit_code"), int):
-            self.exit_code = message["exit_code"]
-        if message.get("event") == P.STOPPED and not self.listed:
+        self._on_event(message)
+
+    @P.serves(P.STOPPED)
+    def _on_stopped(self, event: P.Stopped) -> None:
+        if not self.listed:  # listed from its first stop on
             self.listed = True
             self.family_of.register(self)
-        self._on_event(message)
+        super()._on_stopped(event)
+
+    @P.serves(P.FINISHED)
+    def _on_finished(self, event: P.Finished) -> None:
+        if "exit_code" in event:
+            self.exit_code = event["exit_code"]
+        super()._on_finished(event)
 
     def on_link_closed(self) -> None:
         self.mark_ended()

@@ -35,9 +35,6 @@ Result = TypeVar("Result")  # its result
 __all__ = ["ENDED", "Registry", "Session", "StartRequest", "read_page", "read_tail"]
 
 ENDED = ("exited", "crashed")
-# What some stops carry besides the fixed fields: watch values, a note (a pause that had to
-# stop in library code, an exception raised in a library), the calls that help from there.
-STOP_EXTRAS = ("watches", "note", "fix", "raised", "raised_in", "memory", "tripwire")
 
 
 def _now() -> str:
@@ -196,25 +193,38 @@ class Session:
     # -- events from the debuggee -----------------------------------------------------------
 
     def _on_event(self, message: dict[str, Any]) -> None:
-        kind = message.pop("event", "")
-        if kind == P.STOPPED:
-            trace = message.pop("trace", None) or {}
-            with self.cond:
-                self.state = "paused"
-                self.stop = message
-                self.stop_seq += 1
-                self.cond.notify_all()
-            self.log.event("stopped", **_brief_stop(message), **trace)
-        elif kind == P.RESUMED:
-            with self.cond:
-                if self.state == "paused":
-                    self.state = "running"
-                self.cond.notify_all()
-        elif kind == P.LOG:
-            self.log.event("log", **message)
-        elif kind == P.FINISHED:
-            self.exception = message.get("exception")
-            self.log.event("finished", **message)
+        """An event the link checked against its declaration: to the one method for it."""
+        handler = P.handlers_of(self).get(str(message.pop("event", "")))
+        if handler is not None:
+            handler(message)
+
+    @P.serves(P.STOPPED)
+    def _on_stopped(self, event: P.Stopped) -> None:
+        trace: Mapping[str, object] = event.get("trace") or {}
+        stop = {k: v for k, v in event.items() if k != "trace"}
+        with self.cond:
+            self.state = "paused"
+            self.stop = stop
+            self.stop_seq += 1
+            self.cond.notify_all()
+        self.log.event("stopped", **_brief_stop(stop), **trace)
+
+    @P.serves(P.RESUMED)
+    def _on_resumed(self, event: P.Resumed) -> None:
+        with self.cond:
+            if self.state == "paused":
+                self.state = "running"
+            self.cond.notify_all()
+
+    @P.serves(P.LOG)
+    def _on_log(self, event: P.Log) -> None:
+        self.log.event("log", **event)
+
+    @P.serves(P.FINISHED)
+    def _on_finished(self, event: P.Finished) -> None:
+        exception = event.get("exception")
+        self.exception = dict(exception) if exception is not None else None
+        self.log.event("finished", **event)
 
     def _on_link_closed(self) -> None:
         with self.cond:
@@ -294,9 +304,11 @@ class Session:
                 "python_version": self.hello.get("python"),
                 "backend": self.hello.get("backend"),
             }
-        extras = cast("dict[str, Any]", state)  # the stop's own fields, as the agent sent them
-        for key in STOP_EXTRAS:
-            if stop.get(key) is not None:
+        # the rest of the stop's own fields (protocol.Stop), as the agent sent them: watch
+        # values, a note, the calls that help from there, memory, the tripwire...
+        extras = cast("dict[str, object]", state)
+        for key in P.Stop.__annotations__:
+            if key not in state and stop.get(key) is not None:
                 extras[key] = stop[key]
         if self.log.error:
             state["store_error"] = self.log.error

@@ -80,13 +80,6 @@ if __name__ == "__main__":
 
 
 @pytest.fixture
-def client(daemon: dict[str, Any]) -> Iterator[Client]:
-    typed = Client(daemon)  # type: ignore[arg-type]
-    yield typed
-    typed.close()
-
-
-@pytest.fixture
 def name(client: Client, request: pytest.FixtureRequest) -> Iterator[str]:
     session = f"fam-{request.node.callspec.id}-{os.getpid()}"
     yield session

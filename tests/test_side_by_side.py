@@ -37,7 +37,7 @@ print("port")  # stop
 def port(api: Api, tmp_path: Path) -> Iterator[Session]:
     s = Session(api, f"port-{uuid.uuid4().hex[:8]}", tmp_path)
     yield s
-    api.http.post(f"{s.base}/terminate")
+    s.end()
 
 
 def test_one_expression_in_two_sessions(session: Session, port: Session, write) -> None:
@@ -46,7 +46,7 @@ def test_one_expression_in_two_sessions(session: Session, port: Session, write) 
         s.start(script, breakpoints=[{"file": str(script), "line": line_of(script, "stop")}])
         assert s.cont(wait=60)["reason"] == "breakpoint"
 
-    both = session.api.post(f"{session.base}/eval", {"expression": "h", "against": port.name})
+    both = session.call("eval", expression="h", against=port.name)
     assert both["session"] == session.name and both["against"]["session"] == port.name
     assert (
         both["summary"]["dtype"] == "bfloat16" and both["against"]["summary"]["dtype"] == "float32"
@@ -62,18 +62,12 @@ def test_one_expression_in_two_sessions(session: Session, port: Session, write) 
     assert diff["mismatched"] == int(np.count_nonzero(port_values != ref_bf16))
     assert 0 < diff["rel_rms"] < 1 and 0.9 < diff["cosine"] < 1
 
-    numbers = session.api.post(
-        f"{session.base}/eval", {"expression": "steps", "against": port.name}
-    )
+    numbers = session.call("eval", expression="steps", against=port.name)
     assert numbers["difference"] == {"equal": False, "b_minus_a": 1.0, "rel": 0.25}
-    same = session.api.post(
-        f"{session.base}/eval", {"expression": "x.shape[0]", "against": port.name}
-    )
+    same = session.call("eval", expression="x.shape[0]", against=port.name)
     assert same["difference"]["equal"] is True
 
-    error = session.api.post(
-        f"{session.base}/eval", {"expression": "h", "against": session.name}, 400
-    )
+    error = session.call("eval", 400, expression="h", against=session.name)
     assert error["code"] == "bad_argument"
-    error = session.api.post(f"{session.base}/eval", {"expression": "h", "against": "nobody"}, 404)
+    error = session.call("eval", 404, expression="h", against="nobody")
     assert error["code"] == "unknown_session"

@@ -23,6 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
+from mldbg.client.api import Client
+from mldbg.errors import MldbgError
+
 ROOT = Path(__file__).resolve().parent.parent
 _names = itertools.count(1)
 
@@ -96,13 +99,17 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, what: str = 
 
 
 class Api:
-    """A real HTTP client for the test daemon, raising on unexpected statuses."""
+    """A real HTTP client for the test daemon, raising on unexpected statuses: for the
+    tests whose subject is the REST layer itself (routes, schemas, statuses, bytes).
+    Every other test calls verbs through ``client``, the typed client the CLI and the MCP
+    server use (``mldbg.client.api``)."""
 
     def __init__(self, info: dict[str, Any]) -> None:
         self.info = info
         self.http = httpx.Client(
             base_url=info["url"], headers={"Authorization": f"Bearer {info['token']}"}, timeout=90
         )
+        self.client = Client(info)  # type: ignore[arg-type]
 
     def request(self, method: str, path: str, expect: int = 200, **kwargs: Any) -> Any:
         response = self.http.request(method, path, **kwargs)
@@ -118,14 +125,34 @@ class Api:
         return self.request("POST", path, expect, json=body if body is not None else {})
 
 
+def call(
+    client: Client, verb: str, session: str | None = None, expect: int = 200, **args: Any
+) -> Any:
+    """``verb`` through the typed client; its answer, or (``expect`` an error status) the
+    error's ``{"error", "code", ...}``, failing the test on any other outcome."""
+    try:
+        answer = client.call(verb, session, **args)
+    except MldbgError as exc:
+        assert exc.status == expect, f"{verb} {session or ''}: {exc.status} {exc.to_json()}"
+        return exc.to_json()
+    assert expect == 200, f"{verb} {session or ''}: 200, not {expect}: {answer}"
+    return answer
+
+
 class Session:
-    """One named debug session driven over REST, with small helpers for the common calls."""
+    """One named debug session, its verbs called through the typed client, with small
+    helpers for the common calls."""
 
     def __init__(self, api: Api, name: str, cwd: Path) -> None:
         self.api = api
+        self.client = api.client
         self.name = name
         self.cwd = cwd
-        self.base = f"/v1/sessions/{name}"
+        self.base = f"/v1/sessions/{name}"  # for the tests of the REST layer itself
+
+    def call(self, verb: str, expect: int = 200, **args: Any) -> Any:
+        """This session's ``verb`` (``expect``: an error status, its error answered)."""
+        return call(self.client, verb, self.name, expect, **args)
 
     def start(
         self,
@@ -143,22 +170,22 @@ class Session:
             **body,
         }
         payload.setdefault("env", {**os.environ, "MLDBG_HOME": str(self.cwd / ".mldbg")})
-        return self.api.post(f"{self.base}/start", payload, expect)
+        return self.call("start", expect, **payload)
 
     def state(self) -> Any:
-        return self.api.get(self.base)
+        return self.call("status")
 
     def cont(self, wait: float = 20.0, expect: int = 200) -> Any:
-        return self.api.post(f"{self.base}/continue", {"wait": wait}, expect)
+        return self.call("continue", expect, wait=wait)
 
     def step(self, kind: str, wait: float = 20.0, **extra: Any) -> Any:
-        return self.api.post(f"{self.base}/step", {"kind": kind, "wait": wait, **extra})
+        return self.call("step", kind=kind, wait=wait, **extra)
 
     def wait(self, wait: float = 20.0) -> Any:
-        return self.api.post(f"{self.base}/wait", {"wait": wait})
+        return self.call("wait", wait=wait)
 
     def eval(self, expression: str, expect: int = 200) -> Any:
-        return self.api.post(f"{self.base}/eval", {"expression": expression}, expect)
+        return self.call("eval", expect, expression=expression)
 
     def value(self, expression: str) -> Any:
         return self.eval(expression)["result"]
@@ -166,26 +193,31 @@ class Session:
     def brk(
         self, file: str | Path | None, line: int | None, expect: int = 200, **extra: Any
     ) -> Any:
-        body = {"file": None if file is None else str(file), "line": line, **extra}
-        return self.api.post(f"{self.base}/breakpoints", body, expect)
+        where = {"file": None if file is None else str(file), "line": line}
+        return self.call("break", expect, **where, **extra)
 
     def stack(self) -> Any:
-        return self.api.get(f"{self.base}/stack")
+        return self.call("stack")
 
     def output(self) -> str:
-        return self.api.get(f"{self.base}/output")["output"]
+        return self.call("output")["output"]  # type: ignore[no-any-return]
 
     def wait_for_output(self, text: str, timeout: float = 60.0) -> str:
         """Poll the script's output until ``text`` appears (no fixed sleeps: machines vary)."""
 
         def shown() -> str | None:
-            output: str = self.api.get(f"{self.base}/output")["output"]
+            output: str = self.call("output")["output"]
             return output if text in output else None
 
         return wait_until(shown, timeout, f"{text!r} in the output")  # type: ignore[no-any-return]
 
     def terminate(self) -> Any:
-        return self.api.post(f"{self.base}/terminate")
+        return self.call("terminate")
+
+    def end(self) -> None:
+        """Terminate it if it lives (a test's cleanup: never fails)."""
+        with contextlib.suppress(MldbgError):
+            self.client.call("terminate", self.name)
 
     def run_to_end(self, wait: float = 30.0) -> Any:
         state = self.cont(wait)
@@ -255,11 +287,17 @@ def api(daemon: dict[str, Any]) -> Api:
     return Api(daemon)
 
 
+@pytest.fixture(scope="session")
+def client(api: Api) -> Client:
+    """The typed client (``mldbg.client.api``) of the test daemon."""
+    return api.client
+
+
 @pytest.fixture
 def session(api: Api, tmp_path: Path) -> Iterator[Session]:
     s = Session(api, f"t{next(_names)}", tmp_path)
     yield s
-    api.http.post(f"{s.base}/terminate")
+    s.end()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Session, wait_until
+from conftest import Session, call, wait_until
 from mldbg.agent import protocol as P
 from mldbg.agent.wire import LineReader, LinkError, preamble
 from mldbg.server import agent_link
@@ -73,11 +73,14 @@ def test_the_secret_and_a_hello_open_the_link(listener: Any) -> None:
     assert link.hello["pid"] == 42 and link.pid == 42
     events: list[dict[str, Any]] = []
     link.start(events.append, lambda: None)
-    sock.sendall(b'{"event": "log", "message": "hi"}\n')
+    # an event its declaration refuses (protocol.LOG: no breakpoint, file, line) is dropped
+    sock.sendall(b'{"event": "log", "message": "bad"}\n{"event": "nonesuch"}\n')
+    good = {"event": "log", "message": "hi", "file": "x.py", "line": 3, "breakpoint": 1}
+    sock.sendall(json.dumps(good).encode() + b"\n")
     deadline = time.monotonic() + 30
     while not events and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert events == [{"event": "log", "message": "hi"}]
+    assert events == [good]
     # the listener keeps accepting: a second process of the session gets in too
     collector.arrived.clear()
     other = connect(listening.address)
@@ -263,7 +266,7 @@ def test_strangers_on_a_live_sessions_port_change_nothing(
         assert closed_by_peer(sock)  # dropped at the handshake deadline (or the session's end)
         sock.close()
     assert rss_kb(daemon["pid"]) - before < 64 * 1024  # the flood was never buffered
-    listed = [s["session"] for s in session.api.get("/v1/sessions")["sessions"]]
+    listed = [s["session"] for s in call(session.client, "sessions", None)["sessions"]]
     assert not [n for n in listed if n.startswith(f"{session.name}.")]
 
 
@@ -284,7 +287,7 @@ print("parent done", flush=True)
 
 
 def _children(session: Session) -> list[str]:
-    listed = session.api.get("/v1/sessions")["sessions"]
+    listed = call(session.client, "sessions", None)["sessions"]
     return [s["session"] for s in listed if s["session"].startswith(f"{session.name}.w")]
 
 
@@ -432,7 +435,7 @@ def test_the_parent_says_when_a_child_runs_undebugged(session: Session, write: A
         fh.write(json.dumps(record) + "\n")
     detached = session.state()["detached_children"]
     assert detached == {"total": 1, "last": [record]}
-    listed = {s["session"]: s for s in session.api.get("/v1/sessions")["sessions"]}
+    listed = {s["session"]: s for s in call(session.client, "sessions", None)["sessions"]}
     assert listed[session.name]["detached_children"]["total"] == 1
     assert "1 child process(es) run undebugged" in render.to_text("status", session.state())
     assert "children undebugged" in render.to_text("sessions", {"sessions": [listed[session.name]]})

@@ -211,7 +211,7 @@ def test_checkpoint_pauses_under_the_debugger(session: Session, write) -> None:
     session.brk(None, None, checkpoint="bl*", condition="i == 2")
     state = session.cont()
     assert state["checkpoint"] == {"name": "block", "hit_count": 3} and session.value("i") == "2"
-    listed = session.api.get(f"{session.base}/breakpoints")["breakpoints"]
+    listed = session.call("breaks")["breakpoints"]
     assert listed == [
         {"id": listed[0]["id"], "checkpoint": "bl*", "condition": "i == 2", "hit_count": 1}
     ]
@@ -239,9 +239,9 @@ def test_checkpoint_filter_errors(session: Session, write) -> None:
     session.brk(None, None, checkpoint="c", condition="missing_name")
     state = session.cont()
     assert state["reason"] == "checkpoint" and "NameError" in state["condition_error"]
-    removed = session.api.post(f"{session.base}/breakpoints/remove", {"checkpoint": "c"})
+    removed = session.call("remove", checkpoint="c")
     assert removed["checkpoint"] == "c"
-    error = session.api.post(f"{session.base}/breakpoints/remove", {"checkpoint": "c"}, expect=400)
+    error = session.call("remove", 400, checkpoint="c")
     assert "no checkpoint filter 'c'" in error["error"]
 
 

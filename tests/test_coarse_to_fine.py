@@ -93,7 +93,7 @@ def test_deep_model_culprit_found_within_1gb_in_two_runs_of_each_script(
         run_captured(sessions[3], "deep_port.py", capture="port-fine", **fine)
     finally:
         for s in sessions:
-            api.http.post(f"{s.base}/terminate")
+            s.end()
     second = mldbg.compare("ref-fine", "port-fine", home=home)
     assert second.first_divergence is not None
     assert second.first_divergence["module"] == f"blocks.{deep_model.BUGGY_BLOCK}.mix"

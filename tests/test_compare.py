@@ -449,3 +449,44 @@ def test_the_compare_answer_bounds_notes_and_the_entries_each_lists() -> None:
     assert len(answer["notes"][0]["entries"]) == NOTE_ENTRIES_SHOWN
     assert answer["notes"][0]["entries_count"] == 5000 and answer["truncated"]
     assert len(json.dumps(answer)) < 20_000
+
+
+def test_home_names_the_run_store_compare_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--home`` means what it means for every run-store verb (it was refused)."""
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / "other"))
+    current_run.reset()
+    net = torch.nn.Linear(2, 2)
+    with mldbg.capture(net, "ref"):
+        net(torch.ones(1, 2))
+    current_run.reset()
+    found = run_cli(tmp_path, "ref", "ref", "--home", "other", "--json")
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert as_json(found)["ok"]
+    missing = run_cli(tmp_path, "ref", "ref", "--json")  # $MLDBG_HOME: ./store, empty
+    assert missing.returncode == 2 and as_json(missing)["code"] == "unknown_source"
+
+
+def test_session_names_the_run_store_compare_reads(
+    session, config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--session`` reads that session's store, as every run-store verb does (it was
+    silently ignored: compare read the store of the directory it ran in)."""
+    script = tmp_path / "idle.py"
+    script.write_text("x = 1\n")
+    session.start(script)  # its store: tmp_path/.mldbg
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
+    current_run.reset()
+    net = torch.nn.Linear(2, 2)
+    with mldbg.capture(net, "ref"):
+        net(torch.ones(1, 2))
+    current_run.reset()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("MLDBG_CONFIG_DIR", str(config_dir))  # the test daemon
+    found = run_cli(elsewhere, "-s", session.name, "ref", "ref", "--json")
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert Path(as_json(found)["a"]["path"]).is_relative_to(tmp_path / ".mldbg")
+    unknown = run_cli(elsewhere, "--session", "nobody-here", "ref", "ref", "--json")
+    assert unknown.returncode == 2 and as_json(unknown)["code"] == "unknown_session"

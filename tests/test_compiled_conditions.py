@@ -157,7 +157,7 @@ def test_compiled_in_condition_that_raises_stops_with_the_error(
     state = session.cont()
     assert state["location"]["line"] == line and session.value("i") == "3"
     assert not state.get("condition_error")
-    session.api.post(f"{session.base}/breakpoints/clear")
+    session.call("clear")
     assert session.run_to_end()["exit_code"] == 0
     assert "[0, 3, 6, 9, 12] 437 10 3" in session.output()
 
@@ -251,7 +251,7 @@ def test_conditions_set_while_paused_compile_into_the_running_module_and_come_ba
     assert state["location"]["line"] == line and session.value("i") == "5"
     assert session.value("'__mldbg_bp__' in hot.__code__.co_names") == "True"
     assert session.value("__import__('sys').gettrace()") == "None"
-    session.api.post(f"{session.base}/breakpoints/remove", {"file": str(script), "line": line})
+    session.call("remove", file=str(script), line=line)
     assert session.value("'__mldbg_bp__' in hot.__code__.co_names") == "False"
     assert session.run_to_end()["exit_code"] == 0
     assert "[0, 3, 6, 9, 12] 437 10 3" in session.output()
@@ -319,6 +319,6 @@ def test_condition_taken_away_while_its_loop_runs(session: Session, write, pytho
         state = session.cont()
         seen.append((state["location"]["line"], session.value("i")))
     assert seen == [(line, "6"), (line, "7"), (line, "8")]
-    session.api.post(f"{session.base}/breakpoints/clear")
+    session.call("clear")
     assert session.run_to_end()["exit_code"] == 0
     assert "[0, 3, 6, 9, 12] 437 10 3" in session.output()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Session, backend_params, line_of
+from conftest import Session, backend_params, call, line_of
 
 pytestmark = pytest.mark.parametrize("python", backend_params())
 
@@ -70,7 +70,7 @@ def test_breakpoint_condition_hits_and_logpoint(session: Session, write, python:
     state = session.wait()
     assert state["reason"] == "breakpoint" and state["location"]["line"] == inner
     assert session.value("x") == "3"
-    session.api.post(f"{session.base}/breakpoints/clear")
+    session.call("clear")
     session.brk(script, call, hits="2")
     session.brk(script, after, log="total={total} twice={total * 2}")
     state = session.cont()
@@ -248,7 +248,7 @@ def test_pause_stops_a_busy_loop_and_breakpoint_set_while_running(
     session.start(script, python=python, stop_on_entry=False)
     session.wait_for_output("spinning")  # in the loop, however busy the machine is
     assert session.state()["state"] == "running"
-    state = session.api.post(f"{session.base}/pause", {"wait": 10})
+    state = session.call("pause", wait=10)
     assert state["state"] == "paused" and state["reason"] == "pause"
     assert state["location"]["file"] == str(script.resolve())
     first = int(session.value("count"))
@@ -260,7 +260,7 @@ def test_pause_stops_a_busy_loop_and_breakpoint_set_while_running(
     assert state["reason"] == "breakpoint", state
     assert int(session.value("count")) > first
     session.eval("deadline = 0")  # side effects persist: the loop ends
-    session.api.post(f"{session.base}/breakpoints/clear")
+    session.call("clear")
     final = session.cont()
     assert final["state"] == "exited" and final["exit_code"] == 0
     assert "done" in session.output()
@@ -293,7 +293,7 @@ def test_uncaught_exception_is_post_mortem(session: Session, write, python: str)
     assert session.value("scale") == "0"
     frames = session.stack()["frames"]
     assert [f["function"] for f in frames][-3:] == ["inner", "outer", "<module>"]
-    session.api.post(f"{session.base}/frame", {"index": len(frames) - 2})
+    session.call("frame", index=len(frames) - 2)
     assert session.value("data") == "[1.0, 2.0]"
     final = session.cont()
     assert final["state"] == "exited" and final["exit_code"] == 1
@@ -389,19 +389,19 @@ def test_variables_and_frames(session: Session, write, python: str) -> None:
         script, python=python, breakpoints=[{"file": str(script), "line": line_of(script, "here")}]
     )
     session.cont()
-    data = session.api.get(f"{session.base}/variables")
+    data = session.call("vars")
     by_name = {v["name"]: v for v in data["variables"]}
     assert by_name["n"]["summary"] == "3" and by_name["local_list"]["type"] == "list"
     assert "GLOBAL_CONST" not in by_name
-    data = session.api.get(f"{session.base}/variables", params={"all": "true"})
+    data = session.call("vars", all=True)
     assert any(v["name"] == "GLOBAL_CONST" and v["scope"] == "global" for v in data["variables"])
-    moved = session.api.post(f"{session.base}/up", {"count": 1})
+    moved = session.call("up", count=1)
     assert moved["frame"]["function"] == "<module>"
-    clamped = session.api.post(f"{session.base}/up", {})  # past the outermost: stays there
+    clamped = session.call("up")  # past the outermost: stays there
     assert clamped["selected"] == 1 and "outermost" in clamped["note"]
-    error = session.api.post(f"{session.base}/frame", {"index": 2}, expect=400)
+    error = session.call("frame", 400, index=2)
     assert "no frame 2" in error["error"] and error["code"] == "no_such_frame"
-    assert session.api.post(f"{session.base}/frame", {"index": 0})["frame"]["function"] == "g"
+    assert session.call("frame", index=0)["frame"]["function"] == "g"
 
 
 def test_segfault_and_os_exit_leave_the_daemon_running(
@@ -459,9 +459,8 @@ def test_run_module_with_dash_m(session: Session, write, python: str) -> None:
         print("argv", sys.argv[1:], __name__)
     """,
     )
-    state = session.api.post(
-        f"{session.base}/start",
-        {"module": "pkg.tool", "args": ["a"], "cwd": str(session.cwd), "python": python},
+    state = session.call(
+        "start", module="pkg.tool", args=["a"], cwd=str(session.cwd), python=python
     )
     assert state["reason"] == "entry" and state["location"]["file"].endswith("tool.py")
     assert session.run_to_end()["exit_code"] == 0
@@ -503,7 +502,7 @@ def test_missing_script_and_bad_python_are_refused(session: Session, python: str
 
 
 def test_unknown_session_lists_live_ones(api, python: str) -> None:
-    error = api.get("/v1/sessions/never-started", expect=404)
+    error = call(api.client, "status", "never-started", 404)
     assert error["code"] == "unknown_session" and isinstance(error["sessions"], list)
 
 

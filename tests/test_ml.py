@@ -43,7 +43,7 @@ def test_tensor_eval_is_summarized_not_printed(session: Session, write) -> None:
     half = session.eval("half")["summary"]
     assert half["dtype"] == "bfloat16" and half["stats"]["nan"] == 1
     assert half["stats"]["min"] == -2.0 and half["stats"]["max"] == 1.5
-    variables = {v["name"]: v for v in session.api.get(f"{session.base}/variables")["variables"]}
+    variables = {v["name"]: v for v in session.call("vars")["variables"]}
     assert (
         variables["big"]["type"] == "torch.Tensor"
         and "float32[1000, 10000]" in variables["big"]["summary"]
@@ -92,11 +92,11 @@ def test_mlx_arrays_are_summarized_lazily_and_evaluated_on_request(session: Sess
     assert set(state["memory"]["mlx"]) == {"active_bytes", "peak_bytes", "cache_bytes", "device"}
     assert state["memory"]["process"]["rss_bytes"] > 0
     # listing variables shows the lazy array as it is: shape, dtype, not evaluated
-    listed = session.api.get(f"{session.base}/vars")["variables"]
+    listed = session.call("vars")["variables"]
     line = next(v["summary"] for v in listed if v["name"] == "lazy")
     assert "bfloat16[3, 4]" in line and "not evaluated" in line, line
     before = session.value("mx.get_active_memory()")
-    session.api.get(f"{session.base}/vars")
+    session.call("vars")
     assert session.value("mx.get_active_memory()") == before  # vars allocated nothing
     result = session.eval("lazy")  # asked for: evaluated, and it says so
     assert result["type"] == "mlx.core.array"
@@ -152,6 +152,6 @@ def test_breakpoint_inside_transformers_llama(session: Session, write) -> None:
     assert frames[0]["function"] == "forward" and frames[-1]["function"] == "<module>"
     state = session.cont(wait=60)
     assert state["reason"] == "breakpoint" and session.value("self.layer_idx") == "1"
-    session.api.post(f"{session.base}/breakpoints/clear")
+    session.call("clear")
     final = session.run_to_end()
     assert final["exit_code"] == 0 and "logits (1, 5, 64)" in session.output()

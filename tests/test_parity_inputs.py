@@ -25,12 +25,12 @@ import pytest
 import torch
 
 import mldbg
-from conftest import Api
+from conftest import Api, call
 from mldbg.capture.budget import MAX_BUDGET, parse_size
 from mldbg.capture.store import check_capture_name
+from mldbg.capture_options import MAX_NAME, Spec
 from mldbg.compare import CompareInputError
 from mldbg.store import current_run, reading
-from mldbg.zero_edit import MAX_NAME, Spec
 
 
 class MLP(torch.nn.Module):
@@ -259,7 +259,7 @@ def test_one_damaged_capture_json_does_not_hide_the_others(
     )
     code, answer = _compare(home, "ref", "port")
     assert code == 0 and answer["ok"], answer
-    listed = api.get("/v1/captures", params={"home": str(home)})
+    listed = call(api.client, "captures", None, home=str(home))
     assert {"ref", "port", "broken"} <= {c["name"] for c in listed["captures"]}
 
 
@@ -327,12 +327,12 @@ def test_start_refuses_bad_capture_options_with_bad_argument(api: Api, tmp_path:
         {"capture": "n" * (MAX_NAME + 1)},
     ):
         body = {"script": str(script), "cwd": str(tmp_path), **options}
-        refused = api.post("/v1/sessions/bad-capture/start", body, expect=400)
+        refused = call(api.client, "start", "bad-capture", 400, **body)
         assert refused["code"] == "bad_argument", refused
     # Each pattern within its limit, together too long for $MLDBG_CAPTURE: execve refused
     # the start with "Argument list too long", said of the interpreter.
     body = {"script": str(script), "capture": "x", "capture_ops": ["a" * 4000] * 100}
-    refused = api.post("/v1/sessions/bad-capture/start", body, expect=400)
+    refused = call(api.client, "start", "bad-capture", 400, **body)
     assert refused["code"] == "too_long" and "MLDBG_CAPTURE" in refused["error"], refused
 
 
@@ -408,14 +408,14 @@ def test_weights_answers_compare_codes_for_corrupt_files(
     header[key]["data_offsets"] = ["a", "b"]
     raw = json.dumps(header).encode()
     liar.write_bytes(struct.pack("<Q", len(raw)) + raw + good.read_bytes()[8 + header_length :])
-    answer = api.post(
-        "/v1/weights", {"reference": str(good), "port": str(liar), "home": str(home)}, expect=400
+    answer = call(
+        api.client, "weights", None, 400, reference=str(good), port=str(liar), home=str(home)
     )
     assert answer["code"] == "corrupt_file" and "data offsets" in answer["error"], answer
     fifo = tmp_path / "p.safetensors"
     os.mkfifo(fifo)
-    answer = api.post(
-        "/v1/weights", {"reference": str(good), "port": str(fifo), "home": str(home)}, expect=400
+    answer = call(
+        api.client, "weights", None, 400, reference=str(good), port=str(fifo), home=str(home)
     )
     assert answer["code"] == "not_tensors", answer
 
@@ -430,7 +430,7 @@ def test_a_fifo_capture_over_rest_and_mcp_answers_a_code(
     bad = _copy(port, tmp_path / "fifo-capture")
     (bad / "index.jsonl").unlink()
     os.mkfifo(bad / "index.jsonl")
-    answer = api.post("/v1/compare", {"a": str(ref), "b": str(bad), "home": str(home)}, expect=400)
+    answer = call(api.client, "compare", None, 400, a=str(ref), b=str(bad), home=str(home))
     assert answer["code"] == "unreadable" and "a FIFO" in answer["error"], answer
 
     async def scenario(tool: Any, client: Any) -> None:
@@ -472,10 +472,15 @@ def test_a_report_replaces_only_an_earlier_report(
     ):
         code, answer = _compare(home, str(ref), str(port), "--html", str(target))
         assert code == 2 and answer["code"] == "bad_argument" and why in answer["error"], answer
-        refused = api.post(
-            "/v1/compare",
-            {"a": str(ref), "b": str(port), "html": str(target), "home": str(home)},
-            expect=400,
+        refused = call(
+            api.client,
+            "compare",
+            None,
+            400,
+            a=str(ref),
+            b=str(port),
+            html=str(target),
+            home=str(home),
         )
         assert refused["code"] == "bad_argument" and why in refused["error"], refused
     assert fifo.is_fifo() and notes.read_text() == "my notes\n"
@@ -618,7 +623,7 @@ def test_nonfinite_answers_compare_codes_for_a_lying_file(
     for info in line["tensors"].values():
         info["shape"] = [10**12]
     _write_index(liar, records)
-    answer = api.get("/v1/nonfinite", params={"source": str(liar), "home": str(home)}, expect=400)
+    answer = call(api.client, "nonfinite", None, 400, source=str(liar), home=str(home))
     assert answer["code"] == "corrupt_file", answer
 
 

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from conftest import Api, Session, backend_params, line_of, wait_until
+from conftest import Api, Session, backend_params, call, line_of, wait_until
 from mldbg.server.process_tree import alive, descendants
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def listed(api: Api) -> list[dict[str, Any]]:
-    return api.get("/v1/sessions")["sessions"]  # type: ignore[no-any-return]
+    return call(api.client, "sessions", None)["sessions"]  # type: ignore[no-any-return]
 
 
 def paused_child(api: Api, prefix: str, timeout: float = 90.0) -> dict[str, Any]:
@@ -108,7 +108,7 @@ def test_dataloader_worker_pauses_as_its_own_session(
     assert worker.value("index * 3") == "15"
     frames = worker.stack()["frames"]
     assert frames[0]["function"] == "__getitem__"
-    assert "index" in {v["name"] for v in session.api.get(f"{worker.base}/vars")["variables"]}
+    assert "index" in {v["name"] for v in worker.call("vars")["variables"]}
     # the parent is not paused: it keeps its own state (it waits for the worker's data),
     # and its state says which of its children is
     parent = session.state()
@@ -326,7 +326,7 @@ def test_torchrun_ranks_are_sessions_named_by_rank(
         "stop_on_entry": False,
         "env": env,
     }
-    session.api.post(f"{session.base}/start", body)
+    session.call("start", **body)
     child = paused_child(session.api, f"{session.name}.rank", timeout=150)
     assert child["session"] == f"{session.name}.rank1"
     tree = run_tree(session)
@@ -566,7 +566,7 @@ def test_pause_and_output_on_a_child_session(session: Session, write: Any) -> No
     child = paused_child(session.api, f"{session.name}.w")
     sub = child_api(session, child["session"])
     assert sub.cont(wait=0)["state"] == "running"
-    paused = session.api.post(f"{sub.base}/pause", {"wait": 20})
+    paused = sub.call("pause", wait=20)
     assert paused["state"] == "paused" and paused["reason"] == "pause", paused
     assert int(sub.value("counter")) >= 1
     assert "CHILD LOOPING" in sub.output()  # the run's output, children's lines included

@@ -81,6 +81,32 @@ def test_the_declaration_refuses_unknown_and_missing_arguments() -> None:
     assert P.BREAKS.check({}) is None and P.BREAKS.check({"x": 1}) is not None
 
 
+def test_every_event_is_heard_once_by_the_session_as_its_declared_type() -> None:
+    """The daemon's end of each event: one method of a session marked for it, taking the
+    event's fields as its declared TypedDict (mypy then holds the agent's sends to it)."""
+    from mldbg.server.children import ChildSession
+    from mldbg.server.sessions import Session
+
+    for cls in (Session, ChildSession):
+        heard = served(cls)
+        assert set(heard) == set(P.EVENTS), cls
+        for name, fn in heard.items():
+            (parameter,) = inspect.signature(fn).parameters
+            assert annotation(fn, parameter) is P.EVENTS[name].fields, (cls, name)
+    assert not set(P.EVENTS) & set(P.COMMANDS)
+
+
+def test_the_declaration_refuses_unknown_and_missing_fields_of_an_event() -> None:
+    assert P.RESUMED.check({"event": "resumed"}) is None
+    assert "no field 'x'" in (P.RESUMED.check({"event": "resumed", "x": 1}) or "")
+    log = {"event": "log", "message": "m", "file": "f.py", "line": 3, "breakpoint": 1}
+    assert P.LOG.check(log) is None
+    del log["message"]
+    assert "needs the field 'message'" in (P.LOG.check(log) or "")
+    assert P.STOPPED.check({"event": "stopped", "reason": "entry", "trace": {}}) is None
+    assert P.STOPPED.check({"event": "stopped", "bogus": 1}) is not None
+
+
 def test_a_verb_that_passes_its_arguments_on_has_no_handler_of_its_own() -> None:
     passing = [v for v in verbs.VERBS if v.agent is not None]
     assert passing, "no verb is declared as a pass-through"
@@ -119,6 +145,7 @@ CALLS: list[tuple[P.AgentCommand[Any, Any], dict[str, Any]]] = [
     (P.STEP, {"kind": "over"}),
     (P.REMOVE, {"id": 1}),
     (P.CLEAR, {}),
+    (P.BREAK, {"file": "{script}", "line": 9, "log": "y={y}"}),  # a log event at the end
     (P.CONTINUE, {}),
 ]
 
@@ -133,7 +160,10 @@ def conforms(value: Any, shape: Any) -> str | None:
     return f"keys {sorted(unknown)} are not in {shape.__name__}" if unknown else None
 
 
-def test_every_command_round_trips_its_declared_types(tmp_path: Path) -> None:
+def test_every_command_round_trips_its_declared_types(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """... and every event the agent sends on the way is one it declares, as declared."""
     types = declared_types()
     called = {command.name for command, _ in CALLS} | {"configure", "run"}
     assert called == set(P.COMMANDS), "a new command needs a call here"
@@ -159,7 +189,7 @@ def test_every_command_round_trips_its_declared_types(tmp_path: Path) -> None:
             return answer
 
         def stops() -> int:
-            return sum(e.get("event") == P.STOPPED for e in events)
+            return sum(e.get("event") == P.STOPPED.name for e in events)
 
         check(P.CONFIGURE, {"breakpoints": [], "watches": []})
         check(P.RUN, {"stop_on_entry": True, "run_dir": str(tmp_path), "follow": False})
@@ -170,8 +200,11 @@ def test_every_command_round_trips_its_declared_types(tmp_path: Path) -> None:
             check(command, args)
             if command is P.STEP:
                 wait_until(lambda before=before: stops() > before, what="the step's stop")
-        wait_until(lambda: any(e.get("event") == P.FINISHED for e in events), what="the end")
+        wait_until(lambda: any(e.get("event") == P.FINISHED.name for e in events), what="the end")
         assert process.wait(30) == 0
+        assert {e["event"] for e in events} == set(P.EVENTS)
+        dropped = [r.getMessage() for r in caplog.records if "dropped the event" in r.getMessage()]
+        assert not dropped  # the link checks each event against its declaration
     finally:
         listener.close()
         if process.poll() is None:

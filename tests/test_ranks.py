@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 import mldbg  # noqa: E402
-from conftest import Api, Session, wait_until  # noqa: E402
+from conftest import Api, Session, call, wait_until  # noqa: E402
 from mldbg import verbs  # noqa: E402
 from mldbg.compare import CompareInputError  # noqa: E402
 from mldbg.compare.read import gather  # noqa: E402
@@ -30,14 +30,12 @@ SHARDS = {"fc1#*.out*": -1, "act#*": -1, "fc2#*.in*": -1, "fc2#*.out*": "sum"}
 def run(api: Api, name: str, cwd: Path, body: dict[str, Any]) -> None:
     session = Session(api, name, cwd)
     try:
-        api.post(
-            f"{session.base}/start",
-            {
-                "cwd": str(cwd),
-                "stop_on_entry": False,
-                "env": {**os.environ, "MLDBG_HOME": str(cwd / ".mldbg")},
-                **body,
-            },
+        session.call(
+            "start",
+            cwd=str(cwd),
+            stop_on_entry=False,
+            env={**os.environ, "MLDBG_HOME": str(cwd / ".mldbg")},
+            **body,
         )
 
         def ended() -> dict[str, Any] | None:
@@ -47,7 +45,7 @@ def run(api: Api, name: str, cwd: Path, body: dict[str, Any]) -> None:
         state = wait_until(ended, timeout=300, what=f"{name} to end")
         assert state.get("exit_code") == 0, (state, session.output())
     finally:
-        api.http.post(f"{session.base}/terminate")
+        session.end()
 
 
 def test_tensor_parallel_ranks_gathered_and_compared(api: Api, tmp_path: Path) -> None:
@@ -84,10 +82,10 @@ def test_tensor_parallel_ranks_gathered_and_compared(api: Api, tmp_path: Path) -
 
     # The same through the daemon (REST; MCP's tool is derived from the same declaration).
     body = {"a": "ref", "b": "bug@rank*", "shards": SHARDS, "home": str(home)}
-    answer = api.post("/v1/compare", body)
+    answer = call(api.client, "compare", None, **body)
     assert answer["b"]["kind"] == "gathered" and answer["first_divergence"]["module"] == "fc1"
     too_many = {f"rule{i}": 0 for i in range(verbs.SHARD_RULES_LIMIT + 1)}
-    refused = api.post("/v1/compare", {**body, "shards": too_many}, expect=400)
+    refused = call(api.client, "compare", None, 400, **{**body, "shards": too_many})
     assert refused["code"] == "too_long" and refused["limit"] == verbs.SHARD_RULES_LIMIT
 
     # And from the command line: one --shards GLOB=DIM (or GLOB=sum) per rule.

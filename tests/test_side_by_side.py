@@ -37,7 +37,7 @@ print("port")  # stop
 def port(api: Api, tmp_path: Path) -> Iterator[Session]:
     s = Session(api, f"port-{uuid.uuid4().hex[:8]}", tmp_path)
     yield s
-    api.http.post(f"{s.base}/terminate")
+    s.end()
 
 
 def test_one_expression_in_two_sessions(session: Session, port: Session, write) -> None:
@@ -47,7 +47,7 @@ def test_one_expression_in_two_sessions(session: Session, port: Session, write) 
         assert s.cont(wait=60)["reason"] == "breakpoint"
 
     # asked in the port, set against the reference (`eval -s port h --against ref`)
-    both = port.api.post(f"{port.base}/eval", {"expression": "h", "against": session.name})
+    both = port.call("eval", expression="h", against=session.name)
     assert both["session"] == port.name and both["against"]["session"] == session.name
     assert (
         both["summary"]["dtype"] == "float32" and both["against"]["summary"]["dtype"] == "bfloat16"
@@ -65,17 +65,13 @@ def test_one_expression_in_two_sessions(session: Session, port: Session, write) 
     error = np.linalg.norm(port_values - ref_bf16) / np.linalg.norm(ref_bf16)
     assert diff["rel_rms"] == pytest.approx(error, rel=1e-6) and 0.9 < diff["cosine"] < 1
 
-    numbers = port.api.post(f"{port.base}/eval", {"expression": "steps", "against": session.name})
+    numbers = port.call("eval", expression="steps", against=session.name)
     # port 4, reference 3: off by a third of the reference's value
     assert numbers["difference"] == {"equal": False, "b_minus_a": -1.0, "rel": pytest.approx(1 / 3)}
-    same = session.api.post(
-        f"{session.base}/eval", {"expression": "x.shape[0]", "against": port.name}
-    )
+    same = session.call("eval", expression="x.shape[0]", against=port.name)
     assert same["difference"]["equal"] is True
 
-    error = session.api.post(
-        f"{session.base}/eval", {"expression": "h", "against": session.name}, 400
-    )
+    error = session.call("eval", 400, expression="h", against=session.name)
     assert error["code"] == "bad_argument"
-    error = session.api.post(f"{session.base}/eval", {"expression": "h", "against": "nobody"}, 404)
+    error = session.call("eval", 404, expression="h", against="nobody")
     assert error["code"] == "unknown_session"

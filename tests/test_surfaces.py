@@ -18,7 +18,7 @@ from mcp import Client as McpClient
 from mcp.client.stdio import StdioServerParameters
 
 from conftest import Api, line_of
-from mldbg import verbs
+from mldbg import capture_options, verbs
 from mldbg.cli import main as cli_main
 from mldbg.client.api import Client
 from mldbg.server import handlers
@@ -50,10 +50,19 @@ def test_every_handler_takes_its_verbs_arguments_as_typed_keywords() -> None:
         hints = typing.get_type_hints(handler)
         parameters = list(inspect.signature(handler).parameters.values())
         assert [p.name for p in parameters[:2]] == ["manager", "session"], verb.name
-        positional = [p.name for p in parameters if p.kind is not p.KEYWORD_ONLY]
+        positional = [
+            p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.POSITIONAL_ONLY)
+        ]
         assert positional[2:] == (["where"] if verb.store else []), verb.name
         keywords = {p.name: p for p in parameters if p.kind is p.KEYWORD_ONLY}
         declared = {a.name: a for a in verb_args(verb) if a.name not in handlers.WHERE}
+        if any(p.kind is p.VAR_KEYWORD for p in parameters):
+            # start's capture options come as one mapping, checked by their declaration
+            # (capture_options.Spec: tests/test_capture_options.py)
+            assert verb.name == "start", verb.name
+            options = {capture_options.argument_of(f) for f in capture_options.OPTIONS}
+            assert options <= set(declared) and not options & set(keywords)
+            declared = {k: a for k, a in declared.items() if k not in options}
         assert set(keywords) == set(declared), verb.name
         for name, arg in declared.items():
             wanted = arg.type if arg.required or arg.default is not None else arg.type | None

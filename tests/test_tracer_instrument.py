@@ -388,10 +388,7 @@ def test_removing_a_breakpoint_restores_the_original_code(
     session.brk(script, line_of(script, "defined after the entry stop"))
     state = session.cont()
     assert state["location"]["line"] == line_of(script, "the breakpoint")
-    session.api.post(
-        f"{session.base}/breakpoints/remove",
-        {"file": str(script), "line": line_of(script, "the breakpoint")},
-    )
+    session.call("remove", file=str(script), line=line_of(script, "the breakpoint"))
     session.eval("import sys; sys.modules[__name__].go_on = True")
     state = session.cont()
     assert state["location"]["line"] == line_of(script, "defined after the entry stop")
@@ -449,25 +446,25 @@ def test_threads_started_before_and_after_a_breakpoint_and_pause_in_a_thread(
     script = write("threads.py", THREADS)
     session.start(script, python=python, env=_env(session, None), stop_on_entry=False)
     # A pause must stop a thread spinning without a single call.
-    state = session.api.post(f"{session.base}/pause", {"wait": 10})
+    state = session.call("pause", wait=10)
     assert state["reason"] == "pause"
     session.cont(wait=0)
     # A breakpoint in a function the early thread keeps calling (new calls: hooked code).
     session.brk(script, line_of(script, "in step"))
     state = session.wait(10)
     assert state["reason"] == "breakpoint" and state["thread"]["name"] == "early"
-    session.api.post(f"{session.base}/breakpoints/clear")
+    session.call("clear")
     # A breakpoint in the loop the early thread is already running (old frame: traced).
     session.brk(script, line_of(script, "early loop"))
     state = session.cont()
     assert state["reason"] == "breakpoint" and state["thread"]["name"] == "early"
     assert state["location"]["line"] == line_of(script, "early loop")
-    session.api.post(f"{session.base}/breakpoints/clear")
+    session.call("clear")
     # And in the spinner's loop: a thread that makes no call at all.
     session.brk(script, line_of(script, "busy spin"))
     state = session.cont()
     assert state["reason"] == "breakpoint" and state["thread"]["name"] == "spinner"
-    session.api.post(f"{session.base}/breakpoints/clear")
+    session.call("clear")
     session.eval("stop.set()")
     session.brk(script, line_of(script, "in step"))
     state = session.cont()
@@ -626,9 +623,7 @@ def test_file_edited_since_import_is_traced_like_settrace(
         # running code has its second statement on.
         helper.write_text("# edited\n" + helper.read_text())
         s.brk(helper, line_of(helper, "first statement"))
-        s.api.post(
-            f"{s.base}/breakpoints/remove", {"file": str(script), "line": line_of(script, "call")}
-        )
+        s.call("remove", file=str(script), line=line_of(script, "call"))
         seen = []
         state = s.cont()
         while state["state"] == "paused":
@@ -683,7 +678,7 @@ def test_traced_fallback_sees_breakpoints_added_later_in_other_files(
     state = session.wait(20)
     assert state["location"]["line"] == local  # helper_walk.walk already ran, traced
     session.brk(helper, line_of(helper, "helper loop header"))
-    session.api.post(f"{session.base}/breakpoints/remove", {"file": str(script), "line": local})
+    session.call("remove", file=str(script), line=local)
     state = session.cont()
     assert state["state"] == "paused"
     assert state["location"]["file"] == str(helper.resolve()), state["location"]

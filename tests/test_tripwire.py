@@ -96,7 +96,7 @@ def test_torch_stops_where_nan_first_appears(session: Session, write) -> None:
     assert state["reason"] == "entry"
     bp = session.brk(None, None, nonfinite=True)
     assert bp["nonfinite"] is True and bp["id"] >= 1
-    assert any("nonfinite" in b for b in session.api.get(f"{session.base}/breaks")["breakpoints"])
+    assert any("nonfinite" in b for b in session.call("breaks")["breakpoints"])
 
     state = session.cont(wait=60)
     assert state["reason"] == "tripwire", state
@@ -128,7 +128,7 @@ def test_torch_max_abs_and_removal(session: Session, write) -> None:
     state = session.cont(wait=60)
     assert state["reason"] == "tripwire" and state["tripwire"]["module"] == "layers.0.bad", state
     assert state["tripwire"]["found"][0]["above_max_abs"] == 8
-    session.api.post(f"{session.base}/remove", {"id": bp["id"]})
+    session.call("remove", id=bp["id"])
     state = session.cont(wait=60)  # removed: the next block's bad output no longer stops
     assert state["state"] == "exited" and state["exit_code"] == 0, state
 
@@ -158,7 +158,7 @@ def test_mlx_subnormal_garbage_then_inf(session: Session, write) -> None:
     assert session.value("h.shape") == "(2, 4)"
     wrapped = "getattr(type(net.blocks[0].gather).__call__, '_mldbg_tripwire', False)"
     assert session.value(wrapped) == "True"
-    session.api.post(f"{session.base}/remove", {"id": state["tripwire"]["id"]})
+    session.call("remove", id=state["tripwire"]["id"])
     assert session.value(wrapped) == "False"  # removed: every class is as it was
     state = session.cont(wait=60)
     assert state["state"] == "exited" and state["exit_code"] == 0, state

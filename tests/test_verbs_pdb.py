@@ -19,14 +19,15 @@ from typing import Any
 import pytest
 
 from conftest import Session, backend_params, line_of, wait_until
+from mldbg.errors import MldbgError
 from test_engine import LOOP
 
 BACKENDS = [p for p in backend_params() if p.id in ("settrace", "monitoring")]
 pytestmark = pytest.mark.parametrize("python", BACKENDS)
 
 
-def _post(session: Session, route: str, body: dict[str, Any], expect: int = 200) -> Any:
-    return session.api.post(f"{session.base}/{route}", body, expect)
+def _post(session: Session, verb: str, body: dict[str, Any], expect: int = 200) -> Any:
+    return session.call(verb, expect, **body)
 
 
 def _break(session: Session, expect: int = 200, **body: Any) -> Any:
@@ -92,7 +93,7 @@ def test_break_on_any_raised_exception_then_remove_it_by_id(
     assert bp["types"] == []
     state = session.cont()
     assert state["exception"]["type"] == "ValueError"
-    listed = session.api.get(f"{session.base}/breaks")["breakpoints"]
+    listed = session.call("breaks")["breakpoints"]
     assert [b["id"] for b in listed] == [bp["id"]]
     removed = _post(session, "remove", {"id": bp["id"]})
     assert removed["id"] == bp["id"]
@@ -210,7 +211,7 @@ def test_function_breakpoints_by_dotted_name(session: Session, write, python: st
     state = session.cont()
     assert state["reason"] == "breakpoint", state
     assert state["location"]["function"] == "late" and session.value("x") == "1"
-    listed = session.api.get(f"{session.base}/breaks")["breakpoints"]
+    listed = session.call("breaks")["breakpoints"]
     assert not any(b.get("pending") for b in listed)
     assert session.cont()["state"] == "exited"
 
@@ -230,7 +231,7 @@ def test_pending_function_breakpoint_is_set_when_its_module_loads(
     )
     script = write("use.py", "import relib\nprint(relib.Alias.go(2))  # at once, no import\n")
     session.start(script, python=python, breakpoints=[{"function": "relib.Alias.go"}])
-    (listed,) = session.api.get(f"{session.base}/breaks")["breakpoints"]
+    (listed,) = session.call("breaks")["breakpoints"]
     assert listed["pending"] is True  # relib/__init__.py does not define Alias itself
     state = session.cont()
     assert state["reason"] == "breakpoint", state
@@ -266,12 +267,12 @@ def test_until_line_id_and_file(session: Session, write, python: str) -> None:
     assert state["location"]["line"] == line_of(script, "call site"), state
     assert state["until"]["temporary"] is True
     # the one-shot breakpoint is gone: continue runs to the end
-    assert session.api.get(f"{session.base}/breaks")["breakpoints"] == []
+    assert session.call("breaks")["breakpoints"] == []
     bp = session.brk(script, line_of(script, "in double"))
     state = _post(session, "until", {"target": f"#{bp['id']}", "wait": 20})
     assert state["location"]["line"] == line_of(script, "in double")
     assert state["until"]["existing"] is True
-    session.api.post(f"{session.base}/remove", {"id": bp["id"]})
+    session.call("remove", id=bp["id"])
     state = _post(session, "until", {"target": f"{script}:{line_of(script, 'after loop')}"})
     assert state["location"]["line"] == line_of(script, "after loop")
     assert session.value("total") == "20"
@@ -353,7 +354,7 @@ def test_breakpoint_files_found_among_what_the_script_imports(
     assert error["code"] == "ambiguous_file" and len(error["candidates"]) == 2
     error = _break(session, file="no_such_file_anywhere.py", line=1, expect=400)
     assert error["code"] == "file_not_found"
-    session.api.post(f"{session.base}/remove", {"id": decoder["id"]})
+    session.call("remove", id=decoder["id"])
     state = session.cont()
     assert state["location"]["file"] == str(lib.resolve()), state
 
@@ -474,10 +475,10 @@ def test_a_runaway_eval_is_interrupted_and_the_session_stays_paused(
     answer: dict[str, Any] = {}
 
     def runaway() -> None:
-        response = session.api.http.post(
-            f"{session.base}/eval", json={"expression": "n = 0\nwhile True: n += 1"}
-        )
-        answer.update(response.json())
+        try:
+            session.client.call("eval", session.name, expression="n = 0\nwhile True: n += 1")
+        except MldbgError as exc:
+            answer.update(exc.to_json())
 
     worker = threading.Thread(target=runaway)
     worker.start()
@@ -573,7 +574,7 @@ print("joined")
 
 def _wait_threads_paused(session: Session, count: int) -> Any:
     def listed() -> Any:
-        threads = session.api.get(f"{session.base}/threads")
+        threads = session.call("threads")
         return threads if sum(t["paused"] for t in threads["threads"]) >= count else None
 
     return wait_until(listed, 30, f"{count} paused threads")
@@ -623,7 +624,7 @@ def test_this_thread_leaves_the_others_running(session: Session, write, python: 
     while int(session.value("counter")) == first and time.monotonic() < deadline:
         time.sleep(0.05)
     assert int(session.value("counter")) > first  # the worker kept running
-    listed = session.api.get(f"{session.base}/threads")
+    listed = session.call("threads")
     assert [t["paused"] for t in listed["threads"] if t["name"] == "spinner"] == [False]
     assert session.run_to_end()["state"] == "exited"
 

@@ -82,7 +82,7 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
         run_captured(sessions[3], PORT, "1000000", capture="bug-replay", capture_replay="ref")
     finally:
         for s in sessions:
-            api.http.post(f"{s.base}/terminate")
+            s.end()
     found = captures_of(home)
     assert found["ref"]["framework"] == "torch"
     assert found["ref"]["model_class"].endswith("LlamaForCausalLM")
@@ -143,7 +143,7 @@ def test_generation_loops_that_split_the_prompt_differently_are_aligned(
         run_captured(sessions[2], PORT, "1000000", "generate", capture="bug", capture_calls=3)
     finally:
         for s in sessions:
-            api.http.post(f"{s.base}/terminate")
+            s.end()
     # Every call of the MLX model recorded once, at the top (not again inside itself).
     port_calls = _top_level_calls(home, "port")
     assert [c["call"] for c in port_calls] == list(range(6))

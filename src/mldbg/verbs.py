@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import capture_options
 from . import results as R
 from .agent import protocol as P
 from .errors import (
@@ -234,66 +235,25 @@ RESUME_ERRORS = (NOT_PAUSED, SESSION_ENDED)
 # What compare's status filter finds an entry by (compare/report/answer.py, statuses()).
 COMPARE_STATUSES = ("failing", "passing", "culprit", "noted", "compensated", "error")
 
-# Zero-edit capture: `start --capture NAME` records the script's models, unmodified.
+# Zero-edit capture: `start --capture NAME` records the script's models, unmodified.  Each
+# option is declared once, in capture_options.Spec; its argument here derives from it.
 CAPTURE_ARGS = (
     Arg(
         "capture",
         str,
         "capture the script's models (the outermost modules it calls) as NAME, NAME.2, ...",
     ),
-    Arg(
-        "capture_models",
-        list[str],
-        "capture these models instead: a class name or glob (LlamaModel, *UNet*); repeatable",
-        flag="--capture-model",
-    ),
-    Arg(
-        "capture_mode",
-        str,
-        "full: every tensor; summary: statistics + an 8 KB sketch per tensor (coarse pass)",
-        "full",
-        choices=("full", "summary"),
-    ),
-    Arg(
-        "capture_depth",
-        int,
-        "record only calls nested at most this deep in the model (0: the model's own call)",
-        minimum=0,
-    ),
-    Arg(
-        "capture_budget",
-        str,
-        "most bytes the tensor files may take (500MB, 1GB); the rest is skipped, reported",
-    ),
-    Arg(
-        "capture_within",
-        str,
-        "record only this module and what it contains (the culprit a coarse pass named)",
-    ),
-    Arg("capture_calls", int, "record only the first N calls of each model", minimum=1),
-    Arg(
-        "capture_ops",
-        list[str],
-        "also record the torch / mx.* operations inside this module (path or glob); repeatable",
-        flag="--capture-ops",
-    ),
-    Arg(
-        "capture_weights",
-        bool,
-        "also save each model's parameters at its first call (for the weights audit)",
-        False,
-    ),
-    Arg(
-        "capture_no_sensitivity",
-        bool,
-        "skip the sensitivity re-runs (faster; compare then bounds by rounding alone)",
-        False,
-    ),
-    Arg(
-        "capture_replay",
-        str,
-        "replay each model on this reference capture instead (its modules fed its "
-        "inputs), as capture NAME",
+    *(
+        Arg(
+            capture_options.argument_of(field),
+            declared.type,
+            declared.help,
+            capture_options.argument_default(field),
+            choices=declared.choices,
+            minimum=declared.minimum,
+            flag=declared.flag,
+        )
+        for field, declared in capture_options.OPTIONS.items()
     ),
 )
 

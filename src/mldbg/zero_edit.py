@@ -1,7 +1,7 @@
 """Capture a script's models without editing the script (``mldbg start --capture NAME``).
 
 The agent installs this before the script's first line when the environment holds
-``MLDBG_CAPTURE`` (a JSON :class:`Spec`, which ``start --capture`` puts there; child
+``MLDBG_CAPTURE`` (a JSON ``capture_options.Spec``, which ``start --capture`` puts there; child
 processes inherit it, so each ``torchrun`` rank captures its own models).  Nothing of
 torch or MLX is imported here: an import hook patches each framework when the script
 imports it (or at once, when it already has).
@@ -37,104 +37,20 @@ import json
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .capture.budget import check_mode, parse_size
-from .capture.store import check_capture_name
+from .capture_options import ENV, MAX_MODELS, Spec
 
 if TYPE_CHECKING:  # the capture and replay types (loaded only when a model is captured)
     from .capture import Capture
     from .compare.replay import ReplayResult
 
-ENV = "MLDBG_CAPTURE"
-MAX_MODELS = 64  # models (captures) one process may open; more are run uncaptured
-# The longest NAME: room left in a capture name's 100 characters for ".64" and "@rank99999".
-MAX_NAME = 100 - len(f".{MAX_MODELS}") - len("@rank99999")
 MAX_CALLED = 20  # class names of outermost calls kept, to say what a pattern could match
 MAX_PROBLEM = 2_000  # characters of one problem kept in run.json
 MAX_PROBLEMS = 20  # problems kept in run.json
 _MARK = "_mldbg_zero_edit"
 _RECORDING = "_mldbg_capture_layer"  # mlx_wrappers' recording classes: never wrapped
-
-
-@dataclass
-class Spec:
-    """What to capture; every field is checked by :meth:`parse` (the daemon's and the
-    agent's one validation)."""
-
-    name: str
-    models: list[str] | None = None
-    calls: int | None = None
-    mode: str = "full"
-    depth: int | None = None
-    budget: int | None = None
-    within: str | None = None
-    inputs: bool = True
-    ops: list[str] | None = None
-    weights: bool = False
-    sensitivity: bool = True  # the re-runs that measure each call's floor (compare's bounds)
-    replay: str | None = None  # replay each model on this reference capture instead
-
-    @classmethod
-    def parse(cls, data: object) -> Spec:
-        if not isinstance(data, dict):
-            raise ValueError("the capture settings are a JSON object")
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown capture setting(s): {', '.join(sorted(unknown))}")
-        name = check_capture_name(data.get("name"))  # type: ignore[arg-type]
-        if len(name) > MAX_NAME:  # NAME.64@rank12345 must still be a capture name
-            raise ValueError(
-                f"capture name {name[:40]!r}… has {len(name)} characters: at most {MAX_NAME}, "
-                f"since later models are NAME.2 … NAME.{MAX_MODELS} and torchrun ranks add "
-                "@rankN"
-            )
-        models = data.get("models")
-        if models is not None and (
-            not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)
-        ):
-            raise ValueError("models takes class names or glob patterns, e.g. LlamaModel")
-        for option in ("calls", "depth"):
-            value = data.get(option)
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < (option == "calls")
-            ):
-                raise ValueError(f"{option} takes a whole number, not {str(value)[:40]!r}")
-        ops = data.get("ops")
-        if ops is not None and (
-            not isinstance(ops, list) or not all(isinstance(m, str) and m for m in ops)
-        ):
-            raise ValueError("ops takes module paths or globs, e.g. model.layers.0.self_attn")
-        within = data.get("within")
-        if within is not None and not isinstance(within, str):
-            raise ValueError("within takes a module path, e.g. model.layers.7")
-        return cls(
-            name=name,
-            models=list(models) if models else None,
-            calls=data.get("calls"),
-            mode=check_mode(str(data.get("mode") or "full")),
-            depth=data.get("depth"),
-            budget=parse_size(data.get("budget")),
-            within=within,
-            inputs=bool(data.get("inputs", True)),
-            ops=list(ops) if ops else None,
-            weights=bool(data.get("weights", False)),
-            sensitivity=bool(data.get("sensitivity", True)),
-            replay=_replay_name(data.get("replay")),
-        )
-
-    def to_env(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-
-def _replay_name(value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ValueError("replay takes the reference capture's name (or run/name, or a path)")
-    return value
 
 
 class _Thread(threading.local):

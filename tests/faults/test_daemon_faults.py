@@ -32,7 +32,7 @@ from daemons import (
     wait_until,
 )
 
-from conftest import line_of
+from conftest import call, line_of
 from mldbg import verbs
 
 SCRIPT = """
@@ -59,8 +59,8 @@ def _start(daemon: Daemon, write, tmp_path: Path, name: str, mode: str) -> dict[
         stop_on_entry=False,
         breakpoints=[{"file": str(script), "line": line_of(script, "stop here")}],
     )
-    daemon.api.post(f"/v1/sessions/{name}/start", body)
-    state = daemon.api.post(f"/v1/sessions/{name}/wait", {"wait": 30})
+    call(daemon.api.client, "start", name, **body)
+    state = call(daemon.api.client, "wait", name, wait=30)
     assert state["state"] == "paused" and state["reason"] == "breakpoint", state
     return state
 
@@ -69,7 +69,7 @@ def _put_in(daemon: Daemon, name: str, state: str) -> None:
     """From paused at the breakpoint into ``state``: paused, running, or evaluating."""
     api = daemon.api
     if state == "running":
-        assert api.post(f"/v1/sessions/{name}/continue", {"wait": 0})["state"] == "running"
+        assert call(api.client, "continue", name, wait=0)["state"] == "running"
     elif state == "evaluating":
 
         def evaluate() -> None:
@@ -111,7 +111,7 @@ def test_daemon_sigkill_ends_its_debuggees_and_the_next_daemon_says_so(
             found = {r["session"]: r for r in health["recovered"]}
             assert found["victim"]["found"] == "ended_itself"
             assert found["victim"]["run_dir"] == run_dir
-            listed = again.api.get("/v1/sessions/victim")
+            listed = call(again.api.client, "status", "victim")
             assert listed["state"] == "exited" and listed["recovered"]["pid"] == pid
             assert "before the stop" in listed["output_tail"]
             if state == "paused":  # and the CLI says so in words
@@ -125,7 +125,7 @@ def test_daemon_sigkill_ends_its_debuggees_and_the_next_daemon_says_so(
                 assert "victim: exited (its daemon went away; found ended_itself)" in shown
             # and its name is free again
             _start(again, write, tmp_path, "victim", "")
-            again.api.post("/v1/sessions/victim/terminate")
+            call(again.api.client, "terminate", "victim")
         finally:
             again.stop()
     finally:
@@ -148,8 +148,8 @@ def test_daemon_sigkill_while_starting_is_cleaned_up_by_the_next_daemon(
     starting = wait_until(
         lambda: (
             daemon.api.http.get("/v1/sessions/early").status_code == 200
-            and daemon.api.get("/v1/sessions/early").get("pid") is not None
-            and daemon.api.get("/v1/sessions/early")
+            and call(daemon.api.client, "status", "early").get("pid") is not None
+            and call(daemon.api.client, "status", "early")
         ),
         what="the session's process to exist",
     )
@@ -274,7 +274,7 @@ def test_forty_waits_do_not_starve_the_daemon(api, write, tmp_path: Path) -> Non
     """Health and status answer while 50 long waits are pending (no timing threshold:
     the check is that they answer *before* the waits return)."""
     script = write("busy.py", "import time\nwhile True:\n    time.sleep(0.05)\n")
-    api.post("/v1/sessions/loaded/start", start_body(script, tmp_path, stop_on_entry=False))
+    call(api.client, "start", "loaded", **start_body(script, tmp_path, stop_on_entry=False))
     returned: list[float] = []
     lock = threading.Lock()
 
@@ -293,12 +293,12 @@ def test_forty_waits_do_not_starve_the_daemon(api, write, tmp_path: Path) -> Non
         time.sleep(2)  # let every wait reach the daemon (fewer would only make this easier)
         assert not returned
         assert api.get("/v1/health")["ok"] is True
-        assert api.get("/v1/sessions/loaded")["state"] == "running"
-        assert api.get("/v1/sessions")["total"] >= 1
+        assert call(api.client, "status", "loaded")["state"] == "running"
+        assert call(api.client, "sessions", None)["total"] >= 1
         answered = time.monotonic()
         assert not returned, "the waits returned before health answered: it was starved"
     finally:
-        api.post("/v1/sessions/loaded/terminate")  # ends every wait at once
+        call(api.client, "terminate", "loaded")  # ends every wait at once
         for thread in threads:
             thread.join(60)
     assert len(returned) == 50 and min(returned) >= answered

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from daemons import alive, events, kill_quietly, run_json, slow_python, start_body, wait_until
 
-from conftest import Api, line_of
+from conftest import Api, call, line_of
 
 SCRIPT = """
 import sys, time
@@ -37,8 +37,8 @@ def _paused(api: Api, write, tmp_path: Path, name: str, *args: str) -> dict[str,
         stop_on_entry=False,
         breakpoints=[{"file": str(script), "line": line_of(script, "stop here")}],
     )
-    api.post(f"/v1/sessions/{name}/start", body)
-    state = api.post(f"/v1/sessions/{name}/wait", {"wait": 30})
+    call(api.client, "start", name, **body)
+    state = call(api.client, "wait", name, wait=30)
     assert state["state"] == "paused", state
     return state
 
@@ -59,7 +59,7 @@ def test_debuggee_sigkill_in_each_state(api: Api, write, tmp_path: Path, state: 
         pid = wait_until(
             lambda: (
                 api.http.get(f"/v1/sessions/{name}").status_code == 200
-                and api.get(f"/v1/sessions/{name}")["pid"]
+                and call(api.client, "status", name)["pid"]
             ),
             what="the starting session's pid",
         )
@@ -67,7 +67,7 @@ def test_debuggee_sigkill_in_each_state(api: Api, write, tmp_path: Path, state: 
         started = _paused(api, write, tmp_path, name, *(["loop"] if state == "running" else []))
         pid = started["pid"]
         if state == "running":
-            assert api.post(f"/v1/sessions/{name}/continue", {"wait": 0})["state"] == "running"
+            assert call(api.client, "continue", name, wait=0)["state"] == "running"
         if state == "evaluating":
 
             def evaluate() -> None:
@@ -85,12 +85,12 @@ def test_debuggee_sigkill_in_each_state(api: Api, write, tmp_path: Path, state: 
             failed = answers["start"].json()
             assert answers["start"].status_code == 400 and failed["code"] == "start_failed"
             assert "exited" in failed["error"] and failed["run_dir"]
-            assert api.get(f"/v1/sessions/{name}", expect=404)["code"] == "unknown_session"
+            assert call(api.client, "status", name, 404)["code"] == "unknown_session"
             meta = run_json(failed["run_dir"])
             assert meta["state"] == "crashed" and meta["signal"] == "SIGKILL"
             return
         ended = wait_until(
-            lambda: (s := api.get(f"/v1/sessions/{name}"))["state"] in ("exited", "crashed") and s,
+            lambda: (s := call(api.client, "status", name))["state"] in ("exited", "crashed") and s,
             what="the session to end",
         )
         assert ended["state"] == "crashed" and ended["signal"] == "SIGKILL", ended
@@ -99,9 +99,9 @@ def test_debuggee_sigkill_in_each_state(api: Api, write, tmp_path: Path, state: 
             assert answers["eval"].status_code == 409
             assert answers["eval"].json()["code"] == "session_ended"
         # later calls answer "ended", never a 500
-        refused = api.post(f"/v1/sessions/{name}/eval", {"expression": "1"}, expect=409)
+        refused = call(api.client, "eval", name, 409, expression="1")
         assert refused["code"] == "session_ended"
-        assert api.post(f"/v1/sessions/{name}/terminate")["state"] == "crashed"
+        assert call(api.client, "terminate", name)["state"] == "crashed"
         if state != "starting":
             meta = run_json(ended["run_dir"])
             assert meta["state"] == "crashed" and meta["signal"] == "SIGKILL"
@@ -128,26 +128,28 @@ def test_eval_raising_a_huge_message_answers_a_bounded_error(
         error = response.json()
         assert "ValueError" in error["error"] and "cut" in error["error"]
         # the session lives on, and the event log holds a bounded record too
-        assert api.post("/v1/sessions/hugeeval/eval", {"expression": "value"})["result"] == "41"
-        run_dir = api.get("/v1/sessions/hugeeval")["run_dir"]
+        assert call(api.client, "eval", "hugeeval", expression="value")["result"] == "41"
+        run_dir = call(api.client, "status", "hugeeval")["run_dir"]
         assert (Path(run_dir) / "events.jsonl").stat().st_size < SMALL
     finally:
-        api.post("/v1/sessions/hugeeval/terminate")
+        call(api.client, "terminate", "hugeeval")
 
 
 def test_a_huge_uncaught_exception_is_bounded_everywhere(api: Api, write, tmp_path: Path) -> None:
     script = write("boom.py", "raise RuntimeError('y' * 50_000_000)\n")
-    api.post("/v1/sessions/boom/start", start_body(script, tmp_path, stop_on_entry=False))
+    call(api.client, "start", "boom", **start_body(script, tmp_path, stop_on_entry=False))
     try:
-        stopped = api.post("/v1/sessions/boom/wait", {"wait": 60})
+        stopped = call(api.client, "wait", "boom", wait=60)
         assert stopped["reason"] == "exception", stopped
         raw = api.http.get("/v1/sessions/boom")
         assert len(raw.content) < SMALL and "cut" in json.dumps(raw.json()["exception"])
-        ended = api.post("/v1/sessions/boom/continue", {"wait": 60})
+        ended = call(api.client, "continue", "boom", wait=60)
         assert ended["state"] in ("exited", "crashed") and ended["exit_code"] == 1
         assert len(api.http.get("/v1/sessions/boom").content) < SMALL
         # in the listing too (its other entries are other tests' sessions: not counted)
-        listed = [s for s in api.get("/v1/sessions")["sessions"] if s["session"] == "boom"]
+        listed = [
+            s for s in call(api.client, "sessions", None)["sessions"] if s["session"] == "boom"
+        ]
         assert listed and len(json.dumps(listed[0])) < SMALL
         run_json_size = (Path(ended["run_dir"]) / "run.json").stat().st_size
         assert run_json_size < SMALL
@@ -155,7 +157,7 @@ def test_a_huge_uncaught_exception_is_bounded_everywhere(api: Api, write, tmp_pa
         # the whole traceback is where the output is, and the answer says so
         assert (Path(ended["run_dir"]) / "output.log").stat().st_size > 50_000_000
     finally:
-        api.post("/v1/sessions/boom/terminate")
+        call(api.client, "terminate", "boom")
 
 
 def test_a_two_megabyte_line_of_output_never_fills_an_answer(
@@ -171,7 +173,7 @@ def test_a_two_megabyte_line_of_output_never_fills_an_answer(
         stop_on_entry=False,
         breakpoints=[{"file": str(script), "line": line_of(script, "stop here")}],
     )
-    api.post("/v1/sessions/wide/start", body)
+    call(api.client, "start", "wide", **body)
     try:
         paused = api.http.post("/v1/sessions/wide/wait", json={"wait": 30})
         assert paused.json()["state"] == "paused" and len(paused.content) < SMALL
@@ -182,13 +184,13 @@ def test_a_two_megabyte_line_of_output_never_fills_an_answer(
             api.http.post("/v1/sessions/wide/continue", json={"wait": 30}),
         ):
             assert response.status_code == 200 and len(response.content) < SMALL
-        ended = api.get("/v1/sessions/wide")
+        ended = call(api.client, "status", "wide")
         assert ended["state"] == "exited" and ended["output_truncated"] is True
-        output = api.get("/v1/sessions/wide/output")
+        output = call(api.client, "output", "wide")
         assert output["truncated"] is True and output["path"] and output["next"]
         assert output["size"] > 2_000_000  # nothing was lost: the whole line is in the file
     finally:
-        api.post("/v1/sessions/wide/terminate")
+        call(api.client, "terminate", "wide")
 
 
 # -- hostile input ------------------------------------------------------------------------------
@@ -239,14 +241,12 @@ def test_special_files_as_breakpoint_targets_are_refused(
     elif target == "directory":
         target = str(tmp_path)
     try:
-        error = api.post(
-            f"/v1/sessions/{name}/breakpoints", {"file": target, "line": 1}, expect=400
-        )
+        error = call(api.client, "break", name, 400, file=target, line=1)
         assert error["code"] == "not_a_source_file" and target in error["error"]
         # the session is unharmed
-        assert api.post(f"/v1/sessions/{name}/eval", {"expression": "value"})["result"] == "41"
+        assert call(api.client, "eval", name, expression="value")["result"] == "41"
     finally:
-        api.post(f"/v1/sessions/{name}/terminate")
+        call(api.client, "terminate", name)
 
 
 @pytest.mark.parametrize(
@@ -270,9 +270,9 @@ def test_eval_with_undecodable_bytes_is_never_a_500(
             headers={"Content-Type": "application/json"},
         )
         assert response.status_code in (200, 400), response.text
-        assert api.post("/v1/sessions/undecodable/eval", {"expression": "value"})["result"] == "41"
+        assert call(api.client, "eval", "undecodable", expression="value")["result"] == "41"
     finally:
-        api.post("/v1/sessions/undecodable/terminate")
+        call(api.client, "terminate", "undecodable")
 
 
 def test_a_tensor_name_ending_in_a_newline_is_refused() -> None:
@@ -286,7 +286,7 @@ def test_a_tensor_name_ending_in_a_newline_is_refused() -> None:
 
 def test_the_debuggee_pid_is_not_left_alive(api: Api) -> None:
     """Every session of this module is ended: no debuggee outlives its test."""
-    for item in api.get("/v1/sessions")["sessions"]:
+    for item in call(api.client, "sessions", None)["sessions"]:
         if item["state"] in ("exited", "crashed") and item.get("pid"):
             assert not alive(item["pid"]) or item["pid"] == os.getpid()
 
@@ -314,6 +314,6 @@ def test_what_schema_fuzzing_found_stays_fixed(api: Api, write, tmp_path: Path) 
             response = api.http.request(method, path, headers=headers, **request)
             assert response.status_code == 400, (path, request, response.text)
             assert response.json()["code"] == code, (path, request, response.text)
-        assert api.post("/v1/sessions/found/eval", {"expression": "value"})["result"] == "41"
+        assert call(api.client, "eval", "found", expression="value")["result"] == "41"
     finally:
-        api.post("/v1/sessions/found/terminate")
+        call(api.client, "terminate", "found")

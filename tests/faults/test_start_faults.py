@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from daemons import Daemon, start_body, wait_until
 
-from conftest import Api
+from conftest import Api, call
 
 SCRIPT = "x = 1\nprint('ran', x)\n"
 
@@ -51,7 +51,7 @@ def test_bad_start_requests_change_nothing(
     error = _refused(api, name, {**start_body(script, tmp_path), **change})
     assert error["code"] == "bad_argument" and error["argument"].startswith(argument)
     assert "NUL" in error["error"] or "=" in error["error"] or "name" in error["error"]
-    assert api.get(f"/v1/sessions/{name}", expect=404)["code"] == "unknown_session"
+    assert call(api.client, "status", name, 404)["code"] == "unknown_session"
     assert set((tmp_path / ".mldbg" / "runs").glob("*")) == runs_before  # nothing created
 
 
@@ -99,15 +99,15 @@ def test_unwritable_run_store_is_refused_and_the_previous_session_kept(
     api: Api, write, tmp_path: Path
 ) -> None:
     script = write("ok.py", SCRIPT)
-    first = api.post("/v1/sessions/store-gone/start", start_body(script, tmp_path))
-    api.post("/v1/sessions/store-gone/terminate")
+    first = call(api.client, "start", "store-gone", **start_body(script, tmp_path))
+    call(api.client, "terminate", "store-gone")
     blocker = tmp_path / "a-file"
     blocker.write_text("a file where the run store should be\n")
     body = start_body(script, tmp_path)
     body["base_env"]["MLDBG_HOME"] = str(blocker / "home")
     error = _refused(api, "store-gone", body)
     assert error["code"] == "store_unwritable"
-    kept = api.get("/v1/sessions/store-gone")
+    kept = call(api.client, "status", "store-gone")
     assert kept["run_id"] == first["run_id"] and kept["state"] == "exited"
 
 
@@ -124,7 +124,7 @@ def _start_in_background(api: Api, name: str, body: dict[str, Any]) -> dict[str,
     wait_until(
         lambda: (
             api.http.get(f"/v1/sessions/{name}").status_code == 200
-            and api.get(f"/v1/sessions/{name}")["state"] == "starting"
+            and call(api.client, "status", name)["state"] == "starting"
         ),
         what="the session to show as starting",
     )
@@ -139,23 +139,23 @@ def test_a_start_in_progress_can_always_be_ended(api: Api, write, tmp_path: Path
     name = f"midstart-{how}"
     body = start_body(script, tmp_path, python=str(slow_python(tmp_path, 60)))
     pending = _start_in_background(api, name, body)
-    pid = api.get(f"/v1/sessions/{name}")["pid"]
+    pid = call(api.client, "status", name)["pid"]
     if how == "terminate":
-        state = api.post(f"/v1/sessions/{name}/terminate")
+        state = call(api.client, "terminate", name)
         assert state["state"] == "exited" and state["terminated"] is True
     elif how == "delete":
         assert api.http.delete(f"/v1/sessions/{name}").status_code == 200
     else:
-        state = api.post(f"/v1/sessions/{name}/start", start_body(script, tmp_path, replace=True))
+        state = call(api.client, "start", name, **start_body(script, tmp_path, replace=True))
         assert state["state"] == "paused"
     pending["thread"].join(60)
     assert pending["status"] == 400 and pending["body"]["code"] == "start_failed"
     assert pid is None or wait_until(lambda: not alive(pid), 30, "the slow interpreter to end")
     if how == "replace":
-        assert api.get(f"/v1/sessions/{name}")["state"] == "paused"
-        api.post(f"/v1/sessions/{name}/terminate")
+        assert call(api.client, "status", name)["state"] == "paused"
+        call(api.client, "terminate", name)
     else:  # the start failed: it leaves no session behind (there was none before)
-        assert api.get(f"/v1/sessions/{name}", expect=404)["code"] == "unknown_session"
+        assert call(api.client, "status", name, 404)["code"] == "unknown_session"
 
 
 def test_serve_stop_ends_a_daemon_with_a_start_in_progress(write, tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def test_serve_stop_ends_a_daemon_with_a_start_in_progress(write, tmp_path: Path
     try:
         body = start_body(script, tmp_path, python=str(slow_python(tmp_path, 60)))
         pending = _start_in_background(daemon.api, "stuck", body)
-        pid = daemon.api.get("/v1/sessions/stuck")["pid"]
+        pid = call(daemon.api.client, "status", "stuck")["pid"]
         stopped = subprocess.run(
             [sys.executable, "-m", "mldbg", "serve", "--stop"],
             env=daemon.env,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from daemons import Daemon, events, run_json, start_body
 
-from conftest import Api, line_of
+from conftest import Api, call, line_of
 
 
 def _mode(path: Path) -> int:
@@ -56,11 +56,11 @@ def test_run_store_is_private_whatever_the_umask(write, tmp_path: Path) -> None:
             stop_on_entry=False,
             breakpoints=[{"file": str(script), "line": line_of(script, "stop here")}],
         )
-        daemon.api.post("/v1/sessions/private/start", body)
-        state = daemon.api.post("/v1/sessions/private/wait", {"wait": 60})
+        call(daemon.api.client, "start", "private", **body)
+        state = call(daemon.api.client, "wait", "private", wait=60)
         assert state["state"] == "paused", state
-        daemon.api.post("/v1/sessions/private/eval", {"expression": "hidden.sum()"})
-        ended = daemon.api.post("/v1/sessions/private/continue", {"wait": 60})
+        call(daemon.api.client, "eval", "private", expression="hidden.sum()")
+        ended = call(daemon.api.client, "continue", "private", wait=60)
         assert ended["state"] == "exited"
         home = tmp_path / ".mldbg"
         run_dir = Path(ended["run_dir"])
@@ -152,19 +152,19 @@ def test_disk_full_while_running_loses_nothing_written_before(
 ) -> None:
     body = _fill("full", api, write, tmp_path)
     body["base_env"]["MLDBG_HOME"] = str(small_disk / "home")
-    api.post("/v1/sessions/full/start", body)
+    call(api.client, "start", "full", **body)
     try:
-        paused = api.post("/v1/sessions/full/wait", {"wait": 60})
+        paused = call(api.client, "wait", "full", wait=60)
         assert paused["reason"] == "breakpoint", paused
-        assert api.post("/v1/sessions/full/eval", {"expression": "1 + 1"})["result"] == "2"
+        assert call(api.client, "eval", "full", expression="1 + 1")["result"] == "2"
         run_dir = Path(paused["run_dir"])
         before = run_json(run_dir)
-        state = api.post("/v1/sessions/full/continue", {"wait": 60})
+        state = call(api.client, "continue", "full", wait=60)
         # the script's own print fails on the full disk: it stops on that exception
         assert state["reason"] == "exception", state
         assert "No space left" in json.dumps(state["exception"]), state["exception"]
         while state["state"] in ("paused", "running"):
-            state = api.post("/v1/sessions/full/continue", {"wait": 60})
+            state = call(api.client, "continue", "full", wait=60)
         assert state["state"] in ("exited", "crashed")
         # run.json is finalised all the same (rewritten within the room it keeps; what
         # cannot be written is reported in the state's store_error)
@@ -180,9 +180,9 @@ def test_disk_full_while_running_loses_nothing_written_before(
         # a start on the full disk is refused with a code, and leaves no session
         refused = api.http.post("/v1/sessions/full-again/start", json=body)
         assert refused.status_code == 400 and refused.json()["code"] == "store_unwritable"
-        api.get("/v1/sessions/full-again", expect=404)
+        call(api.client, "status", "full-again", 404)
     finally:
-        api.post("/v1/sessions/full/terminate")
+        call(api.client, "terminate", "full")
 
 
 def test_file_size_limit_on_the_debuggee_finalises_the_run(api: Api, write, tmp_path: Path) -> None:
@@ -194,13 +194,13 @@ def test_file_size_limit_on_the_debuggee_finalises_the_run(api: Api, write, tmp_
     limited.write_text(f'#!/bin/sh\nulimit -f 256\nexec "{sys.executable}" "$@"\n')
     limited.chmod(0o755)
     body = _fill("fsize", api, write, tmp_path, python=str(limited))
-    api.post("/v1/sessions/fsize/start", body)
+    call(api.client, "start", "fsize", **body)
     try:
-        paused = api.post("/v1/sessions/fsize/wait", {"wait": 60})
+        paused = call(api.client, "wait", "fsize", wait=60)
         assert paused["reason"] == "breakpoint", paused
-        state = api.post("/v1/sessions/fsize/continue", {"wait": 60})
+        state = call(api.client, "continue", "fsize", wait=60)
         while state["state"] in ("paused", "running"):
-            state = api.post("/v1/sessions/fsize/continue", {"wait": 60})
+            state = call(api.client, "continue", "fsize", wait=60)
         assert state["state"] in ("exited", "crashed") and "store_error" not in state
         run_dir = Path(state["run_dir"])
         meta = run_json(run_dir)
@@ -208,4 +208,4 @@ def test_file_size_limit_on_the_debuggee_finalises_the_run(api: Api, write, tmp_
         assert (run_dir / "output.log").read_text(errors="replace").startswith("early line")
         assert [e["event"] for e in events(run_dir)][:2] == ["started", "stopped"]
     finally:
-        api.post("/v1/sessions/fsize/terminate")
+        call(api.client, "terminate", "fsize")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import bisect
 import fnmatch
-import itertools
 import os
 import re
 import sys
@@ -189,7 +188,38 @@ def nearest_lines(lines: list[int], line: int) -> list[int]:
     return near
 
 
-_ids = itertools.count(1)
+class _Ids:
+    """This process's breakpoint ids: the next free one, or one the daemon gives.
+
+    A breakpoint keeps its id in every process of a run (the daemon copies the root's
+    breakpoints into child processes and restarts with their ids), so ``remove #3`` on the
+    root reaches the same breakpoint in each child; an id given is claimed, and the ones
+    handed out later come after it.
+    """
+
+    def __init__(self) -> None:
+        self._next = 1
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> _Ids:
+        return self
+
+    def __next__(self) -> int:
+        with self._lock:
+            number = self._next
+            self._next += 1
+            return number
+
+    def claim(self, wanted: int) -> int:
+        wanted = int(wanted)
+        if wanted < 1:
+            raise BreakpointError(f"breakpoint ids start at 1, not {wanted}", code=BAD_ARGUMENT)
+        with self._lock:
+            self._next = max(self._next, wanted + 1)
+        return wanted
+
+
+_ids = _Ids()
 
 
 @dataclass
@@ -485,15 +515,20 @@ class BreakpointTable:
             self._changed()
             return count
 
-    def add_exception(self, item: ExceptionBreak) -> ExceptionBreak:
-        """An exception breakpoint: one per mode."""
+    def add_exception(self, item: ExceptionBreak, keep_id: bool = False) -> ExceptionBreak:
+        """An exception breakpoint: one per mode (``keep_id``: the id it was given)."""
         with self.lock:
-            added = self.exceptions.add(item, _ids)
+            added = self.exceptions.add(item, _ids, keep_id)
             self._changed()
             return added
 
     def next_id(self) -> int:
         return next(_ids)
+
+    def claim_id(self, wanted: int) -> int:
+        """``wanted`` as a breakpoint's id (the daemon's copy of a breakpoint keeps the
+        id it has in the script's own process)."""
+        return _ids.claim(wanted)
 
     def everything(self) -> list[AnyBreakpoint]:
         """Every kind of breakpoint, each with ``id`` and ``to_json``."""

@@ -113,15 +113,19 @@ class CommandServer:
         """Validate and set the start-up breakpoints all at once; any error refuses them all."""
         if main_file:
             self.debugger.main_file = main_file
-        made = [self._build(spec) for spec in breakpoints or []]
+        specs = breakpoints or []
+        made = [self._build(spec) for spec in specs]
         for expression in watches or []:
             self.debugger.watches.add(expression)
-        for item in made:
-            self._add(item)
+        for spec, item in zip(specs, made, strict=True):
+            self._add(item, spec.get("id"))
         self.debugger.backend.breakpoints_changed()
         self.debugger.watch_imports()
         self.debugger.arm_tripwire()
-        return {"breakpoints": [item.to_json() for item in made]}
+        return {
+            "breakpoints": [item.to_json() for item in made],
+            "watches": self.debugger.watches.listing(),
+        }
 
     @P.serves(P.RUN)
     def cmd_run(self, **_: Unpack[P.RunArgs]) -> dict[str, bool]:
@@ -130,13 +134,14 @@ class CommandServer:
     @P.serves(P.BREAK)
     def cmd_break(self, **spec: Unpack[P.BreakArgs]) -> R.BreakpointInfo:
         temporary = bool(spec.pop("temporary", False))
+        wanted = spec.pop("id", None)  # the id it has in the script's process (a copy)
         item = self._build(spec)
         if temporary and isinstance(item, Breakpoint):
             existing = self.debugger.breakpoints.at(item.file, item.line)
             if existing is not None:  # `until` a breakpoint's line: that one stops there
                 return {**existing.to_json(), "existing": True}
             item.temporary = True
-        item = self._add(item)
+        item = self._add(item, wanted)
         self.debugger.backend.breakpoints_changed()
         self.debugger.watch_imports()
         self.debugger.arm_tripwire()
@@ -301,19 +306,23 @@ class CommandServer:
         bp.this_thread = bool(spec.get("this_thread"))
         return bp
 
-    def _add(self, item: Made) -> Made:
+    def _add(self, item: Made, wanted: int | None = None) -> Made:
+        """Set ``item``, under the id ``wanted`` if given (the daemon copies a breakpoint
+        into another process of the run with the id it has in the script's own)."""
         table = self.debugger.breakpoints
+        if wanted is not None:
+            item.id = table.claim_id(wanted)
         if isinstance(item, CheckpointFilter):
             return table.add_checkpoint(item)
         if isinstance(item, ExceptionBreak):
-            return table.add_exception(item)
+            return table.add_exception(item, keep_id=wanted is not None)
         if isinstance(item, PendingFunction):
             with table.lock:
                 table.pending[item.id] = item
             return item
         if isinstance(item, Tripwire):  # one at most: a new one replaces the old one
             with table.lock:
-                item.id = table.next_id()
+                item.id = item.id or table.next_id()
                 table.tripwires.clear()
                 table.tripwires[item.id] = item
             return item

@@ -175,14 +175,9 @@ class Debugger(ThreadHolding):
             if stream is not None:
                 stream.write(message + "\n")
                 stream.flush()
-            self.wire.send(
-                {
-                    "event": P.LOG,
-                    "message": message,
-                    "file": bp.file,
-                    "line": bp.line,
-                    "breakpoint": bp.id,
-                }
+            P.LOG.send(
+                self.wire,
+                {"message": message, "file": bp.file, "line": bp.line, "breakpoint": bp.id},
             )
             return False
         self.stop(frame, "breakpoint", all_threads=not bp.this_thread, breakpoint=bp.to_json())
@@ -326,9 +321,7 @@ class Debugger(ThreadHolding):
                 self.backend.refresh()
                 if all_threads:
                     self.backend.arm_all_threads()
-                self.wire.send(
-                    {"event": P.STOPPED, **paused.state(), "trace": paused.trace_record()}
-                )
+                P.STOPPED.send(self.wire, {**paused.state(), "trace": paused.trace_record()})
                 respond = functools.partial(reply, self.wire)
                 # Serve until resumed, unless the debugger is already detached.  Not "unless
                 # the link closed": the reader sees the daemon die and decides (the orphan
@@ -346,7 +339,7 @@ class Debugger(ThreadHolding):
                         resume.kind, me, frame, resume.into_libraries
                     )
                     self.backend.arm_stack(frame)
-                self.wire.send({"event": P.RESUMED})
+                P.RESUMED.send(self.wire, {})
         finally:
             self._busy.discard(me)
 

@@ -16,10 +16,9 @@ exception from a callee"; the decision is :meth:`ExceptionBreaks.should_stop`'s.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -93,14 +92,17 @@ class ExceptionBreaks:
         """Recompute ``raising`` after ``items`` changed (the breakpoint table calls this)."""
         self.raising = any(item.mode == "raised" for item in self.items.values())
 
-    def add(self, item: ExceptionBreak, ids: itertools.count[int]) -> ExceptionBreak:
+    def add(
+        self, item: ExceptionBreak, ids: Iterator[int], keep_id: bool = False
+    ) -> ExceptionBreak:
+        """Set ``item``; one per mode: setting it again replaces it, under the old id
+        unless ``keep_id`` (the daemon gave it the id it has in the script's process)."""
         with self.lock:
-            for old in self.items.values():  # one per mode: setting it again replaces it
-                if old.mode == item.mode:
-                    item.id = old.id
-                    break
-            else:
-                item.id = next(ids)
+            old = next((o for o in self.items.values() if o.mode == item.mode), None)
+            if old is not None:
+                del self.items[old.id]
+            if not keep_id:
+                item.id = old.id if old is not None else next(ids)
             self.items[item.id] = item
             return item
 

@@ -16,7 +16,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 from types import CodeType, FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, TextIO, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from .. import budget
 from ..errors import INTERNAL, NO_SUCH_FRAME, NOT_PAUSED, CommandError
@@ -25,6 +25,7 @@ from .compiling import compile_text
 from .evaluation import EvalError, FrameNamespace
 from .interrupt import EvalInterrupt, Interruptible
 from .paths import canonical_code_file, is_library_file, is_mldbg_file
+from .protocol import ExceptionInfo, StopDetails, TraceRecord
 
 if TYPE_CHECKING:
     from .. import results as R
@@ -100,15 +101,6 @@ def strip_agent_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
-class ExceptionInfo(TypedDict, total=False):
-    """An exception as a stop (``exception``) and the end of a run show it."""
-
-    type: str
-    message: str
-    traceback: str
-    truncated: bool  # the message or the traceback was cut (budget.MESSAGE, TRACEBACK)
-
-
 def exception_info(exc: BaseException) -> ExceptionInfo:
     """An exception for the daemon, bounded: its message and traceback may be megabytes."""
     tb = strip_agent_frames(exc.__traceback__)
@@ -128,27 +120,6 @@ def _safe_str(value: object) -> str:
         return str(value)
     except Exception as exc:
         return f"<str failed: {type(exc).__name__}>"
-
-
-class StopDetails(TypedDict, total=False):
-    """What stopped the thread, beside the reason: keys of the stop's state (``R.State``)."""
-
-    exception: ExceptionInfo  # an exception breakpoint, or post mortem
-    raised: bool  # break --raised: the exception is live
-    raised_in: dict[str, object]  # where a library raised it (describe_frame)
-    breakpoint: R.BreakpointInfo
-    condition_error: str  # the breakpoint's condition (or checkpoint filter) raised this
-    checkpoint: dict[str, object]  # the debug_checkpoint call (store/checkpoint.py)
-    tripwire: dict[str, object]  # the module call that tripped (tripwire.py)
-    note: str
-    fix: list[dict[str, object]]  # calls that help from here (step out)
-
-
-class TraceRecord(TypedDict):
-    """A stop as the run's trace keeps it (``R.TraceStep``'s stack and variables)."""
-
-    stack: list[dict[str, object]]  # describe_frame, the user's frames (TRACE_FRAMES)
-    variables: list[dict[str, str]]  # {"name", "summary"} (TRACE_VARIABLES)
 
 
 class PausedThread:
@@ -176,24 +147,23 @@ class PausedThread:
 
     # -- state ------------------------------------------------------------------------------
 
-    def state(self) -> R.State:
+    def state(self) -> P.Stop:
         from .. import memory
 
         frame, line = self.frames[self.selected] if self.frames else (None, 0)
-        # the stop's own details (breakpoint, exception, checkpoint, tripwire...): their
-        # keys are State's, whose nested objects results.py types only as dicts
-        details = cast("R.State", self.details)
-        return {
+        stop: P.Stop = {
             "reason": self.reason,
             "location": (
                 cast("R.Location", describe_frame(frame, line, code=True)) if frame else None
             ),
             "frame_index": self.selected,
             "thread": {"id": self.thread.ident, "name": self.thread.name},
-            **details,
-            **({"watches": self.watch_values} if self.watch_values else {}),
+            **self.details,  # the stop's own: breakpoint, exception, checkpoint, tripwire...
             "memory": memory.snapshot(),  # MLX / torch allocators and the process, at this stop
         }
+        if self.watch_values:
+            stop["watches"] = self.watch_values
+        return stop
 
     @P.serves(P.WATCH_VALUES)
     def cmd_watch_values(self, items: list[dict[str, Any]]) -> R.Watches:
@@ -292,7 +262,8 @@ class PausedThread:
 
     @P.serves(P.LOCATION)
     def cmd_location(self) -> R.State:
-        return self.state()
+        # a stop's keys are State's, whose nested objects results.py types only as dicts
+        return cast("R.State", self.state())
 
     @P.serves(P.STACK)
     def cmd_stack(self, limit: int = 30, all: bool = False) -> R.Stack:

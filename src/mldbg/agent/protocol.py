@@ -8,7 +8,11 @@ objects unprompted.
 Every command is declared once here, as an :class:`AgentCommand` with its arguments'
 TypedDict and its result type: the daemon sends the declaration itself (the type checker
 follows the types from the verb's handler to the wire), the agent checks the arguments
-against it and serves it with the one method marked ``@serves`` for it.  Command names
+against it and serves it with the one method marked ``@serves`` for it.  Every event is
+declared once too, as an :class:`AgentEvent` with its fields' TypedDict: the agent sends
+the declaration (``P.STOPPED.send(wire, fields)``, its fields held to the TypedDict by the
+type checker), the daemon checks each event it reads against it (``AgentEvent.check``)
+and hands it to the one session method marked ``@serves`` for it.  Command names
 are the verbs' names (``verbs.py``) wherever a verb maps onto one command, and a verb
 that only passes its arguments on says so in the verb table (``Verb.agent``): the daemon
 then needs no handler of its own for it.
@@ -27,6 +31,7 @@ if TYPE_CHECKING:  # the result shapes: for the type checker (the agent never im
 
 A = TypeVar("A", bound=Mapping[str, object])  # a command's arguments: a TypedDict below
 R_ = TypeVar("R_")  # its result: a TypedDict of ``results.py``
+E = TypeVar("E", bound=Mapping[str, object])  # an event's fields: a TypedDict below
 
 
 class Requester(Protocol):
@@ -66,42 +71,77 @@ class AgentCommand(Generic[A, R_]):
 
     def check(self, args: Mapping[str, object]) -> str | None:
         """What is wrong with ``args`` for this command (unknown or missing keys), or None."""
-        known = self.args.__annotations__
-        unknown = sorted(set(args) - set(known))
-        if unknown:
-            return f"{self.name} takes no argument {unknown[0]!r} (it takes {sorted(known)})"
-        required: frozenset[str] = getattr(self.args, "__required_keys__", frozenset())
-        missing = sorted(k for k in required if k not in args)
-        if missing:
-            return f"{self.name} needs the argument {missing[0]!r}"
-        return None
+        return _check_keys(self.name, self.args, args, "argument")
+
+
+class Sender(Protocol):
+    """Where the agent sends a message (its ``Wire``, or a forked child's lazy one)."""
+
+    def send(self, message: Mapping[str, object]) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AgentEvent(Generic[E]):
+    """One message the agent sends unprompted: its name on the wire and its fields.
+
+    Declared once, below.  The agent sends one with ``P.STOPPED.send(wire, fields)``: the
+    type checker holds ``fields`` to ``E``; the daemon checks each event it reads against
+    its declaration (:meth:`check`: an unknown field or a missing one drops it, logged)
+    and hands it to the one method of the session marked ``@serves`` for it.
+    """
+
+    name: str
+    fields: type[E]
+
+    def send(self, via: Sender, fields: E) -> None:
+        via.send({**fields, "event": self.name})
+
+    def check(self, message: Mapping[str, object]) -> str | None:
+        """What is wrong with ``message`` (this event, ``event`` included) or None."""
+        return _check_keys(self.name, self.fields, {**message, "event": self.name}, "field")
+
+
+def _check_keys(
+    name: str, declared: type[Mapping[str, object]], given: Mapping[str, object], what: str
+) -> str | None:
+    """Unknown or missing keys of a command's arguments or an event's fields."""
+    known = set(declared.__annotations__) | ({"event"} if what == "field" else set())
+    unknown = sorted(set(given) - known)
+    if unknown:
+        return f"{name} takes no {what} {unknown[0]!r} (it takes {sorted(known)})"
+    required: frozenset[str] = getattr(declared, "__required_keys__", frozenset())
+    missing = sorted(k for k in required if k not in given)
+    if missing:
+        return f"{name} needs the {what} {missing[0]!r}"
+    return None
 
 
 Handler = Callable[..., object]
 F = TypeVar("F", bound=Handler)
 
 
-def serves(command: AgentCommand[Any, Any]) -> Callable[[F], F]:
-    """Mark the agent method that serves ``command`` (collected by :func:`handlers_of`)."""
+def serves(message: AgentCommand[Any, Any] | AgentEvent[Any]) -> Callable[[F], F]:
+    """Mark the method that serves ``message``: the agent's for a command, the daemon
+    session's for an event (collected by :func:`handlers_of`)."""
 
     def mark(fn: F) -> F:
-        fn.__agent_command__ = command  # type: ignore[attr-defined]
+        fn.__agent_command__ = message  # type: ignore[attr-defined]
         return fn
 
     return mark
 
 
 def handlers_of(server: object) -> dict[str, Handler]:
-    """The ``@serves`` methods of an object, by command name: its dispatch table."""
+    """The ``@serves`` methods of an object, by command or event name: its dispatch table."""
     names = _served_by_class.get(type(server))
     if names is None:
         names = {}
         for attribute in dir(type(server)):
-            command = getattr(getattr(type(server), attribute), "__agent_command__", None)
-            if isinstance(command, AgentCommand):
-                names[command.name] = attribute
+            message = getattr(getattr(type(server), attribute), "__agent_command__", None)
+            if isinstance(message, AgentCommand | AgentEvent):
+                names[message.name] = attribute
         _served_by_class[type(server)] = names
-    return {command: getattr(server, attribute) for command, attribute in names.items()}
+    return {message: getattr(server, attribute) for message, attribute in names.items()}
 
 
 _served_by_class: dict[type, dict[str, str]] = {}  # per class: command name -> method name
@@ -115,7 +155,7 @@ class NoArgs(TypedDict):
 
 
 class ConfigureArgs(TypedDict, total=False):
-    breakpoints: list[dict[str, Any]]  # each one BreakArgs
+    breakpoints: list[BreakArgs]
     watches: list[str]
     main_file: str | None
 
@@ -146,9 +186,7 @@ class BreakArgs(TypedDict, total=False):
     nonfinite: bool
     max_abs: float | None
     subnormal: bool
-    id: int  # as ``breaks`` lists it (restart and children copy those)
-    hit_count: int
-    pending: bool
+    id: int  # the id it has in the script's process (the daemon's copies keep it)
 
 
 class RemoveArgs(TypedDict, total=False):
@@ -251,11 +289,82 @@ RELEASE = "__release__"  # another thread was selected: let this held one go
 
 STEP_KINDS = ("over", "into", "out")
 
-# Events the agent sends unprompted.
-STOPPED = "stopped"
-RESUMED = "resumed"
-LOG = "log"
-FINISHED = "finished"
+
+# -- events: what the agent sends unprompted ------------------------------------------------------
+
+
+class TraceRecord(TypedDict):
+    """A stop as the run's trace keeps it (``R.TraceStep``'s stack and variables)."""
+
+    stack: list[dict[str, object]]  # describe_frame, the user's frames (TRACE_FRAMES)
+    variables: list[dict[str, str]]  # {"name", "summary"} (TRACE_VARIABLES)
+
+
+class ExceptionInfo(TypedDict, total=False):
+    """An exception as a stop (``exception``) and the end of a run show it."""
+
+    type: str
+    message: str
+    traceback: str
+    truncated: bool  # the message or the traceback was cut (budget.MESSAGE, TRACEBACK)
+
+
+class StopDetails(TypedDict, total=False):
+    """What stopped the thread, beside the reason: keys of the stop's state (``R.State``)."""
+
+    exception: ExceptionInfo  # an exception breakpoint, or post mortem
+    raised: bool  # break --raised: the exception is live
+    raised_in: dict[str, object]  # where a library raised it (describe_frame)
+    breakpoint: R.BreakpointInfo
+    condition_error: str  # the breakpoint's condition (or checkpoint filter) raised this
+    checkpoint: dict[str, object]  # the debug_checkpoint call (store/checkpoint.py)
+    tripwire: dict[str, object]  # the module call that tripped (tripwire.py)
+    note: str
+    fix: list[dict[str, object]]  # calls that help from here (step out)
+
+
+class Stop(StopDetails, total=False):
+    """Where a thread stopped and why: the fields of ``R.State`` a stop sets (the daemon
+    adds the session's own), as ``location`` and ``thread`` answer them too."""
+
+    reason: str  # entry | breakpoint | step | pause | exception | checkpoint | tripwire
+    location: R.Location | None
+    frame_index: int
+    thread: dict[str, object]  # {"id", "name"}
+    memory: dict[str, object]  # memory.snapshot() at this stop
+    watches: list[R.Watch]  # every watch expression, evaluated here
+
+
+class Stopped(Stop, total=False):
+    trace: TraceRecord  # for the run's events.jsonl, not shown in the state
+
+
+class Resumed(TypedDict):
+    pass
+
+
+class Log(TypedDict):
+    """A logpoint's line (also written to the script's output)."""
+
+    message: str
+    file: str
+    line: int
+    breakpoint: int  # its id
+
+
+class Finished(TypedDict, total=False):
+    """The script ran to its end (before its process exits)."""
+
+    exit_code: int
+    exception: ExceptionInfo | None  # the uncaught one, if any
+
+
+STOPPED: AgentEvent[Stopped] = AgentEvent("stopped", Stopped)
+RESUMED: AgentEvent[Resumed] = AgentEvent("resumed", Resumed)
+LOG: AgentEvent[Log] = AgentEvent("log", Log)
+FINISHED: AgentEvent[Finished] = AgentEvent("finished", Finished)
+EVENTS: dict[str, AgentEvent[Any]] = {e.name: e for e in (STOPPED, RESUMED, LOG, FINISHED)}
+
 # The daemon's first line to a child that asked for it (``Hello.welcome``): it was admitted.
 # A child that never gets it (its connection dropped by a full handshake queue) tries again.
 WELCOME = "welcome"
@@ -307,4 +416,4 @@ class Reply(TypedDict, total=False):
 
 
 class Event(TypedDict, total=False):
-    event: str
+    event: str  # an :class:`AgentEvent`'s name; its other keys are that event's fields

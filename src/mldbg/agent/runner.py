@@ -248,14 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         target = load_target(module, command, script)
     except SyntaxError:
         traceback.print_exc(limit=0)
-        wire.send({"event": "finished", "exit_code": 1})
+        P.FINISHED.send(wire, {"exit_code": 1})
         return 1
     except (OSError, ImportError) as exc:
         message = f"{sys.executable}: " + (
             f"can't open file {script!r}: {exc}" if module is None else f"{exc}"
         )
         print(message, file=sys.stderr)
-        wire.send({"event": "finished", "exit_code": EXIT_USAGE if module is None else 1})
+        P.FINISHED.send(wire, {"exit_code": EXIT_USAGE if module is None else 1})
         return EXIT_USAGE if module is None else 1
 
     if config.get("run_dir"):
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             captures = zero_edit.install_from_environment()
         except ValueError as exc:
             print(f"mldbg: cannot capture: {exc}", file=sys.stderr)
-            wire.send({"event": "finished", "exit_code": EXIT_USAGE})
+            P.FINISHED.send(wire, {"exit_code": EXIT_USAGE})
             return EXIT_USAGE
     _install_main(target, args)
     if module is not None and target.main_globals.get("__file__"):
@@ -328,7 +328,7 @@ def _run(debugger: Debugger, target: Target, at_end: Callable[[], object] | None
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(AttributeError, OSError, ValueError):
                 stream.flush()
-    debugger.wire.send({"event": P.FINISHED, "exit_code": exit_code, "exception": exception})
+    P.FINISHED.send(debugger.wire, {"exit_code": exit_code, "exception": exception})
     return exit_code
 
 

@@ -20,7 +20,7 @@ import sys
 import sysconfig
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..errors import NO_SUCH_THREAD, NOT_PAUSED
 from . import protocol as P
@@ -214,4 +214,5 @@ class ThreadHolding:
         self.selected_thread = None if ident == self.paused.thread.ident else ident
         target = self.target()
         assert target is not None
-        return {"selected": ident, **target.state()}
+        # a stop's keys are State's, whose nested objects results.py types only as dicts
+        return {"selected": ident, **cast("R.State", target.state())}

@@ -2,7 +2,7 @@
 
 Messages from the daemon are commands ``{"id", "cmd", "args"}``; the agent answers each
 with ``{"id", "ok", "result"}`` or ``{"id", "ok": false, "error", "extra"}`` and sends
-events ``{"event": ..., ...}`` unprompted (stopped, resumed, log, finished).
+events ``{"event": ..., ...}`` unprompted (``protocol.EVENTS``: stopped, resumed, log, finished).
 
 A connection opens with the session's secret (``protocol.PREAMBLE``), then the hello.
 Both ends read through :class:`LineReader`, which never holds more than one bounded

@@ -1,17 +1,28 @@
 """``mldbg compare A B`` and ``mldbg captures``: parity from the command line.
 
 Exit codes: 0 when everything agrees, 1 when something diverges, 2 on bad input (a
-missing capture, a corrupt file, nothing comparable, a bad map file).
+missing capture, a corrupt file, nothing comparable, a bad map file, an unknown session).
+
+The comparison runs here, in the CLI's process, not in the daemon as the other verbs do:
+its progress bar draws while the tensors stream (the daemon answers once, at the end),
+exit codes 0/1/2 say the verdict, ``--propose-map`` and ``--html`` write where the user
+runs, no daemon is needed to compare two directories, and a long comparison never takes
+CPU and memory from the daemon that serves live sessions.  Which run store it reads is
+decided as for every run-store verb (``server/handlers.store_home``): ``--home``, else
+``--session``'s store (the daemon says which: the one place that knows), else
+``$MLDBG_HOME``, else ``./.mldbg``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .. import results as R
 from .. import verbs
 from ..compare import CompareInputError, compare
 from ..compare.report.answer import Selection, bounded
@@ -23,9 +34,9 @@ from ..verbs import Arg
 EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-# The verb's arguments the CLI does not take (yet): it compares in its own process, in the
-# run store of its working directory or $MLDBG_HOME.
-_PAGING = ("home", "session")
+# The verb's arguments the CLI takes as every command does: ``session`` (--session, -s),
+# which every command's parser takes already.
+_PAGING = ("session",)
 
 
 def add_arguments(p: argparse.ArgumentParser, add_arg: Callable[[Any, Arg], None]) -> None:
@@ -71,9 +82,24 @@ def parse_shards(rules: list[str]) -> dict[str, int | str] | None:
     return shards or None
 
 
+def store_home(args: argparse.Namespace) -> str | None:
+    """The run store ``--home`` or ``--session`` names (as the daemon resolves it for every
+    run-store verb), or None: ``$MLDBG_HOME``, else ``./.mldbg``, as ``compare`` finds it."""
+    if args.home:
+        return os.path.abspath(os.path.expanduser(args.home))
+    session = getattr(args, "session", None)
+    if not session:
+        return None
+    from ..client.api import connect
+
+    store: R.Runs = connect().call("runs", None, session=session, limit=1)
+    return store["home"]
+
+
 def run_compare(args: argparse.Namespace, as_json: bool) -> int:
     try:
         shards = parse_shards(args.shards)
+        home = store_home(args)
         with compare_render.progress_bar(enabled=sys.stderr.isatty()) as progress:
             comparison = compare(
                 args.a,
@@ -85,6 +111,7 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
                 replay=args.replay,
                 shards=shards,
                 html=args.html,
+                home=home,
                 progress=progress,
             )
     except (CompareInputError, MldbgError) as exc:

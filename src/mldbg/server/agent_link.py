@@ -247,6 +247,11 @@ class AgentLink:
                 if not isinstance(message, dict):
                     continue
                 if "event" in message:
+                    declared = P.EVENTS.get(str(message["event"]))
+                    problem = "unknown" if declared is None else declared.check(message)
+                    if problem is not None:  # an agent from another mldbg, or a bug: said
+                        log.warning("%s: dropped the event %.200r: %s", self, message, problem)
+                        continue
                     try:
                         self._on_event(message)
                     except Exception:  # a bug in handling one event must not cut the session off

@@ -55,7 +55,6 @@ class Family:
         self.children: dict[int, ChildSession] = {}  # by pid, while connected
         self.lock = threading.Lock()
         self.closed = False  # terminated: no process of the run may connect any more
-        self.last_breakpoints: list[dict[str, Any]] = [dict(b) for b in root.request.breakpoints]
         self._detached: tuple[int, R.DetachedChildren | None] = (0, None)  # (file size, summary)
 
     def detached(self) -> R.DetachedChildren | None:
@@ -99,14 +98,14 @@ class Family:
             child = ChildSession(name, self, link)
             self.children[pid] = child
         link.start(child.on_event, child.on_link_closed)
-        if not link.hello.get("forked"):
-            self.configure_later(child, link, ask_root=True)
+        if not link.hello.get("forked"):  # a forked one has its parent's tables already
+            self.configure_later(child, link)
 
-    def configure_later(self, session: Session, link: AgentLink, ask_root: bool) -> None:
+    def configure_later(self, session: Session, link: AgentLink) -> None:
         """Configure and run an exec'd process on a thread of its own (frees the handshake)."""
         threading.Thread(
             target=self._configure,
-            args=(session, link, ask_root),
+            args=(session, link),
             name=f"mldbg-child-{link.pid}",
             daemon=True,
         ).start()
@@ -132,20 +131,15 @@ class Family:
             names |= {s.name for s in manager.all() if not s.ended}
         return names
 
-    def _configure(self, child: Session, link: AgentLink, ask_root: bool) -> None:
-        """An exec'd process: the root's current breakpoints, then let it run."""
-        specs = self._current_breakpoints() if ask_root else list(self.last_breakpoints)
+    def _configure(self, child: Session, link: AgentLink) -> None:
+        """An exec'd process: the root's breakpoints and watches now (the daemon's list,
+        ``breakpoint_list``), then let it run."""
+        configure = self.root.breakpoints.configure_args()
         try:
             try:
-                P.CONFIGURE.call(link, {"breakpoints": specs}, CONFIGURE_TIMEOUT)
+                P.CONFIGURE.call(link, configure, CONFIGURE_TIMEOUT)
             except AgentError:  # one it cannot take (a file it cannot see): each on its own
-                for spec in specs:
-                    try:
-                        P.BREAK.call(link, cast("P.BreakArgs", spec), CONFIGURE_TIMEOUT)
-                    except AgentError as exc:
-                        child.log.event(
-                            "child_breakpoint_refused", **spec, error=str(exc.message)[:2000]
-                        )
+                self._configure_each(child, link, configure)
             run_dir = str(self.root.run.path) if self.root.run is not None else ""
             P.RUN.call(
                 link,
@@ -155,28 +149,28 @@ class Family:
         except Exception as exc:
             child.log.event("child_start_failed", error=str(exc)[:2000])
 
-    def _current_breakpoints(self) -> list[dict[str, Any]]:
-        """Ask the root's agent (it may have changed since the start); else the last known."""
-        self.remember()
-        return list(self.last_breakpoints)
-
-    def remember(self) -> None:
-        """Note the root's breakpoints, for a process that connects when the root cannot
-        answer (the root itself after an ``os.exec*``)."""
-        link = self.root.link
-        if link is not None and not link.closed and not self.root.ended:
+    @staticmethod
+    def _configure_each(child: Session, link: AgentLink, configure: P.ConfigureArgs) -> None:
+        """Each breakpoint and watch on its own: the ones the process refuses are logged."""
+        for spec in configure.get("breakpoints", []):
             try:
-                items = P.BREAKS.call(link, None, CONFIGURE_TIMEOUT).get("breakpoints", [])
-                self.last_breakpoints = [_spec(item) for item in items]
-            except Exception:
-                pass
+                P.BREAK.call(link, spec, CONFIGURE_TIMEOUT)
+            except AgentError as exc:
+                child.log.event("child_breakpoint_refused", **spec, error=str(exc.message)[:2000])
+        for expression in configure.get("watches", []):
+            try:
+                P.WATCH.call(link, {"expression": expression}, CONFIGURE_TIMEOUT)
+            except AgentError as exc:
+                child.log.event(
+                    "child_watch_refused", expression=expression, error=str(exc.message)[:2000]
+                )
 
     # -- the family as a whole ---------------------------------------------------------------
 
     def broadcast(
         self, command: P.AgentCommand[A, Result], args: Mapping[str, object] | None
     ) -> None:
-        """A breakpoint edit on the root reaches every connected child before the verb
+        """A breakpoint or watch edit on the root reaches every connected child before the verb
         answers (so a child cannot run past a breakpoint the user already saw set); a
         child that does not answer within ``BROADCAST_WAIT`` is not waited for, and a
         child's refusal (a file it cannot see) does not fail the root's edit."""
@@ -256,12 +250,20 @@ class ChildSession(Session):
     # -- events ------------------------------------------------------------------------------
 
     def on_event(self, message: dict[str, Any]) -> None:
-        if message.get("event") == P.FINISHED and isinstance(message.get("exit_code"), int):
-            self.exit_code = message["exit_code"]
-        if message.get("event") == P.STOPPED and not self.listed:
+        self._on_event(message)
+
+    @P.serves(P.STOPPED)
+    def _on_stopped(self, event: P.Stopped) -> None:
+        if not self.listed:  # listed from its first stop on
             self.listed = True
             self.family_of.register(self)
-        self._on_event(message)
+        super()._on_stopped(event)
+
+    @P.serves(P.FINISHED)
+    def _on_finished(self, event: P.Finished) -> None:
+        if "exit_code" in event:
+            self.exit_code = event["exit_code"]
+        super()._on_finished(event)
 
     def on_link_closed(self) -> None:
         self.mark_ended()
@@ -296,15 +298,3 @@ class ChildSession(Session):
             self.wait_ended(KILL_GRACE * 2)
             self.mark_ended()
         return self.snapshot()
-
-
-# -- processes --------------------------------------------------------------------------------
-
-
-def _spec(item: R.BreakpointInfo) -> dict[str, Any]:
-    """A breakpoint as the agent lists it, back into what ``configure`` takes."""
-    keys = ("checkpoint", "condition") if item.get("checkpoint") else _SPEC_KEYS
-    return {k: item.get(k) for k in keys if item.get(k) is not None}
-
-
-_SPEC_KEYS = ("file", "line", "condition", "hits", "log")

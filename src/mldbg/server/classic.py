@@ -101,12 +101,12 @@ def classic_router(manager: SessionManager) -> APIRouter:
     @router.post("/breakpoint")
     def breakpoint(body: ClassicBreakpoint) -> JSONResponse:
         spec: P.BreakArgs = {"file": body.file_path, "line": body.line, "condition": body.condition}
-        return _envelope("breakpoint set", lambda: P.BREAK.call(default(), spec))
+        return _envelope("breakpoint set", lambda: default().set_breakpoint(spec))
 
     @router.post("/breakpoint/remove")
     def remove(body: ClassicBreakpoint) -> JSONResponse:
         spec: P.RemoveArgs = {"file": body.file_path, "line": body.line}
-        return _envelope("breakpoint removed", lambda: P.REMOVE.call(default(), spec))
+        return _envelope("breakpoint removed", lambda: default().remove_breakpoint(spec))
 
     @router.get("/breakpoints")
     def breakpoints() -> JSONResponse:
@@ -114,7 +114,7 @@ def classic_router(manager: SessionManager) -> APIRouter:
 
     @router.post("/breakpoints/clear")
     def clear() -> JSONResponse:
-        return _envelope("breakpoints cleared", lambda: P.CLEAR.call(default()))
+        return _envelope("breakpoints cleared", lambda: default().clear_breakpoints())
 
     @router.post("/continue_async")
     def continue_async() -> JSONResponse:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 from .. import results as R
 from ..agent import protocol as P
@@ -105,16 +105,7 @@ def start(
     require_editable: list[str] | None = None,
     wait: float | None = None,
     capture: str | None = None,
-    capture_models: list[str] | None = None,
-    capture_mode: str = "full",
-    capture_depth: int | None = None,
-    capture_budget: str | None = None,
-    capture_within: str | None = None,
-    capture_calls: int | None = None,
-    capture_ops: list[str] | None = None,
-    capture_weights: bool = False,
-    capture_no_sensitivity: bool = False,
-    capture_replay: str | None = None,
+    **capture_options: object,  # capture_<option> of capture_options.Spec (checked there)
 ) -> R.State:
     assert session is not None
     if not script and not module:
@@ -126,19 +117,7 @@ def start(
 
         require(python, package, cwd=cwd or os.getcwd())
     env_overrides = dict(env or {})
-    options: CaptureOptions = {
-        "models": capture_models or None,
-        "mode": capture_mode,
-        "depth": capture_depth,
-        "budget": capture_budget,
-        "within": capture_within,
-        "calls": capture_calls,
-        "ops": capture_ops or None,
-        "weights": True if capture_weights else None,
-        "sensitivity": False if capture_no_sensitivity else None,
-        "replay": capture_replay,
-    }
-    settings = _capture_settings(capture, options)
+    settings = _capture_settings(capture, capture_options)
     if settings is not None:
         env_overrides[settings[0]] = settings[1]
     request = StartRequest(
@@ -149,7 +128,7 @@ def start(
         cwd=cwd,
         env=base_env,
         env_overrides=env_overrides,
-        breakpoints=[dict(bp) for bp in breakpoints or []],
+        breakpoints=[cast("P.BreakArgs", dict(bp)) for bp in breakpoints or []],
         stop_on_entry=stop_on_entry,
         replace=replace,
         follow=not no_follow,
@@ -174,38 +153,29 @@ def start(
     return state
 
 
-class CaptureOptions(TypedDict):
-    """``start --capture``'s options, as ``zero_edit.Spec`` names them (None: not given)."""
+def _capture_settings(
+    capture: str | None, arguments: Mapping[str, object]
+) -> tuple[str, str] | None:
+    """``start --capture``: the environment variable that tells the agent what to capture,
+    from the ``capture_*`` arguments each option of ``capture_options.Spec`` declares."""
+    from ..capture_options import ENV, OPTIONS, Spec, argument_of, settings_from_arguments
 
-    models: list[str] | None
-    mode: str
-    depth: int | None
-    budget: str | None
-    within: str | None
-    calls: int | None
-    ops: list[str] | None
-    weights: bool | None
-    sensitivity: bool | None
-    replay: str | None
-
-
-def _capture_settings(capture: str | None, options: CaptureOptions) -> tuple[str, str] | None:
-    """``start --capture``: the environment variable that tells the agent what to capture."""
-    given = [k for k, v in options.items() if v is not None and not (k == "mode" and v == "full")]
+    unknown = sorted(set(arguments) - set(map(argument_of, OPTIONS)))
+    if unknown:  # app.py passes only the verb's arguments: a handler called otherwise
+        raise MldbgError(f"start takes no argument {unknown[0]!r}", code=BAD_ARGUMENT)
+    given = settings_from_arguments(arguments)
     if not capture:
         if given:
-            argument = "no_sensitivity" if given[0] == "sensitivity" else given[0]
+            argument = argument_of(next(iter(given)))
             raise MldbgError(
-                f"capture_{argument} needs a capture name (capture=NAME)",
+                f"{argument} needs a capture name (capture=NAME)",
                 code=BAD_ARGUMENT,
                 argument="capture",
             )
         return None
-    from ..zero_edit import ENV, Spec
-
     try:
-        spec = Spec.parse({"name": capture, **{k: v for k, v in options.items() if v is not None}})
-    except ValueError as exc:
+        spec = Spec.parse({"name": capture, **given})
+    except (ValueError, TypeError) as exc:
         raise MldbgError(str(exc), code=BAD_ARGUMENT, argument="capture") from None
     value = spec.to_env()
     size = len(f"{ENV}={value}".encode())
@@ -371,9 +341,8 @@ def break_(
         spec["max_abs"] = max_abs
     if subnormal:
         spec["subnormal"] = True
-    result = P.BREAK.call(s, spec)
+    result = s.set_breakpoint(spec)
     s.log.event("breakpoint_set", **result)
-    _remember(s)
     if result.get("file"):
         warning = imported_copy_warning(s, result["file"])
         if warning:
@@ -404,24 +373,14 @@ def remove(
 ) -> R.BreakpointInfo:
     s = _session(manager, session)
     spec: P.RemoveArgs = {"file": file, "line": line, "checkpoint": checkpoint, "id": id}
-    result = P.REMOVE.call(s, spec)
+    result = s.remove_breakpoint(spec)
     s.log.event("breakpoint_removed", **result)
-    _remember(s)
     return result
 
 
 @handles("clear")
 def clear(manager: SessionManager, session: str | None) -> R.Removed:
-    s = _session(manager, session)
-    result = P.CLEAR.call(s)
-    _remember(s)
-    return result
-
-
-def _remember(s: Session) -> None:
-    from . import pdb_verbs
-
-    pdb_verbs.remember(s)
+    return _session(manager, session).clear_breakpoints()
 
 
 # -- pdb / debugpy verbs: until, restart, watch, threads (issue 12) -----------------------------
@@ -456,9 +415,7 @@ def watch(manager: SessionManager, session: str | None, *, expression: str) -> R
     from . import pdb_verbs
 
     s = _session(manager, session)
-    result = P.WATCH.call(s, {"expression": expression})
-    _remember(s)
-    return pdb_verbs.with_values(s, result)
+    return pdb_verbs.with_values(s, s.watch(expression))
 
 
 @handles("unwatch")
@@ -472,9 +429,7 @@ def unwatch(
     from . import pdb_verbs
 
     s = _session(manager, session)
-    result = P.UNWATCH.call(s, pdb_verbs.unwatch_args(target, id))
-    _remember(s)
-    return pdb_verbs.with_values(s, result)
+    return pdb_verbs.with_values(s, s.unwatch(pdb_verbs.unwatch_args(target, id)))
 
 
 @handles("thread")

@@ -2,16 +2,14 @@
 
 ``until`` is a one-shot breakpoint plus ``continue`` (the agent removes it at the next
 stop, whatever stopped); ``restart`` starts the same request again with the breakpoints
-and watches the session has now (asked from the debuggee while it lives, else the last
-ones it reported).
+and watches the session has now (the daemon's list of them, ``breakpoint_list``, which
+outlives the process), each under its id.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
-from typing import Any
 
 from .. import results as R
 from ..agent import protocol as P
@@ -94,48 +92,15 @@ def until(
     return state
 
 
-def remember(s: Session) -> None:
-    """Keep the session's breakpoints and watches, for a restart after it has ended."""
-    with contextlib.suppress(MldbgError):
-        s.last_breaks = P.BREAKS.call(s)
-
-
-def restart_specs(breaks: R.Breakpoints) -> tuple[list[dict[str, Any]], list[str]]:
-    """Breakpoint specs ``configure`` accepts, from what ``breaks`` lists."""
-    specs: list[dict[str, Any]] = []
-    for bp in breaks.get("breakpoints", []):
-        if bp.get("temporary"):
-            continue
-        common = {k: bp.get(k) for k in ("condition", "hits", "log") if bp.get(k)}
-        if bp.get("this_thread"):
-            common["this_thread"] = True
-        if bp.get("exception"):
-            specs.append({"exception": bp["exception"], "types": bp.get("types") or []})
-        elif bp.get("checkpoint"):
-            specs.append({"checkpoint": bp["checkpoint"], "condition": bp.get("condition")})
-        elif bp.get("function"):
-            specs.append({"function": bp["function"], **common})
-        elif bp.get("file") and bp.get("line"):
-            specs.append({"file": bp["file"], "line": bp["line"], **common})
-    watches = [w["expression"] for w in breaks.get("watches", []) if w.get("expression")]
-    return specs, watches
-
-
 def restart(manager: SessionManager, name: str, wait: float) -> R.State:
     old = manager.get(name)
-    breaks: R.Breakpoints | None = None
-    if not old.ended:
-        try:
-            breaks = P.BREAKS.call(old)
-        except MldbgError:
-            breaks = None
-    if breaks is None:
-        breaks = getattr(old, "last_breaks", None)
-    if breaks is None:
-        specs, watches = list(old.request.breakpoints), list(old.request.watches)
-    else:
-        specs, watches = restart_specs(breaks)
-    request = dataclasses.replace(old.request, breakpoints=specs, watches=watches, replace=True)
+    again = old.breakpoints.configure_args()  # the daemon's list: live or ended, the same
+    request = dataclasses.replace(
+        old.request,
+        breakpoints=again.get("breakpoints", []),
+        watches=again.get("watches", []),
+        replace=True,
+    )
     old_run = old.run.run_id if old.run is not None else None
     session = manager.start(name, request)
     state = session.wait(wait if request.stop_on_entry else 0.0)

@@ -20,9 +20,10 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
 from .. import __version__, budget
+from .. import results as R
 from ..agent import protocol as P
 from ..errors import STORE_UNWRITABLE, MldbgError, StartFailed
 from ..store.runs import (
@@ -56,7 +57,7 @@ class StartRequest:
     cwd: str | None = None
     env: dict[str, str] | None = None
     env_overrides: dict[str, str] = field(default_factory=dict)
-    breakpoints: list[dict[str, Any]] = field(default_factory=list)
+    breakpoints: list[P.BreakArgs] = field(default_factory=list)
     stop_on_entry: bool = True
     replace: bool = False
     follow: bool = True  # debug the script's child processes too (start --no-follow: False)
@@ -105,8 +106,9 @@ class ProcessObserver(Protocol):
     def on_connected(self, link: AgentLink) -> None:
         """The script's agent proved the secret; the observer starts reading its link."""
 
-    def on_running(self) -> None:
-        """Configured; the script is told to run next."""
+    def on_running(self, configured: R.Breakpoints) -> None:
+        """Configured (the breakpoints and watches its agent set); the script is told to
+        run next."""
 
     def on_connection(self, link: AgentLink) -> None:
         """A later authenticated connection: a child process, or the script after an
@@ -225,8 +227,7 @@ class SessionProcess:
             configure: P.ConfigureArgs = {"breakpoints": req.breakpoints}
             if req.watches:
                 configure["watches"] = req.watches
-            P.CONFIGURE.call(link, configure)
-            self.observer.on_running()
+            self.observer.on_running(P.CONFIGURE.call(link, configure))
             P.RUN.call(
                 link,
                 {

@@ -24,6 +24,7 @@ from ..store.runs import OUTPUT_LOG, RunDir
 from ..verbs import fix
 from . import live_runs
 from .agent_link import AgentLink, AgentListener
+from .breakpoint_list import BreakpointList
 from .run_log import RunLog
 from .session_process import TERMINATE_GRACE, SessionProcess, StartRequest
 from .tails import read_page, read_tail, read_tail_bounded
@@ -34,9 +35,6 @@ Result = TypeVar("Result")  # its result
 __all__ = ["ENDED", "Registry", "Session", "StartRequest", "read_page", "read_tail"]
 
 ENDED = ("exited", "crashed")
-# What some stops carry besides the fixed fields: watch values, a note (a pause that had to
-# stop in library code, an exception raised in a library), the calls that help from there.
-STOP_EXTRAS = ("watches", "note", "fix", "raised", "raised_in", "memory", "tripwire")
 
 
 def _now() -> str:
@@ -46,7 +44,6 @@ def _now() -> str:
 # After the process exits, how long its last messages may take to be read (its link is
 # read on another thread); longer only when a child it forked still holds the socket.
 LAST_WORDS_WAIT = 2.0
-_FAMILY_WIDE = (P.BREAK, P.REMOVE, P.CLEAR)  # edits that apply in the script's children too
 
 
 class Registry(Protocol):
@@ -65,13 +62,12 @@ class ChildProcesses(Protocol):
     closed: bool  # terminated: no process of the run may connect any more
 
     def adopt(self, link: AgentLink) -> None: ...
-    def configure_later(self, session: Session, link: AgentLink, ask_root: bool) -> None: ...
+    def configure_later(self, session: Session, link: AgentLink) -> None: ...
     def live_children(self) -> Sequence[Session]: ...
     def detached(self) -> R_.DetachedChildren | None: ...
     def broadcast(
         self, command: P.AgentCommand[A, Result], args: Mapping[str, object] | None
     ) -> None: ...
-    def remember(self) -> None: ...
     def close_when_idle(self, listener: AgentListener) -> None: ...
     def end_all(self) -> None: ...
 
@@ -106,7 +102,8 @@ class Session:
             None  # the script's child processes (set by the manager)
         )
         self.launch: SessionProcess | None = None  # the script's process, once started
-        self.last_breaks: R_.Breakpoints | None = None  # for restart after the end
+        # what its agent holds, for its child processes and a restart (even after the end)
+        self.breakpoints = BreakpointList()
 
     # -- the process: start, and what it reports (session_process.ProcessObserver) -----------
 
@@ -134,7 +131,8 @@ class Session:
         self.link, self.hello = link, link.hello
         link.start(self._on_event, self._on_link_closed)
 
-    def on_running(self) -> None:
+    def on_running(self, configured: R_.Breakpoints) -> None:
+        self.breakpoints.configured(configured)
         with self.cond:
             self.state = "running"
 
@@ -148,7 +146,7 @@ class Session:
             if old is not None:
                 old.close()
             link.start(self._on_event, self._on_link_closed)
-            self.family.configure_later(self, link, ask_root=False)
+            self.family.configure_later(self, link)
         else:
             self.family.adopt(link)
 
@@ -195,25 +193,38 @@ class Session:
     # -- events from the debuggee -----------------------------------------------------------
 
     def _on_event(self, message: dict[str, Any]) -> None:
-        kind = message.pop("event", "")
-        if kind == P.STOPPED:
-            trace = message.pop("trace", None) or {}
-            with self.cond:
-                self.state = "paused"
-                self.stop = message
-                self.stop_seq += 1
-                self.cond.notify_all()
-            self.log.event("stopped", **_brief_stop(message), **trace)
-        elif kind == P.RESUMED:
-            with self.cond:
-                if self.state == "paused":
-                    self.state = "running"
-                self.cond.notify_all()
-        elif kind == P.LOG:
-            self.log.event("log", **message)
-        elif kind == P.FINISHED:
-            self.exception = message.get("exception")
-            self.log.event("finished", **message)
+        """An event the link checked against its declaration: to the one method for it."""
+        handler = P.handlers_of(self).get(str(message.pop("event", "")))
+        if handler is not None:
+            handler(message)
+
+    @P.serves(P.STOPPED)
+    def _on_stopped(self, event: P.Stopped) -> None:
+        trace: Mapping[str, object] = event.get("trace") or {}
+        stop = {k: v for k, v in event.items() if k != "trace"}
+        with self.cond:
+            self.state = "paused"
+            self.stop = stop
+            self.stop_seq += 1
+            self.cond.notify_all()
+        self.log.event("stopped", **_brief_stop(stop), **trace)
+
+    @P.serves(P.RESUMED)
+    def _on_resumed(self, event: P.Resumed) -> None:
+        with self.cond:
+            if self.state == "paused":
+                self.state = "running"
+            self.cond.notify_all()
+
+    @P.serves(P.LOG)
+    def _on_log(self, event: P.Log) -> None:
+        self.log.event("log", **event)
+
+    @P.serves(P.FINISHED)
+    def _on_finished(self, event: P.Finished) -> None:
+        exception = event.get("exception")
+        self.exception = dict(exception) if exception is not None else None
+        self.log.event("finished", **event)
 
     def _on_link_closed(self) -> None:
         with self.cond:
@@ -293,9 +304,11 @@ class Session:
                 "python_version": self.hello.get("python"),
                 "backend": self.hello.get("backend"),
             }
-        extras = cast("dict[str, Any]", state)  # the stop's own fields, as the agent sent them
-        for key in STOP_EXTRAS:
-            if stop.get(key) is not None:
+        # the rest of the stop's own fields (protocol.Stop), as the agent sent them: watch
+        # values, a note, the calls that help from there, memory, the tripwire...
+        extras = cast("dict[str, object]", state)
+        for key in P.Stop.__annotations__:
+            if key not in state and stop.get(key) is not None:
                 extras[key] = stop[key]
         if self.log.error:
             state["store_error"] = self.log.error
@@ -360,17 +373,52 @@ class Session:
     ) -> Result:
         """One command to the script's agent (typed callers: ``P.X.call(session, args)``).
 
-        A paused command is refused unless the session is paused; a breakpoint edit
-        reaches the script's child processes too.
+        A paused command is refused unless the session is paused.  Breakpoint and watch
+        edits go through the methods below, which keep the daemon's list and reach the
+        script's child processes too.
         """
         if command.paused:
             return self.require_paused().ask(command, args, timeout or 60.0)
-        result = self._link().ask(command, args, timeout)
-        if self.family is not None and command in _FAMILY_WIDE:
-            # the root's breakpoints apply in its children
-            self.family.broadcast(command, args)
-            self.family.remember()
+        return self._link().ask(command, args, timeout)
+
+    # -- breakpoint and watch edits: the root's agent, the daemon's list, the children -------
+
+    def set_breakpoint(self, spec: P.BreakArgs) -> R_.BreakpointInfo:
+        result = P.BREAK.call(self, spec)
+        copy = self.breakpoints.set(result)
+        if copy is not None:
+            self._pass_on(P.BREAK, copy)
         return result
+
+    def remove_breakpoint(self, spec: P.RemoveArgs) -> R_.BreakpointInfo:
+        result = P.REMOVE.call(self, spec)
+        self.breakpoints.removed(result)
+        self._pass_on(P.REMOVE, {"id": result["id"]})  # the same id in every process
+        return result
+
+    def clear_breakpoints(self) -> R_.Removed:
+        result = P.CLEAR.call(self)
+        self.breakpoints.cleared()
+        self._pass_on(P.CLEAR, {})
+        return result
+
+    def watch(self, expression: str) -> R_.Watches:
+        result = P.WATCH.call(self, {"expression": expression})
+        self.breakpoints.watches_are(result.get("watches", []))
+        self._pass_on(P.WATCH, {"expression": result.get("watch", {}).get("expression", "")})
+        return result
+
+    def unwatch(self, spec: P.UnwatchArgs) -> R_.Watches:
+        result = P.UNWATCH.call(self, spec)
+        self.breakpoints.watches_are(result.get("watches", []))
+        for gone in result.get("removed", []):  # by expression: ids are each process's own
+            self._pass_on(P.UNWATCH, {"expression": gone["expression"]})
+        return result
+
+    def _pass_on(self, command: P.AgentCommand[A, Result], args: Mapping[str, object]) -> None:
+        """An edit of the root's breakpoints applies in its running children too."""
+        if self.family is not None:
+            self.family.broadcast(command, args)
 
     def require_paused(self) -> AgentLink:
         link = self._link()

@@ -241,7 +241,7 @@ def test_a_start_call_worded_for_the_command_line_parses_back_to_itself(
 
 def test_calls_are_worded_as_each_surface_makes_them() -> None:
     call = {"verb": "compare", "args": {"a": "ref", "b": "port", "module": "blocks.3.*"}}
-    assert verbs.word(call, "cli") == "mldbg compare --module 'blocks.3.*' ref port"  # type: ignore[arg-type]
+    assert verbs.word(call, "cli") == "mldbg compare ref port --module 'blocks.3.*'"  # type: ignore[arg-type]
     assert verbs.word(call, "mcp") == 'compare(a="ref", b="port", module="blocks.3.*")'  # type: ignore[arg-type]
     assert verbs.word(call, "rest") == (  # type: ignore[arg-type]
         'POST /v1/compare {"a": "ref", "b": "port", "module": "blocks.3.*"}'

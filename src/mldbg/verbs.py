@@ -1027,8 +1027,8 @@ def word(call: R.Call, surface: Surface) -> str:
 
 
 def _command_line(name: str, verb: Verb | None, args: dict[str, object]) -> str:
-    """The call as one types it: flags first, then the positional arguments (start's
-    script last of all, its own arguments after it)."""
+    """The call as one types it: the positional arguments after the verb (``tensors clear
+    --yes``), then the flags; start's script last of all, its own arguments after it."""
     flags = ["mldbg", name]
     session = args.pop("session", None)
     if verb is None:
@@ -1059,7 +1059,10 @@ def _command_line(name: str, verb: Verb | None, args: dict[str, object]) -> str:
         flags += ["--session", _shell_word(session)]
     if verb.name == "start" and "script" not in args and "module" not in args:
         positional.append("SCRIPT")
-    return " ".join(flags + positional + trailing)
+    if any(not a.cli and a.name == "args" for a in verb.args):
+        # start: everything after the script is the script's, so the script comes last
+        return " ".join(flags + positional + trailing)
+    return " ".join(flags[:2] + positional + flags[2:])  # `tensors clear --yes`
 
 
 def _option(flag: str, value: object) -> str:

@@ -9,6 +9,7 @@ This says so in the comparison's ``narrow`` field, with the module's path on eac
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from ...capture.budget import size_text
@@ -33,7 +34,7 @@ def narrow_hint(
     goes in full inside the module that one names)."""
     if culprit is None or culprit.get("module") is None or not (is_coarse(a) or is_coarse(b)):
         return None
-    module_a = str(culprit["module"])
+    module_a = _narrowed_module(a, culprit)
     module_b = module_a
     entries = set(culprit.get("entries") or [])
     for result in results:
@@ -85,6 +86,19 @@ def narrow_hint(
         "full_bytes": full,
         "hint": hint,
     }
+
+
+def _narrowed_module(a: Source, culprit: Culprit) -> str:
+    """Where the fine pass should look: the culprit, or, for a module the port never
+    calls, the call whose outputs differ because of it (a pass inside the skipped module
+    would find nothing of the port's to compare)."""
+    module = str(culprit["module"])
+    if not culprit.get("never_called_in_b"):
+        return module
+    call = a.calls.get((module, int(culprit.get("call") or 0)))
+    parents = {c.seq: c for c in a.calls.values()}
+    parent = parents.get(call.parent) if call is not None and call.parent is not None else None
+    return parent.module if parent is not None else module
 
 
 def fine_pass_bytes(source: Source, module: str) -> int | None:
@@ -149,11 +163,32 @@ def _model_suffix(source: Source) -> str:
     return ""
 
 
-def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint | None:
+# Classes that hold no parameters: an activation, a dropout, an identity, a softmax.
+_PARAMETER_FREE = re.compile(
+    r"^(SiLU|GELU|ReLU\d*|LeakyReLU|Tanh|Sigmoid|Softmax|Softplus|Mish|Hardswish|"
+    r"Dropout\d?d?|Identity|Flatten|Unflatten|Upsample)$"
+)
+
+
+def weights_hint(
+    a: Source, b: Source, culprit: Culprit | None, results: list[EntryResult]
+) -> WeightsHint | None:
     """When the culprit's inputs agree and its outputs differ, its own parameters are the
     first suspect (a weight never loaded, transposed, converted wrongly): say how to
-    audit them (``mldbg weights``), by capture name when both captures saved them."""
-    if culprit is None or culprit.get("reason") != "inputs agree, outputs differ":
+    audit them (``mldbg weights``), by capture name when both captures saved them.
+
+    Only where parameters can explain it: not for values the port's dtype could not hold
+    (an overflow: the fix is a wider dtype), not for a class that holds none (an
+    activation, a dropout), and not for a call all of whose children's outputs agree:
+    their parameters are fine, and what differs was computed inline (an attention's
+    softmax or rotary embedding between its projections)."""
+    if culprit is None or not str(culprit.get("reason", "")).startswith(
+        "inputs agree, outputs differ"
+    ):
+        return None
+    if culprit.get("out_of_range") or _PARAMETER_FREE.match(str(culprit.get("class") or "")):
+        return None
+    if _children_agree(a, culprit, results):
         return None
     from ...capture import WEIGHTS
 
@@ -169,3 +204,17 @@ def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint |
         "hint": f"{culprit.get('name')}: inputs agree, outputs differ: audit its parameters "
         f"first: {command}",
     }
+
+
+def _children_agree(a: Source, culprit: Culprit, results: list[EntryResult]) -> bool:
+    """The culprit's call has children with compared outputs, and all of them agree."""
+    call = a.calls.get((str(culprit.get("module")), int(culprit.get("call") or 0)))
+    if call is None:
+        return False
+    children = {(c.module, c.call) for c in a.calls.values() if c.parent == call.seq}
+    outputs = [
+        r
+        for r in results
+        if r.get("role") == "out" and (r.get("module"), r.get("call")) in children
+    ]
+    return bool(outputs) and all(r["ok"] for r in outputs)

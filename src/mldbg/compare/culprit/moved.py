@@ -19,9 +19,11 @@ its outputs differ besides: it is still named.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import cast
 
+from ... import dtypes
 from ..judge import metrics
 from ..judge.bounds import scale_test
 from ..pair.align import Alignment, Pair
@@ -29,8 +31,11 @@ from ..read.sources import Call, Entry, Source
 from ..records import Boundary, EntryResult
 from .divergence import fails, json_number, worst_rel
 
-CALLS_CHECKED = 64  # calls whose inputs are tried against the other side's children
+CALLS_CHECKED = 256  # calls whose inputs are tried against the other side's children
 CHILD_INPUTS_TRIED = 4  # same-shaped child inputs read per differing input
+# What the checks may read in all: such calls are few in a port that differs by structure
+# (one per block), and where a real bug makes many, the verdict does not wait on them.
+BYTES_READ = 1 << 30
 
 
 @dataclass
@@ -49,6 +54,7 @@ def moved_steps(a: Source, b: Source, alignment: Alignment, results: list[EntryR
         if pair.a.call_key is not None:
             by_call.setdefault(pair.a.call_key, []).append((pair, result))
     checked = 0
+    budget = _Budget()
     for key, items in by_call.items():
         inputs = [(p, r) for p, r in items if r.get("role") == "in" and fails(r)]
         outputs = [r for _p, r in items if r.get("role") == "out"]
@@ -58,7 +64,7 @@ def moved_steps(a: Source, b: Source, alignment: Alignment, results: list[EntryR
         if call.parent is None or checked >= CALLS_CHECKED:
             continue  # the runs' own inputs differing is said plainly, never excused
         checked += 1
-        met = [_met(a, b, call, pair, result) for pair, result in inputs]
+        met = [_met(a, b, call, pair, result, budget) for pair, result in inputs]
         if all(m is not None for m in met):
             _add(found, call, inputs, cast("list[_Met]", met))
     return found
@@ -76,17 +82,38 @@ class _Met:
     steps: str = ""  # the children that run before ``child``: the step that moved
 
 
-def _met(a: Source, b: Source, call: Call, pair: Pair, result: EntryResult) -> _Met | None:
+@dataclass
+class _Budget:
+    """The bytes the checks may still read."""
+
+    left: int = BYTES_READ
+
+    def spend(self, *entries: Entry) -> bool:
+        size = sum(math.prod(e.shape) * _itemsize(e.dtype) for e in entries)
+        if size > self.left:
+            return False
+        self.left -= size
+        return True
+
+
+def _itemsize(dtype: str) -> int:
+    found = dtypes.lookup(dtype)
+    return max(1, found.bits // 8) if found is not None else 4
+
+
+def _met(
+    a: Source, b: Source, call: Call, pair: Pair, result: EntryResult, budget: _Budget
+) -> _Met | None:
     bound = result.get("expected") or 0.0
     b_call = b.calls.get(pair.b.call_key) if pair.b.call_key is not None else None
     b_module = pair.b.module or ""
     for child_entry in _child_inputs(a, call, tuple(pair.b.shape)):
-        if _agrees(a, child_entry, b, pair.b, bound):
+        if budget.spend(child_entry, pair.b) and _agrees(a, child_entry, b, pair.b, bound):
             steps = _before(a, call, child_entry)
             return _Met(child_entry.name, child_entry.module or "", False, b_module, steps)
     if b_call is not None:
         for child_entry in _child_inputs(b, b_call, tuple(pair.a.shape)):
-            if _agrees(a, pair.a, b, child_entry, bound):
+            if budget.spend(pair.a, child_entry) and _agrees(a, pair.a, b, child_entry, bound):
                 steps = _before(b, b_call, child_entry)
                 return _Met(child_entry.name, child_entry.module or "", True, b_module, steps)
     return None

@@ -873,7 +873,8 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb(
         "compare",
-        "compare two captures/runs/tensor directories; exit 0 agree, 1 diverge, 2 bad input",
+        "compare two captures/runs/tensor directories; exit 0 agree, 1 diverge, 2 bad input or "
+        "no verdict (a capture lost data the other has)",
         R.CompareSummary,
         (
             Arg(

@@ -29,6 +29,10 @@ from mldbg.errors import MldbgError
 ROOT = Path(__file__).resolve().parent.parent
 _names = itertools.count(1)
 
+# Every comparison the suite makes, here, in the daemon and in the scripts it runs, is held
+# to its own entries: a verdict whose reason they contradict raises (compare/culprit/check.py).
+os.environ.setdefault("MLDBG_CHECK_VERDICTS", "1")
+
 
 def find_python(version: str) -> str | None:
     """A working interpreter of this minor version: installed by pyenv, or on the PATH.

@@ -35,6 +35,9 @@ TORCH_DTYPES = {
 }
 KEYS = {
     "numel",
+    "finite_pairs",
+    "port_nonfinite",
+    "nonfinite_at",
     "max_abs",
     "mean_abs",
     "max_rel",
@@ -407,6 +410,25 @@ def test_a_nonfinite_mismatch_shows_in_worst_and_min_atol(chunk: int) -> None:
     assert result["mismatched"] == result["nonfinite_mismatched"] == 3
     assert result["worst"] == {"index": [0, 2], "a": 3.0, "b": "nan"}
     assert result["max_abs"] == 0.0 and result["min_atol"] is None and not result["ok"]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
+def test_the_ports_nonfinite_values_are_counted_beside_the_reference_values(chunk: int) -> None:
+    """An fp16 port that overflows holds inf where the reference holds 1.5e5: the
+    statistics cover the finite pairs only, so they must say how many those are, and the
+    reference's largest value where the port went non-finite is the overflow's evidence
+    (the first NaN/inf mismatch, ``worst``, may be a smaller one)."""
+    inf = np.inf
+    a = np.array([[1.0, 7.0e4, 2.0], [1.5e5, 3.0, np.nan]], dtype=np.float32)
+    b = np.array([[1.0, inf, 2.0], [inf, 3.0, np.nan]], dtype=np.float16)
+    result = compare_arrays(a, b, rtol=0, atol=0, chunk_elements=chunk)
+    check_json(result)
+    assert result["finite_pairs"] == 3 and result["numel"] == 6
+    assert result["port_nonfinite"] == 2  # the shared NaN is not the port's own
+    assert result["nonfinite_at"] == {"index": [1, 0], "a": 1.5e5, "b": "inf"}
+    clean = compare_arrays(a[:1, ::2], b[:1, ::2].astype(np.float32), rtol=0, atol=0)
+    assert clean["port_nonfinite"] == 0 and clean["nonfinite_at"] is None
+    assert clean["finite_pairs"] == clean["numel"] == 2
 
 
 def test_a_failing_finite_pair_stays_worst_beside_nonfinite_mismatches() -> None:

@@ -17,6 +17,9 @@ from typing import Any
 
 import pytest
 
+from mldbg.text import compare as compare_render
+from mldbg.text.console import captured
+
 RUNNER = textwrap.dedent(
     """
     import runpy, sys
@@ -176,8 +179,10 @@ def test_a_later_models_first_inputs_are_bounded_by_the_models_before_it(
         (path,) = (directory / ".mldbg" / "runs").glob(f"*/captures/{name}")
         return str(path)
 
-    transformer = mldbg.compare(captured(ref_dir, "ref"), captured(port_dir, "port"))
+    # The transformer alone (NAME.1: the first model without the pipeline after it).
+    transformer = mldbg.compare(captured(ref_dir, "ref") + ".1", captured(port_dir, "port") + ".1")
     assert transformer.ok, json.dumps(transformer.first_divergence)[:600]
+    assert "pipeline" not in transformer.result
     decoder = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port.2"))
     if not glue_bug:
         assert decoder.ok, json.dumps(decoder.first_divergence)[:600]
@@ -190,6 +195,11 @@ def test_a_later_models_first_inputs_are_bounded_by_the_models_before_it(
     culprit = decoder.first_divergence
     assert culprit is not None and culprit["name"] == "<root>#0"
     assert "before this model" in culprit["reason"] and "(ref)" in culprit["reason"]
+    # The pipeline in one compare: the transformer agrees, so the glue between the two.
+    pipeline = mldbg.compare(captured(ref_dir, "ref"), captured(port_dir, "port"))
+    culprit = pipeline.first_divergence
+    assert culprit is not None and culprit["capture"] == "ref.2" and culprit["name"] == "<root>#0"
+    assert "enters between ref's <root>#1 and ref.2's <root>#0" in culprit["reason"]
 
 
 # -- a model the pipeline drives through a method: the VAE's decode -------------------------
@@ -275,7 +285,7 @@ def test_the_fine_pass_of_a_later_model_names_it_and_leaves_the_others_quiet(
         return str(path)
 
     # The first models agree; the answer says that it covers that model only.
-    first = mldbg.compare(captured(ref_dir, "ref"), captured(port_dir, "port")).result
+    first = mldbg.compare(captured(ref_dir, "ref") + ".1", captured(port_dir, "port") + ".1").result
     assert first["ok"]
     others = first["other_models"]
     assert others["models_a"] == ["ref.2"] and others["models_b"] == ["port.2"]
@@ -421,3 +431,99 @@ def test_models_called_in_another_order_are_pointed_at(tmp_path: Path) -> None:
     same = mldbg.compare(captured(ref_dir, "ref.2"), captured(port_dir, "port")).result
     assert same["ok"] and "counterpart_b" not in same["other_models"]
     assert "ref.2 is model 2 of its run and port model 1" in same["other_models"]["hint"]
+
+
+# -- a pipeline is one verdict: three models, one compare ------------------------------------
+
+THREE_MODELS = """
+    import sys
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(0)
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, max_position_embeddings=8, projection_dim=16,
+            bos_token_id=0, eos_token_id=2,
+        )
+    ).eval()
+    unet = UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(16, 32), norm_num_groups=8, cross_attention_dim=16,
+        attention_head_dim=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+    ).eval()
+    vae = AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4,
+        sample_size=16,
+    ).eval()
+    ids = torch.tensor([[0, 5, 9, 2, 2, 2, 2, 2]])
+    with torch.no_grad():
+        text = text_encoder(ids).last_hidden_state
+        latents = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(1))
+        for t in (999, 500):
+            noise = unet(latents, t, encoder_hidden_states=text).sample  # DENOISE
+            latents = latents - 0.1 * noise
+        if sys.argv[1:] != ["skip-unscale"]:
+            latents = latents / vae.config.scaling_factor
+        image = vae.decode(latents).sample  # DECODE
+"""
+
+
+def _line_of(script: str, marker: str) -> int:
+    lines = textwrap.dedent(script).splitlines()
+    return next(i for i, line in enumerate(lines, 1) if marker in line)
+
+
+def test_a_three_model_pipeline_is_compared_in_one_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers' CLIP text encoder, diffusers' UNet called twice, diffusers' VAE
+    decoded through ``vae.decode``: each its own capture (``ref``, ``ref.2``, ``ref.3``).
+    A port that skips the latent unscale before the VAE compared as "match" (the text
+    encoders agree) and took three compares and a map to find; one compare names it now:
+    the code between the UNet's last call and the VAE's first, with both call sites."""
+    pytest.importorskip("diffusers")
+    pytest.importorskip("transformers")
+    import mldbg
+
+    monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
+    run_script(tmp_path, THREE_MODELS, "clean", name="ref")
+    run_script(tmp_path, THREE_MODELS, "clean", name="clean", sensitivity=False)
+    run_script(tmp_path, THREE_MODELS, "skip-unscale", name="port", sensitivity=False)
+
+    clean = mldbg.compare("ref", "clean")
+    models = clean.result["pipeline"]["models"]
+    assert [m["a"] for m in models] == ["ref", "ref.2", "ref.3"]
+    assert [m["b"] for m in models] == ["clean", "clean.2", "clean.3"]
+    assert clean.ok and all(m["ok"] for m in models), json.dumps(models)[:1500]
+
+    buggy = mldbg.compare("ref", "port")
+    assert not buggy.ok and buggy.exit_code == 1
+    pipeline = buggy.result["pipeline"]
+    assert [m["ok"] for m in pipeline["models"]] == [True, True, False]
+    assert pipeline["deciding"] == 3
+    culprit = buggy.first_divergence
+    assert culprit is not None and culprit["capture"] == "ref.3"
+    assert culprit["name"] == "post_quant_conv#0", culprit  # the VAE's first call (decode)
+    assert "enters between ref.2's <root>#1 and ref.3's post_quant_conv#0" in culprit["reason"]
+    script = str(tmp_path / "script.py")
+    glue = culprit["glue"]
+    denoise, decode = _line_of(THREE_MODELS, "# DENOISE"), _line_of(THREE_MODELS, "# DECODE")
+    assert glue["after"]["call"] == "ref.2:<root>#1"
+    assert glue["after"]["site_a"] == glue["after"]["site_b"] == f"{script}:{denoise}"
+    assert glue["before"]["site_a"] == glue["before"]["site_b"] == f"{script}:{decode}"
+    with captured(width=300) as buffer:
+        compare_render.show(buggy.result)
+    text = buffer.getvalue()
+    assert "model 1 ref / port" in text and "model 3 ref.3 / port.3" in text
+    assert "first divergence: post_quant_conv#0" in text
+
+    # One model alone: NAME.k, and NAME.1 for the first.
+    assert "pipeline" not in mldbg.compare("ref.3", "port.3").result
+    first = mldbg.compare("ref.1", "port.1").result
+    assert first["ok"] and "pipeline" not in first and "other_models" in first

@@ -843,7 +843,8 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb(
         "compare",
-        "compare two captures/runs/tensor directories; exit 0 agree, 1 diverge, 2 bad input",
+        "compare two captures/runs/tensor directories; exit 0 agree, 1 diverge, 2 bad input or "
+        "no verdict (a capture lost data the other has)",
         R.CompareSummary,
         (
             Arg(
@@ -1047,14 +1048,8 @@ def _command_line(name: str, verb: Verb | None, args: dict[str, object]) -> str:
                     trailing.insert(0, "--")
         elif arg.positional:
             positional.append(_shell_word(value))
-        elif arg.type is bool:
-            if bool(value) != bool(arg.default):
-                flags.append(arg.cli_flag)
-        elif isinstance(value, list) and arg.nargs is None:  # a repeatable flag
-            for item in value:
-                flags.append(_option(arg.cli_flag, item))
         else:
-            flags.append(_option(arg.cli_flag, value))
+            flags += _flag_words(arg, value)
     if session and session != "default":
         flags += ["--session", _shell_word(session)]
     if verb.name == "start" and "script" not in args and "module" not in args:
@@ -1063,6 +1058,16 @@ def _command_line(name: str, verb: Verb | None, args: dict[str, object]) -> str:
         # start: everything after the script is the script's, so the script comes last
         return " ".join(flags + positional + trailing)
     return " ".join(flags[:2] + positional + flags[2:])  # `tensors clear --yes`
+
+
+def _flag_words(arg: Arg, value: object) -> list[str]:
+    """One flag argument as typed: a switch only where it differs from its default, a
+    repeatable flag once per item."""
+    if arg.type is bool:
+        return [arg.cli_flag] if bool(value) != bool(arg.default) else []
+    if isinstance(value, list) and arg.nargs is None:
+        return [_option(arg.cli_flag, item) for item in value]
+    return [_option(arg.cli_flag, value)]
 
 
 def _option(flag: str, value: object) -> str:

@@ -162,7 +162,7 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
         )
         if args.html:
             render.out.print(f"report: {args.html}")
-    return EXIT_OK if comparison.ok else EXIT_DIVERGED
+    return comparison.exit_code
 
 
 def _write_map(path: str, proposal: Mapping[str, object]) -> CompareInputError | None:

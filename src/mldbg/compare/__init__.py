@@ -31,6 +31,16 @@ class Comparison:
         return bool(self.result["ok"])
 
     @property
+    def exit_code(self) -> int:
+        """What ``mldbg compare`` exits with: 0 everything agrees, 1 something diverges,
+        2 no verdict because a capture lost data the other side has (missing data is
+        never agreement; bad input raises before there is a comparison)."""
+        if self.ok:
+            return 0
+        undecided = self.result.get("decided_by") in ("missing", "pipeline")
+        return 2 if undecided and self.first_divergence is None else 1
+
+    @property
     def first_divergence(self) -> Culprit | None:
         return self.result["first_divergence"]
 
@@ -114,8 +124,10 @@ def compare(
     """
     from ..store.runs import mldbg_home
     from .comparison import compare_sources
+    from .culprit.check import check_enabled, refuse_contradictions
     from .pair.mapping import load_map, parse_map
-    from .read.sources import open_source
+    from .read.sources import Source, open_source
+    from .records import Document
 
     for option, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not (math.isfinite(value) and value >= 0):
@@ -147,23 +159,34 @@ def compare(
     else:
         source_b = open_source(_spec(b), base)
     from .pair.sequence_calls import align_calls
+    from .pipeline import compare_pipeline, is_pipeline
 
-    source_a, source_b, aligned = align_calls(source_a, source_b)
     replay_source = None
     if replay is not None:
         replay_source = open_source(_spec(getattr(replay, "capture", replay)), base)
-    result = compare_sources(
-        source_a,
-        source_b,
-        rtol=rtol,
-        atol=atol,
-        names=names,
-        layout=layout,
-        replay=replay_source,
-        progress=progress,
-    )
-    if aligned is not None:  # generation loops that split the sequence differently
-        result["calls_aligned"] = aligned
+
+    def one(source_a: Source, source_b: Source, replayed: Source | None) -> Document:
+        source_a, source_b, aligned = align_calls(source_a, source_b)
+        result = compare_sources(
+            source_a,
+            source_b,
+            rtol=rtol,
+            atol=atol,
+            names=names,
+            layout=layout,
+            replay=replayed,
+            progress=progress,
+        )
+        if aligned is not None:  # generation loops that split the sequence differently
+            result["calls_aligned"] = aligned
+        return result
+
+    if shards is None and is_pipeline(source_a, source_b):  # every model of both runs
+        result = compare_pipeline(source_a, source_b, replay_source, one)
+        if check_enabled():
+            refuse_contradictions(result)
+    else:
+        result = one(source_a, source_b, replay_source)
     comparison = Comparison(result)
     if html is not None:
         try:

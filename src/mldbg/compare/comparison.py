@@ -7,6 +7,7 @@ is the documented JSON shape (README, "mldbg compare").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,9 @@ from typing import Any
 from ..capture.safetensors_header import CorruptTensorFile
 from ..capture.store import ROOT
 from ..errors import CORRUPT_FILE, NOTHING_COMPARABLE, NOTHING_PAIRED, UNREADABLE
+from .culprit.check import check_enabled, refuse_contradictions
 from .culprit.divergence import missing_child
+from .culprit.moved import moved_steps
 from .culprit.rules import CallKey, Verdict, call_key, first_divergence
 from .judge import metrics
 from .judge.bounds import (
@@ -29,15 +32,28 @@ from .judge.bounds import (
     scale_test,
     unit_roundoff,
 )
+from .judge.ranges import out_of_range
 from .judge.upstream import model_position, other_models_hint, upstream_of
 from .pair.align import Alignment, Pair, align
 from .pair.layout import Layouts
 from .pair.mapping import NameMap, split_name
-from .pair.propose import propose_map
+from .pair.missing import missing_data
+from .pair.propose import merged, propose_map
+from .pair.structure import identity_shifts
 from .pair.transposes import layout_name
 from .read.arrays import UnsupportedDtype
 from .read.sources import CompareInputError, Entry, Source
-from .records import Boundary, Culprit, EntryResult, LocalCall, LocalError, LocalErrors, OpsItem
+from .records import (
+    Boundary,
+    Culprit,
+    Document,
+    EntryResult,
+    LocalCall,
+    LocalError,
+    LocalErrors,
+    Missing,
+    OpsItem,
+)
 from .report.unpaired import parameter_free_apart
 
 Progress = Callable[[int, int, str], None]
@@ -53,10 +69,13 @@ def compare_sources(
     layout: str | None = None,
     replay: Source | None = None,
     progress: Progress | None = None,
-) -> dict[str, Any]:
+) -> Document:
     """Run the stages on two sources: pair, judge each pair, name the first divergence,
     attach the hints for the next step.  The result is the documented JSON shape."""
     names = names or NameMap()
+    shifted = identity_shifts(a, b, names)  # past a Dropout or Identity one tree lacks
+    if shifted:
+        names = dataclasses.replace(names, structure=shifted)
     alignment, proposal = _paired(a, b, names)
     layouts = Layouts(a, b, alignment, layout)
     results = _compared(a, b, alignment, rtol, atol, layouts, progress)
@@ -66,6 +85,9 @@ def compare_sources(
     if local is not None:
         _add_local_errors(results, local)
     _refuse_if_nothing_compared(results)
+    lost = missing_data(a, b, alignment, names, results)
+    moved = moved_steps(a, b, alignment, results)  # a step on the other side of a boundary
+    proposal = merged(proposal, list(moved.renames.items()))
     verdict = first_divergence(
         a,
         results,
@@ -74,15 +96,17 @@ def compare_sources(
         local=local,
         b_sites=_b_sites(b, names),
         paired=_paired_counts(a, alignment) if _unlocalizable(a, alignment) else None,
+        missing=lost,
+        moved=moved.boundaries,
     )
     _mark_verdict(results, verdict)
     unpaired_a, free_a = parameter_free_apart(alignment.unpaired_a, a, verdict.culprit)
     unpaired_b, free_b = parameter_free_apart(alignment.unpaired_b, b, verdict.culprit)
     failed = sum(1 for r in results if not r["ok"])
-    document: dict[str, Any] = {
+    document: Document = {
         # Notes alone (differences beyond their bound that no output shows) never fail
         # a comparison: only a culprit, or an entry no rule set aside, does.
-        "ok": failed == 0
+        "ok": (failed == 0 and verdict.rule != "missing")
         or (verdict.culprit is None and bool(verdict.notes) and not verdict.undecided),
         "a": a.describe(),
         "b": b.describe(),
@@ -105,13 +129,33 @@ def compare_sources(
         "counts": _counts(results, failed, alignment),
         "warnings": a.warnings + b.warnings + (replay.warnings if replay is not None else []),
     }
-    if local is not None:
-        document["replay_culprit"] = local["culprit"]
+    _attach_findings(document, lost, shifted, local)
     _attach_hints(document, a, b, verdict.culprit, results)
     ops = _operations(a, b, alignment, results, names)
     if ops is not None:  # captured with ops=: which operation inside diverges first
         document["ops"] = ops
+    if check_enabled():  # the test suite: a reason its entries contradict is a rule's bug
+        refuse_contradictions(document)
     return document
+
+
+def _attach_findings(
+    document: Document,
+    lost: Missing | None,
+    shifted: dict[str, str],
+    local: LocalErrors | None,
+) -> None:
+    """What the comparison found beside the verdict, where there is something."""
+    if lost is not None:  # what a capture lost: never agreement
+        document["missing"] = lost
+    if shifted:  # paired past identity modules one tree lacks: said, never silent
+        document["structure"] = {
+            "renamed": shifted,
+            "note": "B's modules renamed past the identity modules (Dropout, Identity) "
+            "one tree has and the other lacks, so that the rest pair in order",
+        }
+    if local is not None:
+        document["replay_culprit"] = local["culprit"]
 
 
 def _paired(a: Source, b: Source, names: NameMap) -> tuple[Alignment, dict[str, Any] | None]:
@@ -204,7 +248,7 @@ def _counts(results: list[EntryResult], failed: int, alignment: Alignment) -> di
 
 
 def _attach_hints(
-    document: dict[str, Any],
+    document: Document,
     a: Source,
     b: Source,
     culprit: Culprit | None,
@@ -214,7 +258,7 @@ def _attach_hints(
     pipeline's other models."""
     from .report.narrow import narrow_hint, weights_hint
 
-    audit = weights_hint(a, b, culprit)
+    audit = weights_hint(a, b, culprit, results)
     if audit is not None:  # the culprit's own parameters are the first suspect
         document["weights_hint"] = audit
     narrow = narrow_hint(a, b, culprit, results)
@@ -369,8 +413,11 @@ def _unlocalizable(a: Source, alignment: Alignment) -> bool:
     for everything).  Not a share of the entries: a real port pairs every module's output
     yet leaves many inputs and helper modules (rotary embeddings, activations) unpaired,
     and a verdict it earns must not be withheld for that."""
-    if len(a.calls) < 2:
-        return False  # a model of one call pairs whole or not at all
+    # Only calls that hold tensors count: a fine pass inside one module (``within``)
+    # lists the model's other calls on its index without any, and narrowing into a
+    # leaf leaves one call to pair, which pairs whole or not at all.
+    if len({e.call_key for e in a.entries if e.role == "out" and e.call_key}) < 2:
+        return False
     paired_calls = {
         (pair.a.module, pair.a.call) for pair in alignment.pairs if pair.a.role == "out"
     }
@@ -529,11 +576,19 @@ def _judge_entries(
             result["test"] = "elementwise" if expected is None else "error"
             continue
         result["scale_ok"] = scale_test(result, expected, check_max=not quant)
-        if strict:
-            result["test"] = "elementwise"
-            continue
-        result["test"] = "scale"
-        result["ok"] = result["scale_ok"]
+        result["test"] = "elementwise" if strict else "scale"
+        if not strict:
+            result["ok"] = result["scale_ok"]
+        _mark_out_of_range(result)
+
+
+def _mark_out_of_range(result: EntryResult) -> None:
+    """Say when the port's dtype could not hold the values (an fp16 overflow's inf): the
+    entry's statistics cover its finite elements only, and would not."""
+    result.pop("out_of_range", None)
+    found = out_of_range(result)
+    if found is not None:
+        result["out_of_range"] = found
 
 
 def _input_errors(results: list[EntryResult]) -> dict[tuple[str, int], float]:
@@ -611,28 +666,20 @@ def _compare_pair(
     default_rtol, default_atol = metrics.default_tolerance(ea.dtype, eb.dtype)
     result["rtol"] = default_rtol if rtol is None else rtol
     result["atol"] = default_atol if atol is None else atol
-    permutation = layouts.permutation(pair)
-    # Shapes that differ only by axes of size 1 (a batch of one kept on one side, squeezed
-    # on the other) hold the same elements in the same order: compared as one.
-    unit_axes = (
-        permutation is None
-        and list(ea.shape) != list(eb.shape)
-        and _squeezed(ea.shape) == _squeezed(eb.shape)
-    )
-    if unit_axes:
-        result["reshape"] = "unit axes"
-    if (list(ea.shape) != list(eb.shape) and not unit_axes) or permutation is not None:
-        if permutation is None:
-            _verify(a, ea)  # an index that lies about a file is bad input, not a divergence
-            _verify(b, eb)
-            same = _count(ea.shape) == _count(eb.shape)
-            return _failed(
-                result,
-                f"shapes differ: {ea.shape} vs {eb.shape}"
-                + (" (same number of elements: a reshape?)" if same else ""),
-            )
-        result["transpose"] = list(permutation)
-        result["layout"] = layout_name(permutation)
+    view = _view(pair, layouts, result)
+    if view is None:
+        _verify(a, ea)  # an index that lies about a file is bad input, not a divergence
+        _verify(b, eb)
+        same = _count(ea.shape) == _count(eb.shape)
+        return _failed(
+            result,
+            f"shapes differ: {ea.shape} vs {eb.shape}"
+            + (" (same number of elements: a reshape?)" if same else ""),
+        )
+    permutation = view.permutation
+    if view.split and permutation is not None and (ea.stats is None) != (eb.stats is None):
+        # a sketch of one side cannot be laid out like the other's tensor
+        return _failed(result, f"shapes differ: {ea.shape} vs {eb.shape} (one side a summary)")
     if ea.stats is not None or eb.stats is not None:  # a summary capture on either side
         from .judge.sketched import compare_summaries
 
@@ -649,8 +696,12 @@ def _compare_pair(
         raise CompareInputError(
             f"cannot read {exc.filename or ea.file}: {exc.strerror}", code=UNREADABLE
         ) from None
-    if unit_axes:
-        array_b = array_b.reshape(tuple(ea.shape))
+    # Unit axes dropped or added, merged axes split: views of the stored (contiguous)
+    # tensors, no copy.
+    if view.shape_a is not None:
+        array_a = array_a.reshape(view.shape_a)
+    if view.shape_b is not None:
+        array_b = array_b.reshape(view.shape_b)
     try:
         numbers = metrics.compare_arrays(
             array_a, array_b, rtol=result["rtol"], atol=result["atol"], permutation=permutation
@@ -660,6 +711,43 @@ def _compare_pair(
     result.update(numbers)
     result["error"] = None
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _View:
+    """How a pair's two tensors are laid side by side: each reshaped (a view) when given,
+    then B transposed by ``permutation``."""
+
+    permutation: tuple[int, ...] | None = None
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
+    split: bool = False  # merged axes split: a tensor's sketch cannot follow
+
+
+def _view(pair: Pair, layouts: Layouts, result: EntryResult) -> _View | None:
+    """How A's and B's shapes meet (recorded on ``result``), or None when they do not:
+    equal; a channels-last transpose; only axes of size 1 apart (a batch of one kept on
+    one side, squeezed on the other: the same elements in the same order); or axes one
+    side merged, split again (``(B, C, H*W)`` against ``(B, H, W, C)``)."""
+    shape_a, shape_b = list(pair.a.shape), list(pair.b.shape)
+    permutation = layouts.permutation(pair)
+    if permutation is not None:
+        result["transpose"] = list(permutation)
+        result["layout"] = layout_name(permutation)
+        return _View(permutation)
+    if shape_a == shape_b:
+        return _View()
+    if _squeezed(shape_a) == _squeezed(shape_b):
+        result["reshape"] = "unit axes"
+        return _View(shape_b=tuple(shape_a))
+    merged = layouts.merged(pair)
+    if merged is None:
+        return None
+    result["reshape"] = "axes merged"
+    result["layout"] = merged.name
+    if merged.permutation is not None:
+        result["transpose"] = list(merged.permutation)
+    return _View(merged.permutation, merged.shape_a, merged.shape_b, split=True)
 
 
 def _verify(source: Source, entry: Entry) -> None:
@@ -719,4 +807,7 @@ def _empty_metrics() -> EntryResult:
         "nan_b": None,
         "inf_a": None,
         "inf_b": None,
+        "finite_pairs": None,
+        "port_nonfinite": None,
+        "nonfinite_at": None,
     }

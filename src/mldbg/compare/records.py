@@ -8,7 +8,7 @@ hold, for the code of ``compare/`` that builds and reads them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from typing_extensions import NotRequired, TypedDict
 
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 # A JSON float: a finite number, or "nan" / "inf" / "-inf" (never a bare NaN).
 JsonNumber = float | str
+# A comparison as ``--json`` prints it (README, "mldbg compare"): built key by key by the
+# driver, its parts typed below.
+Document: TypeAlias = dict[str, Any]
 
 
 class WorstElement(TypedDict):
@@ -55,6 +58,10 @@ class RunningMetrics(ScaleMetrics, total=False):
     nan_b: int | None
     inf_a: int | None
     inf_b: int | None
+    # How many elements the statistics above cover (finite in both), and how many are
+    # NaN/inf in the port only.
+    finite_pairs: int | None
+    port_nonfinite: int | None
 
 
 class PairMetrics(RunningMetrics, total=False):
@@ -67,6 +74,8 @@ class PairMetrics(RunningMetrics, total=False):
     head_b: list[int | float | str] | None
     worst: WorstElement | None
     largest: WorstElement | None
+    # the port's NaN/inf element whose reference value is largest (an overflow's evidence)
+    nonfinite_at: WorstElement | None
     ok: bool
 
 
@@ -93,6 +102,23 @@ class Estimated(TypedDict):
     accuracy: float
     # rel_rms is a lower bound of the error, not an estimate (summaries of two layouts)
     lower_bound: NotRequired[bool]
+
+
+class OutOfRange(TypedDict):
+    """What the port's dtype could not hold (``judge/ranges.py``): ``kind`` is
+    ``overflow`` (the reference's value beyond the dtype's largest finite one where the
+    port is NaN/inf), ``nonfinite`` (the port NaN/inf where the reference fits) or
+    ``underflow`` (the reference below the dtype's smallest normal); ``limit`` the dtype's
+    number that decided; the element with the largest reference value where the port
+    went NaN/inf, and how many did."""
+
+    kind: str
+    dtype: str
+    limit: float
+    count: int
+    index: NotRequired[list[int]]
+    reference: NotRequired[int | float | str]
+    port: NotRequired[int | float | str]
 
 
 class LocalError(TypedDict, total=False):
@@ -147,6 +173,7 @@ class EntryResult(PairMetrics, total=False):
     culprit: bool
     compensated_by: str
     note: str
+    out_of_range: OutOfRange
 
 
 Boundary = TypedDict(
@@ -159,7 +186,7 @@ Boundary = TypedDict(
         "entries": "list[str]",
         "ratio": "float | None",
         "compensated_by": str,
-        "rel_rms": float,
+        "rel_rms": "JsonNumber",
         "note": str,
     },
     total=False,
@@ -174,7 +201,7 @@ class Note(TypedDict, total=False):
     module: str | None
     call: int | None
     entries: list[str]
-    rel_rms: float
+    rel_rms: JsonNumber
     expected: float
     note: str
     replay_checked: bool
@@ -231,6 +258,8 @@ Culprit = TypedDict(
         "unpaired_children": "list[str]",
         "hint": str,
         "passes_elementwise": bool,
+        "out_of_range": OutOfRange,
+        "capture": str,
     },
     total=False,
 )
@@ -267,6 +296,37 @@ class LocalErrors(TypedDict):
     boundaries: list[Boundary]
 
 
+class MissingSide(TypedDict):
+    """What one capture lost (``pair/missing.py``): tensors it did not write (budget,
+    per-call limit, a dtype it cannot store), calls whose tensors of a role it could not
+    write (a full disk), calls that never returned or raised, index lines lost."""
+
+    label: str
+    state: str
+    not_written: int
+    first_not_written: str | None
+    calls_not_written: int
+    unfinished: list[str]
+    index_lines_lost: int
+
+
+class UncheckedEntry(TypedDict):
+    name: str
+    why: str
+
+
+class Missing(TypedDict):
+    """The entries no comparison could check because a capture lost them: never
+    agreement (README, "Missing data")."""
+
+    a: MissingSide | None
+    b: MissingSide | None
+    unchecked: int
+    entries: list[UncheckedEntry]  # the first ones, in A's order
+    last_agreeing: str | None  # the last output compared and agreeing before the first
+    note: str
+
+
 class NarrowHint(TypedDict):
     """Where a coarse comparison says to capture next (``report/narrow.py``): in full inside the
     culprit, or, when that would not fit the coarse pass's budget, as summaries one
@@ -279,6 +339,28 @@ class NarrowHint(TypedDict):
     full_bytes: int | None
     hint: str
     calls: list[Call]  # the two captures to make, then the comparison of them
+
+
+class PipelineCulprit(TypedDict):
+    name: str
+    reason: str
+
+
+class PipelineModel(TypedDict):
+    """One model of a pipeline's comparison (``pipeline.py``): its captures, classes and
+    verdict; ``error`` when it could not be compared (or has no counterpart)."""
+
+    position: int
+    a: str | None
+    b: str | None
+    class_a: str | None
+    class_b: str | None
+    ok: bool
+    decided_by: str | None
+    first_divergence: PipelineCulprit | None
+    counts: dict[str, int] | None
+    error: str | None
+    code: NotRequired[str]
 
 
 class OtherModels(TypedDict):

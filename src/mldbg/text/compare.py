@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -18,6 +18,9 @@ from ..compare.report.answer import Selection
 from ..memory import human_size as _size
 from .console import call_text, err, out, print_table
 from .console import one_line as escape  # every text here is one line; names from captures too
+
+if TYPE_CHECKING:
+    from ..compare.records import Culprit, Missing, PipelineModel
 
 # One entry of a comparison (compare.records.EntryResult) as the table reads it.
 Entry: TypeAlias = "dict[str, Any]"
@@ -72,7 +75,17 @@ def _status(entry: Entry) -> str:
         return label
     nonfinite = entry.get("nonfinite_mismatched")
     extra = f" ({nonfinite} NaN/Inf)" if nonfinite else ""
+    if nonfinite and _coverage(entry):  # the numbers in the row leave those elements out
+        extra += f", statistics over {entry.get('finite_pairs')} of {numel}"
     return f"{label} [dim]{mismatched}/{numel}{extra}[/]"
+
+
+def _coverage(entry: dict[str, object]) -> str:
+    """How many elements the printed statistics cover, when NaN/inf left some out."""
+    finite, numel = entry.get("finite_pairs"), entry.get("numel")
+    if finite is None or numel is None or finite == numel:
+        return ""
+    return f"; statistics over the {finite} of {numel} elements finite in both"
 
 
 def _rows(entries: list[Entry], show_all: bool) -> list[Entry | int]:
@@ -145,6 +158,7 @@ def show(
         table.add_row(*_cells(row, position[id(row)], len(columns) > 9))
     print_table(table, keep=("#", "name"))
     if page is None:
+        _print_pipeline(result)
         _verdict(result)
     if result.get("next"):
         out.print(f"[dim]more: {escape(call_text(result['next']))}[/]")
@@ -212,6 +226,38 @@ def _verdict(result: dict[str, Any]) -> None:
     aligned = result.get("calls_aligned")
     if aligned:  # two generation loops that split the sequence differently
         out.print(f"[dim]calls aligned: {escape(str(aligned.get('note')))}[/]")
+    _print_unpaired(result)
+    _print_proposal(result)
+    for boundary in result.get("boundary_differences") or []:
+        out.print(
+            f"[yellow]boundary difference:[/] {escape(boundary['name'])} — "
+            f"{escape(boundary['note'])} ({escape(boundary['compensated_by'])}); not the culprit"
+        )
+    for note in (result.get("notes") or [])[:NOTES_SHOWN]:
+        out.print(
+            f"[yellow]note:[/] {escape(note['name'])} — {escape(note['note'])} "
+            f"(relative error {number(note.get('rel_rms'))}); not the culprit"
+        )
+    if len(result.get("notes") or []) > NOTES_SHOWN:
+        out.print(f"[dim]… {len(result['notes']) - NOTES_SHOWN} more notes in --json[/]")
+    _print_missing(result)
+    if result.get("undecided"):
+        out.print(f"[yellow]no verdict:[/] {escape(result['undecided'])}")
+    culprit = result.get("first_divergence")
+    if result["ok"]:
+        out.print("[bold green]match[/]: every compared tensor agrees")
+    elif result.get("decided_by") == "missing":
+        out.print("[bold yellow]incomplete[/]: no verdict on what the captures lost")
+    elif culprit:
+        _print_culprit(result, culprit)
+    else:
+        out.print("[bold red]diverges[/]")
+    _print_next_steps(result)
+
+
+def _print_unpaired(result: dict[str, Any]) -> None:
+    """The entries only one side has (the first ones), and how many of the parameter-free
+    modules' the other side computes inline were counted apart."""
     apart = result.get("unpaired_parameter_free") or {}
     for side in ("a", "b"):
         names = result[f"unpaired_{side}"]
@@ -228,54 +274,100 @@ def _verdict(result: dict[str, Any]) -> None:
                 f"{side.upper()} (an activation, a dropout, a helper the other side computes "
                 "inline), off the culprit's path: not listed[/]"
             )
-    proposal = result.get("proposed_map")
-    if proposal:
-        import json
 
-        out.print(
-            "[yellow]few entries pair: a map proposed from the two module trees "
-            "(--propose-map FILE writes it; pass it back with --map FILE):[/]"
+
+def _print_pipeline(result: dict[str, object]) -> None:
+    """Each model of a pipeline's comparison, one line each, in the order called."""
+    pipeline = cast("dict[str, object] | None", result.get("pipeline"))
+    if not pipeline:
+        return
+    out.print(f"[bold]pipeline[/] [dim]{escape(str(pipeline.get('note')))}[/]")
+    for model in cast("list[PipelineModel]", pipeline["models"]):
+        classes = " / ".join(
+            str(c).rsplit(".", 1)[-1] for c in (model["class_a"], model["class_b"])
         )
-        text = json.dumps(proposal, indent=2)
-        lines = text.splitlines()
-        for line in lines[:PROPOSAL_LINES]:
-            out.print(escape(line), highlight=False)
-        if len(lines) > PROPOSAL_LINES:
-            out.print(f"[dim]… {len(lines) - PROPOSAL_LINES} more lines in --json[/]")
-    for boundary in result.get("boundary_differences") or []:
-        out.print(
-            f"[yellow]boundary difference:[/] {escape(boundary['name'])} — "
-            f"{escape(boundary['note'])} ({escape(boundary['compensated_by'])}); not the culprit"
+        head = f"  model {model['position']} {escape(str(model['a']))} / {escape(str(model['b']))} ({escape(classes)}): "
+        culprit, counts = model["first_divergence"], model["counts"] or {}
+        if model["decided_by"] == "index-only":
+            line = "[dim]not compared: captured index-only (a fine pass inside another model)[/]"
+        elif model["ok"]:
+            line = f"[green]match[/], {counts.get('passed')}/{counts.get('compared')} agree"
+        elif culprit is not None:
+            line = f"[red]diverges[/]: {escape(culprit['name'])} — {escape(culprit['reason'])}"
+        else:
+            line = f"[yellow]no verdict[/]: {escape(str(model['error']))}"
+        out.print(head + line)
+
+
+def _print_proposal(result: dict[str, object]) -> None:
+    """A proposed map: few entries paired (from the module trees), or modules the two
+    trees place differently paired directly (from the values)."""
+    import json
+
+    proposal = result.get("proposed_map")
+    if not proposal:
+        return
+    counts = cast("dict[str, int]", result["counts"])
+    few = counts["compared"] < 0.5 * (counts["compared"] + counts["unpaired_a"])
+    why = (
+        "few entries pair: a map proposed from the two module trees"
+        if few
+        else "modules the two trees place differently (a step moved across their "
+        "boundary) pair directly through this map"
+    )
+    out.print(f"[yellow]{why} (--propose-map FILE writes it; pass it back with --map FILE):[/]")
+    lines = json.dumps(proposal, indent=2).splitlines()
+    for line in lines[:PROPOSAL_LINES]:
+        out.print(escape(line), highlight=False)
+    if len(lines) > PROPOSAL_LINES:
+        out.print(f"[dim]… {len(lines) - PROPOSAL_LINES} more lines in --json[/]")
+
+
+def _print_culprit(result: dict[str, object], culprit: Culprit) -> None:
+    """The first divergence, its numbers, what they cover, where it is."""
+    out.print(
+        f"[bold red]first divergence: {escape(culprit['name'])}[/] — {escape(culprit['reason'])}"
+        f" (relative error {number(culprit.get('rel_rms'))}, max abs {number(culprit.get('max_abs'))}"
+        + (
+            f", {culprit['nonfinite_mismatched']} NaN/Inf mismatches)"
+            if culprit.get("nonfinite_mismatched")
+            else ")"
         )
-    for note in (result.get("notes") or [])[:NOTES_SHOWN]:
-        out.print(
-            f"[yellow]note:[/] {escape(note['name'])} — {escape(note['note'])} "
-            f"(relative error {number(note.get('rel_rms'))}); not the culprit"
-        )
-    if len(result.get("notes") or []) > NOTES_SHOWN:
-        out.print(f"[dim]… {len(result['notes']) - NOTES_SHOWN} more notes in --json[/]")
-    if result.get("undecided"):
-        out.print(f"[yellow]no verdict:[/] {escape(result['undecided'])}")
-    culprit = result.get("first_divergence")
-    if result["ok"]:
-        out.print("[bold green]match[/]: every compared tensor agrees")
-    elif culprit:
-        out.print(
-            f"[bold red]first divergence: {escape(culprit['name'])}[/] — {escape(culprit['reason'])}"
-            f" (relative error {number(culprit.get('rel_rms'))}, max abs {number(culprit.get('max_abs'))}"
-            + (
-                f", {culprit['nonfinite_mismatched']} NaN/Inf mismatches)"
-                if culprit.get("nonfinite_mismatched")
-                else ")"
-            )
-        )
-        _print_whereabouts(culprit)
-    else:
-        out.print("[bold red]diverges[/]")
-    _print_next_steps(result)
+    )
+    entries = cast("list[dict[str, object]]", result["entries"])
+    named = [e for e in entries if e["name"] in (culprit.get("entries") or [])]
+    covered = next((e for e in named if _coverage(e)), None)
+    if covered is not None:  # NaN/inf: the numbers above leave those elements out
+        text = _coverage(covered).removeprefix("; ")
+        out.print(f"  [dim]{escape(str(covered['name']))}: {escape(text)}[/]")
+    _print_whereabouts(culprit)
 
 
 NOTES_SHOWN = 5
+MISSING_SHOWN = 5  # unchecked entries printed (the JSON lists the first 20, counts all)
+
+
+def _print_missing(result: dict[str, object]) -> None:
+    """What a capture lost that the other side has: never agreement."""
+    missing = cast("Missing | None", result.get("missing"))
+    if not missing:
+        return
+    for side in (missing["a"], missing["b"]):
+        if side is not None:
+            out.print(
+                f"[yellow]lost data:[/] {escape(side['label'])} (state "
+                f"{escape(side['state'] or '?')}; {side['not_written']} tensor(s) not written, "
+                f"{side['calls_not_written']} call(s) whose tensors could not be written, "
+                f"{len(side['unfinished'])} call(s) unfinished, {side['index_lines_lost']} "
+                "index line(s) lost)"
+            )
+    for item in missing["entries"][:MISSING_SHOWN]:
+        out.print(f"  [yellow]unchecked[/] {escape(item['name'])}: {escape(item['why'])}")
+    more = missing["unchecked"] - min(MISSING_SHOWN, len(missing["entries"]))
+    if more > 0:
+        out.print(f"  [dim]… {more} more unchecked (--json lists the first 20)[/]")
+
+
 OP_CALLS_SHOWN = 4  # module calls whose operations are summed up (all are in --json)
 OPS_BEFORE = 2  # agreeing operations shown before the first diverging one
 
@@ -367,7 +459,7 @@ def _print_op(op: dict[str, Any], diverges: bool) -> None:
     )
 
 
-def _print_whereabouts(culprit: dict[str, Any]) -> None:
+def _print_whereabouts(culprit: Culprit) -> None:
     """Glue code: the two calls' lines in each script and the first differing input;
     a culprit's inline children."""
     glue = culprit.get("glue")

@@ -61,11 +61,22 @@ def _input_rel(r: EntryResult) -> float:
         return 0.0
     if not r.get("ok") and _is_integer(r.get("dtype_a")) and _is_integer(r.get("dtype_b")):
         return math.inf
+    if r.get("nonfinite_mismatched"):
+        # NaN/inf against a number: the statistics cover the finite elements only, and a
+        # module that turns finite inputs into inf (an fp16 overflow) must read as the
+        # jump it is, not as the small error of the elements that stayed finite.
+        return math.inf
     return rel(r.get("rel_rms"))
 
 
 def _is_integer(dtype: str | None) -> bool:
     return dtype is not None and dtypes.is_exact(dtype)
+
+
+def json_number(value: float) -> JsonNumber:
+    """``value`` as JSON holds it: an unbounded error (NaN/inf against a number, integers
+    that differ) is the string ``"inf"``, never a bare infinity."""
+    return value if math.isfinite(value) else ("nan" if math.isnan(value) else "inf")
 
 
 def largest_abs(results: list[EntryResult]) -> JsonNumber | None:
@@ -222,7 +233,7 @@ def _boundary(
         "entries": [r["name"] for r in differing] + absorbed,
         "ratio": ratio,
         "compensated_by": compensated_by,
-        "rel_rms": worst_rel(differing),
+        "rel_rms": json_number(worst_rel(differing)),
         "note": note,
     }
 
@@ -410,14 +421,22 @@ def missing_sibling(
     return None
 
 
-def fallback_culprit(failing: list[EntryResult]) -> Culprit:
+def fallback_culprit(
+    failing: list[EntryResult], by_call: dict[CallKey, dict[str, list[EntryResult]]]
+) -> Culprit:
+    """The first of what still fails, with a reason its entries bear out: every claim
+    made here is checked against the entries (``check.py``)."""
     first = failing[0]
     if all(r.get("role") == "in" for r in failing):
         reason = "outputs agree, only inputs differ; first input that differs"
     elif first.get("role") == "in" and first.get("module") == ROOT:
         reason = "the two runs were given different inputs"
-    else:
+    elif first.get("error"):
+        reason = f"first entry that could not be compared: {first['error']}"
+    elif all(_inputs_fail(r, by_call) for r in failing if r.get("role") == "out"):
         reason = "every differing output has differing inputs; first entry that differs"
+    else:
+        reason = "first entry that differs"
     return {
         "name": first["name"],
         "module": first.get("module"),
@@ -427,5 +446,20 @@ def fallback_culprit(failing: list[EntryResult]) -> Culprit:
         "max_abs": first.get("max_abs"),
         "rel_rms": first.get("rel_rms"),
         "nonfinite_mismatched": first.get("nonfinite_mismatched") or 0,
-        "inputs_compared": True,
+        "inputs_compared": bool(_inputs_of(first, by_call)),
     }
+
+
+def _inputs_of(
+    result: EntryResult, by_call: dict[CallKey, dict[str, list[EntryResult]]]
+) -> list[EntryResult]:
+    """The compared inputs of the call ``result`` belongs to."""
+    module, call = result.get("module"), result.get("call")
+    if module is None or call is None:
+        return []
+    return by_call.get((module, call), {}).get("in", [])
+
+
+def _inputs_fail(result: EntryResult, by_call: dict[CallKey, dict[str, list[EntryResult]]]) -> bool:
+    """Some compared input of the call ``result`` is an output of fails."""
+    return any(fails(r) for r in _inputs_of(result, by_call))

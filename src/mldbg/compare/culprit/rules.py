@@ -25,22 +25,37 @@ boundary differences for the rules after it).  :data:`RULES` is the order; the R
 7. ``replay``: with local errors from ``mldbg.replay``, the deepest call out of bounds
    on the reference's own inputs overrides growth, glue and quantized.
 8. ``fallback``: what is left fails only because its inputs do -> the first of it.
+9. ``missing``: no culprit while a capture lost entries the other side has (a full disk,
+   the byte budget, a run killed inside the model) -> no verdict: what could not be
+   checked, and the last point that agreed before it.  Missing data is never agreement.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..judge.bounds import GROWTH
+from ..judge.ranges import describe
 from ..read.sources import Call, Source
-from ..records import Boundary, Culprit, EntryResult, LocalErrors, Note, SideBySide, Site
+from ..records import (
+    Boundary,
+    Culprit,
+    EntryResult,
+    LocalErrors,
+    Missing,
+    Note,
+    SideBySide,
+    Site,
+)
 from .divergence import (
     CallKey,
     boundary_differences_of,
     culprit_of,
     fails,
     fallback_culprit,
+    json_number,
     largest_abs,
     missing_child,
     missing_sibling,
@@ -70,6 +85,8 @@ class Evidence:
     local: LocalErrors | None = None
     b_sites: dict[CallKey, str] = field(default_factory=dict)
     paired: tuple[int, int] | None = None  # (entries of A paired, entries of A) when too few pair
+    missing: Missing | None = None  # what the captures lost that the other side has
+    moved: list[Boundary] = field(default_factory=list)  # steps moved across a boundary
     by_call: dict[CallKey, dict[str, list[EntryResult]]] = field(default_factory=dict)
     failing: list[EntryResult] = field(default_factory=list)
 
@@ -151,7 +168,9 @@ def pairing(evidence: Evidence, verdict: Verdict) -> Verdict | None:
 
 def boundary(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     """Set aside the differences the next module no longer sees (never decides)."""
-    verdict.boundaries = boundary_differences_of(evidence.source, evidence.by_call)
+    found = boundary_differences_of(evidence.source, evidence.by_call)
+    known = {b["name"] for b in found}  # a scale's ratio says more than a moved step
+    verdict.boundaries = found + [b for b in evidence.moved if b["name"] not in known]
     return None
 
 
@@ -200,7 +219,7 @@ def glue(evidence: Evidence, verdict: Verdict) -> Verdict | None:
         "reason": reason,
         "entries": [r["name"] for r in differing],
         "max_abs": largest_abs(differing),
-        "rel_rms": worst_rel(differing),
+        "rel_rms": json_number(worst_rel(differing)),
         "nonfinite_mismatched": sum(r.get("nonfinite_mismatched") or 0 for r in differing),
         "inputs_compared": True,
         "glue": {
@@ -248,7 +267,13 @@ def growth(evidence: Evidence, verdict: Verdict) -> Verdict | None:
             return verdict
     kept = []
     for i, suspect in enumerate(suspects):
-        later = [s for s in suspects[i + 1 :] if s.jump > DWARF * suspect.out_err]
+        # An unbounded jump (NaN/inf) is no measure to dwarf anything with: a difference
+        # before it may be what pushed the values out of the dtype's range.
+        later = [
+            s
+            for s in suspects[i + 1 :]
+            if math.isfinite(s.jump) and s.jump > DWARF * suspect.out_err
+        ]
         if later:
             verdict.notes.append(
                 _note(
@@ -259,10 +284,21 @@ def growth(evidence: Evidence, verdict: Verdict) -> Verdict | None:
             )
         else:
             kept.append(suspect)
-    chosen = kept[0]
+    verdict.culprit = _growth_culprit(evidence, kept[0])
+    verdict.rule = "growth"
+    return verdict
+
+
+def _growth_culprit(evidence: Evidence, chosen: _Suspect) -> Culprit:
+    """The chosen suspect as the culprit: its numbers, what its dtype could not hold, a
+    child the port skips, the children the port computes inline."""
     culprit = culprit_of(chosen.call, chosen.bad_out, chosen.reason, chosen.inputs_compared)
     culprit["input_rel_rms"] = chosen.in_err
-    culprit["rel_rms"] = chosen.out_err
+    culprit["rel_rms"] = json_number(chosen.out_err)
+    ranged = next((r["out_of_range"] for r in chosen.bad_out if r.get("out_of_range")), None)
+    if ranged is not None:  # the port's dtype could not hold the values: say so
+        culprit["out_of_range"] = ranged
+        culprit["reason"] += f"; {describe(ranged)}"
     if all(r["ok"] for r in chosen.bad_out):
         # Under --rtol/--atol its outputs pass: never name a passing entry, say why the
         # call is named all the same.
@@ -281,9 +317,7 @@ def growth(evidence: Evidence, verdict: Verdict) -> Verdict | None:
             f"the reference's {', '.join(inline[:3])} ha{'s' if len(inline) == 1 else 've'} "
             "no counterpart in the port: look at what the port computes inline there"
         )
-    verdict.culprit = culprit
-    verdict.rule = "growth"
-    return verdict
+    return culprit
 
 
 def quantized(evidence: Evidence, verdict: Verdict) -> Verdict | None:
@@ -316,7 +350,7 @@ def quantized(evidence: Evidence, verdict: Verdict) -> Verdict | None:
             "module": rest[0].get("module"),
             "call": rest[0].get("call"),
             "entries": [r["name"] for r in rest],
-            "rel_rms": worst_rel(rest),
+            "rel_rms": json_number(worst_rel(rest)),
             "expected": max((r.get("expected") or 0.0) for r in rest),
             "note": (
                 "quantization noise compounding over depth: every call's output stays "
@@ -346,7 +380,7 @@ def replay(evidence: Evidence, verdict: Verdict) -> Verdict | None:
         "reason": "its own error on the reference's inputs (replay) is out of bounds",
         "entries": [e for e in entries if any(r["name"] == e for r in roles["out"])] or entries,
         "max_abs": largest_abs(roles["out"]),
-        "rel_rms": worst_rel(roles["out"]) if roles["out"] else None,
+        "rel_rms": json_number(worst_rel(roles["out"])) if roles["out"] else None,
         "nonfinite_mismatched": sum(r.get("nonfinite_mismatched") or 0 for r in roles["out"]),
         "inputs_compared": bool(roles["in"]),
         "local": True,
@@ -364,7 +398,7 @@ def fallback(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     if verdict.culprit is not None or verdict.rule in ("growth", "quantized"):
         return verdict
     rest = _unexplained(evidence, verdict)
-    verdict.culprit = fallback_culprit(rest) if rest else None
+    verdict.culprit = fallback_culprit(rest, evidence.by_call) if rest else None
     verdict.rule = "fallback"
     return verdict
 
@@ -386,9 +420,31 @@ _OVERRIDABLE = {"growth", "glue", "quantized"}
 _OVERRIDES = {"replay", "fallback"}
 
 
+def missing(evidence: Evidence, verdict: Verdict) -> Verdict:
+    """No culprit, and entries went unchecked because a capture lost them: no verdict,
+    never "match" (a culprit found among what was compared stands)."""
+    lost = evidence.missing
+    if lost is None or verdict.culprit is not None or verdict.undecided is not None:
+        return verdict
+    where = (
+        f"; the last point that agrees is {lost['last_agreeing']}" if lost["last_agreeing"] else ""
+    )
+    verdict.undecided = (
+        f"nothing that was compared differs, but {lost['note']}{where}: capture again "
+        "with room for them (disk, --capture-budget) and let the run finish"
+    )
+    verdict.rule = "missing"
+    return verdict
+
+
 def decide(evidence: Evidence) -> Verdict:
     """Apply :data:`RULES` in order; the first that decides ends the search (growth and
-    glue hand on to replay, which may override them with stronger evidence)."""
+    glue hand on to replay, which may override them with stronger evidence); then
+    :func:`missing`: what no entry could show is never agreement."""
+    return missing(evidence, _decide(evidence))
+
+
+def _decide(evidence: Evidence) -> Verdict:
     verdict = Verdict()
     for name, rule in RULES:
         if verdict.rule in _OVERRIDABLE and name not in _OVERRIDES:
@@ -411,11 +467,21 @@ def first_divergence(
     local: LocalErrors | None = None,
     b_sites: dict[CallKey, str] | None = None,
     paired: tuple[int, int] | None = None,
+    missing: Missing | None = None,
+    moved: list[Boundary] | None = None,
 ) -> Verdict:
     """The verdict for ``results`` (compared entries in A's order, each with
     name/module/call/role/ok and the scale numbers)."""
     evidence = Evidence(
-        source, results, b_calls, b_modules, local, b_sites=b_sites or {}, paired=paired
+        source,
+        results,
+        b_calls,
+        b_modules,
+        local,
+        b_sites=b_sites or {},
+        paired=paired,
+        missing=missing,
+        moved=moved or [],
     )
     verdict = decide(evidence)
     if verdict.culprit is not None:
@@ -689,7 +755,7 @@ def _note(suspect: _Suspect, why: str) -> Note:
         "module": suspect.call.module,
         "call": suspect.call.call,
         "entries": [r["name"] for r in suspect.bad_out],
-        "rel_rms": suspect.out_err,
+        "rel_rms": json_number(suspect.out_err),
         "expected": max((r.get("expected") or 0.0) for r in suspect.bad_out),
         "note": why,
     }

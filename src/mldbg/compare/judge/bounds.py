@@ -385,6 +385,8 @@ def scale_test(result: EntryResult, bound: float, *, check_max: bool = True) -> 
 def exact_scale(result: EntryResult, bound: float) -> float | None:
     """``s`` when ``b`` is ``s * a`` up to rounding (a scale moved across a boundary)."""
     cosine, rms_a, rms_b = result.get("cosine"), result.get("rms_a"), result.get("rms_b")
+    if result.get("nonfinite_mismatched"):
+        return None  # the finite elements' cosine says nothing of the NaN/inf ones
     if not (
         isinstance(cosine, float | int)
         and isinstance(rms_a, float | int)

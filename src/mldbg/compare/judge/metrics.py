@@ -126,7 +126,9 @@ def compare_arrays(
     ``max_rel``, ``cosine``, ``range_a``, ``range_b``, ``range_ratio``, ``mismatched``,
     ``nonfinite_mismatched``, ``min_atol``, ``nan_a``, ``nan_b``, ``inf_a``, ``inf_b``,
     ``head_a``, ``head_b``, ``worst``, ``largest``, ``rel_rms``, ``rel_max``, ``rms_a``,
-    ``rms_b`` and ``ok``.
+    ``rms_b``, ``finite_pairs`` (how many elements the statistics cover: those finite in
+    both), ``port_nonfinite`` and ``nonfinite_at`` (how many elements are NaN/inf in ``b``
+    only, and the one of them with the largest ``|a|``: an overflow's evidence) and ``ok``.
 
     ``mismatched`` counts elements failing assert_close's test ``|b - a| <= atol + rtol *
     |a|`` (``a`` is the "expected" side), with NaN equal to NaN and an infinity equal only
@@ -179,6 +181,8 @@ def compare_arrays(
         "head_b": _head(b, head),
         "worst": _worst(a, b, totals.worst()),
         "largest": _worst(a, b, totals.largest_index),
+        # the port's NaN/inf beside the largest finite reference value there
+        "nonfinite_at": _worst(a, b, totals.port_nonfinite_index),
         "ok": totals.mismatched == 0,
     }
 
@@ -383,6 +387,11 @@ class _Totals:
     mismatched: int = 0
     nonfinite_mismatched: int = 0
     first_nonfinite: int | None = None  # flat index of the first NaN/inf mismatch
+    # Where b is NaN/inf and a finite: the element with the largest |a| (what the port's
+    # dtype failed to hold, when it overflowed), its |a|, and how many such elements.
+    port_nonfinite: int = 0
+    port_nonfinite_index: int | None = None
+    port_nonfinite_key: float = -1.0
     exact_max: int = -1  # the largest |b - a| so far, integer pairs only
     nan_a: int = 0
     nan_b: int = 0
@@ -572,10 +581,25 @@ class _Totals:
                 self.nonfinite_mismatched += count
                 if self.first_nonfinite is None:
                     self.first_nonfinite = offset + int(np.argmax(failed))
+                self._port_nonfinite(offset, block_a, finite_a & ~finite_b)
             positions = np.flatnonzero(both)
             block_a, block_b = block_a[positions], block_b[positions]
         if block_a.size:
             self._add_finite(offset, block_a, block_b, positions)
+
+    def _port_nonfinite(self, offset: int, block_a: Float64s, where: Bools) -> None:
+        """Count the elements where only the port is NaN/inf and keep the one whose
+        reference value is largest: an overflow shows there as a value beyond the port
+        dtype's range beside the port's inf."""
+        count = int(np.count_nonzero(where))
+        if not count:
+            return
+        self.port_nonfinite += count
+        magnitudes = np.where(where, np.abs(block_a), -1.0)
+        at = int(np.argmax(magnitudes))
+        if float(magnitudes[at]) > self.port_nonfinite_key:
+            self.port_nonfinite_key = float(magnitudes[at])
+            self.port_nonfinite_index = offset + at
 
     def add_exact(self, offset: int, block_a: Array, block_b: Array) -> None:
         """Fold in a block of two integer/bool views: the difference is taken exactly
@@ -701,6 +725,9 @@ class _Totals:
             "nan_b": self.nan_b,
             "inf_a": self.inf_a,
             "inf_b": self.inf_b,
+            # the elements the statistics above cover (finite in both)
+            "finite_pairs": self.finite_pairs,
+            "port_nonfinite": self.port_nonfinite,
             **self._scale(measured),
         }
 

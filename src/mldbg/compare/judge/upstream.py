@@ -154,6 +154,8 @@ def other_models_hint(a: Source, b: Source) -> OtherModels | None:
     )
     if len(models_a) != len(models_b):
         hint += ": the runs did not call as many models (a model called in only one of them?)"
+    elif a.one_model or b.one_model:  # NAME.1: the pipeline was left out on purpose
+        hint += f"; mldbg compare {name_a} {name_b} compares them all in one verdict"
     return {"models_a": models_a[:MAX_LISTED], "models_b": models_b[:MAX_LISTED], "hint": hint}
 
 

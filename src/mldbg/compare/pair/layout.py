@@ -111,6 +111,24 @@ class Layouts:
             return _to_last(ndim)
         return None
 
+    def merged(self, pair: Pair) -> transposes.Merged | None:
+        """How B's tensor meets A's when one side merged axes the other keeps (diffusers'
+        ``(B, C, H*W)`` against an MLX ``(B, H, W, C)``); None when it does not.  B's
+        channels-last transpose is tried first when B is channels-last (``--layout
+        NHWC``, the rest of the comparison, or its module's framework and class)."""
+        if self.mode == "NCHW":
+            last = False
+        elif self.mode == "NHWC" or self.b_last:
+            last = True
+        else:
+            last = not self.a_last and self._class_says_last(self.b, pair.b.call_key)
+        found = transposes.merged_layout(
+            tuple(pair.a.shape), tuple(pair.b.shape), channels_last_b=last
+        )
+        if found is not None:
+            self.transposed += found.permutation is not None
+        return found
+
     def describe(self) -> dict[str, Any]:
         side = "NHWC" if self.b_last else "NCHW" if self.a_last else None
         return {"mode": self.mode, "inferred_b": side, "transposed": self.transposed}

@@ -34,6 +34,9 @@ class NameMap:
     rename: dict[str, str] = field(default_factory=dict)
     regex: list[tuple[re.Pattern[str], str]] = field(default_factory=list)
     ignore: list[str] = field(default_factory=list)
+    # Module paths (in A's terms, after the rules above) renamed past identity modules one
+    # tree lacks, with everything under them (``structure.identity_shifts``).
+    structure: dict[str, str] = field(default_factory=dict)
 
     def to_a(self, name: str) -> str:
         """B's entry name in A's terms."""
@@ -50,7 +53,21 @@ class NameMap:
                     f"map: bad replacement {replacement!r} for {pattern.pattern!r}: {exc}",
                     code=BAD_MAP,
                 ) from None
-        return name
+        return self._restructured(name) if self.structure else name
+
+    def _restructured(self, name: str) -> str:
+        """``name`` with its module path, or the closest ancestor of it that
+        ``structure`` renames, renamed."""
+        match = _ENTRY.match(name)
+        if match is None:
+            return name
+        module = path = match["module"]
+        while path not in self.structure:
+            if "." not in path:
+                return name
+            path = path.rsplit(".", 1)[0]
+        module = self.structure[path] + module[len(path) :]
+        return f"{module}#{match['call']}.{match['key']}"
 
     def ignored(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.ignore)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..read.sources import Call, Entry, Source
 from .mapping import NameMap
@@ -30,6 +30,8 @@ _FAMILIES = (
     ("act", re.compile(r"silu|gelu|relu|swish|tanh|sigmoid|act", re.I)),
     ("block", re.compile(r"block|layer|decoder|encoder", re.I)),
 )
+# A map as the map file holds it: {"rename": {...}, "regex": [[pattern, replacement], ...]}.
+Proposal: TypeAlias = dict[str, Any]
 _NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 
 
@@ -64,7 +66,7 @@ def _outputs(source: Source) -> dict[tuple[str, int], list[Entry]]:
     return found
 
 
-def propose_map(a: Source, b: Source, names: NameMap) -> dict[str, Any] | None:
+def propose_map(a: Source, b: Source, names: NameMap) -> Proposal | None:
     """A map sending B's module paths onto A's, or None when nothing could be aligned."""
     if not a.calls or not b.calls:
         return None
@@ -82,7 +84,7 @@ def propose_map(a: Source, b: Source, names: NameMap) -> dict[str, Any] | None:
                 pairs.append((module_b, module_a))
     if not pairs:
         return None
-    return _rules(pairs)
+    return rules_of(pairs)
 
 
 def _template(path: str) -> tuple[str, list[str]]:
@@ -90,8 +92,9 @@ def _template(path: str) -> tuple[str, list[str]]:
     return _NUMBER.sub("{}", path), numbers
 
 
-def _rules(pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """Collapse ``blocks.0.x -> layers.0.y``, ``blocks.1.x -> layers.1.y`` into one regex."""
+def rules_of(pairs: list[tuple[str, str]]) -> Proposal:
+    """A map of ``(B path, A path)`` pairs: ``blocks.0.x -> layers.0.y``, ``blocks.1.x ->
+    layers.1.y`` collapse into one regex, the rest are renames."""
     groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
     rename: dict[str, str] = {}
     for module_b, module_a in pairs:
@@ -116,9 +119,24 @@ def _rules(pairs: list[tuple[str, str]]) -> dict[str, Any]:
 
         replacement = re.sub(r"\{\}", number, ta.replace("\\", "\\\\"))
         regex.append([pattern, replacement])
-    proposal: dict[str, Any] = {}
+    proposal: Proposal = {}
     if rename:
         proposal["rename"] = rename
     if regex:
         proposal["regex"] = regex
     return proposal
+
+
+def merged(proposal: Proposal | None, pairs: list[tuple[str, str]]) -> Proposal | None:
+    """``proposal`` with the rules for ``pairs`` (B path, A path) added."""
+    if not pairs:
+        return proposal
+    extra = rules_of(pairs)
+    if proposal is None:
+        return extra
+    combined = dict(proposal)
+    if extra.get("rename"):
+        combined["rename"] = {**(proposal.get("rename") or {}), **extra["rename"]}
+    if extra.get("regex"):
+        combined["regex"] = [*(proposal.get("regex") or []), *extra["regex"]]
+    return combined

@@ -115,6 +115,13 @@ class Source:
     # byte budget, past the per-call limit): how many, and the first with its reason
     not_written: int = 0
     first_not_written: str | None = None
+    # what the capture recorded and lost, for compare's "never match on missing data":
+    # each tensor not written (its name, why), each call whose tensors of one role
+    # could not be written at all ((module, call, role), the error)
+    lost: dict[str, str] = field(default_factory=dict)
+    lost_calls: dict[tuple[str, int, str], str] = field(default_factory=dict)
+    # named ``NAME.1``: the first model of a zero-edit run alone, not its whole pipeline
+    one_model: bool = False
 
     def load(self, entry: Entry) -> npt.NDArray[np.generic]:
         """The entry's tensor as a read-only numpy array (memory-mapped where possible)."""
@@ -187,21 +194,35 @@ def open_source(spec: str, home: Path) -> Source:
         ) from None
 
 
-def _open_source(spec: str, home: Path) -> Source:
+def _at_path(spec: str, home: Path) -> Source | None:
+    """What ``spec`` names as a path (``DIR/NAME.1``: the first model's capture alone),
+    or None when no such path exists."""
     path = Path(spec).expanduser()
-    if path.exists():
-        try:
-            return _from_path(spec, path)
-        except CompareInputError as exc:
-            # A folder named like a capture (``ref/`` beside the script) must not hide it.
-            found = [c for c in find_captures(home) if c["name"] == spec]
-            if exc.code not in (NO_TENSORS, NOT_TENSORS) or not found:
-                raise
-            source = open_capture(spec, Path(found[-1]["path"]))
-            source.warnings.append(
-                f"{path} is not a tensor file or folder: compared the capture {spec!r} instead"
-            )
-            return source
+    stem, _dot, number = spec.rpartition(".")
+    if not path.exists() and number == "1" and (Path(stem).expanduser() / INDEX).is_file():
+        source = open_capture(spec, Path(stem).expanduser())
+        source.one_model = True
+        return source
+    if not path.exists():
+        return None
+    try:
+        return _from_path(spec, path)
+    except CompareInputError as exc:
+        # A folder named like a capture (``ref/`` beside the script) must not hide it.
+        found = [c for c in find_captures(home) if c["name"] == spec]
+        if exc.code not in (NO_TENSORS, NOT_TENSORS) or not found:
+            raise
+        source = open_capture(spec, Path(found[-1]["path"]))
+        source.warnings.append(
+            f"{path} is not a tensor file or folder: compared the capture {spec!r} instead"
+        )
+        return source
+
+
+def _open_source(spec: str, home: Path) -> Source:
+    at_path = _at_path(spec, home)
+    if at_path is not None:
+        return at_path
     if "/" in spec and not spec.startswith((".", "/", "~")):
         run_spec, name = spec.rsplit("/", 1)
         try:
@@ -210,9 +231,9 @@ def _open_source(spec: str, home: Path) -> Source:
             run = None
         if run is not None:
             return _capture_in_run(spec, run, name)
-    found = [c for c in find_captures(home) if c["name"] == spec]
-    if found:
-        return open_capture(spec, Path(found[-1]["path"]))
+    named = _named(spec, find_captures(home))
+    if named is not None:
+        return named
     try:
         run = resolve_run(home, spec)
     except MldbgError as exc:
@@ -264,9 +285,29 @@ def _from_path(spec: str, path: Path) -> Source:
     return _directory_source(spec, path)
 
 
+def _named(spec: str, captures: list[dict[str, object]]) -> Source | None:
+    """The newest capture named ``spec``; or, for ``NAME.1`` where none is, the first
+    model of a zero-edit run alone (``NAME``, not the pipeline of models its run
+    captured after it); None when neither exists."""
+    found = [c for c in captures if c["name"] == spec]
+    if found:
+        return open_capture(spec, Path(str(found[-1]["path"])))
+    stem, _dot, number = spec.rpartition(".")
+    found = [c for c in captures if c["name"] == stem] if number == "1" and stem else []
+    if not found:
+        return None
+    source = open_capture(spec, Path(str(found[-1]["path"])))
+    source.one_model = True
+    return source
+
+
 def _capture_in_run(spec: str, run: RunDir, name: str | None) -> Source:
     captures = find_captures_in(run.path)
     if name is not None:
+        first = None if any(c["name"] == name for c in captures) else _named(name, captures)
+        if first is not None:  # NAME.1: the first model alone
+            first.spec = spec
+            return first
         captures = [c for c in captures if c["name"] == name]
         if not captures:
             raise CompareInputError(
@@ -383,6 +424,8 @@ def open_capture(spec: str, directory: Path) -> Source:
             if source.first_not_written is None:
                 entry, why = next(iter(skipped.items()))
                 source.first_not_written = f"{str(entry)[:200]}: {str(why)[:200]}"
+            for entry, why in skipped.items():
+                source.lost[str(entry)[:_TEXT_CHARS]] = str(why)[:200]
         try:
             _add_record(source, directory, record, by_seq, position)
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
@@ -456,6 +499,8 @@ def _add_record(
                 known.amplification = float(gain)
         call = known
         role = "out"
+    if record.get("write_error"):  # a full disk: none of the call's tensors of this role
+        source.lost_calls[(call.module, call.call, role)] = str(record["write_error"])[:200]
     file = record.get("file")
     tensors = record.get("tensors") or {}
     if tensors and not _plain_file_name(file):

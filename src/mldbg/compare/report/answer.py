@@ -46,6 +46,11 @@ HEADER_ONLY = (
     "first_divergence",
     "decided_by",
     "undecided",
+    "pipeline",
+    "missing",
+    "structure",
+    "unpaired_parameter_free",
+    "line",
 )
 
 

@@ -10,6 +10,7 @@ This says so in the comparison's ``narrow`` field, with the module's path on eac
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import TYPE_CHECKING
 
 from ...capture.budget import size_text
@@ -39,7 +40,7 @@ def narrow_hint(
     goes in full inside the module that one names)."""
     if culprit is None or culprit.get("module") is None or not (is_coarse(a) or is_coarse(b)):
         return None
-    module_a = str(culprit["module"])
+    module_a = _narrowed_module(a, culprit)
     module_b = module_a
     entries = set(culprit.get("entries") or [])
     for result in results:
@@ -131,6 +132,19 @@ def _rerun(source: Source, capture: str, **options: object) -> Call:
     return {"verb": "start", "args": args}
 
 
+def _narrowed_module(a: Source, culprit: Culprit) -> str:
+    """Where the fine pass should look: the culprit, or, for a module the port never
+    calls, the call whose outputs differ because of it (a pass inside the skipped module
+    would find nothing of the port's to compare)."""
+    module = str(culprit["module"])
+    if not culprit.get("never_called_in_b"):
+        return module
+    call = a.calls.get((module, int(culprit.get("call") or 0)))
+    parents = {c.seq: c for c in a.calls.values()}
+    parent = parents.get(call.parent) if call is not None and call.parent is not None else None
+    return parent.module if parent is not None else module
+
+
 def fine_pass_bytes(source: Source, module: str) -> int | None:
     """About what a full capture inside ``module`` (every call of it) would write: the
     tensors of its recorded calls exactly (a summary keeps each tensor's shape and
@@ -193,12 +207,34 @@ def _model_suffix(source: Source) -> str:
     return ""
 
 
-def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint | None:
+# Classes that hold no parameters (an activation, a dropout, an identity, a softmax), for a
+# capture made before captures recorded which modules hold none (``parameter_free``).
+_PARAMETER_FREE_CLASS = re.compile(
+    r"^(SiLU|GELU|ReLU\d*|LeakyReLU|Tanh|Sigmoid|Softmax|Softplus|Mish|Hardswish|"
+    r"Dropout\d?d?|Identity|Flatten|Unflatten|Upsample)$"
+)
+
+
+def weights_hint(
+    a: Source, b: Source, culprit: Culprit | None, results: list[EntryResult]
+) -> WeightsHint | None:
     """When the culprit's inputs agree and its outputs differ, its own parameters are the
     first suspect (a weight never loaded, transposed, converted wrongly): say how to
     audit them (the ``weights`` verb), by capture name when both captures saved them,
-    else after capturing both again with their parameters saved."""
-    if culprit is None or culprit.get("reason") != "inputs agree, outputs differ":
+    else after capturing both again with their parameters saved.
+
+    Only where parameters can explain it: not for values the port's dtype could not hold
+    (an overflow: the fix is a wider dtype), not for a module that holds none (an
+    activation, a dropout: the capture's ``parameter_free``), and not for a call all of
+    whose children's outputs agree: their parameters are fine, and what differs was
+    computed inline (an attention's softmax or rotary embedding between its projections)."""
+    if culprit is None or not str(culprit.get("reason", "")).startswith(
+        "inputs agree, outputs differ"
+    ):
+        return None
+    if culprit.get("out_of_range") or _parameter_free(a, culprit):
+        return None
+    if _children_agree(a, culprit, results):
         return None
     from ...capture import WEIGHTS
 
@@ -219,3 +255,26 @@ def weights_hint(a: Source, b: Source, culprit: Culprit | None) -> WeightsHint |
         "parameters, or give the weights verb the two checkpoint files)",
         "calls": calls,
     }
+
+
+def _parameter_free(source: Source, culprit: Culprit) -> bool:
+    """The culprit's module holds no parameter, as its capture recorded (by its class for
+    a capture that did not record it)."""
+    recorded = source.meta.get("parameter_free")
+    if isinstance(recorded, list):
+        return culprit.get("module") in recorded
+    return bool(_PARAMETER_FREE_CLASS.match(str(culprit.get("class") or "")))
+
+
+def _children_agree(a: Source, culprit: Culprit, results: list[EntryResult]) -> bool:
+    """The culprit's call has children with compared outputs, and all of them agree."""
+    call = a.calls.get((str(culprit.get("module")), int(culprit.get("call") or 0)))
+    if call is None:
+        return False
+    children = {(c.module, c.call) for c in a.calls.values() if c.parent == call.seq}
+    outputs = [
+        r
+        for r in results
+        if r.get("role") == "out" and (r.get("module"), r.get("call")) in children
+    ]
+    return bool(outputs) and all(r["ok"] for r in outputs)

@@ -48,6 +48,7 @@ from .errors import (
     NO_SUCH_BREAKPOINT,
     NO_SUCH_FRAME,
     NO_SUCH_FUNCTION,
+    NO_SUCH_JOB,
     NO_SUCH_RUN,
     NO_SUCH_TENSOR,
     NO_SUCH_THREAD,
@@ -55,6 +56,8 @@ from .errors import (
     NOT_A_SOURCE_FILE,
     NOT_EDITABLE,
     NOT_PAUSED,
+    SCOPE_NOT_REACHED,
+    SCRIPT_FAILED,
     SESSION_BUSY,
     SESSION_ENDED,
     START_FAILED,
@@ -281,6 +284,15 @@ CAPTURE_ARGS = (
         "inputs), as capture NAME",
     ),
 )
+
+MAP = Arg(
+    "map",
+    dict[str, Any] | str,  # a map file, or the same map inline as a JSON object
+    "a map file of B's names: {rename, regex, ignore} (a JSON object works in MCP/REST)",
+    kind="path",
+)
+# the codes of a source compare cannot read (compare, line)
+SOURCE_ERRORS = (UNKNOWN_SOURCE, CORRUPT_FILE, CORRUPT_CAPTURE, UNREADABLE, BAD_MAP)
 
 # -- the table --------------------------------------------------------------------------------
 
@@ -859,12 +871,7 @@ VERBS: tuple[Verb, ...] = (
             Arg("b", str, "port: the same kinds", REQUIRED, positional=True),
             Arg("rtol", float, "relative tolerance (default: per dtype)", minimum=0),
             Arg("atol", float, "absolute tolerance (default: per dtype)", minimum=0),
-            Arg(
-                "map",
-                dict[str, Any] | str,  # a map file, or the same map inline as a JSON object
-                "a map file of B's names: {rename, regex, ignore} (a JSON object works in MCP/REST)",
-                kind="path",
-            ),
+            MAP,
             Arg(
                 "layout",
                 str,
@@ -902,6 +909,55 @@ VERBS: tuple[Verb, ...] = (
         errors=(UNKNOWN_SOURCE, CORRUPT_FILE, CORRUPT_CAPTURE, UNREADABLE, BAD_MAP, BAD_SHARDS),
         description="Names the first divergence: the module whose inputs agree and whose "
         "outputs differ. Failing entries first; passing ones only with passing=true.",
+    ),
+    Verb(
+        "line",
+        "after compare names a module or glue code: the first line of the port whose value "
+        "the reference never computed, in both scripts (runs each once more)",
+        R.LineStep,
+        (
+            Arg("a", str, "reference: the capture compare read", REQUIRED, positional=True),
+            Arg("b", str, "port: the capture compare read", REQUIRED, positional=True),
+            Arg("map", str, "{rename, regex, ignore} file, as compare's", kind="path"),
+            Arg(
+                "budget",
+                str,
+                "most bytes of line records per script (500MB); default: the captures'",
+            ),
+            Arg("job", str, "a line step already started (its next call names it)"),
+            _wait(600.0, "seconds to wait for the two runs"),
+            OFFSET,
+            Arg(
+                "limit", int, "at most this many of the port's values", 20, minimum=1, maximum=1000
+            ),
+            Arg(
+                "base_env",
+                dict[str, str],
+                "the environment the scripts' own variables are added to (default: the client's)",
+                cli=False,
+                mcp=False,
+                max_length=ENV_LIMIT,
+                max_items=10 * ITEMS_LIMIT,
+            ),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        store=True,
+        waits=True,
+        errors=(
+            *SOURCE_ERRORS,
+            BAD_COMPARE_INPUT,
+            NO_SUCH_RUN,
+            NO_SUCH_JOB,
+            SCRIPT_FAILED,
+            SCOPE_NOT_REACHED,
+            START_FAILED,
+        ),
+        description="Runs both scripts again as their captures were started, recording only "
+        "the culprit's scope, and aligns the lines' values by value: `first_wrong` (port "
+        "line, nearest reference lines, relative error), `last_agreeing`, `fused`, `reason`. "
+        "`state: running`: call `next`.",
     ),
     Verb(
         "weights",

@@ -21,7 +21,6 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from .. import results as R
 from .. import verbs
 from ..errors import NO_DAEMON, MldbgError, UsageError
 from ..verbs import VERBS, Arg, Verb
@@ -354,6 +353,9 @@ def run_verb(verb: Verb, a: argparse.Namespace) -> Any:
         return client.call(verb.name, session, **values)
     if verb.store and getattr(a, "session", None):
         values["session"] = a.session
+    if verb.waits:  # a long run-store verb (line): the job it starts is followed here
+        wait = values.pop("wait", verb.arg("wait").default)
+        return client.follow(verb.name, wait, _still_running, **values)
     return client.call(verb.name, None, **values)
 
 
@@ -362,33 +364,9 @@ def hint(fixes: object) -> str | None:
     would type them."""
     if not fixes or not isinstance(fixes, list):
         return None
+    from ..text.calls import cli_command
+
     return "; or ".join(cli_command(f) for f in fixes[:3])
-
-
-def cli_command(fix: R.Call) -> str:
-    verb = verbs.BY_NAME.get(str(fix.get("verb")))
-    args = dict(fix.get("args") or {})
-    words = ["mldbg", str(fix.get("verb"))]
-    session = args.pop("session", None)
-    if verb is None:
-        return " ".join(words)
-    for name, value in args.items():
-        try:
-            arg = verb.arg(name)
-        except KeyError:
-            continue
-        if arg.positional:
-            words.append(str(value))
-        elif arg.type is bool:
-            if bool(value) != bool(arg.default):
-                words.append(arg.cli_flag)
-        else:
-            words += [arg.cli_flag, str(value)]
-    if verb.name == "start" and "script" not in args:
-        words.append("SCRIPT")
-    if session and session != "default":
-        words += ["--session", str(session)]
-    return " ".join(words)
 
 
 def emit_error(exc: MldbgError, as_json: bool) -> None:

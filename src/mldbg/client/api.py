@@ -181,6 +181,7 @@ class Client:
                 values.setdefault("client_home", os.environ["MLDBG_HOME"])
         if verb.name == "start":
             values.setdefault("cwd", os.getcwd())
+        if verb.name in ("start", "line"):  # a script starts in the client's environment
             values.setdefault("base_env", dict(os.environ))
         if verb.method == "GET":
             return self.request("GET", path, params=values)
@@ -212,6 +213,33 @@ class Client:
             if still_running is not None:
                 still_running(elapsed)
             data = self.call("wait", session, wait=min(WAIT_SLICE, remaining))
+        return data
+
+    def follow(
+        self,
+        verb_name: str,
+        max_wait: float,
+        still_running: Callable[[float], None] | None = None,
+        /,
+        **args: object,
+    ) -> R.LineStep:
+        """A waiting run-store verb (``line``) for up to ``max_wait`` s: while it answers
+        ``state: running``, its ``next`` call (the job it started) is made again, each
+        waiting at most ``WAIT_SLICE`` s server-side."""
+        started = time.monotonic()
+        data: R.LineStep = self.call(verb_name, None, **args, wait=min(WAIT_SLICE, max_wait))
+        while data.get("state") == "running" and "next" in data:
+            elapsed = time.monotonic() - started
+            remaining = max_wait - elapsed
+            if remaining <= 0:
+                break
+            if still_running is not None:
+                still_running(elapsed)
+            again = data["next"]
+            kept = {k: v for k, v in args.items() if k not in again["args"] and k != "wait"}
+            data = self.call(
+                again["verb"], None, **kept, **again["args"], wait=min(WAIT_SLICE, remaining)
+            )
         return data
 
 

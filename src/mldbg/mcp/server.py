@@ -115,11 +115,9 @@ def tool_hint(fixes: object) -> str | None:
     agent would make them."""
     if not fixes or not isinstance(fixes, list):
         return None
-    calls = []
-    for fix in fixes[:3]:
-        args = ", ".join(f"{k}={v!r}" for k, v in (fix.get("args") or {}).items())
-        calls.append(f"{fix.get('verb')}({args})")
-    return "call " + "; or ".join(calls)
+    from ..text.calls import tool_call
+
+    return "call " + "; or ".join(tool_call(fix) for fix in fixes[:3])
 
 
 @contextlib.contextmanager
@@ -154,7 +152,7 @@ def result_text(verb: Verb, data: object) -> str:
             text += f"\n[{data.get('size')} bytes in all; next: {json.dumps(data.get('next'))}]"
         return budget.capped(text, TEXT_BUDGET, "tail")
     try:
-        text = render.to_text(verb.name, data)
+        text = render.to_text(verb.name, data, surface="mcp")
     except Exception:
         text = json.dumps(data, separators=(",", ":"), default=str)
     if isinstance(data, dict) and data.get("truncated") and data.get("next"):
@@ -218,9 +216,9 @@ class Tools:
 
     async def _resume(
         self, ctx: Context, verb: Verb, session: str | None, args: dict[str, Any]
-    ) -> R.State:
+    ) -> R.State | R.LineStep:
         """A waiting verb in a worker thread, with a progress notification between slices."""
-        max_wait = float(args.pop("wait", 60.0))
+        max_wait = float(args.pop("wait", verb.arg("wait").default))
 
         def still_running(elapsed: float) -> None:
             anyio.from_thread.run(
@@ -229,7 +227,9 @@ class Tools:
                 )
             )
 
-        def blocking() -> R.State:
+        def blocking() -> R.State | R.LineStep:
+            if verb.scope == "global":  # a run-store verb's job (line), followed
+                return self.client.follow(verb.name, max_wait, still_running, **args)
             return self.client.resume(verb.name, session, max_wait, still_running, **args)
 
         return await anyio.to_thread.run_sync(blocking)

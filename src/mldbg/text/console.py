@@ -96,19 +96,28 @@ err = cast("Console", _err)
 
 
 _CAPTURE_LOCK = threading.Lock()
+_SURFACE = ["cli"]  # who the text is for: calls are worded for it (text/calls.py)
+
+
+def surface() -> str:
+    """``cli``, or ``mcp`` while the MCP server renders an answer's text."""
+    return _SURFACE[-1]
 
 
 @contextlib.contextmanager
-def captured(width: int = 120) -> Iterator[io.StringIO]:
+def captured(width: int = 120, surface: str = "cli") -> Iterator[io.StringIO]:
     """Everything printed to ``out`` and ``err`` inside the block, as plain text in the
-    yielded buffer (one capture at a time: the consoles are the process's)."""
+    yielded buffer (one capture at a time: the consoles are the process's), with the
+    calls it names worded for ``surface``."""
     from rich.console import Console
 
     with _CAPTURE_LOCK:
         buffer = io.StringIO()
         console = Console(file=buffer, width=width, no_color=True, highlight=False, soft_wrap=True)
         _out._redirect = _err._redirect = console
+        _SURFACE.append(surface)
         try:
             yield buffer
         finally:
+            _SURFACE.pop()
             _out._redirect = _err._redirect = None

@@ -622,6 +622,12 @@ def weight_audit(data: R.WeightAudit) -> None:
         out.print(f"({data.get('total')} problems in all: --limit N to see more)")
 
 
+def line_step(data: R.LineStep) -> None:
+    from .line import show as show_line
+
+    show_line(data)
+
+
 def plain(data: object) -> None:
     """A verb without a renderer of its own: its answer as indented JSON."""
     out.print(escape(json.dumps(data, indent=2, default=str)))
@@ -672,11 +678,13 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
     "tensors": tensor_store,
     "clean": cleaned,
     "weights": weight_audit,
+    "line": line_step,
 }
 
 
-def to_text(verb: str, data: object, width: int = 120) -> str:
-    """What ``mldbg VERB`` would print, as plain text (for MCP's text content)."""
-    with captured(width) as buffer:
+def to_text(verb: str, data: object, width: int = 120, surface: str = "cli") -> str:
+    """What ``mldbg VERB`` would print, as plain text (for MCP's text content: the calls
+    it names worded as tool calls with ``surface="mcp"``)."""
+    with captured(width, surface) as buffer:
         show(verb, data)
     return buffer.getvalue().rstrip("\n")

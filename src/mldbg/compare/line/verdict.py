@@ -1,0 +1,286 @@
+"""The first wrong line: where the port's difference starts, followed through the code.
+
+Every value the port's scope computed is paired with the reference's closest
+(``align.py``).  A value without a counterpart within the bound is not yet a bug: a
+port may compute steps the reference keeps inside one fused call (its attention
+scores, when the reference calls SDPA), whose result then agrees again.  So the
+difference is followed through the code, from what each line read
+(``line_statements.py``): a value is *on the wrong path* when it has no counterpart
+and it reaches the scope's output (the module's return value; for glue, the differing
+input of the model call) through values that have none either.  The first such value
+that has a same-sized counterpart in the reference, too far from it, is the first
+wrong line; values before it on that path with nothing of their size in the reference
+fall inside a fused reference call, and are said as such.  The last port value on its
+path that still agreed is said too.  A scope whose output agrees names no line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .align import Match, Near, align
+from .read import LineRecord, LineRun
+
+if TYPE_CHECKING:
+    from ...results import FusedCall, LineCounterpart, LinePair, LineValue
+
+INSIDE_SHOWN = 10  # port lines listed inside a fused reference call
+
+
+@dataclass
+class LineVerdict:
+    """What the step found; ``pairs`` lists the port's values, in order."""
+
+    first_wrong: LinePair | None
+    last_agreeing: LinePair | None
+    fused: FusedCall | None
+    reason: str
+    notes: list[str]
+    pairs: list[LinePair]
+    first_index: int | None  # the first wrong value's place in ``pairs``
+
+
+class _Path:
+    """The port's values as a graph: who read whom, which agree, which reach the output."""
+
+    def __init__(self, port: LineRun, matches: dict[int, Match], targets: set[int]) -> None:
+        self.port = port
+        self.matches = matches
+        self.consumers: dict[int, list[int]] = {}
+        for record in port.records:
+            for seq in record.reads:
+                self.consumers.setdefault(seq, []).append(record.seq)
+        self.wrong: set[int] = set()
+        for record in reversed(port.records):
+            if self.ok(record) is True:
+                continue
+            if record.seq in targets or any(
+                c in self.wrong for c in self.consumers.get(record.seq, ())
+            ):
+                self.wrong.add(record.seq)
+
+    def match(self, record: LineRecord) -> Match | None:
+        return self.matches.get(self.port.original(record).seq)
+
+    def ok(self, record: LineRecord) -> bool | None:
+        match = self.match(record)
+        return None if match is None else match.ok
+
+    def ancestors(self, record: LineRecord) -> list[LineRecord]:
+        """Every value ``record`` was computed from, through the lines it read, latest first."""
+        found: dict[int, LineRecord] = {}
+        todo = list(record.reads)
+        while todo:
+            seq = todo.pop()
+            if seq in found or seq not in self.port.by_seq:
+                continue
+            found[seq] = self.port.by_seq[seq]
+            todo.extend(found[seq].reads)
+        return sorted(found.values(), key=lambda r: -r.seq)
+
+
+def targets_of(port: LineRun, kind: str, input_name: str | None) -> set[int]:
+    """The scope's output: the culprit's return value(s) in its own frame, or the
+    differing input of the call that ends a glue scope (every input when unnamed)."""
+    records = port.records
+    if kind == "glue":
+        inputs = [r for r in records if r.kind == "input"]
+        named = [r for r in inputs if input_name is not None and r.name == input_name]
+        return {r.seq for r in (named or inputs)}
+    returns = [
+        r for r in records if r.frame == 1 and (r.name == "return" or r.name.startswith("return["))
+    ]
+    if returns:
+        return {r.seq for r in returns}
+    return {records[-1].seq} if records else set()
+
+
+def decide(
+    reference: LineRun, port: LineRun, bound: float, kind: str, input_name: str | None = None
+) -> LineVerdict:
+    """The first wrong line of the port (None when the scope's output agrees)."""
+    matches = align(reference, port, bound)
+    targets = targets_of(port, kind, input_name)
+    path = _Path(port, matches, targets)
+    values = _Values(reference, port)
+    notes = _notes(reference, port)
+    candidates = [
+        r for r in port.records if r.seq in path.wrong and r.alias is None and path.ok(r) is False
+    ]
+    first = candidates[0] if candidates else None
+    if first is None:
+        first = next(
+            (r for r in port.records if r.seq in path.wrong and r.alias is None and r.kept), None
+        )
+    shown = [r for r in port.records if r.alias is None]
+    pairs = [values.pair(r, path.match(r)) for r in shown]
+    if first is None:
+        return LineVerdict(None, None, None, _clean_reason(port, targets, path), notes, pairs, None)
+    ancestors = path.ancestors(first)
+    agreeing = next((r for r in ancestors if path.ok(r) is True), None)
+    if agreeing is None:
+        agreeing = next(
+            (r for r in reversed(port.records) if r.seq < first.seq and path.ok(r)), None
+        )
+    inside = [r for r in reversed(ancestors) if r.seq in path.wrong and path.ok(r) is None]
+    index = next(i for i, r in enumerate(shown) if r.seq == first.seq)
+    first_pair = pairs[index]
+    last_pair = values.pair(agreeing, path.match(agreeing)) if agreeing is not None else None
+    fused = (
+        _fused(values, first, first_pair, inside) if inside and path.ok(first) is False else None
+    )
+    return LineVerdict(
+        first_pair,
+        last_pair,
+        fused,
+        _reason(first_pair, last_pair, fused),
+        notes,
+        pairs,
+        index,
+    )
+
+
+class _Values:
+    """Records as the answer shows them: where, what, the first elements, how many runs."""
+
+    def __init__(self, reference: LineRun, port: LineRun) -> None:
+        self.reference = reference
+        self.port = port
+        self.runs = {id(run): _runs(run) for run in (reference, port)}
+
+    def value(self, run: LineRun, record: LineRecord) -> LineValue:
+        held = run.original(record)
+        value: LineValue = {
+            "file": record.file,
+            "line": record.line,
+            "function": record.function,
+            "text": record.text,
+            "name": record.name,
+            "kind": record.kind,
+            "shape": list(held.shape) if held.shape is not None else None,
+            "dtype": held.dtype,
+            "head": list(held.head),
+            "rms": _rms(run, held),
+            "runs": self.runs[id(run)].get((record.file, record.line, record.name), 1),
+            "kept": held.kept,
+        }
+        return value
+
+    def pair(self, record: LineRecord, match: Match | None) -> LinePair:
+        pair: LinePair = {"b": self.value(self.port, record), "ok": None, "nearest": []}
+        if match is not None:
+            pair["ok"] = match.ok
+            pair["nearest"] = [self.counterpart(near) for near in match.nearest]
+        return pair
+
+    def counterpart(self, near: Near) -> LineCounterpart:
+        rel = near.rel_rms
+        return {
+            "a": self.value(self.reference, near.record),
+            "rel_rms": rel if math.isfinite(rel) else None,
+            "reading": near.reading,
+            "head_b": list(near.head_b) if near.head_b is not None else None,
+        }
+
+
+def _runs(run: LineRun) -> dict[tuple[str, int, str], int]:
+    counts: dict[tuple[str, int, str], int] = {}
+    for record in run.records:
+        key = (record.file, record.line, record.name)
+        counts[key] = max(counts.get(key, 0), record.hit)
+    return counts
+
+
+def _rms(run: LineRun, record: LineRecord) -> float | None:
+    stats = record.stats or {}
+    rms = stats.get("rms")
+    if isinstance(rms, int | float):
+        return float(rms)
+    if record.exact is not None and record.numel:
+        import numpy as np
+
+        values = run.numbers(record.exact)
+        finite = values[np.isfinite(values)]
+        return float(np.sqrt(np.mean(finite * finite))) if finite.size else None
+    return None
+
+
+def _where(value: LineValue) -> str:
+    return f"{value.get('file')}:{value.get('line')}"
+
+
+def _fused(
+    values: _Values, first: LineRecord, pair: LinePair, inside: list[LineRecord]
+) -> FusedCall | None:
+    """The reference line nearest the first wrong value computes, in one call, what the
+    port spells out in the lines before it that have nothing of their size there."""
+    nearest = pair.get("nearest") or []
+    if not nearest:
+        return None
+    call = nearest[0]["a"]
+    shown = [values.value(values.port, r) for r in inside[:INSIDE_SHOWN]]
+    note = (
+        f"the reference computes in one call ({_where(call)}: {call.get('text')}) what "
+        f"{len(inside)} port line(s) before it spell out, with nothing of their size in the "
+        f"reference to compare: the first port value its result contradicts is "
+        f"{_where(pair['b'])} ({pair['b'].get('name')}); the difference may start in one of "
+        "the lines inside"
+    )
+    return {"a": call, "inside": shown, "contradicted": pair, "note": note}
+
+
+def _reason(first: LinePair, last: LinePair | None, fused: FusedCall | None) -> str:
+    b = first["b"]
+    head = f"{_where(b)}  {b.get('text')}  — "
+    nearest = first.get("nearest") or []
+    if nearest:
+        near = nearest[0]
+        rel = near.get("rel_rms")
+        how = f"rel {rel:.3g}" if isinstance(rel, float) else "no finite error"
+        head += f"no counterpart (nearest: {_where(near['a'])}  {near['a'].get('text')}, {how})"
+    else:
+        head += "no value of its size in the reference"
+    if last is not None:
+        head += f"; last agreeing: {_where(last['b'])}  {last['b'].get('text')}"
+    runs_b = b.get("runs", 1)
+    if nearest and runs_b != nearest[0]["a"].get("runs", 1):
+        head += f"; it ran {runs_b} time(s) in the port, {nearest[0]['a'].get('runs', 1)} in the reference"
+    if fused is not None:
+        head += f"; inside a fused reference call: {fused.get('note')}"
+    return head
+
+
+def _clean_reason(port: LineRun, targets: set[int], path: _Path) -> str:
+    if not port.records:
+        return "nothing was recorded in the port's scope: the scope was not reached"
+    if not targets:
+        return "the port's scope recorded no output to follow"
+    if all(path.ok(port.by_seq[t]) is True for t in targets if t in port.by_seq):
+        return (
+            "every value on the way to the scope's output has a counterpart in the reference "
+            "within the bound: no line of the port differs"
+        )
+    return "the scope's output differs, but no recorded line of the port explains it"
+
+
+def _notes(reference: LineRun, port: LineRun) -> list[str]:
+    notes = []
+    for side, run in (("reference", reference), ("port", port)):
+        skipped = sum(1 for r in run.records if r.skipped)
+        if skipped:
+            needed = run.scope.get("needed_bytes")
+            notes.append(
+                f"{skipped} value(s) of the {side} were not kept (over the byte budget"
+                + (f"; {needed} more bytes would keep them" if isinstance(needed, int) else "")
+                + "): they are never named, and may hide where the difference starts"
+            )
+        errors = sum(1 for r in run.records if r.error)
+        if errors:
+            notes.append(
+                f"{errors} value(s) of the {side} could not be read: {run.scope.get('errors')}"
+            )
+        if run.unreadable:
+            notes.append(f"{run.unreadable} record line(s) of the {side} could not be read")
+    return notes

@@ -1,0 +1,83 @@
+"""``mldbg line``: from compare's verdict to the first wrong line of the port.
+
+Unmodified scripts are captured by ``start --capture`` (zero-edit), compared, and then
+the line step runs each once more recording only the culprit's scope; no test sets a
+breakpoint.  References are real transformers / diffusers models from tiny configs,
+ports hand-written MLX or mlx-lm.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("mlx.core")
+
+import mldbg  # noqa: E402
+from conftest import Api, Session, line_of, wait_until  # noqa: E402
+
+SCRIPTS = Path(__file__).parent / "zero_edit_scripts"
+
+
+def run_captured(session: Session, script: str, *args: str, **capture: Any) -> dict[str, Any]:
+    """Run ``script`` to its end under the debugger with ``capture`` options."""
+    session.start(script, *args, stop_on_entry=False, **capture)
+
+    def ended() -> dict[str, Any] | None:
+        state: dict[str, Any] = session.wait(10.0)
+        return None if state["state"] in ("starting", "running", "paused") else state
+
+    state = wait_until(ended, timeout=300, what=f"{script} to end")
+    assert state.get("exit_code") == 0, (state, session.output())
+    return state
+
+
+def line_step(api: Api, a: str, b: str, home: Path, **extra: Any) -> dict[str, Any]:
+    """The line verb over REST, its ``next`` call made again while it runs."""
+    body: dict[str, Any] = {"a": a, "b": b, "home": str(home), "wait": 20, **extra}
+    answer: dict[str, Any] = api.post("/v1/line", body)
+    for _ in range(60):
+        if answer.get("state") != "running":
+            return answer
+        again = answer["next"]
+        assert again["verb"] == "line"
+        answer = api.post("/v1/line", {**again["args"], "home": str(home), "wait": 20})
+    pytest.fail(f"the line step did not end: {answer}")
+
+
+def test_llama_rope_base_named_at_the_rope_line_of_mlx_lm(
+    api: Api, tmp_path: Path
+) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("mlx_lm")
+    for name in ("hf_llama_reference.py", "mlx_lm_llama_port.py"):
+        shutil.copy(SCRIPTS / name, tmp_path / name)
+    home = tmp_path / ".mldbg"
+    sessions = [Session(api, f"ln{i}", tmp_path) for i in range(2)]
+    try:
+        run_captured(sessions[0], "hf_llama_reference.py", capture="ref")
+        run_captured(sessions[1], "mlx_lm_llama_port.py", "1000000", capture="bug")
+    finally:
+        for s in sessions:
+            api.http.post(f"{s.base}/terminate")
+    verdict = mldbg.compare("ref", "bug", home=home)
+    assert verdict.first_divergence is not None
+    assert verdict.first_divergence["module"] == "model.layers.0.self_attn"
+    assert verdict.result["line"] == {"verb": "line", "args": {"a": "ref", "b": "bug"}}
+
+    answer = line_step(api, "ref", "bug", home)
+    first = answer["first_wrong"]
+    assert first is not None, answer
+    assert first["b"]["file"].endswith("mlx_lm/models/llama.py"), first
+    assert "self.rope(queries" in first["b"]["text"], first
+    near = first["nearest"][0]  # transformers' apply_rotary_pos_emb
+    assert near["a"]["text"] == "q_embed = (q * cos) + (rotate_half(q) * sin)", near
+    assert near["rel_rms"] > 100 * answer["bound"]
+    last = answer["last_agreeing"]  # the queries it rotated still agreed
+    assert last is not None and last["ok"] is True
+    assert last["b"]["text"].startswith("queries = queries.reshape("), last
+    assert last["nearest"][0]["a"]["name"] == "query_states"

@@ -81,3 +81,66 @@ def test_llama_rope_base_named_at_the_rope_line_of_mlx_lm(
     assert last is not None and last["ok"] is True
     assert last["b"]["text"].startswith("queries = queries.reshape("), last
     assert last["nearest"][0]["a"]["name"] == "query_states"
+
+
+LLAMA_BUGS = {
+    # bug: (the port's line that computes it, the reference line nearest its value or
+    # None where several are as near: a wrong value is near nothing in particular)
+    "rotate": ("x1, x2 = x[..., ::2], x[..., 1::2]", "x"),  # its x1 = x[..., :half] or x2
+    "heads": ("q = q.reshape(b, HEADS, n, HEAD_DIM)", None),
+    "axis": ("probs = mx.softmax(scores, axis=", "attn_weights = nn.functional.softmax("),
+    "scale": ("scale = 1.0 / HEAD_DIM", None),
+    # the reference's mask is an argument of its attention (finfo.min where the port
+    # writes -1e9: both mask values, compared as such)
+    "mask": ("mask = mx.triu(mx.full((n, n), -1e9), k=", "(arguments of "),
+}
+
+
+@pytest.fixture(scope="module")
+def llama_runs(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """transformers' Llama and a hand-written MLX port of it, captured unmodified: the
+    reference, the clean port and one port per planted bug (``port-<bug>``)."""
+    pytest.importorskip("transformers")
+    where = tmp_path_factory.mktemp("llama")
+    for name in ("hf_llama_reference.py", "mlx_llama_port.py"):
+        shutil.copy(SCRIPTS / name, where / name)
+    session = Session(api, "llama-capture", where)
+    try:
+        run_captured(session, "hf_llama_reference.py", capture="ref", replace=True)
+        for bug in ["", *LLAMA_BUGS]:
+            run_captured(
+                session, "mlx_llama_port.py", *([bug] if bug else []), capture=f"port-{bug or 'clean'}",
+                capture_no_sensitivity=True, replace=True,
+            )
+    finally:
+        api.http.post(f"{session.base}/terminate")
+    return where
+
+
+def test_a_clean_hand_written_port_gets_no_line(api: Api, llama_runs: Path) -> None:
+    home = llama_runs / ".mldbg"
+    assert mldbg.compare("ref", "port-clean", home=home).ok
+    with pytest.raises(AssertionError, match="bad_compare_input"):  # no verdict: nothing to do
+        line_step(api, "ref", "port-clean", home)
+
+
+@pytest.mark.parametrize("bug", list(LLAMA_BUGS))
+def test_each_planted_attention_bug_is_named_at_its_line(
+    api: Api, llama_runs: Path, bug: str
+) -> None:
+    home = llama_runs / ".mldbg"
+    script = llama_runs / "mlx_llama_port.py"
+    verdict = mldbg.compare("ref", f"port-{bug}", home=home)
+    assert verdict.first_divergence["module"] == "model.layers.0.self_attn", verdict
+    answer = line_step(api, "ref", f"port-{bug}", home)
+    port_text, ref_text = LLAMA_BUGS[bug]
+    first = answer["first_wrong"]
+    assert first is not None, answer["reason"]
+    assert first["b"]["file"] == str(script) and first["b"]["text"].startswith(port_text), (
+        answer["reason"]
+    )
+    assert first["b"]["line"] == line_of(script, port_text)
+    assert first["nearest"], first
+    if ref_text is not None:
+        assert first["nearest"][0]["a"]["text"].startswith(ref_text), first
+    assert answer["last_agreeing"] is not None and answer["last_agreeing"]["ok"] is True

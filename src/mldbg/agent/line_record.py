@@ -86,6 +86,9 @@ class _Frame:
     sizes: dict[str, int] = field(default_factory=dict)  # name -> len of a container
     bound: dict[str, tuple[int, ...]] = field(default_factory=dict)  # name -> its records
     attributes: dict[str, int] = field(default_factory=dict)  # self's attribute -> id
+    returned: list[int] = field(
+        default_factory=list
+    )  # what calls of the running statement returned
 
 
 @dataclass
@@ -242,7 +245,15 @@ class LineRecorder:
             statement = state.statement
             if statement is not None and value is not None:
                 reads = self._reads(frame, state, statement)
-                self._bind(state, statement, "return", "return", value, reads)
+                values = [("", value)] if self._value_kind(value) is not None else _items(value)
+                seqs = [
+                    self._bind(state, statement, "return" + suffix, "return", item, reads)
+                    for suffix, item in values
+                    if self._value_kind(item) is not None
+                ]
+                caller = _recorded_caller(frame, self._frames)
+                if caller is not None:  # the caller's running statement read these
+                    caller[1].returned.extend(seqs)
         except Exception as exc:
             _report(exc)
         finally:
@@ -296,7 +307,10 @@ class LineRecorder:
         # (the culprit's forward) has no recorded caller: its own ``def`` line then.
         caller = _recorded_caller(frame, self._frames) or (frame, state)
         if caller[1] is state:
-            state.statement = statement_at(file, code.co_firstlineno)
+            line = code.co_firstlineno
+            state.statement = Statement(
+                line, f"(arguments of {state.function})", frozenset(), frozenset()
+            )
         count = code.co_argcount + code.co_kwonlyargcount
         count += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)  # *args, **kwargs
         arguments = set(code.co_varnames[:count])
@@ -378,6 +392,7 @@ class LineRecorder:
                     seqs.append(self._bind(state, statement, name + suffix, "item", item, reads))
             state.bound[name] = tuple(seqs)
         self._watch_attributes(f_locals, state, statement, reads)
+        state.returned.clear()
 
     def _grown(
         self, state: _Frame, statement: Statement, name: str, value: object, reads: list[int]
@@ -427,8 +442,9 @@ class LineRecorder:
 
     def _reads(self, frame: FrameType, state: _Frame, statement: Statement) -> list[int]:
         """The records a statement reads: the values of the names it loads, as last bound
-        in this frame, and the attributes it loads that a recorded line set."""
-        seqs: list[int] = []
+        in this frame, the attributes it loads that a recorded line set, and what the
+        calls it made returned."""
+        seqs: list[int] = list(state.returned)
         for name in statement.reads:
             seqs.extend(state.bound.get(name, ()))
         if statement.attributes:

@@ -8,6 +8,7 @@ ports hand-written MLX or mlx-lm.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ import mldbg  # noqa: E402
 from conftest import Api, Session, line_of, wait_until  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "zero_edit_scripts"
+# each test runs two scripts under capture, then each once more: minutes on a loaded CPU
+pytestmark = pytest.mark.timeout(600)
 
 
 def run_captured(session: Session, script: str, *args: str, **capture: Any) -> dict[str, Any]:
@@ -49,9 +52,7 @@ def line_step(api: Api, a: str, b: str, home: Path, **extra: Any) -> dict[str, A
     pytest.fail(f"the line step did not end: {answer}")
 
 
-def test_llama_rope_base_named_at_the_rope_line_of_mlx_lm(
-    api: Api, tmp_path: Path
-) -> None:
+def test_llama_rope_base_named_at_the_rope_line_of_mlx_lm(api: Api, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("mlx_lm")
     for name in ("hf_llama_reference.py", "mlx_lm_llama_port.py"):
@@ -109,8 +110,12 @@ def llama_runs(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Path:
         run_captured(session, "hf_llama_reference.py", capture="ref", replace=True)
         for bug in ["", *LLAMA_BUGS]:
             run_captured(
-                session, "mlx_llama_port.py", *([bug] if bug else []), capture=f"port-{bug or 'clean'}",
-                capture_no_sensitivity=True, replace=True,
+                session,
+                "mlx_llama_port.py",
+                *([bug] if bug else []),
+                capture=f"port-{bug or 'clean'}",
+                capture_no_sensitivity=True,
+                replace=True,
             )
     finally:
         api.http.post(f"{session.base}/terminate")
@@ -136,11 +141,86 @@ def test_each_planted_attention_bug_is_named_at_its_line(
     port_text, ref_text = LLAMA_BUGS[bug]
     first = answer["first_wrong"]
     assert first is not None, answer["reason"]
-    assert first["b"]["file"] == str(script) and first["b"]["text"].startswith(port_text), (
-        answer["reason"]
-    )
+    assert first["b"]["file"] == str(script) and first["b"]["text"].startswith(port_text), answer[
+        "reason"
+    ]
     assert first["b"]["line"] == line_of(script, port_text)
     assert first["nearest"], first
     if ref_text is not None:
         assert first["nearest"][0]["a"]["text"].startswith(ref_text), first
     assert answer["last_agreeing"] is not None and answer["last_agreeing"]["ok"] is True
+
+
+LINE_SCRIPTS = Path(__file__).parent / "line_scripts"
+ZOO = Path(__file__).parent / "parity_zoo"
+
+
+def flux_scripts(where: Path) -> None:
+    for name in ("flux_setup.py", "flux_reference.py", "flux_port.py"):
+        shutil.copy(LINE_SCRIPTS / name, where / name)
+    shutil.copy(ZOO / "dit_mlx.py", where / "dit_mlx.py")
+
+
+def test_flux_rotary_pairing_named_in_the_helper_the_attention_calls(
+    api: Api, tmp_path: Path
+) -> None:
+    """diffusers' Flux against the zoo's MLX port whose ``apply_rope`` rotates halves."""
+    pytest.importorskip("diffusers")
+    flux_scripts(tmp_path)
+    home = tmp_path / ".mldbg"
+    session = Session(api, "flux-capture", tmp_path)
+    try:
+        run_captured(session, "flux_reference.py", "tiny", capture="ref")
+        run_captured(session, "flux_port.py", "tiny", "rope", capture="port", replace=True)
+    finally:
+        api.http.post(f"{session.base}/terminate")
+    verdict = mldbg.compare("ref", "port", home=home)
+    assert verdict.first_divergence["module"] == "transformer_blocks.0.attn", verdict
+    answer = line_step(api, "ref", "port", home)
+    first = answer["first_wrong"]
+    helper = tmp_path / "dit_mlx.py"
+    assert first is not None, answer["reason"]
+    assert first["b"]["file"] == str(helper) and first["b"]["function"] == "apply_rope", first
+    assert first["b"]["line"] == line_of(helper, "rotated = mx.concatenate([-x[..., d:]")
+    near = first["nearest"][0]["a"]
+    assert near["file"].endswith("diffusers/models/embeddings.py"), near  # apply_rotary_emb
+    assert "x_rotated" in near["text"] or "out =" in near["text"], near
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_flux_width_block_pair_reaches_the_line_under_a_50_mb_budget(
+    api: Api, tmp_path: Path
+) -> None:
+    """FLUX.1's width (hidden 3,072, 24 heads of 128, 1,024 image and 256 text tokens, one
+    double block, bfloat16): a coarse pass of summaries under 50 MB names the attention,
+    and the line step reaches the port's line under the same budget (values sketched)."""
+    pytest.importorskip("diffusers")
+    flux_scripts(tmp_path)
+    shutil.copy(LINE_SCRIPTS / "flux_port_torch.py", tmp_path / "flux_port_torch.py")
+    home = tmp_path / ".mldbg"
+    coarse = {
+        "capture_mode": "summary",
+        "capture_budget": "50MB",
+        "capture_no_sensitivity": True,
+    }
+    session = Session(api, "flux-width", tmp_path)
+    try:
+        run_captured(session, "flux_reference.py", "flux", capture="ref", **coarse)
+        run_captured(
+            session, "flux_port_torch.py", "flux", "rope", capture="port", replace=True, **coarse
+        )
+    finally:
+        api.http.post(f"{session.base}/terminate")
+    verdict = mldbg.compare("ref", "port", home=home)
+    assert verdict.first_divergence["module"] == "transformer_blocks.0.attn", verdict
+    answer = line_step(api, "ref", "port", home)
+    first = answer["first_wrong"]
+    port = tmp_path / "flux_port_torch.py"
+    assert first is not None, answer["reason"]
+    assert first["b"]["file"] == str(port), first
+    assert first["b"]["line"] == line_of(port, "rotated = torch.cat([-x[..., half:]")
+    assert first["b"]["shape"] == [1, 1280, 24, 128]
+    for run in answer["runs"].values():  # each side's records, under the coarse budget
+        scope = json.loads((home / "runs" / run / "lines" / "scope.json").read_text())
+        assert scope["skipped"] == 0 and scope["bytes"] <= 50_000_000, scope

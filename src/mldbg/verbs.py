@@ -926,7 +926,12 @@ VERBS: tuple[Verb, ...] = (
             ),
             Arg("job", str, "a line step already started (its next call names it)"),
             _wait(600.0, "seconds to wait for the two runs"),
-            OFFSET,
+            Arg(
+                "offset",
+                int,
+                "the port's values from this one (default: a few before the first wrong)",
+                minimum=0,
+            ),
             Arg(
                 "limit", int, "at most this many of the port's values", 20, minimum=1, maximum=1000
             ),

@@ -692,7 +692,7 @@ def line(
     budget: str | None = None,
     job: str | None = None,
     wait: float = 600.0,
-    offset: int = 0,
+    offset: int | None = None,
     limit: int = 20,
     base_env: dict[str, str] | None = None,
 ) -> R.LineStep:
@@ -718,7 +718,7 @@ def line(
         )
         found = jobs.start(manager, request)
     found.done.wait(_bounded(wait))
-    return answer_of(found, offset if job is not None else None, limit)
+    return answer_of(found, offset, limit)
 
 
 @handles("weights")

@@ -4,6 +4,7 @@ around it (each with its counterpart or none)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from .. import results as R
@@ -13,7 +14,19 @@ from .console import out
 
 
 def _where(value: Mapping[str, object]) -> str:
-    return f"{value.get('file')}:{value.get('line')}"
+    return f"{short(str(value.get('file')))}:{value.get('line')}"
+
+
+def short(path: str) -> str:
+    """A file as a person reads it: relative to here when it is below, an installed
+    package's from its package (``diffusers/models/embeddings.py``)."""
+    here = os.getcwd() + os.sep
+    if path.startswith(here):
+        return path[len(here) :]
+    for marker in (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
 
 
 def _shape(value: Mapping[str, object]) -> str:

@@ -6,12 +6,11 @@ dit_mlx.py); its first argument is the size, its second a planted bug:
 
 import sys
 
+import dit_mlx as d
+import flux_setup as setup
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-
-import dit_mlx as d
-import flux_setup as setup
 
 size = setup.SIZES[sys.argv[1] if len(sys.argv) > 1 else "tiny"]
 BUG = sys.argv[2] if len(sys.argv) > 2 else ""

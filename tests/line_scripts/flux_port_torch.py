@@ -8,11 +8,10 @@ first argument is the size, its second a planted bug:
 import math
 import sys
 
+import flux_setup as setup
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import flux_setup as setup
 
 size = setup.SIZES[sys.argv[1] if len(sys.argv) > 1 else "tiny"]
 BUG = sys.argv[2] if len(sys.argv) > 2 else ""

@@ -3,10 +3,9 @@ is the size, ``tiny`` or ``flux``; see flux_setup.py)."""
 
 import sys
 
+import flux_setup as setup
 import torch
 from diffusers import FluxTransformer2DModel
-
-import flux_setup as setup
 
 size = setup.SIZES[sys.argv[1] if len(sys.argv) > 1 else "tiny"]
 dtype = getattr(torch, size.dtype)

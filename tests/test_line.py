@@ -90,7 +90,9 @@ LLAMA_BUGS = {
     "rotate": ("x1, x2 = x[..., ::2], x[..., 1::2]", "x"),  # its x1 = x[..., :half] or x2
     "heads": ("q = q.reshape(b, HEADS, n, HEAD_DIM)", None),
     "axis": ("probs = mx.softmax(scores, axis=", "attn_weights = nn.functional.softmax("),
-    "scale": ("scale = 1.0 / HEAD_DIM", None),
+    # the scale is a single number, which a reference keeps where it likes: the line
+    # that applies it is the first whose value contradicts the reference's
+    "scale": ("scores = (q @ k.transpose(0, 1, 3, 2)) * scale", "attn_weights = torch.matmul("),
     # the reference's mask is an argument of its attention (finfo.min where the port
     # writes -1e9: both mask values, compared as such)
     "mask": ("mask = mx.triu(mx.full((n, n), -1e9), k=", "(arguments of "),
@@ -224,3 +226,71 @@ def test_flux_width_block_pair_reaches_the_line_under_a_50_mb_budget(
     for run in answer["runs"].values():  # each side's records, under the coarse budget
         scope = json.loads((home / "runs" / run / "lines" / "scope.json").read_text())
         assert scope["skipped"] == 0 and scope["bytes"] <= 50_000_000, scope
+
+
+@pytest.fixture(scope="module")
+def pipeline_runs(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A torch flow-matching pipeline (diffusers' scheduler, classifier-free guidance, a
+    decoder after the loop) and its MLX port by hand, captured unmodified: the denoiser
+    is each run's first model (``NAME``), the decoder its second (``NAME.2``)."""
+    pytest.importorskip("diffusers")
+    where = tmp_path_factory.mktemp("pipeline")
+    for name in ("pipeline_setup.py", "pipeline_reference.py", "pipeline_port.py"):
+        shutil.copy(LINE_SCRIPTS / name, where / name)
+    session = Session(api, "pipeline-capture", where)
+    try:
+        run_captured(session, "pipeline_reference.py", capture="ref", replace=True)
+        for bug in ("clean", "schedule", "cfg", "scale"):
+            run_captured(session, "pipeline_port.py", bug, capture=bug, replace=True)
+    finally:
+        api.http.post(f"{session.base}/terminate")
+    return where
+
+
+def test_clean_pipeline_port_agrees(pipeline_runs: Path) -> None:
+    home = pipeline_runs / ".mldbg"
+    assert mldbg.compare("ref", "clean", home=home).ok
+    assert mldbg.compare("ref.2", "clean.2", home=home).ok
+
+
+@pytest.mark.parametrize(
+    ("bug", "models", "port_text"),
+    [
+        # a schedule computed before the loop: the line that made the differing input
+        # (the lines before it, shift and sigma_min, single numbers, cannot be compared)
+        ("schedule", ("ref", "schedule"), "sigmas = np.append(sigmas, 0.0)"),
+        # a guidance mix in the loop body, between the denoiser's calls
+        ("cfg", ("ref", "cfg"), "velocity = v_cond + setup.GUIDANCE * (v_cond - v_uncond)"),
+    ],
+)
+def test_glue_in_the_loop_is_named_at_its_line(
+    api: Api, pipeline_runs: Path, bug: str, models: tuple[str, str], port_text: str
+) -> None:
+    home = pipeline_runs / ".mldbg"
+    verdict = mldbg.compare(*models, home=home)
+    glue = verdict.first_divergence.get("glue")
+    assert glue is not None, verdict.first_divergence
+    answer = line_step(api, *models, home)
+    assert answer["scope"]["kind"] == "glue"
+    first = answer["first_wrong"]
+    script = pipeline_runs / "pipeline_port.py"
+    assert first is not None, answer["reason"]
+    assert first["b"]["file"] == str(script), answer["reason"]
+    assert first["b"]["line"] == line_of(script, port_text), answer["reason"]
+
+
+def test_a_latent_scale_skipped_between_two_models_is_said(api: Api, pipeline_runs: Path) -> None:
+    """The port hands its decoder the loop's latents, a value the reference has, just
+    not there: the decoder's line is named, and the reference's scaling line is the one
+    between that the port never computes."""
+    home = pipeline_runs / ".mldbg"
+    verdict = mldbg.compare("ref.2", "scale.2", home=home)
+    assert verdict.first_divergence.get("glue") is not None, verdict.first_divergence
+    answer = line_step(api, "ref.2", "scale.2", home)
+    first = answer["first_wrong"]
+    script = pipeline_runs / "pipeline_port.py"
+    reference = pipeline_runs / "pipeline_reference.py"
+    assert first is not None, answer["reason"]
+    assert first["b"]["line"] == line_of(script, "image = decoder(latents)"), answer["reason"]
+    skipped = [(v["file"], v["line"]) for v in answer["skipped"]]
+    assert (str(reference), line_of(reference, "latents = latents / setup.SCALE")) in skipped

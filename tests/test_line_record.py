@@ -41,7 +41,9 @@ main()
 """
 
 
-def run_lines(session: Session, script: Path, spec: dict[str, Any], python: str | None = None) -> Path:
+def run_lines(
+    session: Session, script: Path, spec: dict[str, Any], python: str | None = None
+) -> Path:
     """Run ``script`` to its end with ``spec`` as ``$MLDBG_LINES``; its lines directory."""
     env = {**os.environ, "MLDBG_HOME": str(session.cwd / ".mldbg"), "MLDBG_LINES": json.dumps(spec)}
     session.start(script, python=python, stop_on_entry=False, env=env)
@@ -52,7 +54,9 @@ def run_lines(session: Session, script: Path, spec: dict[str, Any], python: str 
 
     state = wait_until(ended, timeout=240, what=f"{script.name} to end")
     assert state.get("exit_code") == 0, (state, session.output())
-    runs = sorted((session.cwd / ".mldbg" / "runs").glob("*/lines"), key=lambda p: p.stat().st_mtime)
+    runs = sorted(
+        (session.cwd / ".mldbg" / "runs").glob("*/lines"), key=lambda p: p.stat().st_mtime
+    )
     assert runs, session.output()
     return runs[-1]
 

@@ -687,6 +687,7 @@ class LineStep(Truncation, total=False):
     first_wrong: LinePair | None
     last_agreeing: LinePair | None
     fused: FusedCall | None
+    skipped: list[LineValue]  # reference lines between, of whose values the port has none
     lines: list[LinePair]  # the port's values around the first wrong one
     reason: str
     notes: list[str]

@@ -155,7 +155,7 @@ def _steps(manager: SessionManager, job: LineJob) -> None:
     job.phase = "aligning"
     reference, port = read_lines(lines_a), read_lines(lines_b)
     job.runs = (reference, port)
-    job.verdict = decide(reference, port, steps.bound, steps.kind, steps.input)
+    job.verdict = decide(reference, port, steps.bound, steps.kind, steps.inputs)
 
 
 def _record(

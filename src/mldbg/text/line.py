@@ -77,6 +77,11 @@ def show(data: R.LineStep) -> None:
                 f"  last agreeing: {escape(_where(last['b']))}  "
                 f"{escape(str(last['b'].get('text')))}{match}"
             )
+        for value in data.get("skipped") or []:
+            out.print(
+                f"  [yellow]the reference computes in between[/] {escape(_where(value))}  "
+                f"{escape(str(value.get('text')))}  [dim](nothing in the port has its value)[/]"
+            )
         fused = data.get("fused")
         if fused:
             out.print(f"  [yellow]fused:[/] {escape(str(fused.get('note')))}")

@@ -12,7 +12,10 @@ sketched each of its values as read in each reference shape of as many elements,
 
 The closest counterpart is *within the bound* when its relative error is no more than
 the rounding compare allowed the culprit's call (``plan.py``): the port computed that
-value; otherwise the port's value has no counterpart in the reference.
+value; otherwise the port's value has no counterpart in the reference.  A single number
+(a setting, a scale) far from every one of the reference's is no evidence either way: a
+reference may keep its settings anywhere (inside a scheduler, in a config), so it is
+judged by what it makes.
 """
 
 from __future__ import annotations
@@ -89,29 +92,45 @@ class _Reference:
         return float(norm) if isinstance(norm, int | float) else math.nan
 
 
+class Aligner:
+    """Port values against reference values: the closest, by value."""
+
+    def __init__(self, reference: LineRun, port: LineRun) -> None:
+        self.ref = _Reference(reference)
+        self.port = port
+
+    def nearest(self, record: LineRecord, among: list[LineRecord] | None = None) -> list[Near]:
+        """The reference values closest to ``record``'s (held by its original, for an
+        alias), among ``among`` (default: every reference value of as many elements),
+        closest first."""
+        held = self.port.original(record)
+        if not held.kept or held.numel is None:
+            return []
+        pool = self.ref.by_count.get(held.numel, []) if among is None else among
+        candidates = [c for c in pool if c.numel == held.numel and c.alias is None][:MAX_CANDIDATES]
+        if not candidates:
+            return []
+        if held.exact is not None:
+            found = _exact_nearest(self.ref, self.port, held, candidates)
+        else:
+            found = _sketched_nearest(self.ref, self.port, held, candidates)
+        return sorted(found, key=lambda near: near.rel_rms)
+
+
 def align(reference: LineRun, port: LineRun, bound: float) -> dict[int, Match]:
     """Each of the port's kept values (aliases aside) -> its match; ``ok`` when its
     closest reference value is within ``bound``."""
-    ref = _Reference(reference)
+    aligner = Aligner(reference, port)
     matches: dict[int, Match] = {}
     for record in port.records:
         if record.alias is not None:
             continue
-        match = Match(record)
-        matches[record.seq] = match
-        if not record.kept or record.numel is None:
-            continue
-        candidates = ref.by_count.get(record.numel, [])[:MAX_CANDIDATES]
-        if not candidates:
-            continue
-        if record.exact is not None:
-            found = _exact_nearest(ref, port, record, candidates)
-        else:
-            found = _sketched_nearest(ref, port, record, candidates)
-        found.sort(key=lambda near: near.rel_rms)
-        match.nearest = found[:NEAREST]
+        match = Match(record, aligner.nearest(record)[:NEAREST])
         if match.nearest:
             match.ok = match.nearest[0].rel_rms <= bound
+            if match.ok is False and record.numel == 1:
+                match.ok = None  # a single number far from every other: no evidence
+        matches[record.seq] = match
     return matches
 
 

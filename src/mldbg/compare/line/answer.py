@@ -39,7 +39,7 @@ def answer(
         "call": plan.call,
         "sites_a": plan.a.sites,
         "sites_b": plan.b.sites,
-        "input": plan.input,
+        "input": plan.inputs[1],
     }
     result: LineStep = {
         "state": "done",
@@ -50,6 +50,7 @@ def answer(
         "first_wrong": verdict.first_wrong,
         "last_agreeing": verdict.last_agreeing,
         "fused": verdict.fused,
+        "skipped": verdict.skipped,
         "reason": verdict.reason,
         "notes": verdict.notes[:NOTES_SHOWN],
         "lines": shown,

@@ -66,7 +66,7 @@ class Plan:
     call: int
     bound: float
     budget: int
-    input: str | None
+    inputs: tuple[str | None, str | None]  # glue: the differing input, in each run's names
     a: Side
     b: Side
 
@@ -105,10 +105,12 @@ def plan(document: dict[str, object], budget: int | None = None) -> Plan:
     b = _side(document.get("b"), "b")
     a.module_path = str(culprit["module"])
     b.module_path = path_in_b(culprit, results)
-    name = None
+    inputs: tuple[str | None, str | None] = (None, None)
     if glue:
         a.sites, b.sites = _sites(glue, "site_a"), _sites(glue, "site_b")
-        name = _input_key(glue["input"].get("name"))
+        named = glue["input"].get("name")
+        paired = next((r.get("name_b") for r in results if r.get("name") == named), named)
+        inputs = (_input_key(named), _input_key(paired))
     limits = [n for n in (_limit(a.capture), _limit(b.capture)) if n is not None]
     return Plan(
         kind=kind,
@@ -116,7 +118,7 @@ def plan(document: dict[str, object], budget: int | None = None) -> Plan:
         call=int(culprit.get("call") or 0),
         bound=bound_of(culprit, results),
         budget=budget or (min(limits) if limits else DEFAULT_BUDGET),
-        input=name,
+        inputs=inputs,
         a=a,
         b=b,
     )

@@ -20,13 +20,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .align import Match, Near, align
+from .align import NEAREST, Aligner, Match, Near, align
 from .read import LineRecord, LineRun
 
 if TYPE_CHECKING:
     from ...results import FusedCall, LineCounterpart, LinePair, LineValue
 
 INSIDE_SHOWN = 10  # port lines listed inside a fused reference call
+SKIPPED_SHOWN = 5  # reference lines listed that the port has no counterpart of
 
 
 @dataclass
@@ -36,6 +37,7 @@ class LineVerdict:
     first_wrong: LinePair | None
     last_agreeing: LinePair | None
     fused: FusedCall | None
+    skipped: list[LineValue]
     reason: str
     notes: list[str]
     pairs: list[LinePair]
@@ -43,11 +45,19 @@ class LineVerdict:
 
 
 class _Path:
-    """The port's values as a graph: who read whom, which agree, which reach the output."""
+    """The port's values as a graph: who read whom, which agree, which reach the output.
 
-    def __init__(self, port: LineRun, matches: dict[int, Match], targets: set[int]) -> None:
+    ``judged`` holds the scope's outputs, judged against the reference's own outputs
+    (not against any reference value: a port that hands its model the latents before
+    the scaling the reference does hands it a value the reference *has*, just not
+    there)."""
+
+    def __init__(
+        self, port: LineRun, matches: dict[int, Match], targets: set[int], judged: dict[int, Match]
+    ) -> None:
         self.port = port
         self.matches = matches
+        self.judged = judged
         self.consumers: dict[int, list[int]] = {}
         for record in port.records:
             for seq in record.reads:
@@ -62,6 +72,9 @@ class _Path:
                 self.wrong.add(record.seq)
 
     def match(self, record: LineRecord) -> Match | None:
+        judged = self.judged.get(record.seq)
+        if judged is not None:
+            return judged
         return self.matches.get(self.port.original(record).seq)
 
     def ok(self, record: LineRecord) -> bool | None:
@@ -70,54 +83,77 @@ class _Path:
 
     def ancestors(self, record: LineRecord) -> list[LineRecord]:
         """Every value ``record`` was computed from, through the lines it read, latest first."""
-        found: dict[int, LineRecord] = {}
-        todo = list(record.reads)
-        while todo:
-            seq = todo.pop()
-            if seq in found or seq not in self.port.by_seq:
-                continue
-            found[seq] = self.port.by_seq[seq]
-            todo.extend(found[seq].reads)
-        return sorted(found.values(), key=lambda r: -r.seq)
+        return sorted(
+            (self.port.by_seq[s] for s in _reached(self.port, record.reads)), key=lambda r: -r.seq
+        )
 
 
-def targets_of(port: LineRun, kind: str, input_name: str | None) -> set[int]:
+def _reached(run: LineRun, start: list[int]) -> set[int]:
+    """The records ``start`` reads, and what they read, all the way back."""
+    found: set[int] = set()
+    todo = list(start)
+    while todo:
+        seq = todo.pop()
+        if seq in found or seq not in run.by_seq:
+            continue
+        found.add(seq)
+        todo.extend(run.by_seq[seq].reads)
+    return found
+
+
+def targets_of(run: LineRun, kind: str, input_name: str | None) -> list[LineRecord]:
     """The scope's output: the culprit's return value(s) in its own frame, or the
     differing input of the call that ends a glue scope (every input when unnamed)."""
-    records = port.records
+    records = run.records
     if kind == "glue":
         inputs = [r for r in records if r.kind == "input"]
         named = [r for r in inputs if input_name is not None and r.name == input_name]
-        return {r.seq for r in (named or inputs)}
+        return named or inputs
     returns = [
         r for r in records if r.frame == 1 and (r.name == "return" or r.name.startswith("return["))
     ]
-    if returns:
-        return {r.seq for r in returns}
-    return {records[-1].seq} if records else set()
+    return returns or records[-1:]
+
+
+def _judged(
+    aligner: Aligner, ours: list[LineRecord], theirs: list[LineRecord], bound: float
+) -> dict[int, Match]:
+    """Each of the port's outputs against the reference's output of the same name (or,
+    one each, against that one): within the bound, or not."""
+    judged: dict[int, Match] = {}
+    for record in ours:
+        same = [r for r in theirs if r.name == record.name] or (theirs if len(theirs) == 1 else [])
+        originals = [aligner.ref.run.original(r) for r in same]
+        found = aligner.nearest(record, originals)
+        if found:
+            judged[record.seq] = Match(record, found[:NEAREST], found[0].rel_rms <= bound)
+    return judged
 
 
 def decide(
-    reference: LineRun, port: LineRun, bound: float, kind: str, input_name: str | None = None
+    reference: LineRun,
+    port: LineRun,
+    bound: float,
+    kind: str,
+    inputs: tuple[str | None, str | None] = (None, None),
 ) -> LineVerdict:
     """The first wrong line of the port (None when the scope's output agrees)."""
+    aligner = Aligner(reference, port)
     matches = align(reference, port, bound)
-    targets = targets_of(port, kind, input_name)
-    path = _Path(port, matches, targets)
+    targets = targets_of(port, kind, inputs[1])
+    judged = _judged(aligner, targets, targets_of(reference, kind, inputs[0]), bound)
+    path = _Path(port, matches, {t.seq for t in targets}, judged)
     values = _Values(reference, port)
     notes = _notes(reference, port)
-    candidates = [
-        r for r in port.records if r.seq in path.wrong and r.alias is None and path.ok(r) is False
-    ]
+    shown = [r for r in port.records if r.alias is None or r.seq in judged]
+    candidates = [r for r in shown if r.seq in path.wrong and path.ok(r) is False]
     first = candidates[0] if candidates else None
     if first is None:
-        first = next(
-            (r for r in port.records if r.seq in path.wrong and r.alias is None and r.kept), None
-        )
-    shown = [r for r in port.records if r.alias is None]
+        first = next((r for r in shown if r.seq in path.wrong and r.kept), None)
     pairs = [values.pair(r, path.match(r)) for r in shown]
     if first is None:
-        return LineVerdict(None, None, None, _clean_reason(port, targets, path), notes, pairs, None)
+        reason = _clean_reason(port, targets, path)
+        return LineVerdict(None, None, None, [], reason, notes, pairs, None)
     ancestors = path.ancestors(first)
     agreeing = next((r for r in ancestors if path.ok(r) is True), None)
     if agreeing is None:
@@ -131,15 +167,48 @@ def decide(
     fused = (
         _fused(values, first, first_pair, inside) if inside and path.ok(first) is False else None
     )
+    skipped = [values.value(reference, r) for r in _skipped(reference, path, first)[:SKIPPED_SHOWN]]
     return LineVerdict(
         first_pair,
         last_pair,
         fused,
-        _reason(first_pair, last_pair, fused),
+        skipped,
+        _reason(first_pair, last_pair, fused, skipped),
         notes,
         pairs,
         index,
     )
+
+
+def _skipped(reference: LineRun, path: _Path, first: LineRecord) -> list[LineRecord]:
+    """Reference values computed between what the first wrong line read (which agrees
+    with the reference) and the reference value nearest it, that no port value
+    matches: lines of the reference the port has no counterpart of (a mask never
+    added, a scaling never done), in the reference's order."""
+    match = path.match(first)
+    if match is None or match.best is None:
+        return []
+    nearest = reference.original(match.best.record)
+    sources: set[int] = set()
+    for seq in first.reads:
+        read = path.port.by_seq.get(seq)
+        found = path.match(read) if read is not None and path.ok(read) else None
+        if found is not None and found.best is not None:
+            sources.add(reference.original(found.best.record).seq)
+    if not sources:
+        return []
+    shared = {m.best.record.seq for m in path.matches.values() if m.ok and m.best is not None}
+    between = []
+    # A value the port only passes on (an alias: a model call's input) computes nothing
+    # itself: the reference line that made its counterpart is one the port lacks too.
+    reached = _reached(reference, nearest.reads) | ({nearest.seq} if first.alias else set())
+    for seq in reached:
+        record = reference.by_seq[seq]
+        if seq in sources or record.alias is not None or seq in shared or not record.kept:
+            continue
+        if sources & _reached(reference, record.reads):
+            between.append(record)
+    return sorted(between, key=lambda r: r.seq)
 
 
 class _Values:
@@ -214,24 +283,30 @@ def _where(value: LineValue) -> str:
 def _fused(
     values: _Values, first: LineRecord, pair: LinePair, inside: list[LineRecord]
 ) -> FusedCall | None:
-    """The reference line nearest the first wrong value computes, in one call, what the
-    port spells out in the lines before it that have nothing of their size there."""
+    """The port's lines before the first wrong value, on its path, that could not be
+    compared: nothing of their size in the reference (it computes them inside one call,
+    the nearest reference line: an attention's scores inside SDPA, a schedule inside a
+    scheduler) or single numbers (settings a reference keeps anywhere)."""
     nearest = pair.get("nearest") or []
     if not nearest:
         return None
     call = nearest[0]["a"]
     shown = [values.value(values.port, r) for r in inside[:INSIDE_SHOWN]]
+    listed = ", ".join(f"{_where(v)} ({v.get('name')})" for v in shown[:3])
+    more = f" and {len(inside) - 3} more" if len(inside) > 3 else ""
     note = (
-        f"the reference computes in one call ({_where(call)}: {call.get('text')}) what "
-        f"{len(inside)} port line(s) before it spell out, with nothing of their size in the "
-        f"reference to compare: the first port value its result contradicts is "
-        f"{_where(pair['b'])} ({pair['b'].get('name')}); the difference may start in one of "
-        "the lines inside"
+        f"{len(inside)} port line(s) before it feed it with values the reference has no "
+        f"counterpart to compare with ({listed}{more}): it computes them inside one call "
+        f"({_where(call)}: {call.get('text')}), or they are single numbers; the first port "
+        f"value a reference value of its size contradicts is {_where(pair['b'])} "
+        f"({pair['b'].get('name')}), and the difference may start in one of the lines before"
     )
     return {"a": call, "inside": shown, "contradicted": pair, "note": note}
 
 
-def _reason(first: LinePair, last: LinePair | None, fused: FusedCall | None) -> str:
+def _reason(
+    first: LinePair, last: LinePair | None, fused: FusedCall | None, skipped: list[LineValue]
+) -> str:
     b = first["b"]
     head = f"{_where(b)}  {b.get('text')}  — "
     nearest = first.get("nearest") or []
@@ -247,17 +322,23 @@ def _reason(first: LinePair, last: LinePair | None, fused: FusedCall | None) -> 
     runs_b = b.get("runs", 1)
     if nearest and runs_b != nearest[0]["a"].get("runs", 1):
         head += f"; it ran {runs_b} time(s) in the port, {nearest[0]['a'].get('runs', 1)} in the reference"
+    if skipped:
+        lines = ", ".join(f"{_where(v)}  {v.get('text')}" for v in skipped)
+        head += (
+            f"; the reference computes in between, and nothing in the port has those values: "
+            f"{lines}"
+        )
     if fused is not None:
         head += f"; inside a fused reference call: {fused.get('note')}"
     return head
 
 
-def _clean_reason(port: LineRun, targets: set[int], path: _Path) -> str:
+def _clean_reason(port: LineRun, targets: list[LineRecord], path: _Path) -> str:
     if not port.records:
         return "nothing was recorded in the port's scope: the scope was not reached"
     if not targets:
         return "the port's scope recorded no output to follow"
-    if all(path.ok(port.by_seq[t]) is True for t in targets if t in port.by_seq):
+    if all(path.ok(t) is True for t in targets):
         return (
             "every value on the way to the scope's output has a counterpart in the reference "
             "within the bound: no line of the port differs"

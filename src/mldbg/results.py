@@ -679,6 +679,7 @@ class LineStep(Truncation, total=False):
 
     state: str  # running | done
     phase: str  # comparing | reference | port | aligning | done
+    job: str  # the step, kept by the daemon: call again with it to page or to wait
     a: str
     b: str
     culprit: str | None  # compare's verdict it starts from

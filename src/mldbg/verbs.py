@@ -912,29 +912,26 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb(
         "line",
-        "after compare names a module or glue code: the first line of the port whose value "
-        "the reference never computed, in both scripts (runs each once more)",
+        "the first wrong line of the port after compare's module or glue verdict (runs both "
+        "scripts once more)",
         R.LineStep,
         (
-            Arg("a", str, "reference: the capture compare read", REQUIRED, positional=True),
-            Arg("b", str, "port: the capture compare read", REQUIRED, positional=True),
-            Arg("map", str, "{rename, regex, ignore} file, as compare's", kind="path"),
-            Arg(
-                "budget",
-                str,
-                "most bytes of line records per script (500MB); default: the captures'",
-            ),
-            Arg("job", str, "a line step already started (its next call names it)"),
-            _wait(600.0, "seconds to wait for the two runs"),
+            Arg("a", str, "reference capture, as compare's", REQUIRED, positional=True),
+            Arg("b", str, "port capture, as compare's", REQUIRED, positional=True),
+            Arg("map", str, "compare's map file", kind="path"),
+            Arg("budget", str, "bytes of records per script (default: the captures' budget)"),
+            # job, offset, limit: the MCP server follows a running step's next call itself,
+            # and its tool list is in every agent's context (kept under 25 KB)
+            Arg("job", str, "the step a next call names", mcp=False),
+            _wait(600.0),
             Arg(
                 "offset",
                 int,
-                "the port's values from this one (default: a few before the first wrong)",
+                "first port value listed (default: near the wrong one)",
                 minimum=0,
+                mcp=False,
             ),
-            Arg(
-                "limit", int, "at most this many of the port's values", 20, minimum=1, maximum=1000
-            ),
+            Arg("limit", int, "port values listed", 20, minimum=1, maximum=1000, mcp=False),
             Arg(
                 "base_env",
                 dict[str, str],
@@ -950,19 +947,8 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         store=True,
         waits=True,
-        errors=(
-            *SOURCE_ERRORS,
-            BAD_COMPARE_INPUT,
-            NO_SUCH_RUN,
-            NO_SUCH_JOB,
-            SCRIPT_FAILED,
-            SCOPE_NOT_REACHED,
-            START_FAILED,
-        ),
-        description="Runs both scripts again as their captures were started, recording only "
-        "the culprit's scope, and aligns the lines' values by value: `first_wrong` (port "
-        "line, nearest reference lines, relative error), `last_agreeing`, `fused`, `reason`. "
-        "`state: running`: call `next`.",
+        errors=(*SOURCE_ERRORS, BAD_COMPARE_INPUT, NO_SUCH_JOB, SCRIPT_FAILED, SCOPE_NOT_REACHED),
+        description="Answers first_wrong, last_agreeing, skipped, reason.",
     ),
     Verb(
         "weights",

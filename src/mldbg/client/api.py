@@ -243,6 +243,29 @@ class Client:
         return data
 
 
+def first_wrong_line(
+    a: str,
+    b: str,
+    *,
+    home: str | os.PathLike[str] | None = None,
+    map: str | os.PathLike[str] | None = None,  # noqa: A002 - compare's name
+    budget: str | None = None,
+    wait: float = 600.0,
+) -> R.LineStep:
+    """``mldbg line`` from Python: after compare named a module or glue code between the
+    captures ``a`` (the reference) and ``b`` (the port), the daemon (started if need be)
+    runs both scripts once more and names the first line of the port whose value the
+    reference never computed.  Waits up to ``wait`` s; ``state: running`` past it (call
+    again with its ``next``'s ``job``).  Raises ``MldbgError`` with the verb's codes."""
+    values: dict[str, object] = {"a": a, "b": b, "budget": budget}
+    if home is not None:
+        values["home"] = os.path.abspath(os.fspath(home))
+    if map is not None:
+        values["map"] = os.path.abspath(os.fspath(map))
+    given = {k: v for k, v in values.items() if v is not None}
+    return connect().follow("line", wait, None, **given)
+
+
 def _query_value(value: object) -> object:
     if isinstance(value, bool):
         return "true" if value else "false"

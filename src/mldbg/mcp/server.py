@@ -42,7 +42,9 @@ in the selected frame), stack, frame/up/down, step. output pages the script's
 stdout/stderr; trace reads back every stop of a run. Several sessions run at once under
 different `session` names. Parity: capture module outputs in both runs with
 mldbg.capture(model, "ref") / mldbg.capture(model, "port"), then compare(a="ref",
-b="port") names the first module whose inputs agree and outputs differ. Porting loop:
+b="port") names the first module whose inputs agree and outputs differ; after a module or
+glue verdict line(a="ref", b="port") runs both scripts once more and names the first line
+of the port whose value the reference never computed. Porting loop:
 eval(expression, against="ref") evaluates the same code in a second paused session and
 gives both values and their difference; break(nonfinite=true) stops where a module first
 returns NaN/Inf; in eval, mldbg.captured_tensor("ref", "<entry name>") loads a captured
@@ -56,7 +58,8 @@ until, restart) the breakpoint errors: file_not_found, not_a_source_file, no_cod
 (with nearest_lines), bad_condition, bad_hits, bad_log, ambiguous_file, no_such_function;
 a tool that reads captures or tensor files (compare, weights, nonfinite, module-table) the
 source errors: unknown_source, corrupt_file, unreadable.
-Texts are at most 4096 characters
+`wait` is the seconds to wait for the next stop or the end (longer waits are made of
+short ones, with progress). Texts are at most 4096 characters
 unless a tool's schema says otherwise (maxLength). Session tools take `session` (default
 "default"): several sessions run at once under different names. Run-store tools (runs,
 checkpoints, captures, tensors, clean, compare) read the store of `session` if given,
@@ -264,6 +267,10 @@ def _compact_property(schema: dict[str, Any]) -> dict[str, Any]:
             prop["anyOf"] = kept
     if prop.get("default", 0) is None or prop.get("default", 0) is False:  # a flag: off
         del prop["default"]
+    if prop.get("type") in ("integer", "number"):  # the server still refuses what is out
+        if prop.get("minimum") == 0:  # of range, with bad_argument naming the argument
+            del prop["minimum"]  # a count or a wait
+        prop.pop("maximum", None)
     if prop.get("maxLength") == verbs.TEXT_LIMIT:
         del prop["maxLength"]
     if "items" in prop and isinstance(prop["items"], dict):
@@ -282,6 +289,8 @@ def compact_input_schema(verb: Verb, schema: dict[str, Any]) -> dict[str, Any]:
             properties[name] = {"type": "string"}
         elif prop.get("description") == verbs.LIMIT_HELP:
             prop["description"] = "at most this many items"
+        elif prop.get("description") == verbs.WAIT_HELP:  # said once, in INSTRUCTIONS
+            del prop["description"]
     compact: dict[str, Any] = {"type": "object", "properties": properties}
     if schema.get("required"):
         compact["required"] = schema["required"]

@@ -259,6 +259,7 @@ def answer_of(job: LineJob, offset: int | None, limit: int) -> R.LineStep:
         return {
             "state": "running",
             "phase": job.phase,
+            "job": job.id,
             "a": request.a,
             "b": request.b,
             "elapsed": round(job.elapsed, 1),
@@ -268,7 +269,7 @@ def answer_of(job: LineJob, offset: int | None, limit: int) -> R.LineStep:
         raise job.error
     assert job.plan is not None and job.verdict is not None and job.runs is not None
     result, more = answer(job.plan, job.verdict, job.runs, offset=offset, limit=limit)
-    result.update({"a": request.a, "b": request.b, "elapsed": round(job.elapsed, 1)})
+    result.update({"a": request.a, "b": request.b, "job": job.id, "elapsed": round(job.elapsed, 1)})
     if more is not None:
         result["next"] = fix("line", a=request.a, b=request.b, job=job.id, offset=more, limit=limit)
     return result

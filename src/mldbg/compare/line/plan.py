@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from ...capture.store import CAPTURE_JSON, module_label
-from ...errors import BAD_COMPARE_INPUT, NO_SUCH_RUN
+from ...errors import BAD_COMPARE_INPUT
 from ...store import reading
 from ...store.runs import RUN_JSON, RunDir
 from ..read.sources import CompareInputError
@@ -191,12 +191,14 @@ def _side(described: object, label: str) -> Side:
         raise CompareInputError(
             f"{label}: the run {run.name} does not say which script it ran ({run / RUN_JSON}); "
             "capture it with mldbg start --capture NAME (or under mldbg) to run it again",
-            code=NO_SUCH_RUN,
+            code=BAD_COMPARE_INPUT,
         )
     args = [str(a) for a in argv[2:] if a is not None] if module else [str(a) for a in argv[1:]]
     env = meta.get("env")
     env = {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
     capture_meta = _json(capture / CAPTURE_JSON)
+    models = _models(env, capture_meta)
+    zero_edit = ZERO_EDIT_ENV in env or bool(capture_meta.get("upstream"))
     return Side(
         capture=capture,
         run=run,
@@ -206,9 +208,9 @@ def _side(described: object, label: str) -> Side:
         cwd=str(meta.get("cwd") or run),
         python=str(meta["python"]) if isinstance(meta.get("python"), str) else None,
         env=env,
-        model=_model_number(capture_meta),
+        model=_model_number(capture_meta) if zero_edit else _same_class_before(capture),
         module_path=module_label(""),
-        models=_models(env, capture_meta),
+        models=models,
     )
 
 
@@ -219,6 +221,29 @@ def _model_number(meta: dict[str, object]) -> int:
     if meta.get("upstream") and dot and stem and number.isdigit():
         return int(number)
     return 1
+
+
+def _same_class_before(capture: Path) -> int:
+    """A capture the script made itself (``mldbg.capture(model, NAME)``): its model is
+    found again by its class, so it is the n-th model of that class the run captured (a
+    reference and its copy, captured one after the other in one script: 1 and 2)."""
+    meta = _json(capture / CAPTURE_JSON)
+    mine, when = meta.get("model_class"), meta.get("created")
+    if not isinstance(when, int | float):
+        return 1
+    earlier = 0
+    for other in capture.parent.iterdir():
+        if other == capture or not other.is_dir():
+            continue
+        theirs = _json(other / CAPTURE_JSON)
+        created = theirs.get("created")
+        if (
+            theirs.get("model_class") == mine
+            and isinstance(created, int | float)
+            and created < when
+        ):
+            earlier += 1
+    return earlier + 1
 
 
 def _models(env: dict[str, str], meta: dict[str, object]) -> list[str] | None:

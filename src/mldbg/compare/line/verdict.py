@@ -335,7 +335,11 @@ def _reason(
 
 def _clean_reason(port: LineRun, targets: list[LineRecord], path: _Path) -> str:
     if not port.records:
-        return "nothing was recorded in the port's scope: the scope was not reached"
+        return (
+            "the port's scope ran no line outside torch's, MLX's or numpy's own code (the "
+            "culprit is one of their modules): no line of the port to name; the module "
+            "itself, or which one the port uses there, is what differs"
+        )
     if not targets:
         return "the port's scope recorded no output to follow"
     if all(path.ok(t) is True for t in targets):

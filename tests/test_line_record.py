@@ -97,6 +97,9 @@ def test_site_scope_records_each_line_of_the_function_on_every_backend(
     assert totals[-1]["head"][0] == pytest.approx(sum(r["head"][0] for r in by_name["b"]))
     assert b0["seq"] in totals[1]["reads"]
     assert all(r["hit"] == i + 1 for i, r in enumerate(by_name["a"]))
+    # what main returns (the return event, on every backend): the object total holds
+    (returned,) = by_name["return"]
+    assert returned["function"] == "main" and returned["alias"] == totals[-1]["seq"]
 
 
 TORCH_MODEL = """

@@ -77,6 +77,7 @@ class LineSpec:
 
     @classmethod
     def parse(cls, data: object) -> LineSpec:
+        """The settings checked (ValueError saying which is wrong)."""
         if not isinstance(data, dict):
             raise ValueError("the line settings are a JSON object")
         unknown = set(data) - set(cls.__dataclass_fields__)
@@ -85,28 +86,18 @@ class LineSpec:
         side, kind = data.get("side"), data.get("kind")
         if side not in ("a", "b") or kind not in ("module", "glue"):
             raise ValueError("side is a or b, kind is module or glue")
-        numbers = {k: data.get(k) for k in ("model", "call", "budget")}
-        for key, value in numbers.items():
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ValueError(f"{key} takes a whole number")
-        sites = data.get("sites") or []
-        if not isinstance(sites, list) or not all(isinstance(s, str) for s in sites):
-            raise ValueError("sites takes FILE:LINE texts")
-        models = data.get("models")
-        if models is not None and not (
-            isinstance(models, list) and all(isinstance(m, str) for m in models)
-        ):
-            raise ValueError("models takes class names or globs")
+        model, call, budget = (_whole(data, key) for key in ("model", "call", "budget"))
+        models = _texts(data, "models", "class names or globs")
         targets = data.get("targets")
         return cls(
             side=str(side),
             kind=str(kind),
-            model=max(1, int(data.get("model") or 1)),
+            model=max(1, model or 1),
             module=str(data.get("module") or ""),
-            call=max(0, int(data.get("call") or 0)),
-            sites=list(sites),
-            models=list(models) if models else None,
-            budget=int(data.get("budget") or DEFAULT_BUDGET),
+            call=max(0, call or 0),
+            sites=_texts(data, "sites", "FILE:LINE texts") or [],
+            models=models or None,
+            budget=budget or DEFAULT_BUDGET,
             targets=str(targets) if targets else None,
         )
 
@@ -121,6 +112,22 @@ class LineSpec:
             if file and line.isdigit():
                 found.append((os.path.realpath(file), int(line)))
         return found
+
+
+def _whole(data: dict[str, object], key: str) -> int | None:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"{key} takes a whole number")
+    return value
+
+
+def _texts(data: dict[str, object], key: str, what: str) -> list[str] | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"{key} takes {what}")
+    return list(value)
 
 
 class ScopeControl(Protocol):

@@ -272,14 +272,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mldbg: cannot capture: {exc}", file=sys.stderr)
             wire.send({"event": "finished", "exit_code": EXIT_USAGE})
             return EXIT_USAGE
-    finish_lines = None
-    if os.environ.get("MLDBG_LINES"):  # mldbg line: the re-run that records a scope's lines
-        try:
-            finish_lines = _install_lines(debugger, credentials.run_dir)
-        except (ValueError, OSError) as exc:
-            print(f"mldbg: cannot record lines: {exc}", file=sys.stderr)
-            wire.send({"event": "finished", "exit_code": EXIT_USAGE})
-            return EXIT_USAGE
+    lines = _install_lines(debugger, credentials.run_dir)  # mldbg line's re-run
+    if isinstance(lines, int):
+        return lines
     _install_main(target, args)
     if module is not None and target.main_globals.get("__file__"):
         debugger.main_file = os.path.realpath(str(target.main_globals["__file__"]))
@@ -291,27 +286,32 @@ def main(argv: list[str] | None = None) -> int:
         debugger.step = StepRequest("entry", threading.get_ident(), entry_code=target.code)
     _install_thread_hook(debugger)
     debugger.backend.install()
-    endings = [f for f in (captures.finish if captures else None, finish_lines) if f is not None]
-    return _run(debugger, target, endings)
+    return _run(debugger, target, [*([captures.finish] if captures else []), *lines])
 
 
-def _install_lines(debugger: Debugger, run_dir: str) -> Callable[[], object]:
+def _install_lines(debugger: Debugger, run_dir: str) -> list[Callable[[], object]] | int:
     """``$MLDBG_LINES`` (``mldbg line``): the debugger records the scope it names into
-    this run's directory; the returned function closes it.  Not passed on to the
-    script's children: the scope is this process's."""
+    this run's directory; the function that closes it (none when not asked), or the
+    exit code of settings that do not parse (said, as a capture's are).  Not passed on
+    to the script's children: the scope is this process's."""
+    if not os.environ.get("MLDBG_LINES"):
+        return []
     from .. import line_scope
     from .line_record import LineRecorder
 
-    spec = line_scope.spec_from_environment()
-    os.environ.pop(line_scope.ENV, None)
-    if spec is None:
-        raise ValueError(f"${line_scope.ENV} is empty")
-    if not run_dir:
-        raise ValueError("the run has no directory to record into")
-    writer = line_scope.writer_for(spec, run_dir)
+    try:
+        spec = line_scope.spec_from_environment()
+        os.environ.pop(line_scope.ENV, None)
+        if spec is None or not run_dir:
+            raise ValueError("no scope, or no run directory to record into")
+        writer = line_scope.writer_for(spec, run_dir)
+    except (ValueError, OSError) as exc:
+        print(f"mldbg: cannot record lines: {exc}", file=sys.stderr)
+        debugger.wire.send({"event": "finished", "exit_code": EXIT_USAGE})
+        return EXIT_USAGE
     recorder = LineRecorder(writer, debugger.backend)
     debugger.recorder = recorder
-    return line_scope.install(spec, recorder, writer).finish
+    return [line_scope.install(spec, recorder, writer).finish]
 
 
 def load_target(module: str | None, command: str | None, script: str) -> Target:

@@ -169,34 +169,50 @@ def _sketched_nearest(
 ) -> list[Near]:
     """Sketched values: the port's sketch in each candidate's shape (its own, or one its
     run made as it read the value in that shape) against the candidate's own sketch."""
-    import numpy as np
-
     assert record.shape is not None
     norm = (record.stats or {}).get("norm")
     norm_b = float(norm) if isinstance(norm, int | float) else 0.0
     views: dict[tuple[int, ...], list[View]] = {}
     for view in record.views:
         shape = record.shape if view.order is None else view.shape
-        views.setdefault(tuple(n for n in shape if n != 1), []).append(view)
+        views.setdefault(_squeezed(shape), []).append(view)
     found: list[Near] = []
     for candidate in candidates:
         if not candidate.views or candidate.shape is None:
             continue
-        mine = views.get(tuple(n for n in candidate.shape if n != 1), [])
-        if not mine:
-            continue
-        theirs = ref.values(candidate)
-        norm_a = ref.norm(candidate)
-        best: Near | None = None
-        for view in mine:
-            sketch = port.numbers(view)
-            if sketch.size != theirs.size:
-                continue
-            rel = _rel(float(np.linalg.norm(sketch - theirs)), norm_a, norm_b)
-            if best is None or rel < best.rel_rms:
-                how = "as is" if view.order is None else f"read as {list(candidate.shape)}"
-                head = record.head if view.order is None else view.head
-                best = Near(candidate, rel, how, head)
+        mine = views.get(_squeezed(candidate.shape), [])
+        best = _closest_view(ref, port, record, candidate, mine, norm_b) if mine else None
         if best is not None:
             found.append(best)
     return found
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for n in shape if n != 1)
+
+
+def _closest_view(
+    ref: _Reference,
+    port: LineRun,
+    record: LineRecord,
+    candidate: LineRecord,
+    mine: list[View],
+    norm_b: float,
+) -> Near | None:
+    """Of the port's sketches in the candidate's shape, the one nearest the candidate's."""
+    import numpy as np
+
+    assert candidate.shape is not None
+    theirs = ref.values(candidate)
+    norm_a = ref.norm(candidate)
+    best: Near | None = None
+    for view in mine:
+        sketch = port.numbers(view)
+        if sketch.size != theirs.size:
+            continue
+        rel = _rel(float(np.linalg.norm(sketch - theirs)), norm_a, norm_b)
+        if best is None or rel < best.rel_rms:
+            how = "as is" if view.order is None else f"read as {list(candidate.shape)}"
+            head = record.head if view.order is None else view.head
+            best = Near(candidate, rel, how, head)
+    return best

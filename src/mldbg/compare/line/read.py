@@ -157,31 +157,40 @@ def _optional_text(data: dict[str, object], key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _record(data: dict[str, object]) -> LineRecord | None:
-    """A record line as a :class:`LineRecord`; None when it has the wrong types."""
-    file, function, name, kind, text = (
-        _optional_text(data, k) for k in ("file", "function", "name", "kind", "text")
-    )
-    seq, line, frame, hit = (_whole(data.get(k)) for k in ("seq", "line", "frame", "hit"))
-    reads = _ints(data.get("reads"))
-    alias = data.get("alias")
-    if (
-        file is None
-        or function is None
-        or name is None
-        or kind is None
-        or text is None
-        or seq is None
-        or line is None
-        or frame is None
-        or hit is None
-        or reads is None
-        or not (alias is None or _whole(alias) is not None)
-    ):
+def _where(data: dict[str, object]) -> tuple[str, str, str, str, str, int, int, int, int] | None:
+    """A record's required fields (where, what, which), or None when one is missing."""
+    texts = [_optional_text(data, k) for k in ("file", "function", "name", "kind", "text")]
+    numbers = [_whole(data.get(k)) for k in ("seq", "line", "frame", "hit")]
+    file, function, name, kind, text = texts
+    seq, line, frame, hit = numbers
+    if file is None or function is None or name is None or kind is None or text is None:
         return None
-    shape = _ints(data.get("shape"))
+    if seq is None or line is None or frame is None or hit is None:
+        return None
+    return file, function, name, kind, text, seq, line, frame, hit
+
+
+def _views(
+    data: dict[str, object], shape: tuple[int, ...] | None
+) -> tuple[View | None, list[View]]:
+    """A value's kept elements (``exact``) and its sketches."""
     exact = data.get("exact")
     sketches = data.get("sketches")
+    whole = _view({**exact, "shape": list(shape or ())}) if isinstance(exact, dict) else None
+    found = [_view(d) for d in (sketches if isinstance(sketches, list) else [])]
+    return whole, [v for v in found if v is not None]
+
+
+def _record(data: dict[str, object]) -> LineRecord | None:
+    """A record line as a :class:`LineRecord`; None when it has the wrong types."""
+    where = _where(data)
+    reads = _ints(data.get("reads"))
+    alias = data.get("alias")
+    if where is None or reads is None or not (alias is None or _whole(alias) is not None):
+        return None
+    file, function, name, kind, text, seq, line, frame, hit = where
+    shape = _ints(data.get("shape"))
+    exact, views = _views(data, shape)
     head = data.get("head")
     stats = data.get("stats")
     return LineRecord(
@@ -200,12 +209,8 @@ def _record(data: dict[str, object]) -> LineRecord | None:
         dtype=_optional_text(data, "dtype"),
         head=list(head) if isinstance(head, list) else [],
         stats=stats if isinstance(stats, dict) else None,
-        exact=_view({**exact, "shape": list(shape or ())}) if isinstance(exact, dict) else None,
-        views=[
-            v
-            for v in (_view(d) for d in (sketches if isinstance(sketches, list) else []))
-            if v is not None
-        ],
+        exact=exact,
+        views=views,
         skipped=_optional_text(data, "skipped"),
         error=_optional_text(data, "error"),
     )

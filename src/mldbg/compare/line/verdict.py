@@ -139,45 +139,48 @@ def decide(
 ) -> LineVerdict:
     """The first wrong line of the port (None when the scope's output agrees)."""
     aligner = Aligner(reference, port)
-    matches = align(reference, port, bound)
     targets = targets_of(port, kind, inputs[1])
     judged = _judged(aligner, targets, targets_of(reference, kind, inputs[0]), bound)
-    path = _Path(port, matches, {t.seq for t in targets}, judged)
+    path = _Path(port, align(reference, port, bound), {t.seq for t in targets}, judged)
     values = _Values(reference, port)
     notes = _notes(reference, port)
     shown = [r for r in port.records if r.alias is None or r.seq in judged]
-    candidates = [r for r in shown if r.seq in path.wrong and path.ok(r) is False]
-    first = candidates[0] if candidates else None
-    if first is None:
-        first = next((r for r in shown if r.seq in path.wrong and r.kept), None)
     pairs = [values.pair(r, path.match(r)) for r in shown]
+    first = _first_wrong(path, shown)
     if first is None:
         reason = _clean_reason(port, targets, path)
         return LineVerdict(None, None, None, [], reason, notes, pairs, None)
-    ancestors = path.ancestors(first)
-    agreeing = next((r for r in ancestors if path.ok(r) is True), None)
-    if agreeing is None:
-        agreeing = next(
-            (r for r in reversed(port.records) if r.seq < first.seq and path.ok(r)), None
-        )
-    inside = [r for r in reversed(ancestors) if r.seq in path.wrong and path.ok(r) is None]
     index = next(i for i, r in enumerate(shown) if r.seq == first.seq)
     first_pair = pairs[index]
+    ancestors = path.ancestors(first)
+    agreeing = _last_agreeing(path, first, ancestors)
     last_pair = values.pair(agreeing, path.match(agreeing)) if agreeing is not None else None
+    inside = [r for r in reversed(ancestors) if r.seq in path.wrong and path.ok(r) is None]
     fused = (
         _fused(values, first, first_pair, inside) if inside and path.ok(first) is False else None
     )
     skipped = [values.value(reference, r) for r in _skipped(reference, path, first)[:SKIPPED_SHOWN]]
-    return LineVerdict(
-        first_pair,
-        last_pair,
-        fused,
-        skipped,
-        _reason(first_pair, last_pair, fused, skipped),
-        notes,
-        pairs,
-        index,
-    )
+    reason = _reason(first_pair, last_pair, fused, skipped)
+    return LineVerdict(first_pair, last_pair, fused, skipped, reason, notes, pairs, index)
+
+
+def _first_wrong(path: _Path, shown: list[LineRecord]) -> LineRecord | None:
+    """The first value on the wrong path with a reference value of its size it is too far
+    from; else the first on it that was kept at all; None when nothing is on it."""
+    wrong = [r for r in shown if r.seq in path.wrong]
+    found = next((r for r in wrong if path.ok(r) is False), None)
+    return found if found is not None else next((r for r in wrong if r.kept), None)
+
+
+def _last_agreeing(
+    path: _Path, first: LineRecord, ancestors: list[LineRecord]
+) -> LineRecord | None:
+    """The latest value on the first wrong one's own path that agrees (else the latest
+    agreeing value before it)."""
+    found = next((r for r in ancestors if path.ok(r) is True), None)
+    if found is not None:
+        return found
+    return next((r for r in reversed(path.port.records) if r.seq < first.seq and path.ok(r)), None)
 
 
 def _skipped(reference: LineRun, path: _Path, first: LineRecord) -> list[LineRecord]:

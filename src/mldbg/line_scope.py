@@ -17,13 +17,14 @@ model of a run is the n-th model here too, and module paths are the capture's):
   model's call number ``call`` (of ``module``) starts; that call's inputs are recorded
   too, as values of the line that makes it.
 
-:class:`LineWriter` keeps each value the recorder hands it within a byte budget:
-statistics, the first elements, and a sketch (``capture/sketch.py``: ~8 KB whatever
-the tensor's size, exact up to 1021 elements), in ``runs/<run>/lines/``.  Sketches do
-not commute with a transpose, so the port's run is given the reference's records
-(``targets``): each port value is also sketched as read in each reference shape of as
-many elements (``compare/pair/readings.py``: unit axes, permutations, heads split or
-merged), which is how the analysis aligns them by value (``compare/line/``).
+:class:`LineWriter` keeps each value the recorder hands it within a byte budget, in
+``runs/<run>/lines/``: its shape, dtype and first elements, and all its elements when
+it has at most 1021 of them, else its statistics and a sketch (``capture/sketch.py``:
+~8 KB whatever the tensor's size).  Sketches do not commute with a transpose, so the
+port's run is given the reference's records (``targets``): each port value is also
+sketched as read in each reference shape of as many elements
+(``compare/pair/readings.py``: unit axes, permutations, heads split or merged), which
+is how the analysis aligns them by value (``compare/line/``).
 """
 
 from __future__ import annotations
@@ -189,9 +190,12 @@ class LineWriter:
                     self.errors.append(
                         f"{binding.get('file')}:{binding.get('line')} {line['error']}"
                     )
-        text = json.dumps(line, default=str, allow_nan=False)
-        self.used += len(text) + 1
-        self.records.append(json.loads(text))
+        try:
+            self.used += len(json.dumps(line, default=str, allow_nan=False)) + 1
+        except ValueError:  # an infinite statistic (a norm past float64): not kept
+            line.pop("stats", None)
+            self.used += len(json.dumps(line, default=str)) + 1
+        self.records.append(line)
 
     def _keep(self, value: object) -> dict[str, object]:
         """What is kept of one value: shape, dtype, head, statistics, and its elements

@@ -58,6 +58,13 @@ class Match:
         return self.nearest[0] if self.nearest else None
 
 
+def _finite(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """NaN as 0, as a sketch takes it (infinities were kept as their sign already)."""
+    import numpy as np
+
+    return np.nan_to_num(values, nan=0.0, posinf=1.0, neginf=-1.0)
+
+
 def _rel(difference: float, norm_a: float, norm_b: float) -> float:
     if norm_a > 0:
         return difference / norm_a
@@ -80,7 +87,7 @@ class _Reference:
         view = record.exact if record.exact is not None else record.views[0]
         key = (record.seq, record.exact is not None)
         if key not in self._cache:
-            self._cache[key] = self.run.numbers(view)
+            self._cache[key] = _finite(self.run.numbers(view))
         return self._cache[key]
 
     def norm(self, record: LineRecord) -> float:
@@ -141,7 +148,7 @@ def _exact_nearest(
     import numpy as np
 
     assert record.exact is not None and record.shape is not None
-    ours = port.numbers(record.exact).reshape(record.shape)
+    ours = _finite(port.numbers(record.exact)).reshape(record.shape)
     norm_b = float(np.linalg.norm(ours))
     found: list[Near] = []
     plans: dict[tuple[int, ...], list[Reading]] = {}

@@ -75,9 +75,10 @@ def readings(
     target: tuple[int, ...] | list[int],
     limit: int = MAX_READINGS,
 ) -> list[Reading]:
-    """The readings of a ``source``-shaped tensor as a ``target``-shaped one, the plainest
-    first (unit axes only, then permutations of whole axes, then splits and merges); []
-    when the element counts differ or no legitimate reading exists."""
+    """The plainest readings of a ``source``-shaped tensor as a ``target``-shaped one (see
+    ``_rank``; several only when equally plain); [] when the element counts differ or no
+    legitimate reading exists.  Shapes equal but for unit axes have one reading: as they
+    are."""
     source, target = tuple(int(n) for n in source), tuple(int(n) for n in target)
     if _count(source) != _count(target):
         return []
@@ -87,20 +88,32 @@ def readings(
         return [Reading(source, target, (), ())]
     found: dict[tuple[tuple[int, ...], tuple[int, ...]], None] = {}
     if ours == theirs:
-        found[(tuple(ours), tuple(range(len(ours))))] = None
+        # The same axes: read as they are.  Permuting equal axes (a square matrix
+        # transposed) would let a port that transposes by mistake pass as agreeing.
+        return [Reading(source, target, tuple(ours), tuple(range(len(ours))))]
     if len(ours) <= _MAX_AXES and len(theirs) <= _MAX_AXES:
         for split, order in _matchings(ours, theirs):
             found.setdefault((split, order), None)
             if len(found) >= 4 * limit:
                 break
-    ranked = sorted(found, key=lambda key: _rank(key[1], len(ours), len(theirs)))
-    return [Reading(source, target, split, order) for split, order in ranked[:limit]]
+    if not found:
+        return []
+    ranks = {key: _rank(key[1], len(ours), len(theirs)) for key in found}
+    plainest = min(ranks.values())
+    kept = [key for key in found if ranks[key] == plainest]
+    return [Reading(source, target, split, order) for split, order in kept[:limit]]
 
 
 def _rank(order: tuple[int, ...], ours: int, theirs: int) -> tuple[int, int]:
-    """Plainest first: fewest elements moved, then fewest splits and merges."""
-    moved = sum(1 for i, axis in enumerate(order) if axis != i)
-    return (moved, abs(len(order) - ours) + abs(len(order) - theirs))
+    """How far a reading moves the elements: the pairs of axes it swaps (a channels-last
+    rotation swaps fewer than a reversal), then how many splits and merges it needs.
+    Only the plainest readings are kept: with axes of equal sizes (2 heads, pairs of 2)
+    a far-fetched one exists too, and it would let a port that swaps those axes by
+    mistake pass as agreeing."""
+    swaps = sum(
+        1 for i in range(len(order)) for j in range(i + 1, len(order)) if order[i] > order[j]
+    )
+    return (swaps, abs(len(order) - ours) + abs(len(order) - theirs))
 
 
 def _matchings(ours: list[int], theirs: list[int]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:

@@ -176,9 +176,18 @@ class LineRecorder:
         for file, line in sites:
             wanted.setdefault(file, set()).add(line)
 
+        # The trace function asks at every call; by id, since hashing a code object
+        # hashes its constants too (the code is kept, so its id stays its own).
+        decided: dict[int, tuple[CodeType, bool]] = {}
+
         def holds(code: CodeType, file: str) -> bool:
             lines = wanted.get(file)
-            return lines is not None and _holds_line(code, lines)
+            if lines is None:
+                return False
+            known = decided.get(id(code))
+            if known is None:
+                known = decided[id(code)] = (code, _holds_line(code, lines))
+            return known[1]
 
         self.scope = _Scope(threading.get_ident(), holds)
         self.backend.arm_recording(frame)

@@ -947,7 +947,14 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         store=True,
         waits=True,
-        errors=(*SOURCE_ERRORS, BAD_COMPARE_INPUT, NO_SUCH_JOB, SCRIPT_FAILED, SCOPE_NOT_REACHED),
+        errors=(
+            *SOURCE_ERRORS,
+            BAD_COMPARE_INPUT,
+            NO_SUCH_JOB,
+            SCRIPT_FAILED,
+            SCOPE_NOT_REACHED,
+            START_FAILED,
+        ),
         description="Answers first_wrong, last_agreeing, skipped, reason.",
     ),
     Verb(

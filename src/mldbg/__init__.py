@@ -21,6 +21,7 @@ _PUBLIC = {
     "capture": "capture",
     "captured_tensor": "compare.read.load",
     "first_nonfinite": "compare.culprit.nonfinite",
+    "first_wrong_line": "client.api",
     "module_table": "compare.report.table",
     "CompareInputError": "compare",
     "Comparison": "compare",
@@ -50,6 +51,7 @@ __all__ = [
     "debug_save",
     "debug_show_all",
     "first_nonfinite",
+    "first_wrong_line",
     "module_table",
     "replay",
     "tripped",
@@ -58,6 +60,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .agent.tripwire import tripped
     from .capture import Capture, capture
+    from .client.api import first_wrong_line
     from .compare import CompareInputError, Comparison, ReplayResult, compare
     from .compare.culprit.nonfinite import first_nonfinite
     from .compare.read.load import captured_tensor

@@ -366,6 +366,8 @@ class RunMeta(TypedDict, total=False):
     output_tail: str
     ended_reason: str | None  # daemon_lost, ...
     ended_note: str
+    env: dict[str, str]  # the variables start added to its client's environment
+    env_left_out: int  # variables not kept in env (it is bounded)
     paused_at: object  # where the script was paused when its daemon went away
     store_error: str
     capture_problems: list[str]  # what start --capture could not do (zero_edit.Tracker)
@@ -552,6 +554,7 @@ class CompareSummary(Truncation, total=False):
     unpaired_b: list[str]
     warnings: list[str]
     html: str | None
+    line: Call  # after a module or glue verdict: the line step's call
 
 
 class ParamsSide(TypedDict):
@@ -629,3 +632,88 @@ class DocsLink(TypedDict):
     url: str
     expires_in_s: float
     cookie_s: float
+
+
+Number = int | float | str  # a JSON number, or "nan" / "inf" / "-inf"
+
+
+class LineValue(TypedDict, total=False):
+    """One value a line of a script bound, as the line step recorded it."""
+
+    file: str
+    line: int
+    function: str
+    text: str  # the statement's first line
+    name: str  # q, self.cache, outs[3], return, sdpa.probs, in.timestep
+    kind: str  # local | attribute | item | return | argument | fused | input
+    shape: list[int] | None
+    dtype: str | None
+    head: list[Number]  # its first elements
+    rms: float | None
+    runs: int  # values this line bound under this name in the scope (loops: more than 1)
+    kept: bool  # False: its value was not kept (byte budget, unreadable): never named
+
+
+class LineCounterpart(TypedDict, total=False):
+    """A reference value near a port value: how far, and the port's value as read in
+    the reference's shape."""
+
+    a: LineValue
+    rel_rms: float | None
+    reading: str  # as is, reshaped ..., read as [...]
+    head_b: list[Number] | None
+
+
+class LinePair(TypedDict, total=False):
+    """A port value and its closest reference values (``ok``: within the bound)."""
+
+    b: LineValue
+    ok: bool | None  # None: nothing of its size in the reference, or not kept
+    nearest: list[LineCounterpart]
+
+
+class FusedCall(TypedDict, total=False):
+    """A reference line that computes in one call what the port spells out in several."""
+
+    a: LineValue
+    inside: list[LineValue]  # the port's lines it covers
+    contradicted: LinePair | None  # the first port line its output contradicts
+    note: str
+
+
+class LineScope(TypedDict, total=False):
+    """What each script's re-run recorded."""
+
+    kind: str  # module | glue
+    model: int  # the run's n-th model
+    module_a: str
+    module_b: str
+    call: int
+    sites_a: list[str]  # glue: the call sites in the reference's script
+    sites_b: list[str]
+    input: str | None  # glue: the differing input of the call that ends the scope
+
+
+class LineStep(Truncation, total=False):
+    """``line``: the first line of the port whose value has no counterpart in the
+    reference, after a module or glue verdict (``state: running`` while the scripts run
+    again: call again; ``done`` with the answer)."""
+
+    state: str  # running | done
+    phase: str  # comparing | reference | port | aligning | done
+    job: str  # the step, kept by the daemon: call again with it to page or to wait
+    a: str
+    b: str
+    culprit: str | None  # compare's verdict it starts from
+    scope: LineScope
+    bound: float | None  # the relative error a value may differ by and still agree
+    first_wrong: LinePair | None
+    last_agreeing: LinePair | None
+    fused: FusedCall | None
+    skipped: list[LineValue]  # reference lines between, of whose values the port has none
+    lines: list[LinePair]  # the port's values around the first wrong one
+    reason: str
+    notes: list[str]
+    runs: dict[str, str]  # a, b: the re-runs' run ids
+    records: dict[str, int]  # a, b: values recorded
+    elapsed: float

@@ -49,6 +49,7 @@ from .errors import (
     NO_SUCH_BREAKPOINT,
     NO_SUCH_FRAME,
     NO_SUCH_FUNCTION,
+    NO_SUCH_JOB,
     NO_SUCH_RUN,
     NO_SUCH_TENSOR,
     NO_SUCH_THREAD,
@@ -56,6 +57,8 @@ from .errors import (
     NOT_A_SOURCE_FILE,
     NOT_EDITABLE,
     NOT_PAUSED,
+    SCOPE_NOT_REACHED,
+    SCRIPT_FAILED,
     SESSION_BUSY,
     SESSION_ENDED,
     START_FAILED,
@@ -256,6 +259,15 @@ CAPTURE_ARGS = (
         for field, declared in capture_options.OPTIONS.items()
     ),
 )
+
+MAP = Arg(
+    "map",
+    dict[str, Any] | str,  # a map file, or the same map inline as a JSON object
+    "B's names mapped: a map file, or {rename, regex, ignore} inline",
+    kind="path",
+)
+# the codes of a source compare cannot read (compare, line)
+SOURCE_ERRORS = (UNKNOWN_SOURCE, CORRUPT_FILE, CORRUPT_CAPTURE, UNREADABLE, BAD_MAP)
 
 # -- the table --------------------------------------------------------------------------------
 
@@ -857,12 +869,7 @@ VERBS: tuple[Verb, ...] = (
             Arg("b", str, "port: the same kinds", REQUIRED, positional=True),
             Arg("rtol", float, "relative tolerance (default: per dtype)", minimum=0),
             Arg("atol", float, "absolute tolerance (default: per dtype)", minimum=0),
-            Arg(
-                "map",
-                dict[str, Any] | str,  # a map file, or the same map inline as a JSON object
-                "B's names mapped: a map file, or {rename, regex, ignore} inline",
-                kind="path",
-            ),
+            MAP,
             Arg(
                 "layout",
                 str,
@@ -897,6 +904,53 @@ VERBS: tuple[Verb, ...] = (
         errors=(UNKNOWN_SOURCE, CORRUPT_FILE, CORRUPT_CAPTURE, UNREADABLE, BAD_MAP, BAD_SHARDS),
         description="Names the first divergence (inputs agree, outputs differ). Culprit and "
         "failures first; filters: module, call, status, kind.",
+    ),
+    Verb(
+        "line",
+        "the first wrong line of the port after compare's module or glue verdict (runs both "
+        "scripts once more)",
+        R.LineStep,
+        (
+            Arg("a", str, "reference capture, as compare's", REQUIRED, positional=True),
+            Arg("b", str, "port capture, as compare's", REQUIRED, positional=True),
+            Arg("map", str, "compare's map file", kind="path"),
+            Arg("budget", str, "bytes of records per script (default: the captures' budget)"),
+            # job, offset, limit: the MCP server follows a running step's next call itself,
+            # and its tool list is in every agent's context (kept under 25 KB)
+            Arg("job", str, "the step a next call names", mcp=False),
+            _wait(600.0),
+            Arg(
+                "offset",
+                int,
+                "first port value listed (default: near the wrong one)",
+                minimum=0,
+                mcp=False,
+            ),
+            Arg("limit", int, "port values listed", 20, minimum=1, maximum=1000, mcp=False),
+            Arg(
+                "base_env",
+                dict[str, str],
+                "the environment the scripts' own variables are added to (default: the client's)",
+                cli=False,
+                mcp=False,
+                max_length=ENV_LIMIT,
+                max_items=10 * ITEMS_LIMIT,
+            ),
+            HOME,
+            STORE_SESSION,
+        ),
+        scope="global",
+        store=True,
+        waits=True,
+        errors=(
+            *SOURCE_ERRORS,
+            BAD_COMPARE_INPUT,
+            NO_SUCH_JOB,
+            SCRIPT_FAILED,
+            SCOPE_NOT_REACHED,
+            START_FAILED,
+        ),
+        description="Answers first_wrong, last_agreeing, skipped, reason.",
     ),
     Verb(
         "weights",

@@ -58,15 +58,19 @@ class _Thread(threading.local):
     in_model = 0  # captured model calls under way on this thread
 
 
-class _Model:
+class Model:
     """One captured model: its capture, open from its first call."""
 
-    def __init__(self, module: object, capture: Capture | None, name: str = "") -> None:
+    def __init__(
+        self, module: object, capture: Capture | None, name: str = "", open: bool | None = None
+    ) -> None:
         self.module = module  # kept alive: its id keys the table
         self.capture = capture
         self.name = name
         self.calls = 0
-        self.open = capture is not None
+        # its calls go through the tracker: captured, or watched (the line step's, open
+        # without a capture: line_scope.py)
+        self.open = capture is not None if open is None else open
         self.replay_pending = False
         self.replayed: ReplayResult | None = None
 
@@ -79,7 +83,7 @@ class Tracker:
         self.bases: tuple[type, ...] = ()  # the module classes patched (torch's, MLX's)
         self.thread = _Thread()
         self.lock = threading.RLock()
-        self.models: dict[int, _Model] = {}
+        self.models: dict[int, Model] = {}
         self.closed = False
         self.problems: list[str] = []
         self.without_within: list[str] = []  # models without the ``within`` module
@@ -119,6 +123,7 @@ class Tracker:
                 state.depth -= 1
         state.in_model += 1
         try:
+            self._starting(model, module, args, kwargs)
             if mlx and opened:
                 # Python chose the instance's class before the capture swapped in its
                 # recording class: go through it once.  Every later call enters that
@@ -180,7 +185,7 @@ class Tracker:
             frame = frame.f_back
         return found
 
-    def _model_for(self, module: object) -> tuple[_Model | None, bool]:
+    def _model_for(self, module: object) -> tuple[Model | None, bool]:
         """The model ``module`` is (None: not captured), and whether it was opened now."""
         with self.lock:
             known = self.models.get(id(module))
@@ -191,12 +196,21 @@ class Tracker:
                 return None, False
             name = self.spec.name if index == 0 else f"{self.spec.name}.{index + 1}"
             if self.spec.replay is not None:  # replayed once, at its first call
-                model = self.models[id(module)] = _Model(module, None, name)
+                model = self.models[id(module)] = Model(module, None, name)
                 model.replay_pending = True
                 return model, True
-            capture = self._open(module, name)
-            model = self.models[id(module)] = _Model(module, capture, name)
+            model = self.models[id(module)] = self._make_model(module, name)
             return (model if model.open else None), True
+
+    def _make_model(self, module: object, name: str) -> Model:
+        """A model seen for the first time: its capture opened."""
+        return Model(module, self._open(module, name), name)
+
+    def _starting(
+        self, model: Model, called: object, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
+        """A call of ``model`` (``called``: the model, or the submodule its method calls)
+        is about to run: nothing to do for a capture, whose hooks see it."""
 
     def _open(self, module: object, name: str) -> Capture | None:
         from .capture import Capture, has_module
@@ -253,7 +267,7 @@ class Tracker:
         ]
 
     def _replay(
-        self, model: _Model, called: object, args: tuple[object, ...], kwargs: dict[str, object]
+        self, model: Model, called: object, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> None:
         """``mldbg.replay`` of this model on its reference capture (``REF``, ``REF.2``… for
         the second and later models), written as the capture ``NAME`` (``NAME.2``…).  The
@@ -289,13 +303,13 @@ class Tracker:
             self.problems.append(message[:2000])
             print(message[:2000], file=sys.stderr)
 
-    def _called(self, model: _Model) -> None:
+    def _called(self, model: Model) -> None:
         with self.lock:
             model.calls += 1
             if self.spec.calls is not None and model.calls >= self.spec.calls and model.open:
                 self._close(model)
 
-    def _close(self, model: _Model) -> None:
+    def _close(self, model: Model) -> None:
         model.open = False
         if model.capture is not None:
             model.capture.close_when_idle()
@@ -470,7 +484,12 @@ MLX_MODULE = "mlx.nn.layers.base"
 
 def install(spec: Spec) -> Tracker:
     """Start capturing this process's models as ``spec`` says; call ``finish()`` at the end."""
-    tracker = Tracker(spec)
+    return watch(Tracker(spec))
+
+
+def watch(tracker: Tracker) -> Tracker:
+    """Patch torch and MLX (now, or as the script imports them) so that ``tracker`` sees
+    every module call: the capture's tracker, or the line step's (``line_scope.py``)."""
     actions: dict[str, Callable[[ModuleType], None]] = {}
     for name, patch in ((TORCH_MODULE, tracker.patch_torch), (MLX_MODULE, tracker.patch_mlx)):
         loaded = sys.modules.get(name)

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from typing import Unpack
 
     from .functions import ImportWatcher
+    from .line_record import LineRecorder
     from .tripwire import Wire as Tripwires
 
 # A pause that lands in library code runs on this long for a line of the user's code
@@ -79,6 +80,7 @@ class Debugger(ThreadHolding):
         self._import_watcher: ImportWatcher | None = None
         self._tripwire: Tripwires | None = None  # made on the first break --nonfinite
         self._tripwire_watcher: ImportWatcher | None = None
+        self.recorder: LineRecorder | None = None  # the line step's (mldbg line), when asked
         self.backend: TracerBackend = tracer(self)
 
     @property
@@ -94,11 +96,23 @@ class Debugger(ThreadHolding):
 
     @property
     def active(self) -> bool:
-        """Something other than breakpoints needs events: a step or a pause."""
-        return self.step is not None or self.pause_requested
+        """Something other than breakpoints needs events: a step, a pause, the line step."""
+        recorder = self.recorder
+        return (
+            self.step is not None
+            or self.pause_requested
+            or (recorder is not None and recorder.recording)
+        )
+
+    def records_thread(self, ident: int) -> bool:
+        recorder = self.recorder
+        return recorder is not None and recorder.records_thread(ident)
 
     def wants_code(self, code: CodeType, file: str) -> bool:
         """Does a frame starting to run ``code`` need line events?"""
+        recorder = self.recorder
+        if recorder is not None and recorder.wants_code(code, file):
+            return True
         if self.pause_requested:
             return not is_mldbg_file(file)
         step = self.step
@@ -121,6 +135,10 @@ class Debugger(ThreadHolding):
             # While the other threads are being stopped every line has events; the stopped
             # thread's own evaluations should not pay for that (DISABLE until the resume).
             return not self.freezing
+        recorder = self.recorder
+        recorded = (
+            recorder is not None and recorder.recording and recorder.on_line(frame, file, line)
+        )
         try:
             if self.freezing and T.may_freeze_in(file) and self._hold(frame):
                 return True  # this thread was told to step: from the next line on
@@ -140,10 +158,16 @@ class Debugger(ThreadHolding):
                 if step.should_stop(frame, file, threading.get_ident()):
                     self.stop(frame, step.reason)
                 return True
-            return bp is not None
+            return bp is not None or recorded
         except Exception as exc:
             _report_internal_error(exc)
             return True
+
+    def on_return(self, frame: FrameType, value: object) -> None:
+        """A frame returns: the line step records what it returns (nothing else listens)."""
+        recorder = self.recorder
+        if recorder is not None and recorder.recording:
+            recorder.on_return(frame, value)
 
     def _breakpoint_hit(
         self, bp: Breakpoint, frame: FrameType, condition: ConditionOutcome = None

@@ -272,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mldbg: cannot capture: {exc}", file=sys.stderr)
             P.FINISHED.send(wire, {"exit_code": EXIT_USAGE})
             return EXIT_USAGE
+    lines = _install_lines(debugger, credentials.run_dir)  # mldbg line's re-run
+    if isinstance(lines, int):
+        return lines
     _install_main(target, args)
     if module is not None and target.main_globals.get("__file__"):
         debugger.main_file = os.path.realpath(str(target.main_globals["__file__"]))
@@ -283,7 +286,32 @@ def main(argv: list[str] | None = None) -> int:
         debugger.step = StepRequest("entry", threading.get_ident(), entry_code=target.code)
     _install_thread_hook(debugger)
     debugger.backend.install()
-    return _run(debugger, target, captures.finish if captures is not None else None)
+    return _run(debugger, target, [*([captures.finish] if captures else []), *lines])
+
+
+def _install_lines(debugger: Debugger, run_dir: str) -> list[Callable[[], object]] | int:
+    """``$MLDBG_LINES`` (``mldbg line``): the debugger records the scope it names into
+    this run's directory; the function that closes it (none when not asked), or the
+    exit code of settings that do not parse (said, as a capture's are).  Not passed on
+    to the script's children: the scope is this process's."""
+    if not os.environ.get("MLDBG_LINES"):
+        return []
+    from .. import line_scope
+    from .line_record import LineRecorder
+
+    try:
+        spec = line_scope.spec_from_environment()
+        os.environ.pop(line_scope.ENV, None)
+        if spec is None or not run_dir:
+            raise ValueError("no scope, or no run directory to record into")
+        writer = line_scope.writer_for(spec, run_dir)
+    except (ValueError, OSError) as exc:
+        print(f"mldbg: cannot record lines: {exc}", file=sys.stderr)
+        debugger.wire.send({"event": "finished", "exit_code": EXIT_USAGE})
+        return EXIT_USAGE
+    recorder = LineRecorder(writer, debugger.backend)
+    debugger.recorder = recorder
+    return [line_scope.install(spec, recorder, writer).finish]
 
 
 def load_target(module: str | None, command: str | None, script: str) -> Target:
@@ -306,8 +334,11 @@ def _run_undebugged(module: str | None, command: str | None, script: str, args: 
     return 0
 
 
-def _run(debugger: Debugger, target: Target, at_end: Callable[[], object] | None = None) -> int:
-    """Run the script; ``at_end`` (closing captures) runs before the end is reported."""
+def _run(
+    debugger: Debugger, target: Target, at_end: list[Callable[[], object]] | None = None
+) -> int:
+    """Run the script; ``at_end`` (closing captures, the line step's records) runs before
+    the end is reported."""
     exception: ExceptionInfo | None = None
     try:
         exec(target.code, target.main_globals)
@@ -320,9 +351,9 @@ def _run(debugger: Debugger, target: Target, at_end: Callable[[], object] | None
         sys.excepthook(type(exc), exc, strip_agent_frames(exc.__traceback__))
         exit_code = 1
     finally:
-        if at_end is not None:
+        for ending in at_end or []:
             try:
-                at_end()
+                ending()
             except Exception as exc:  # a capture that cannot close must not hide the end
                 print(f"mldbg: closing the captures: {type(exc).__name__}: {exc}", file=sys.stderr)
         for stream in (sys.stdout, sys.stderr):

@@ -51,6 +51,14 @@ class TracerClient(Protocol):
         """An exception raised in (``raised``) or unwinding out of ``frame``."""
         ...
 
+    def on_return(self, frame: FrameType, value: object) -> None:
+        """``frame`` returns ``value`` (delivered while the line step records)."""
+        ...
+
+    def records_thread(self, ident: int) -> bool:
+        """Does the line step record on this thread now (it needs call events there)?"""
+        ...
+
 
 class TracerBackend(Protocol):
     """What the debugger and the runner need of a backend."""
@@ -79,4 +87,9 @@ class TracerBackend(Protocol):
 
     def arm_all_threads(self) -> None:
         """Line events in every thread's running frames (a pause)."""
+        ...
+
+    def arm_recording(self, frame: FrameType | None) -> None:
+        """The line step starts recording on this thread: line and return events for the
+        code it wants from now on (``wants_code``), and in ``frame``, running already."""
         ...

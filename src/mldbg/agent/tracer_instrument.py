@@ -214,6 +214,7 @@ class InstrumentBackend(SettraceBackend):
             self._exception(frame, arg)
             return self._local_fn
         if event == "return":
+            self.debugger.on_return(frame, arg)
             ident = threading.get_ident()
             for table in (self._armed_frames, self._old_frames):
                 frames = table.get(ident)
@@ -237,6 +238,7 @@ class InstrumentBackend(SettraceBackend):
             or self._traced_files
             or self._old_generators
             or debugger.breakpoints.exceptions.raising
+            or debugger.records_thread(ident)
         )
 
     def _arm_current(self, frame: FrameType) -> None:
@@ -268,6 +270,13 @@ class InstrumentBackend(SettraceBackend):
         while frame is not None:
             self._attach(frame)
             frame = frame.f_back
+        sys.settrace(self._global_fn)
+
+    def arm_recording(self, frame: FrameType | None) -> None:
+        """The line step records on this thread: its new frames are asked about
+        (``_decide``) from now on, and ``frame``, running already, gets line events."""
+        if frame is not None:
+            self._attach(frame)
         sys.settrace(self._global_fn)
 
     def arm_all_threads(self) -> None:

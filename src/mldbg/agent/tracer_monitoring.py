@@ -50,6 +50,7 @@ class MonitoringBackend:
         mon.register_callback(self._tool, self._events.LINE, self._on_line)
         mon.register_callback(self._tool, self._events.RAISE, self._on_raise)
         mon.register_callback(self._tool, self._events.PY_UNWIND, self._on_unwind)
+        mon.register_callback(self._tool, self._events.PY_RETURN, self._on_return)
         self._installed = True
         self.refresh()
 
@@ -81,6 +82,7 @@ class MonitoringBackend:
         mon.register_callback(self._tool, self._events.LINE, None)
         mon.register_callback(self._tool, self._events.RAISE, None)
         mon.register_callback(self._tool, self._events.PY_UNWIND, None)
+        mon.register_callback(self._tool, self._events.PY_RETURN, None)
         mon.free_tool_id(self._tool)
 
     # -- events -----------------------------------------------------------------------------
@@ -128,6 +130,13 @@ class MonitoringBackend:
             return None
         return self._disable
 
+    def _on_return(self, code: CodeType, offset: int, value: object) -> object:
+        """Enabled only with the LINE events of code the line step records (mldbg line)."""
+        if not self.debugger.active:
+            return self._disable
+        self.debugger.on_return(sys._getframe(1), value)
+        return None
+
     # -- exception breakpoints (armed only while one is set: see refresh_globals) -----------------
 
     def _on_raise(self, code: CodeType, offset: int, exc: BaseException) -> None:
@@ -144,8 +153,11 @@ class MonitoringBackend:
     def _enable_lines(self, code: CodeType) -> None:
         if not self._installed:
             return
+        events = self._events.LINE
+        if self.debugger.records_thread(threading.get_ident()):
+            events |= self._events.PY_RETURN  # the line step records what frames return
         with self._lock:
-            self._mon.set_local_events(self._tool, code, self._events.LINE)
+            self._mon.set_local_events(self._tool, code, events)
             self._lined.add(code)
 
     def refresh(self) -> None:
@@ -181,6 +193,13 @@ class MonitoringBackend:
 
     def arm_all_threads(self) -> None:
         """Pausing turns LINE on globally (in refresh); nothing per frame is needed."""
+
+    def arm_recording(self, frame: FrameType | None) -> None:
+        """PY_START on again (the code the line step wants gets LINE and PY_RETURN as it
+        starts), and ``frame``'s code now, since it runs already."""
+        if frame is not None:
+            self._enable_lines(frame.f_code)
+        self.refresh_globals()
 
     def refresh_globals(self) -> None:
         """Global events: PY_START while anything could stop, LINE everywhere while pausing."""

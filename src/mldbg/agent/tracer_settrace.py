@@ -84,6 +84,8 @@ class SettraceBackend:
                 return None
         elif event == "exception":
             self._exception(frame, arg)
+        elif event == "return":
+            self.debugger.on_return(frame, arg)
         return self._local_fn
 
     def _exception(
@@ -124,6 +126,12 @@ class SettraceBackend:
 
     def arm_all_threads(self) -> None:
         for frame in running_frames():
+            self._attach(frame)
+
+    def arm_recording(self, frame: FrameType | None) -> None:
+        """The global trace function already asks about every new frame (``_decide``);
+        ``frame``, running already, gets line events too."""
+        if frame is not None:
             self._attach(frame)
 
     def _attach(self, frame: FrameType) -> None:

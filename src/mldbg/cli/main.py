@@ -373,6 +373,9 @@ def run_verb(verb: Verb, a: argparse.Namespace, as_json: bool = False) -> Any:
         return client.call(verb.name, session, **values)
     if verb.store and getattr(a, "session", None):
         values["session"] = a.session
+    if verb.waits:  # a long run-store verb (line): the job it starts is followed here
+        wait = values.pop("wait", verb.arg("wait").default)
+        return client.follow(verb.name, wait, _still_running, **values)
     return client.call(verb.name, None, **values)
 
 

@@ -185,6 +185,7 @@ class Client:
                 values.setdefault("client_home", os.environ["MLDBG_HOME"])
         if verb.name == "start":
             values.setdefault("cwd", os.getcwd())
+        if verb.name in ("start", "line"):  # a script starts in the client's environment
             values.setdefault("base_env", dict(os.environ))
         if verb.method == "GET":
             return self.request("GET", path, params=values)
@@ -217,6 +218,56 @@ class Client:
                 still_running(elapsed)
             data = self.call("wait", session, wait=min(WAIT_SLICE, remaining))
         return data
+
+    def follow(
+        self,
+        verb_name: str,
+        max_wait: float,
+        still_running: Callable[[float], None] | None = None,
+        /,
+        **args: object,
+    ) -> R.LineStep:
+        """A waiting run-store verb (``line``) for up to ``max_wait`` s: while it answers
+        ``state: running``, its ``next`` call (the job it started) is made again, each
+        waiting at most ``WAIT_SLICE`` s server-side."""
+        started = time.monotonic()
+        data: R.LineStep = self.call(verb_name, None, **args, wait=min(WAIT_SLICE, max_wait))
+        while data.get("state") == "running" and "next" in data:
+            elapsed = time.monotonic() - started
+            remaining = max_wait - elapsed
+            if remaining <= 0:
+                break
+            if still_running is not None:
+                still_running(elapsed)
+            again = data["next"]
+            kept = {k: v for k, v in args.items() if k not in again["args"] and k != "wait"}
+            data = self.call(
+                again["verb"], None, **kept, **again["args"], wait=min(WAIT_SLICE, remaining)
+            )
+        return data
+
+
+def first_wrong_line(
+    a: str,
+    b: str,
+    *,
+    home: str | os.PathLike[str] | None = None,
+    map: str | os.PathLike[str] | None = None,  # noqa: A002 - compare's name
+    budget: str | None = None,
+    wait: float = 600.0,
+) -> R.LineStep:
+    """``mldbg line`` from Python: after compare named a module or glue code between the
+    captures ``a`` (the reference) and ``b`` (the port), the daemon (started if need be)
+    runs both scripts once more and names the first line of the port whose value the
+    reference never computed.  Waits up to ``wait`` s; ``state: running`` past it (call
+    again with its ``next``'s ``job``).  Raises ``MldbgError`` with the verb's codes."""
+    values: dict[str, object] = {"a": a, "b": b, "budget": budget}
+    if home is not None:
+        values["home"] = os.path.abspath(os.fspath(home))
+    if map is not None:
+        values["map"] = os.path.abspath(os.fspath(map))
+    given = {k: v for k, v in values.items() if v is not None}
+    return connect().follow("line", wait, None, **given)
 
 
 def _query_value(value: object) -> object:

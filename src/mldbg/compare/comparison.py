@@ -254,10 +254,13 @@ def _attach_hints(
     culprit: Culprit | None,
     results: list[EntryResult],
 ) -> None:
-    """What to do next: audit the culprit's parameters, capture finer, compare the
-    pipeline's other models."""
-    from .report.narrow import narrow_hint, weights_hint
+    """What to do next: find the line (``line``), audit the culprit's parameters, capture
+    finer, compare the pipeline's other models."""
+    from .report.narrow import line_call, narrow_hint, weights_hint
 
+    line = line_call(a, b, culprit)
+    if line is not None:  # the first wrong line, in both scripts: the line verb
+        document["line"] = line
     audit = weights_hint(a, b, culprit, results)
     if audit is not None:  # the culprit's own parameters are the first suspect
         document["weights_hint"] = audit

@@ -36,16 +36,17 @@ INSTRUCTIONS = """\
 mldbg debugs PyTorch/MLX scripts and proves a port matches its reference.
 Parity, no edits: start(script="ref.py", capture="ref", stop_on_entry=false) and the same for
 the port (capture="port") record every model call; compare(a="ref", b="port") names the first
-module, step or glue code where the port diverges. Then make the calls its answer hands out
-(narrow `calls`, weights_hint, `next`): a finer capture inside the culprit, the weights audit,
-the line step. Filter a long compare by module/call/status/kind.
+module, step or glue code where the port diverges; then line(a="ref", b="port") names the
+port's first wrong line. Other calls its answer hands out: a finer capture inside the culprit
+(narrow), the weights audit. Filter a long compare by module/call/status/kind.
 Debugging: start(script=...) pauses before line 1; break(file, line) (condition/hits/log
 optional), continue; at a stop: vars, eval (any Python in the frame; against="ref" evaluates
 in a second session and diffs), stack, step. break(nonfinite=true) stops at the first NaN/Inf.
 Sessions (`session`, default "default") run side by side; store tools read the session's
 store, else `home`, else ./.mldbg.
 Answers are bounded: `truncated`/`next` say what is left and the call that gets it;
-offset/limit page every listing; texts are at most 4096 characters unless maxLength says.
+offset/limit page every listing; `wait` is seconds to wait for a stop or the end; texts are
+at most 4096 characters unless maxLength says.
 Errors: JSON with `code` and a `hint` (the call that fixes it). Every tool: bad_argument,
 too_long, bad_session_name, daemon_unreachable; session tools: unknown_session, session_ended,
 not_paused, agent_timeout. The breakpoint errors: file_not_found, not_a_source_file,
@@ -233,9 +234,9 @@ class Tools:
 
     async def _resume(
         self, ctx: Context, verb: Verb, session: str | None, args: dict[str, Any]
-    ) -> R.State:
+    ) -> R.State | R.LineStep:
         """A waiting verb in a worker thread, with a progress notification between slices."""
-        max_wait = float(args.pop("wait", 60.0))
+        max_wait = float(args.pop("wait", verb.arg("wait").default))
 
         def still_running(elapsed: float) -> None:
             anyio.from_thread.run(
@@ -244,7 +245,9 @@ class Tools:
                 )
             )
 
-        def blocking() -> R.State:
+        def blocking() -> R.State | R.LineStep:
+            if verb.scope == "global":  # a run-store verb's job (line), followed
+                return self.client.follow(verb.name, max_wait, still_running, **args)
             return self.client.resume(verb.name, session, max_wait, still_running, **args)
 
         return await anyio.to_thread.run_sync(blocking)
@@ -279,6 +282,10 @@ def _compact_property(schema: dict[str, Any]) -> dict[str, Any]:
             prop["anyOf"] = kept
     if prop.get("default", 0) is None or prop.get("default", 0) is False:  # a flag: off
         del prop["default"]
+    if prop.get("type") in ("integer", "number"):  # the server still refuses what is out
+        if prop.get("minimum") == 0:  # of range, with bad_argument naming the argument
+            del prop["minimum"]  # a count or a wait
+        prop.pop("maximum", None)
     if prop.get("maxLength") == verbs.TEXT_LIMIT:
         del prop["maxLength"]
     if "items" in prop and isinstance(prop["items"], dict):
@@ -295,8 +302,8 @@ def compact_input_schema(verb: Verb, schema: dict[str, Any]) -> dict[str, Any]:
             prop["description"] = mcp_terms(verb, prop["description"])
         if name == "session" or (verb.store and name == "home"):  # said once, in INSTRUCTIONS
             properties[name] = {"type": "string"}
-        elif prop.get("description") in (verbs.LIMIT_HELP, verbs.OFFSET.help):
-            del prop["description"]  # paging is said once, in INSTRUCTIONS
+        elif prop.get("description") in (verbs.LIMIT_HELP, verbs.OFFSET.help, verbs.WAIT_HELP):
+            del prop["description"]  # paging and waiting are said once, in INSTRUCTIONS
     compact: dict[str, Any] = {"type": "object", "properties": properties}
     if schema.get("required"):
         compact["required"] = schema["required"]

@@ -649,6 +649,47 @@ def compare(
     return cast("R.CompareSummary", answer)
 
 
+@handles("line")
+def line(
+    manager: SessionManager,
+    session: str | None,
+    where: Where,
+    *,
+    a: str,
+    b: str,
+    map: str | None = None,
+    budget: str | None = None,
+    job: str | None = None,
+    wait: float = 600.0,
+    offset: int | None = None,
+    limit: int = 20,
+    base_env: dict[str, str] | None = None,
+) -> R.LineStep:
+    """Start the line step (or find the one ``job`` names) and wait for it a while."""
+    from ..capture.budget import parse_size
+    from .line_jobs import LineRequest, answer_of, jobs_of
+
+    jobs = jobs_of(manager)
+    if job is not None:
+        found = jobs.get(job)
+    else:
+        try:
+            size = parse_size(budget) if budget else None
+        except ValueError as exc:
+            raise MldbgError(str(exc), code=BAD_ARGUMENT, argument="budget") from None
+        request = LineRequest(
+            a=where.local(a),
+            b=where.local(b),
+            home=store_home(manager, where),
+            map=where.local(map) if map else None,
+            budget=size,
+            base_env=base_env,
+        )
+        found = jobs.start(manager, request)
+    found.done.wait(_bounded(wait))
+    return answer_of(found, offset, limit)
+
+
 @handles("weights")
 def weights(
     manager: SessionManager,

@@ -64,6 +64,26 @@ class StartRequest:
     watches: list[str] = field(default_factory=list)
 
 
+ENV_KEPT = 65_536  # bytes of start's variables kept in run.json (its final update must fit)
+
+
+def kept_env(added: dict[str, str]) -> dict[str, object]:
+    """``env`` for run.json: the variables ``start`` added to its client's environment
+    (``env``, the capture settings), which ``mldbg line`` needs to run the script again
+    as it was started; ``env_left_out`` counts those past ``ENV_KEPT`` bytes."""
+    kept: dict[str, str] = {}
+    size = 0
+    for key, value in added.items():
+        size += len(key) + len(value) + 8
+        if size > ENV_KEPT:
+            break
+        kept[key] = value
+    fields: dict[str, object] = {"env": kept}
+    if len(kept) < len(added):
+        fields["env_left_out"] = len(added) - len(kept)
+    return fields
+
+
 def _make_run_dir(home: Path) -> tuple[RunDir, IO[bytes]]:
     """A reserved run directory and its output.log (0600), or ``store_unwritable``."""
     try:
@@ -197,6 +217,7 @@ class SessionProcess:
                 module=req.module,
                 argv=spec.argv[3:],
                 cwd=cwd,
+                **kept_env(req.env_overrides),
                 python=python,
                 pid=process.pid,
                 state="starting",

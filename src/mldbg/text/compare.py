@@ -390,9 +390,15 @@ def _print_estimates(entries: list[Entry]) -> None:
 
 
 def _print_next_steps(result: dict[str, Any]) -> None:
-    """What to look at next: the culprit's parameters (``weights_hint``), a full capture
+    """What to look at next: the line (``line``), the culprit's parameters (``weights_hint``), a full capture
     inside it after a coarse pass (``narrow``), the operation inside it that diverges
     (``ops``).  Each is one line or a few; the JSON has them whole."""
+    line = result.get("line")
+    if line:
+        out.print(
+            f"  [yellow]next:[/] {escape(call_text(line))}  [dim](the first wrong line of the "
+            "port, in both scripts: runs each once more)[/]"
+        )
     audit = result.get("weights_hint")
     if audit:
         out.print(f"  [yellow]weights:[/] {escape(str(audit.get('hint')))}")

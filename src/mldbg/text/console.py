@@ -230,8 +230,6 @@ err = cast("Console", _err)
 
 
 _CAPTURE_LOCK = threading.Lock()
-
-
 # Who reads what the renderers print: a person at the command line, or an agent through
 # MCP (``captured(surface="mcp")``).  The calls an answer hands out (``next``, ``fix``, a
 # hint's ``calls``) are worded for it: a command line, or a tool call.

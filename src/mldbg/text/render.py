@@ -630,6 +630,12 @@ def weight_audit(data: R.WeightAudit) -> None:
         out.print(f"({data.get('total')} problems in all: --limit N to see more)")
 
 
+def line_step(data: R.LineStep) -> None:
+    from .line import show as show_line
+
+    show_line(data)
+
+
 def plain(data: object) -> None:
     """A verb without a renderer of its own: its answer as indented JSON."""
     out.print(escape(json.dumps(data, indent=2, default=str)))
@@ -680,6 +686,7 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
     "tensors": tensor_store,
     "clean": cleaned,
     "weights": weight_audit,
+    "line": line_step,
 }
 
 

@@ -5,8 +5,9 @@ Operation names differ across frameworks: the rotation torch spells ``mul``, ``c
 ``softmax`` / ``matmul`` is one ``fast.scaled_dot_product_attention``.  So operations are
 aligned by value: each of the port's operation outputs, in order, is compared with every
 reference operation output of the same call of the same module that holds as many
-elements (through a channels-last permutation or unit axes where shapes need one), and
-the closest one is its counterpart.  A port operation whose closest counterpart is still
+elements (through every legitimate reading of one shape as the other: unit axes,
+permutations such as channels-last, heads split or merged; ``pair/readings.py``, which
+the line step shares), and the closest one is its counterpart.  A port operation whose closest counterpart is still
 further than a clean port's rounding allows (the bound compare uses for modules,
 ``2 u sqrt(1 + d)`` at the counterpart's depth) computes something the reference never
 did: the first such operation, in the port's order, is the one that diverges.  When the
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 from ...capture.ops import OP_CLASS_PREFIX
 from ..judge.bounds import Depths, depths, expected_error, unit_roundoff
 from ..pair.mapping import NameMap, split_name
+from ..pair.readings import readings
 from ..read.sources import Entry, Source
 from ..records import OpMatch, OpsItem
 
@@ -137,19 +139,21 @@ def _align(
     listed: list[OpMatch] = []
     first: OpMatch | None = None
     for entry_b in theirs:
-        best: tuple[float, Entry] | None = None
+        # (relative error, moved: 0 when read as it is, the operation): on a tie (one
+        # value under two shapes, stack's (..., d/2, 2) and the flatten of it) the one
+        # read as it is wins
+        best: tuple[float, int, Entry] | None = None
         for entry_a in ours:
             if _count(entry_a.shape) != _count(entry_b.shape) or entry_a.stats or entry_b.stats:
                 continue
             value_a = load(a, entry_a)
-            value_b = _as_shape(load(b, entry_b), entry_a.shape)
-            if value_b is None:
-                continue
             norm = float(np.linalg.norm(value_a))
-            error = float(np.linalg.norm(value_b - value_a))
-            relative = error / norm if norm else (0.0 if error == 0 else float("inf"))
-            if best is None or relative < best[0]:
-                best = (relative, entry_a)
+            for reading in readings(tuple(entry_b.shape), tuple(entry_a.shape)):
+                error = float(np.linalg.norm(reading.apply(load(b, entry_b)) - value_a))
+                relative = error / norm if norm else (0.0 if error == 0 else float("inf"))
+                moved = int(reading.source != reading.target)
+                if best is None or _better(relative, moved, best[0], best[1]):
+                    best = (relative, moved, entry_a)
         item: OpMatch = {
             "op_b": entry_b.name,
             "class_b": _op_class(b, entry_b),
@@ -158,7 +162,7 @@ def _align(
         if best is None:
             item.update({"closest_a": None, "rel_rms": None, "expected": None, "ok": None})
         else:
-            relative, entry_a = best
+            relative, _, entry_a = best
             call_key = (entry_a.module or "", entry_a.call or 0)
             u = unit_roundoff(entry_a.dtype, entry_b.dtype)
             bound = expected_error(u, depth.through.get(call_key, 0), 0.0)
@@ -191,18 +195,11 @@ def _align(
     }
 
 
-def _as_shape(value: npt.NDArray[np.float64], shape: list[int]) -> npt.NDArray[np.float64] | None:
-    """``value`` in the reference's shape: as is, through unit axes, or a channels-last
-    permutation; None when no such reading exists."""
-    from ..pair.transposes import layout_permutation
-
-    target = tuple(int(n) for n in shape)
-    if tuple(value.shape) == target:
-        return value
-    if [n for n in value.shape if n != 1] == [n for n in target if n != 1]:
-        return value.reshape(target)
-    perm = layout_permutation(target, tuple(value.shape))
-    return value.transpose(perm) if perm is not None else None
+def _better(relative: float, moved: int, best: float, best_moved: int) -> bool:
+    """Closer, or as close (within float summation's own noise) and read as it is."""
+    if abs(relative - best) <= 1e-9 * max(relative, best):
+        return moved < best_moved
+    return relative < best
 
 
 def _op_class(source: Source, entry: Entry) -> str:

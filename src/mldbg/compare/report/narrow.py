@@ -41,14 +41,7 @@ def narrow_hint(
     if culprit is None or culprit.get("module") is None or not (is_coarse(a) or is_coarse(b)):
         return None
     module_a = _narrowed_module(a, culprit)
-    module_b = module_a
-    entries = set(culprit.get("entries") or [])
-    for result in results:
-        if result["name"] in entries and result.get("name_b"):
-            parts = split_name(str(result["name_b"]))
-            if parts is not None:
-                module_b = parts[0]
-                break
+    module_b = path_in_b(culprit, results)
     within_a = "" if module_a == ROOT else module_a
     within_b = "" if module_b == ROOT else module_b
     full = fine_pass_bytes(a, module_a)
@@ -145,6 +138,18 @@ def _narrowed_module(a: Source, culprit: Culprit) -> str:
     return parent.module if parent is not None else module
 
 
+def path_in_b(culprit: Culprit, results: list[EntryResult]) -> str:
+    """The culprit's module path in B, as B's entries of it were named before the map."""
+    module = str(culprit.get("module"))
+    entries = set(culprit.get("entries") or [])
+    for result in results:
+        if result["name"] in entries and result.get("name_b"):
+            parts = split_name(str(result["name_b"]))
+            if parts is not None:
+                return parts[0]
+    return module
+
+
 def fine_pass_bytes(source: Source, module: str) -> int | None:
     """About what a full capture inside ``module`` (every call of it) would write: the
     tensors of its recorded calls exactly (a summary keeps each tensor's shape and
@@ -205,6 +210,16 @@ def _model_suffix(source: Source) -> str:
     if source.meta.get("upstream") and dot and stem and number.isdigit():
         return f".{number}"
     return ""
+
+
+def line_call(a: Source, b: Source, culprit: Culprit | None) -> Call | None:
+    """After a module or glue verdict on two captures of runs: the ``line`` call that
+    names the first wrong line of the port (``{"verb", "args"}``, worded by each surface)."""
+    if culprit is None or culprit.get("module") is None:
+        return None
+    if a.kind != "capture" or b.kind != "capture":
+        return None
+    return {"verb": "line", "args": {"a": a.spec, "b": b.spec}}
 
 
 # Classes that hold no parameters (an activation, a dropout, an identity, a softmax), for a

@@ -250,7 +250,8 @@ def test_the_weights_of_ranks_are_gathered_for_the_audit(
     from torch import nn
 
     from mldbg.store import current_run
-    from mldbg.weights.audit import audit_weights, render_audit
+    from mldbg.weights.audit import audit_weights
+    from mldbg.weights.render import render_audit
 
     monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
     torch.manual_seed(0)

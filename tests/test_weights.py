@@ -21,7 +21,8 @@ torch = pytest.importorskip("torch")
 mx = pytest.importorskip("mlx.core")
 mnn = pytest.importorskip("mlx.nn")
 
-from mldbg.weights.audit import audit_weights, render_audit  # noqa: E402
+from mldbg.weights.audit import audit_weights  # noqa: E402
+from mldbg.weights.render import render_audit  # noqa: E402
 
 
 class Reference(torch.nn.Module):

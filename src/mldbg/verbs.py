@@ -62,6 +62,7 @@ from .errors import (
     STORE_UNWRITABLE,
     TOO_LONG,
     TOO_MANY_WATCHES,
+    TOO_SLOW,
     UNKNOWN_SESSION,
     UNKNOWN_SOURCE,
     UNREADABLE,
@@ -823,7 +824,7 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         method="GET",
         store=True,
-        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, UNREADABLE, CORRUPT_CAPTURE),
+        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, UNREADABLE, CORRUPT_CAPTURE, TOO_SLOW),
         description="Calls whose inputs were already bad are `victims`; `first` is null when "
         "every value is finite.",
     ),
@@ -851,7 +852,7 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         method="GET",
         store=True,
-        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, UNREADABLE, CORRUPT_CAPTURE),
+        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, UNREADABLE, CORRUPT_CAPTURE, TOO_SLOW),
         description="Per call and side: `seconds`, `self_seconds`, `in_dtypes`, `out_dtypes`; "
         "with B `dtype_differs` and `time_ratio`; `summary`: totals, slowest calls, first "
         "dtype difference.",
@@ -926,7 +927,15 @@ VERBS: tuple[Verb, ...] = (
         # the codes of bad input an agent branches on (bad_input and no_such_capture were
         # never raised; not_tensors and nothing_paired are said in the README, the MCP
         # tool list stays agent-sized)
-        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, CORRUPT_CAPTURE, UNREADABLE, BAD_MAP, BAD_SHARDS),
+        errors=(
+            UNKNOWN_SOURCE,
+            CORRUPT_FILE,
+            CORRUPT_CAPTURE,
+            UNREADABLE,
+            BAD_MAP,
+            BAD_SHARDS,
+            TOO_SLOW,
+        ),
         description="Names the first divergence: the module whose inputs agree and whose "
         "outputs differ. Failing entries first; passing ones only with passing=true.",
     ),
@@ -967,7 +976,9 @@ VERBS: tuple[Verb, ...] = (
             BAD_SHARDS,
             UNKNOWN_SOURCE,
             CORRUPT_FILE,
+            CORRUPT_CAPTURE,
             UNREADABLE,
+            TOO_SLOW,
         ),
         description="Per parameter: ok, dtype, quantized, never_loaded, layout, shape, values, "
         "missing, extra, renamed, fused, tied, buffer. Failures first.",

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import verbs
+from .. import deadline, verbs
 from ..compare import CompareInputError, compare
 from ..errors import BAD_ARGUMENT, BAD_SHARDS, MldbgError
 from ..text import compare as compare_render
@@ -73,7 +73,8 @@ def parse_shards(rules: list[str]) -> dict[str, int | str] | None:
 def run_compare(args: argparse.Namespace, as_json: bool) -> int:
     try:
         shards = parse_shards(args.shards)
-        with compare_render.progress_bar(enabled=sys.stderr.isatty()) as progress:
+        bound = deadline.bounded("compare", deadline.seconds_allowed())
+        with bound, compare_render.progress_bar(enabled=sys.stderr.isatty()) as progress:
             comparison = compare(
                 args.a,
                 args.b,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..compare.pair.mapping import NameMap
 from ..compare.read.sources import CompareInputError, Entry, Source, find_captures, open_source
-from ..errors import BAD_WEIGHTS_INPUT
+from ..errors import BAD_WEIGHTS_INPUT, CORRUPT_CAPTURE
 from .params import Params, to_float64
 from .quantized import (
     Packed,
@@ -176,10 +176,13 @@ def from_path(spec: str, home: Path) -> Params:
 
 def _capture_classes(directory: Path, home: Path) -> dict[str, str]:
     """Module path: class, from the capture's recorded calls (a ConvTranspose kernel's
-    layout depends on it)."""
+    layout depends on it).  A capture without calls gives none; one whose index is
+    corrupt is said (``corrupt_capture``, its line), as compare says it."""
     try:
         source = open_source(str(directory), home)
-    except CompareInputError:
+    except CompareInputError as exc:
+        if exc.code == CORRUPT_CAPTURE:
+            raise
         return {}
     return {call.module: call.class_name for call in source.calls.values()}
 

@@ -980,8 +980,8 @@ VERBS: tuple[Verb, ...] = (
             UNREADABLE,
             TOO_SLOW,
         ),
-        description="Per parameter: ok, dtype, quantized, never_loaded, layout, shape, values, "
-        "missing, extra, renamed, fused, tied, buffer. Failures first.",
+        description="Per parameter: ok, dtype, quantized, nonfinite, never_loaded, layout, shape, "
+        "values, missing, extra, renamed, fused, tied, buffer. Failures first.",
         verdict="ok",
     ),
     Verb(

@@ -28,6 +28,10 @@ map (the ``--map`` file compare takes), then classified:
 * ``shape``: the shapes differ and no permutation maps one onto the other.
 * ``values``: paired, same layout, different values (a wrong conversion, a wrong file,
   a wrong slice when part of the elements agree).
+* ``nonfinite``: a NaN or an Inf on one side where the other holds another value (a
+  broken conversion, an overflow to float16): counted (``nonfinite``: ``nan_port``,
+  ``inf_port``, ``nonfinite_ref``) with the first place.  NaN and Inf in both at the same
+  places agree, and the rest of the pair is judged by its finite elements.
 * ``missing`` / ``extra``: in the reference only / in the port only; a missing and an
   extra parameter holding the same values are one ``renamed`` parameter instead, with
   the map rule that pairs them in ``proposed_map``; a missing one holding another's
@@ -58,7 +62,7 @@ from .quantized import parse_quantization
 from .ranks import from_ranks, names_ranks
 from .structure import find_fused, find_renamed, find_tied
 
-FAILING = ("missing", "never_loaded", "layout", "shape", "values")
+FAILING = ("missing", "nonfinite", "never_loaded", "layout", "shape", "values")
 WARNING = ("renamed", "fused", "tied", "buffer", "quantized", "dtype", "extra")
 
 

@@ -7,6 +7,7 @@ rounding rule (``|p - r| <= u |r| + η``) holds everywhere a pair is called equa
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from .. import dtypes
@@ -44,19 +45,62 @@ def close(
         return bool(np.array_equal(a, b, equal_nan=True))
     with np.errstate(invalid="ignore"):
         allowed = u * np.abs(a) + slack_a + slack_b
-        return bool(np.all((np.abs(b - a) <= allowed) | (np.isnan(a) & np.isnan(b))))
+        same = (a == b) | (np.isnan(a) & np.isnan(b))  # an Inf or a NaN where the other has it
+        return bool(np.all((np.abs(b - a) <= allowed) | same))
 
 
 def worst_ratio(
     a: Values, b: Values, u: float, slack_a: Values | float, slack_b: Values | float
 ) -> float:
-    """The largest ``|b − a|`` over its allowance (≤ 1 when every element is explained)."""
+    """The largest ``|b − a|`` over its allowance (≤ 1 when every element is explained),
+    over the elements finite on both sides (the others are judged by ``nonfinite``)."""
     import numpy as np
 
-    allowed = u * np.abs(a) + slack_a + slack_b
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        allowed = u * np.abs(a) + slack_a + slack_b
         ratio = np.where(allowed > 0, np.abs(b - a) / allowed, np.where(a == b, 0.0, np.inf))
-    return float(np.max(ratio)) if ratio.size else 0.0
+    counted = np.isfinite(a) & np.isfinite(b) & ~np.isnan(ratio)
+    worst = float(np.max(ratio[counted])) if counted.any() else 0.0
+    return worst if math.isfinite(worst) else float(np.finfo(np.float64).max)
+
+
+def nonfinite_mismatch(a: Values, b: Values) -> dict[str, object] | None:
+    """Where NaN or Inf on one side meets another value on the other: ``{"nan_port",
+    "inf_port", "nonfinite_ref", "first"}`` (``first`` the index of the first such
+    element; None for shapes that differ, compared by their counts alone), or None when
+    the non-finite elements agree (the same NaN and the same signed Inf in the same
+    places, or none).  A NaN never agrees within a tolerance, and its numbers are no JSON:
+    this is the pair's finding before any rounding is judged."""
+    import numpy as np
+
+    finite_a, finite_b = np.isfinite(a), np.isfinite(b)
+    if finite_a.all() and finite_b.all():
+        return None
+    if a.shape != b.shape:
+
+        def kinds(x: Values) -> tuple[int, int, int]:
+            return (
+                int(np.count_nonzero(np.isnan(x))),
+                int(np.count_nonzero(x == np.inf)),
+                int(np.count_nonzero(x == -np.inf)),
+            )
+
+        if kinds(a) == kinds(b):
+            return None
+        port, ref, first = ~finite_b, ~finite_a, None
+    else:
+        wrong = ~((finite_a & finite_b) | (a == b) | (np.isnan(a) & np.isnan(b)))
+        if not wrong.any():
+            return None
+        port, ref = wrong & ~finite_b, wrong & ~finite_a
+        at = np.unravel_index(int(np.argmax(wrong)), a.shape)
+        first = [int(i) for i in at]
+    return {
+        "nan_port": int(np.count_nonzero(port & np.isnan(b))),
+        "inf_port": int(np.count_nonzero(port & np.isinf(b))),
+        "nonfinite_ref": int(np.count_nonzero(ref)),
+        "first": first,
+    }
 
 
 def is_constant(x: Values) -> bool:
@@ -82,7 +126,7 @@ def agreement(
         flat_a, flat_b = flat_a[rows], flat_b[rows]
         allowed_a = allowed_a if isinstance(allowed_a, float) else allowed_a[rows]
         allowed_b = allowed_b if isinstance(allowed_b, float) else allowed_b[rows]
-    nonzero = flat_a != 0
+    nonzero = (flat_a != 0) & np.isfinite(flat_a) & np.isfinite(flat_b)
     if int(nonzero.sum()) < 2:
         return 0.0, 0.0
     order = np.random.default_rng(0).permutation(flat_a.size)
@@ -91,21 +135,45 @@ def agreement(
     with np.errstate(invalid="ignore"):
         agree = np.abs(flat_b - flat_a) <= u * np.abs(flat_a) + allowed_a + allowed_b
         chance = np.abs(flat_b - shuffled) <= u * np.abs(shuffled) + moved + allowed_b
-    return float(np.mean(agree[nonzero])), float(np.mean(chance[shuffled != 0]))
+    counted = (shuffled != 0) & np.isfinite(shuffled) & np.isfinite(flat_b)
+    if not counted.any():
+        return float(np.mean(agree[nonzero])), 0.0
+    return float(np.mean(agree[nonzero])), float(np.mean(chance[counted]))
+
+
+def _finite_parts(a: Values, b: Values) -> tuple[Values, Values]:
+    """The elements finite on both sides (all of them, unflattened, when all are)."""
+    import numpy as np
+
+    both = np.isfinite(a) & np.isfinite(b)
+    return (a, b) if both.all() else (a[both], b[both])
+
+
+def _finite(value: float) -> float | None:
+    """A number the answer can carry (JSON has no NaN nor Inf): None when it is not."""
+    return value if math.isfinite(value) else None
 
 
 def cosine_of(a: Values, b: Values) -> float | None:
+    """The cosine of the finite elements (None for zero vectors, or an overflow)."""
     import numpy as np
 
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    if na == 0 or nb == 0:
-        return None
-    return float(np.vdot(a, b)) / (na * nb)
+    a, b = _finite_parts(a, b)
+    with np.errstate(over="ignore", invalid="ignore"):
+        na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+        if na == 0 or nb == 0:
+            return None
+        return _finite(float(np.vdot(a, b)) / (na * nb))
 
 
 def rel_rms_of(a: Values, b: Values) -> float | None:
+    """``‖b − a‖ / ‖a‖`` over the finite elements (None where that is no number)."""
     import numpy as np
 
-    na = float(np.linalg.norm(a))
-    diff = float(np.linalg.norm(b - a))
+    a, b = _finite_parts(a, b)
+    with np.errstate(over="ignore", invalid="ignore"):
+        na = float(np.linalg.norm(a))
+        diff = float(np.linalg.norm(b - a))
+    if not (math.isfinite(na) and math.isfinite(diff)):
+        return None
     return diff / na if na else (0.0 if diff == 0 else None)

@@ -17,6 +17,7 @@ from .closeness import (
     close,
     cosine_of,
     is_constant,
+    nonfinite_mismatch,
     rel_rms_of,
     underflow_slack,
     unit_rounding,
@@ -48,14 +49,14 @@ def pair_row(
 
 def judge_pair(ref: Params, port: Params, name: str, other: str, fresh: Params | None) -> Row:
     """One parameter of the reference against the port's: the first explanation that
-    fits decides its row (within rounding, never loaded, a layout, axes of size 1, a
-    shape, then how the values differ)."""
+    fits decides its row (NaN or Inf against another value, within rounding, never
+    loaded, a layout, axes of size 1, a shape, then how the values differ)."""
     if other in port.unresolved or name in ref.unresolved:
         row = pair_row(ref, port, name, other, "shape", "")
         row["note"] = port.unresolved.get(other) or ref.unresolved[name]
         return row
     pair = _Judged.read(ref, port, name, other)
-    if pair.within_rounding():
+    if pair.nonfinite() or pair.within_rounding():
         return pair.row
     fresh_name = other if fresh is not None and other in fresh.shapes else None
     if fresh_name is not None and fresh is not None and pair.as_initialized(fresh.read(fresh_name)):
@@ -97,6 +98,28 @@ class _Judged:
         row["rel_rms"] = rel_rms_of(a, b) if a.shape == b.shape else None
         dtype_changed = ref.dtypes[name] != port.dtypes[other]
         return cls(a, b, slack_a, slack_b, u, quant, dtype_changed, row)
+
+    def nonfinite(self) -> bool:
+        """NaN or Inf on one side where the other holds another value: a finding of its
+        own (a NaN agrees with nothing, however loose the tolerance)."""
+        found = nonfinite_mismatch(self.a, self.b)
+        if found is None:
+            return False
+        where = f" (first at {found['first']})" if found["first"] is not None else ""
+        said = [
+            f"{found[key]} {word}"
+            for key, word in (("nan_port", "NaN"), ("inf_port", "Inf"))
+            if found[key]
+        ]
+        if said:
+            note = f"{' and '.join(said)} in the port where the reference holds another value"
+        else:
+            note = (
+                f"{found['nonfinite_ref']} NaN or Inf in the reference where the port holds "
+                "another value: is the reference itself loaded right?"
+            )
+        self.row.update(status="nonfinite", note=note + where, nonfinite=found)
+        return True
 
     def _agreeing_status(self) -> str:
         """The status of values that agree: quantized, a changed dtype, or plainly ok."""

@@ -180,7 +180,7 @@ def find_tied(ref: Params, name: str, missing: list[str]) -> str | None:
     if is_constant(values) or values.size < 2:
         return None  # equal constants (norms at 1) are no evidence of a tie
     for other in candidates:
-        if np.array_equal(ref.read(other), values):
+        if np.array_equal(ref.read(other), values, equal_nan=True):
             return other
     return None
 

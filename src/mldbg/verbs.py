@@ -33,6 +33,7 @@ from .errors import (
     BAD_HITS,
     BAD_LOG,
     BAD_MAP,
+    BAD_RANKS,
     BAD_SESSION_NAME,
     BAD_SHARDS,
     BAD_WEIGHTS_INPUT,
@@ -934,6 +935,7 @@ VERBS: tuple[Verb, ...] = (
             UNREADABLE,
             BAD_MAP,
             BAD_SHARDS,
+            BAD_RANKS,
             TOO_SLOW,
         ),
         description="Names the first divergence: the module whose inputs agree and whose "
@@ -974,6 +976,7 @@ VERBS: tuple[Verb, ...] = (
             BAD_WEIGHTS_INPUT,
             BAD_MAP,
             BAD_SHARDS,
+            BAD_RANKS,
             UNKNOWN_SOURCE,
             CORRUPT_FILE,
             CORRUPT_CAPTURE,

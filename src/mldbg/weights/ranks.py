@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..compare.read.sources import CompareInputError
-from ..errors import BAD_WEIGHTS_INPUT
+from ..errors import BAD_SHARDS, BAD_WEIGHTS_INPUT
 from .collect import from_path
 from .params import Params
 
@@ -56,15 +56,7 @@ def from_ranks(spec: str, home: Path, shards: Mapping[str, object]) -> Params:
             params.shapes[name] = base.shapes[name]
             params.readers[name] = base.readers[name]
             continue
-        missing = [side.label for side in sides if name not in side.shapes]
-        if missing:
-            raise CompareInputError(
-                f"{name} is split over the ranks but {missing[0]} lacks it", code=BAD_WEIGHTS_INPUT
-            )
-        shape = list(base.shapes[name])
-        axis = int(split) % len(shape) if shape else 0
-        shape[axis] = sum(side.shapes[name][axis] for side in sides)
-        params.shapes[name] = tuple(shape)
+        axis, params.shapes[name] = _gathered_shape(name, int(split), sides)
         readers = [side.readers[name] for side in sides]
         params.readers[name] = functools.partial(
             lambda parts, dim: np.concatenate([read() for read in parts], axis=dim), readers, axis
@@ -72,3 +64,32 @@ def from_ranks(spec: str, home: Path, shards: Mapping[str, object]) -> Params:
     params.packed = {k: v for k, v in base.packed.items() if k in params.shapes}
     params.settings, params.settings_source = base.settings, base.settings_source
     return params
+
+
+def _gathered_shape(name: str, dim: int, sides: list[Params]) -> tuple[int, tuple[int, ...]]:
+    """The axis ``name`` is split along and its whole shape, checked before any rank is
+    read: every rank holds it, ``dim`` is an axis it has, and the ranks' slices agree on
+    every other axis.  (A dimension out of range was taken modulo the rank, and slices
+    that do not fit made the read fail as ``internal``.)"""
+    missing = [side.label for side in sides if name not in side.shapes]
+    if missing:
+        raise CompareInputError(
+            f"{name} is split over the ranks but {missing[0]} lacks it", code=BAD_WEIGHTS_INPUT
+        )
+    shapes = [list(side.shapes[name]) for side in sides]
+    if not -len(shapes[0]) <= dim < len(shapes[0]):
+        raise CompareInputError(
+            f"shards: {name} has {len(shapes[0])} dimension(s), no dimension {dim}",
+            code=BAD_SHARDS,
+        )
+    axis = dim % len(shapes[0])
+    rest = [[n for i, n in enumerate(shape) if i != axis] for shape in shapes]
+    if any(len(shape) != len(shapes[0]) for shape in shapes) or any(r != rest[0] for r in rest):
+        listed = ", ".join(str(shape) for shape in shapes[:4])
+        raise CompareInputError(
+            f"{name}: the ranks' slices differ in shape outside dimension {dim} ({listed})",
+            code=BAD_SHARDS,
+        )
+    whole = list(shapes[0])
+    whole[axis] = sum(shape[axis] for shape in shapes)
+    return axis, tuple(whole)

@@ -337,3 +337,67 @@ def test_past_the_deadline_every_analysis_verb_answers_too_slow(
         assert api.get("/v1/captures", params=where)["captures"]
     finally:
         daemon.stop()
+
+
+# -- maps: a regex rule's work is bounded too ------------------------------------------------
+
+BACKTRACKS = [["(x|x)+#1", "z"]]  # on a name of 40 x's: about 2**40 steps, in C
+
+
+MAP_PROBE = """
+import json, sys
+from mldbg.compare import CompareInputError
+from mldbg.compare.pair.mapping import parse_map
+try:
+    parse_map({"regex": json.loads(sys.argv[1])}).to_a("x" * 40 + "#0.out")
+except CompareInputError as exc:
+    print(json.dumps(exc.to_json()))
+"""
+
+
+def test_a_map_regex_that_backtracks_for_ages_is_a_bad_map() -> None:
+    """A map's regex rules run on every name of B.  One that backtracks exponentially
+    held a thread inside ``re``'s C loop, with the GIL: no deadline could stop it, and the
+    daemon answered nothing at all.  Each rule now gets a bounded time per name.  (In a
+    process of its own: before, it held the GIL of whatever process ran it.)"""
+    from mldbg.compare.pair.mapping import parse_map
+
+    done = subprocess.run(
+        [sys.executable, "-c", MAP_PROBE, json.dumps(BACKTRACKS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    error = json.loads(done.stdout)
+    assert error["code"] == "bad_map" and "(x|x)+#1" in error["error"], error
+    assert parse_map({"regex": [["^x(\\d+)", "y\\1"]]}).to_a("x12.w") == "y12.w"
+
+
+def test_a_backtracking_map_over_rest_is_answered_and_the_daemon_lives_on(
+    home: Path, tmp_path: Path
+) -> None:
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.add_module("x" * 40, torch.nn.Linear(4, 4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return getattr(self, "x" * 40)(x)
+
+    torch.manual_seed(0)
+    net = Net()
+    for name in ("ref", "port"):
+        current_run.reset()
+        with torch.no_grad(), mldbg.capture(net, name):
+            net(torch.ones(2, 4))
+    daemon = Daemon(tmp_path / "config")
+    try:
+        body = {"a": "ref", "b": "port", "map": {"regex": BACKTRACKS}, "home": str(home)}
+        answer = _answered(lambda: daemon.api.post("/v1/compare", body, expect=400))
+        assert answer["code"] == "bad_map" and "(x|x)+#1" in answer["error"], answer
+        assert daemon.api.get("/v1/health")["ok"] is True
+    finally:
+        daemon.stop()

@@ -379,8 +379,10 @@ def _rank_set(
         ([(0, 2), (1, 2), (2, 3)], False, ["tp@rank2", "world size"]),  # a stray, older run
         ([(0, 2), (1, 2), (2, 2)], False, ["tp@rank2", "rank 2 of a world of 2"]),
         ([(0, 2), (1, 2)], True, ["rank 1", "tp@rank1", "tp@rank1-2"]),  # captured twice
+        # a rank no world has: counting the ranks to look for up to it never ended
+        ([(0, 2), (1, 2), (10**20, 2)], False, [f"tp@rank{10**20}", "no rank below"]),
     ],
-    ids=["missing", "missing-middle", "stray-world", "stray-rank", "duplicate"],
+    ids=["missing", "missing-middle", "stray-world", "stray-rank", "duplicate", "huge-rank"],
 )
 def test_rank_sets_that_do_not_add_up_are_named_before_any_verdict(
     tmp_path: Path,
@@ -476,3 +478,12 @@ def test_split_parameters_are_checked_before_any_rank_is_read(
         assert caught.value.code == "bad_shards"
     body = {"reference": "ref", "port": "tp@rank*", "shards": {"0.*": 0}, "home": str(home)}
     assert api.post("/v1/weights", body, expect=400)["code"] == "bad_shards"
+
+
+def test_a_rank_no_world_has_is_stray_not_counted_to() -> None:
+    """Without a world size the ranks to look for run up to the highest rank: one
+    ``capture.json`` saying rank 10**20 made that count never end (the capture fuzz)."""
+    ranked = [{"name": "tp@rank0", "rank": 0}, {"name": "tp@rank1", "rank": 10**20}]
+    with pytest.raises(CompareInputError, match="no rank below") as caught:
+        gather.check_rank_set("tp@rank*", ranked)
+    assert caught.value.extra["stray"] == ["tp@rank1"] and caught.value.extra["missing"] == []

@@ -1,17 +1,20 @@
 """A bound on the work of one analysis call: past it the work stops with ``too_slow``.
 
 Reading a capture is bounded in work (its call tree is checked as it is read,
-``compare/read/sources.py``), so every walk of a comparison ends; what ends can still take
-hours (millions of calls, a checkpoint on a slow disk, a pathological map), and a daemon
-thread must not be held that long by one request nobody waits for.  ``bounded`` runs a
-block under a deadline: once it passes, a watchdog raises :class:`~mldbg.errors.TooSlow`
-inside the block's own thread (``PyThreadState_SetAsyncExc``: delivered between two
-bytecodes, as the debuggee's evaluation timeout is; a ``BaseException``, so a reader's
-``except Exception`` lets it pass), again every ``RETRY`` seconds until the block has let
-it out, and never while
-that thread is importing a module (an import cut short would leave a module half made for
-every later request).  A single long call into C (a huge reduction) is interrupted when it
-returns to Python.
+``compare/read/sources.py``; a map's regex rules have a timeout, ``compare/pair/mapping.py``),
+so every walk of a comparison ends; what ends can still take hours (millions of calls, a
+checkpoint on a slow disk), and a daemon thread must not be held that long by one request
+nobody waits for.  :func:`call_bounded` runs the work under a deadline: once it passes, a
+watchdog raises :class:`DeadlineInterrupt` inside the work's own thread, once
+(``PyThreadState_SetAsyncExc``: delivered between two bytecodes, as the debuggee's
+evaluation timeout is; a ``BaseException``, so a reader's ``except Exception`` lets it
+pass), never while that thread is importing a module (an import cut short would leave a
+module half made for every later request), and the call answers :class:`TooSlow`.  A
+single long call into C (a huge reduction) is interrupted when it returns to Python.
+
+One interrupt, never more: wherever it lands (the work, or the few bytecodes of the
+cleanup after it) ``call_bounded`` catches it, and nothing is sent once the work is over,
+so none reaches whatever the thread runs next (a daemon worker's next request).
 
 The bound is ``MLDBG_DEADLINE`` seconds (default ``DEFAULT_SECONDS``; ``0`` for none), read
 where the work runs: the daemon's environment for the verbs it serves (compare, weights,
@@ -21,22 +24,24 @@ Standard library only.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import math
 import os
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .errors import BAD_ARGUMENT, MldbgError, TooSlow
 
+T = TypeVar("T")
+
 ENV = "MLDBG_DEADLINE"
 DEFAULT_SECONDS = 1800.0  # half an hour: a real comparison of a large model fits well within
-RETRY = 0.05  # seconds between two interrupts of a block that swallowed the last one
+RETRY = 0.05  # seconds between two looks at a thread that was importing at the deadline
 
-_here = threading.local()  # the watch of the block this thread runs, when it runs one
+_here = threading.local()  # the watch of the work this thread runs, while it runs it
 
 
 def seconds_allowed(environ: Mapping[str, str] = os.environ) -> float | None:
@@ -62,36 +67,39 @@ class DeadlineInterrupt(BaseException):
 
     A ``BaseException``, outside the ``MldbgError`` tree on purpose, as the debuggee's
     ``EvalInterrupt`` is: a reader's ``except Exception`` lets it pass.  It never leaves
-    ``bounded``, which says :class:`TooSlow` instead."""
+    :func:`call_bounded`, which says :class:`TooSlow` instead."""
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
         watch = getattr(_here, "watch", None)
         if watch is not None:
-            watch.landed += 1
+            watch.landed = True
 
 
 @dataclass
 class _Watch:
-    """One bounded block: its thread, and the interrupts sent to it and landed there."""
+    """One bounded call: its thread, and whether its one interrupt was sent and landed."""
 
     ident: int
     seconds: float
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)
     active: bool = True
-    sent: int = 0
-    landed: int = 0  # counted by DeadlineInterrupt, in the working thread
+    sent: bool = False
+    landed: bool = False  # set by DeadlineInterrupt, in the working thread
 
     def run(self) -> None:
-        """The watchdog: wait out the deadline, then interrupt until the block ends."""
+        """The watchdog: wait out the deadline, then send the one interrupt (as soon as
+        the thread is not importing) unless the work ended first."""
         if self.done.wait(self.seconds):
             return
         while not self.done.is_set():
             with self.lock:
-                # one interrupt pending at a time: CPython keeps only the last one sent
-                if self.active and self.sent == self.landed and not _importing(self.ident):
-                    self.sent += _set_async_exc(self.ident, DeadlineInterrupt)
+                if not self.active:
+                    return
+                if not _importing(self.ident):
+                    self.sent = _set_async_exc(self.ident, DeadlineInterrupt) == 1
+                    return
             self.done.wait(RETRY)
 
 
@@ -113,52 +121,49 @@ def _importing(ident: int) -> bool:
     return False
 
 
-def _stop(watch: _Watch) -> None:
-    """End ``watch`` from its own thread.  No interrupt is sent once ``active`` is False;
-    one already on its way lands here (it may land anywhere in here, hence the retry)
-    rather than in whatever this thread runs next.  Never withdrawn: that would leave
-    CPython 3.11's "async exception pending" flag set with nothing pending
-    (``agent/interrupt.py`` says more)."""
-    while True:
-        try:
-            with watch.lock:
-                watch.active = False
-            watch.done.set()
-            for _ in range(10_000_000):  # bytecodes: a pending interrupt is raised in here
-                if watch.sent <= watch.landed:
-                    break
-            _here.watch = None
-            return
-        except DeadlineInterrupt:
-            continue
+def _close(watch: _Watch) -> None:
+    """End ``watch`` from its own thread: no interrupt is sent after this, and one already
+    sent lands here (never withdrawn: that would leave CPython 3.11's "async exception
+    pending" flag set with nothing pending, ``agent/interrupt.py`` says more).  Where it
+    lands in here, the caller catches it and calls this again."""
+    with watch.lock:
+        watch.active = False
+    watch.done.set()
+    if watch.sent:
+        for _ in range(10_000_000):  # bytecodes: the pending interrupt is raised in here
+            if watch.landed:
+                break
+    _here.watch = None
 
 
-@contextlib.contextmanager
-def bounded(what: str, seconds: float | None) -> Iterator[None]:
-    """Run the block in this thread for at most ``seconds`` (None: no bound); past them,
-    :class:`TooSlow` naming ``what`` and the bound.  A block already bounded (a nested
-    call) keeps its outer bound."""
-    if seconds is None or getattr(_here, "watch", None) is not None:
-        yield
-        return
+def call_bounded(what: str, seconds: float | None, work: Callable[[], T]) -> T:
+    """``work()`` in this thread for at most ``seconds`` (None: no bound); past them,
+    :class:`TooSlow` naming ``what`` and the bound (also when the work swallowed the
+    interrupt and went on: its answer may lack what was cut)."""
+    if seconds is None:
+        return work()
     watch = _Watch(threading.get_ident(), seconds)
     _here.watch = watch
+    failure: BaseException | None = None
     try:
-        try:
-            threading.Thread(target=watch.run, name="mldbg-deadline", daemon=True).start()
-            yield
-        finally:
-            _stop(watch)  # from here on nothing lands in this thread
+        threading.Thread(target=watch.run, name="mldbg-deadline", daemon=True).start()
+        result = work()
     except DeadlineInterrupt:
-        pass  # said below, with what ran past the deadline
-    except BaseException:
-        if not watch.landed:
-            raise  # a failure of the work itself
-        # else: the interrupt made another error on its way out (a reader wrapped it)
-    if watch.landed:  # interrupted, even where the block swallowed it and went on
+        pass
+    except BaseException as exc:  # the work's own failure, unless the interrupt made it
+        failure = exc
+    finally:
+        try:
+            _close(watch)
+        except DeadlineInterrupt:  # the one interrupt, landing in the cleanup: none follows
+            _close(watch)
+    if watch.landed:
         raise TooSlow(
             f"{what} ran past its deadline of {seconds:g} s and was stopped ({ENV}: the "
             f"seconds one compare, weights, nonfinite or module-table may take; 0 for none)",
             seconds=seconds,
             variable=ENV,
-        )
+        ) from None
+    if failure is not None:
+        raise failure
+    return result

@@ -32,6 +32,7 @@ import pytest
 from daemons import Daemon
 
 import mldbg
+from conftest import Api
 from mldbg.compare import CompareInputError
 from mldbg.compare.read.sources import open_source
 from mldbg.errors import TooSlow
@@ -91,37 +92,51 @@ def _cycle(records: Records) -> str:
     """The model and its first child each other's parent."""
     calls = _calls(records)
     calls[""]["parent"] = calls["fc1"]["seq"]
-    return "parent"
+    return "no call on an earlier line"
 
 
 def _self_parent(records: Records) -> str:
     calls = _calls(records)
     calls["fc1"]["parent"] = calls["fc1"]["seq"]
-    return "parent"
+    return "no call on an earlier line"
 
 
 def _dangling(records: Records) -> str:
     _calls(records)["fc2"]["parent"] = 999
-    return "parent"
+    return "parent 999 is no call on an earlier line"
 
 
 def _duplicate_seq(records: Records) -> str:
     calls = _calls(records)
     calls["fc2"]["seq"] = calls["fc1"]["seq"]
-    return "seq"
+    return "is already the call on line"
 
 
 def _duplicate_call(records: Records) -> str:
     calls = _calls(records)
     calls["act"]["module"] = "fc1"
-    return "fc1"
+    return "call 0 of module 'fc1' is already on line"
 
 
 def _returns_twice(records: Records) -> str:
     seq = _calls(records)["fc1"]["seq"]
     line = next(r for r in records if r.get("event") == "return" and r["seq"] == seq)
     records.append(dict(line))
-    return "returned"
+    return "already returned on line"
+
+
+def _parent_returned(records: Records) -> str:
+    """act's parent made fc1, which returned before act started (the capture fuzz: a
+    reader summing subtrees deepest first met a child it had not counted, KeyError)."""
+    calls = _calls(records)
+    calls["act"]["parent"] = calls["fc1"]["seq"]
+    calls["act"]["depth"] = calls["fc1"]["depth"] + 1
+    return "returned on line"
+
+
+def _depth(records: Records) -> str:
+    _calls(records)["act"]["depth"] = 5  # its parent, the model, is at depth 0
+    return "not its parent's depth + 1"
 
 
 DAMAGE: dict[str, Callable[[Records], str]] = {
@@ -131,6 +146,8 @@ DAMAGE: dict[str, Callable[[Records], str]] = {
     "duplicate_seq": _duplicate_seq,
     "duplicate_call": _duplicate_call,
     "returns_twice": _returns_twice,
+    "parent_returned": _parent_returned,
+    "depth": _depth,
 }
 
 
@@ -155,7 +172,8 @@ def test_a_broken_call_tree_is_a_corrupt_capture_naming_its_line(
     error = caught.value
     assert error.code == "corrupt_capture", error.to_json()
     assert str(bad / "index.jsonl") in error.message and " line " in error.message
-    assert said in error.message
+    reason = error.message.split("a corrupt record (", 1)[1].split("): {", 1)[0]
+    assert said in reason, error.message
     assert isinstance(error.extra.get("line"), int) and error.extra["line"] >= 1
     assert len(error.message) < 1000
 
@@ -250,12 +268,14 @@ def test_the_deadline_stops_a_thread_spinning_in_python() -> None:
 
     outcome: list[BaseException | None] = []
 
+    def forever() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a reader that swallows everything
+                sum(range(1000))
+
     def spin() -> None:
         try:
-            with deadline.bounded("spinning", 0.2):
-                while True:
-                    with contextlib.suppress(Exception):  # a reader that swallows everything
-                        sum(range(1000))
+            deadline.call_bounded("spinning", 0.2, forever)
         except BaseException as exc:  # what the thread let out
             outcome.append(exc)
         else:
@@ -272,9 +292,9 @@ def test_the_deadline_stops_a_thread_spinning_in_python() -> None:
 def test_work_within_the_deadline_is_left_alone() -> None:
     from mldbg import deadline
 
-    with deadline.bounded("quick", 30.0):
-        total = sum(range(1000))
-    assert total == 499500
+    assert deadline.call_bounded("quick", 30.0, lambda: sum(range(1000))) == 499500
+    with pytest.raises(ValueError, match="its own"):  # the work's own failure, as it was
+        deadline.call_bounded("failing", 30.0, lambda: int("its own"))
     time.sleep(0.1)  # no interrupt lands after the block: the thread goes on as it was
     assert sum(range(10)) == 45
 
@@ -401,3 +421,38 @@ def test_a_backtracking_map_over_rest_is_answered_and_the_daemon_lives_on(
         assert daemon.api.get("/v1/health")["ok"] is True
     finally:
         daemon.stop()
+
+
+# -- answers are JSON ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["full", "summary"])
+def test_a_zero_reference_against_a_nonzero_port_is_answered_in_json(
+    api: Api, home: Path, mode: str
+) -> None:
+    """An infinite relative error (a reference output of zeros, a port's that is not,
+    as the capture fuzz found) reached the culprit as a float ``inf``: ``--json`` raised
+    and the daemon answered ``internal``.  It is written ``"inf"``, as the element-wise
+    numbers already were."""
+    paths = {}
+    for name, scale in (("ref", 0.0), ("port", 1.0)):
+        current_run.reset()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        with torch.no_grad():
+            model[1].weight.mul_(scale)
+            model[1].bias.mul_(scale)
+            with mldbg.capture(model, name, mode=mode) as cap:
+                model(torch.randn(2, 4))
+        paths[name] = str(cap.path)
+    answer = api.post("/v1/compare", {"a": paths["ref"], "b": paths["port"], "home": str(home)})
+    assert answer["first_divergence"]["module"] == "1", answer
+    assert answer["first_divergence"]["rel_rms"] == "inf", answer["first_divergence"]
+    done = subprocess.run(
+        [sys.executable, "-m", "mldbg", "compare", "--json", paths["ref"], paths["port"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert json.loads(done.stdout)["first_divergence"]["rel_rms"] == "inf"

@@ -73,19 +73,23 @@ def parse_shards(rules: list[str]) -> dict[str, int | str] | None:
 def run_compare(args: argparse.Namespace, as_json: bool) -> int:
     try:
         shards = parse_shards(args.shards)
-        bound = deadline.bounded("compare", deadline.seconds_allowed())
-        with bound, compare_render.progress_bar(enabled=sys.stderr.isatty()) as progress:
-            comparison = compare(
-                args.a,
-                args.b,
-                rtol=args.rtol,
-                atol=args.atol,
-                map=args.map,
-                layout=args.layout,
-                replay=args.replay,
-                shards=shards,
-                html=args.html,
-                progress=progress,
+        seconds = deadline.seconds_allowed()
+        with compare_render.progress_bar(enabled=sys.stderr.isatty()) as progress:
+            comparison = deadline.call_bounded(
+                "compare",
+                seconds,
+                lambda: compare(
+                    args.a,
+                    args.b,
+                    rtol=args.rtol,
+                    atol=args.atol,
+                    map=args.map,
+                    layout=args.layout,
+                    replay=args.replay,
+                    shards=shards,
+                    html=args.html,
+                    progress=progress,
+                ),
             )
     except (CompareInputError, MldbgError) as exc:
         proposal = getattr(exc, "extra", {}).get("proposed_map") if args.propose_map else None

@@ -164,7 +164,9 @@ def compare(
     )
     if aligned is not None:  # generation loops that split the sequence differently
         result["calls_aligned"] = aligned
-    comparison = Comparison(result)
+    from .report.answer import json_numbers
+
+    comparison = Comparison(json_numbers(result))
     if html is not None:
         try:
             comparison.write_html(html)

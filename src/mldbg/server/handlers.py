@@ -605,8 +605,11 @@ def nonfinite(
     from ..compare.culprit.nonfinite import first_nonfinite
 
     # the parity package answers plain dicts: their shape is results.FirstNonfinite
-    with deadline.bounded("nonfinite", deadline.seconds_allowed()):
-        found = first_nonfinite(where.local(source), home=store_home(manager, where))
+    found = deadline.call_bounded(
+        "nonfinite",
+        deadline.seconds_allowed(),
+        lambda: first_nonfinite(where.local(source), home=store_home(manager, where)),
+    )
     return cast("R.FirstNonfinite", found)
 
 
@@ -624,15 +627,18 @@ def module_table(
 ) -> R.ModuleTable:
     from ..compare.report.table import module_table as table
 
-    with deadline.bounded("module-table", deadline.seconds_allowed()):
-        found = table(
+    found = deadline.call_bounded(
+        "module-table",
+        deadline.seconds_allowed(),
+        lambda: table(
             where.local(a),
             where.local(b) if b else None,
             home=store_home(manager, where),
             sort=sort or "order",
             offset=offset or 0,
             limit=limit or 50,
-        )
+        ),
+    )
     return cast("R.ModuleTable", found)
 
 
@@ -670,8 +676,10 @@ def compare(
 ) -> R.CompareSummary:
     from ..compare import compare_answer
 
-    with deadline.bounded("compare", deadline.seconds_allowed()):
-        answer = compare_answer(
+    answer = deadline.call_bounded(
+        "compare",
+        deadline.seconds_allowed(),
+        lambda: compare_answer(
             store_home(manager, where),
             a=where.local(a),
             b=where.local(b),
@@ -686,7 +694,8 @@ def compare(
             inputs=inputs,
             offset=offset,
             limit=limit,
-        )
+        ),
+    )
     return cast("R.CompareSummary", answer)
 
 
@@ -707,8 +716,10 @@ def weights(
     from ..weights.audit import audit_weights
 
     home = store_home(manager, where)
-    with deadline.bounded("the weight audit", deadline.seconds_allowed()):
-        result = audit_weights(
+    result = deadline.call_bounded(
+        "the weight audit",
+        deadline.seconds_allowed(),
+        lambda: audit_weights(
             where.local(reference),
             where.local(port),
             map=map,
@@ -716,7 +727,8 @@ def weights(
             home=home,
             quantization=quantization,
             shards=shards,
-        )
+        ),
+    )
     result.pop("parameters", None)  # every parameter: the Python API's; the answer is bounded
     problems = result["problems"]
     result["problems"] = problems[:limit]

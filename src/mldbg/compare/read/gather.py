@@ -112,7 +112,10 @@ def ranked_captures(spec: str, home: Path) -> list[CaptureMeta]:
     return ranked
 
 
-MAX_NAMED = 20  # ranks and captures named in a message (all of them are in its fields)
+MAX_NAMED = 20  # ranks and captures named in a message
+MAX_LISTED = 1000  # missing ranks listed in the error's fields (``missing_count``: all)
+MAX_WORLD = 1 << 20  # a larger rank or world size is no run's: a stray capture (and the
+# ranks to look for stay countable: a capture.json saying rank 10**20 made that a hang)
 
 
 def check_rank_set(spec: str, ranked: list[CaptureMeta]) -> None:
@@ -145,7 +148,8 @@ def check_rank_set(spec: str, ranked: list[CaptureMeta]) -> None:
         "ranks again, or name the ones to gather with a narrower glob (NAME@rank[0-3])",
         code=BAD_RANKS,
         world_size=world,
-        missing=missing,
+        missing=missing[:MAX_LISTED],
+        missing_count=len(missing),
         duplicates={str(r): names for r, names in duplicates.items()},
         stray=sorted(stray),
     )
@@ -164,9 +168,9 @@ class _RankCensus:
         census = cls()
         for meta in ranked:
             name, rank, world = str(meta["name"]), _rank_number(meta), meta.get("world_size")
-            if isinstance(world, int) and not isinstance(world, bool) and world > 0:
+            if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_WORLD:
                 census.worlds.setdefault(world, []).append(name)
-            if rank is None:
+            if rank is None or rank >= MAX_WORLD:
                 census.rankless.append(name)
             else:
                 census.ranks.setdefault(rank, []).append(name)
@@ -181,7 +185,8 @@ class _RankCensus:
     def stray(self, world: int) -> dict[str, str]:
         """The captures that are no rank of ``world``, each with why."""
         found = {
-            name: f"{name} is no rank's capture (no rank in its capture.json or name)"
+            name: f"{name} is no rank's capture (no rank below {MAX_WORLD} in its "
+            "capture.json or name)"
             for name in self.rankless
         }
         for other, names in self.worlds.items():

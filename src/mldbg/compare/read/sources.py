@@ -156,7 +156,7 @@ class Source:
                 f"cannot read {exc.filename or entry.file}: {exc.strerror or exc}", code=UNREADABLE
             ) from None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, str]:
         return {"spec": self.spec, "kind": self.kind, "path": str(self.path), "label": self.label}
 
     def is_operation(self, entry: Entry) -> bool:
@@ -422,10 +422,12 @@ def _count_skipped(source: Source, record: JsonRecord) -> None:
 class _CallTree:
     """The calls read so far, by ``seq``, and the line of each call and return.
 
-    What keeps every later walk of the tree finite: a call's ``parent`` is a call on an
-    earlier line (so following parents always goes up the file and ends), each ``seq``
-    and each module call is read once, and each call returns once.  The writer keeps
-    all of this (a parent's line is written before its children's, on every thread)."""
+    What keeps every later walk of the tree finite and sound: a call's ``parent`` is a
+    call on an earlier line that has not returned yet (so following parents always goes
+    up the file and ends), its ``depth`` one more than its parent's (the readers that sum
+    subtrees go deepest first), each ``seq`` and each module call is read once, and each
+    call returns once.  The writer keeps all of this (a call's line is written while its
+    parent is on the stack of the same thread)."""
 
     by_seq: dict[int, Call] = field(default_factory=dict)
     call_lines: dict[int, int] = field(default_factory=dict)
@@ -442,6 +444,14 @@ class _CallTree:
                 f"parent {call.parent} is no call on an earlier line (a dangling parent, "
                 "or parents that form a cycle)"
             )
+        if call.parent is not None and call.parent in self.return_lines:
+            raise ValueError(
+                f"parent {call.parent} returned on line {self.return_lines[call.parent]}, "
+                "before this call started"
+            )
+        depth = 0 if call.parent is None else self.by_seq[call.parent].depth + 1
+        if call.depth != depth:
+            raise ValueError(f"depth {call.depth}, not its parent's depth + 1 ({depth})")
         key = (call.module, call.call)
         if key in self.module_lines:
             raise ValueError(
@@ -581,6 +591,8 @@ def _stats(stats: object) -> dict[str, Any] | None:
         return None
     if not isinstance(stats, dict):
         raise ValueError("stats is not an object")
+    if "numel" not in stats:  # every summary counts its elements: without, no number holds
+        raise ValueError("stats without numel (how many elements they summarise)")
     for key in _STAT_COUNTS:
         if key in stats:
             _count(stats[key], f"stats.{key}")

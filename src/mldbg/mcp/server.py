@@ -55,7 +55,8 @@ needs a paused script) or agent_timeout; a tool that sets breakpoints (start, br
 until, restart) the breakpoint errors: file_not_found, not_a_source_file, no_code_at_line
 (with nearest_lines), bad_condition, bad_hits, bad_log, ambiguous_file, no_such_function;
 a tool that reads captures or tensor files (compare, weights, nonfinite, module-table) the
-source errors: unknown_source, corrupt_file, unreadable.
+source errors: unknown_source, corrupt_file, corrupt_capture, unreadable, too_slow (past
+the daemon's MLDBG_DEADLINE).
 Texts are at most 4096 characters
 unless a tool's schema says otherwise (maxLength). Session tools take `session` (default
 "default"): several sessions run at once under different names. Run-store tools (runs,
@@ -340,7 +341,7 @@ SESSION_ERRORS = ("unknown_session", "session_ended", "not_paused", "agent_timeo
 # what every tool that sets breakpoints (start, break, until, restart) may answer
 BREAKPOINT_ERRORS = tuple(code for code in verbs.BREAK_ERRORS if code not in SESSION_ERRORS)
 # What a tool reading captures or tensor files may answer for a bad one (INSTRUCTIONS).
-SOURCE_ERRORS = ("unknown_source", "corrupt_file", "unreadable")
+SOURCE_ERRORS = ("unknown_source", "corrupt_file", "corrupt_capture", "unreadable", "too_slow")
 
 
 class _Server(MCPServer):

@@ -1,7 +1,8 @@
 """The house rules of docs/architecture.md, checked against the code.
 
 * one error tree: every exception class mldbg defines is an ``MldbgError`` (the evaluation
-  interrupt, which must get past the user's ``except Exception``, aside);
+  and deadline interrupts, which must get past the ``except Exception`` of the code they
+  interrupt, aside);
 * no import loop among mldbg's modules, and no import that runs upward through the layers
   the architecture document's table lists.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import mldbg
 from mldbg.agent.interrupt import EvalInterrupt
+from mldbg.deadline import DeadlineInterrupt
 from mldbg.errors import MldbgError
 
 SRC = Path(mldbg.__file__).parent
@@ -40,7 +42,7 @@ def test_every_exception_class_is_under_mldbg_error() -> None:
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ != name or not issubclass(cls, BaseException):
                 continue
-            if not issubclass(cls, MldbgError) and not issubclass(cls, EvalInterrupt):
+            if not issubclass(cls, MldbgError | EvalInterrupt | DeadlineInterrupt):
                 outside.append(f"{name}.{cls.__name__}")
     assert outside == [], "define these in errors.py, under MldbgError"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -248,7 +249,8 @@ def test_the_weights_of_ranks_are_gathered_for_the_audit(
     from torch import nn
 
     from mldbg.store import current_run
-    from mldbg.weights.audit import audit_weights, render_audit
+    from mldbg.weights.audit import audit_weights
+    from mldbg.weights.render import render_audit
 
     monkeypatch.setenv("MLDBG_HOME", str(tmp_path / ".mldbg"))
     torch.manual_seed(0)
@@ -320,3 +322,166 @@ def test_cli_weights_takes_shards(
         "weights", "ref.safetensors", "tp@rank*", "--shards", "0.*", expect=None, json_out=True
     )
     assert bad["code"] == "bad_shards"
+
+
+# -- rank sets that do not add up (issue #30, item 5) --------------------------------------------
+
+WEIGHT_SHARDS = {"0.*": 0, "2.weight": 1}
+# no all-reduce runs in-process: the model's own output is a partial sum too
+MLP_SHARDS = {"0#*.out*": -1, "1#*": -1, "2#*.in*": -1, "2#*.out*": "sum", "<root>#*.out*": "sum"}
+
+
+def _rank_set(
+    home: Path, monkeypatch: pytest.MonkeyPatch, ranks: list[tuple[int, int]], twice: bool = False
+) -> None:
+    """The reference MLP (``ref``), then a ``tp`` capture for each ``(rank, world size)``,
+    each in a run of its own, its weights saved; ``twice``: the last rank captured a
+    second time in its run (``tp@rank1`` and ``tp@rank1-2``, both rank 1)."""
+    import torch
+    from torch import nn
+
+    from mldbg.store import current_run
+
+    monkeypatch.setenv("MLDBG_HOME", str(home))
+    torch.manual_seed(0)
+    full = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16, bias=False))
+    x = torch.randn(4, 16)
+    current_run.reset()
+    with torch.no_grad(), mldbg.capture(full, "ref") as cap:
+        cap.save_weights()
+        full(x)
+    for n, (rank, world) in enumerate(ranks):
+        current_run.reset()
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        part = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16, bias=False))
+        half = slice(rank % 2 * 32, rank % 2 * 32 + 32)
+        with torch.no_grad():
+            part[0].weight.copy_(full[0].weight[half])
+            part[0].bias.copy_(full[0].bias[half])
+            part[2].weight.copy_(full[2].weight[:, half])
+            for _ in range(2 if twice and n == len(ranks) - 1 else 1):
+                with mldbg.capture(part, "tp") as cap:
+                    cap.save_weights()
+                    part(x)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    current_run.reset()
+
+
+@pytest.mark.parametrize(
+    "ranks, twice, said",
+    [
+        ([(0, 2)], False, ["rank 1", "missing"]),  # warned, then blamed the wrong module
+        ([(0, 3), (2, 3)], False, ["rank 1", "missing"]),
+        ([(0, 2), (1, 2), (2, 3)], False, ["tp@rank2", "world size"]),  # a stray, older run
+        ([(0, 2), (1, 2), (2, 2)], False, ["tp@rank2", "rank 2 of a world of 2"]),
+        ([(0, 2), (1, 2)], True, ["rank 1", "tp@rank1", "tp@rank1-2"]),  # captured twice
+        # a rank no world has: counting the ranks to look for up to it never ended
+        ([(0, 2), (1, 2), (10**20, 2)], False, [f"tp@rank{10**20}", "no rank below"]),
+    ],
+    ids=["missing", "missing-middle", "stray-world", "stray-rank", "duplicate", "huge-rank"],
+)
+def test_rank_sets_that_do_not_add_up_are_named_before_any_verdict(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ranks: list[tuple[int, int]],
+    twice: bool,
+    said: list[str],
+) -> None:
+    """A rank capture missing, one captured twice, or a stray one from another run: the
+    gathered model is not the model.  compare warned (or said nothing) and then named a
+    culprit from the wrong tensors; the weight audit gathered the wrong slices.  Now both
+    refuse with ``bad_ranks``, naming the ranks, before anything is compared."""
+    from mldbg.weights.audit import audit_weights
+
+    home = tmp_path / ".mldbg"
+    _rank_set(home, monkeypatch, ranks, twice)
+    with pytest.raises(CompareInputError) as compared:
+        mldbg.compare("ref", "tp@rank*", shards=MLP_SHARDS, home=home)
+    with pytest.raises(CompareInputError) as audited:
+        audit_weights("ref", "tp@rank*", shards=WEIGHT_SHARDS, home=home)
+    for caught in (compared, audited):
+        error = caught.value
+        assert error.code == "bad_ranks", error.to_json()
+        for words in said:
+            assert words in error.message, error.message
+        assert set(error.extra) >= {"missing", "duplicates", "stray"}
+
+
+def test_a_rank_set_that_adds_up_is_gathered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check passes a sound set, and a glob that names the sound ones among others
+    (``tp@rank[01]``) gathers those."""
+    from mldbg.weights.audit import audit_weights
+
+    home = tmp_path / ".mldbg"
+    _rank_set(home, monkeypatch, [(0, 2), (1, 2)])
+    assert mldbg.compare("ref", "tp@rank*", shards=MLP_SHARDS, home=home).ok
+    assert audit_weights("ref", "tp@rank*", shards=WEIGHT_SHARDS, home=home)["ok"]
+    _rank_set(tmp_path / "twice", monkeypatch, [(0, 2), (1, 2)], twice=True)
+    picked = mldbg.compare("ref", "tp@rank[01]", shards=MLP_SHARDS, home=tmp_path / "twice")
+    assert picked.ok and picked.result["b"]["kind"] == "gathered"
+
+
+def test_bad_ranks_over_rest(api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / ".mldbg"
+    _rank_set(home, monkeypatch, [(0, 2)])
+    body = {"a": "ref", "b": "tp@rank*", "shards": MLP_SHARDS, "home": str(home)}
+    answer = api.post("/v1/compare", body, expect=400)
+    assert answer["code"] == "bad_ranks" and answer["missing"] == [1], answer
+    body = {"reference": "ref", "port": "tp@rank*", "shards": WEIGHT_SHARDS, "home": str(home)}
+    answer = api.post("/v1/weights", body, expect=400)
+    assert answer["code"] == "bad_ranks" and answer["missing"] == [1], answer
+
+
+def test_split_parameters_are_checked_before_any_rank_is_read(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dimension the parameter lacks was taken modulo its rank (gathered along another
+    axis); slices that differ outside the split made the read fail (REST 500, internal).
+    Both are ``bad_shards`` now, naming the parameter."""
+    import torch
+    from torch import nn
+
+    from mldbg.store import current_run
+    from mldbg.weights.audit import audit_weights
+
+    home = tmp_path / ".mldbg"
+    monkeypatch.setenv("MLDBG_HOME", str(home))
+    torch.manual_seed(0)
+    full = nn.Sequential(nn.Linear(16, 64))
+    current_run.reset()
+    with torch.no_grad(), mldbg.capture(full, "ref") as cap:
+        cap.save_weights()
+        full(torch.randn(2, 16))
+    for rank, inputs in ((0, 16), (1, 8)):  # rank 1 built with another input size
+        current_run.reset()
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        part = nn.Sequential(nn.Linear(inputs, 32))
+        with torch.no_grad(), mldbg.capture(part, "tp") as cap:
+            cap.save_weights()
+            part(torch.randn(2, inputs))
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    current_run.reset()
+    for shards, words in (
+        ({"0.bias": 1}, "0.bias has 1 dimension(s), no dimension 1"),
+        ({"0.*": 0}, "0.weight: the ranks' slices differ in shape outside dimension 0"),
+    ):
+        with pytest.raises(CompareInputError, match=re.escape(words)) as caught:
+            audit_weights("ref", "tp@rank*", shards=shards, home=home)
+        assert caught.value.code == "bad_shards"
+    body = {"reference": "ref", "port": "tp@rank*", "shards": {"0.*": 0}, "home": str(home)}
+    assert api.post("/v1/weights", body, expect=400)["code"] == "bad_shards"
+
+
+def test_a_rank_no_world_has_is_stray_not_counted_to() -> None:
+    """Without a world size the ranks to look for run up to the highest rank: one
+    ``capture.json`` saying rank 10**20 made that count never end (the capture fuzz)."""
+    ranked = [{"name": "tp@rank0", "rank": 0}, {"name": "tp@rank1", "rank": 10**20}]
+    with pytest.raises(CompareInputError, match="no rank below") as caught:
+        gather.check_rank_set("tp@rank*", ranked)
+    assert caught.value.extra["stray"] == ["tp@rank1"] and caught.value.extra["missing"] == []

@@ -21,7 +21,8 @@ torch = pytest.importorskip("torch")
 mx = pytest.importorskip("mlx.core")
 mnn = pytest.importorskip("mlx.nn")
 
-from mldbg.weights.audit import audit_weights, render_audit  # noqa: E402
+from mldbg.weights.audit import audit_weights  # noqa: E402
+from mldbg.weights.render import render_audit  # noqa: E402
 
 
 class Reference(torch.nn.Module):
@@ -332,7 +333,8 @@ def test_a_float16_conversion_is_judged_with_its_subnormal_rounding() -> None:
     """Weights of std 0.02 hold elements below float16's smallest normal (6e-5): their
     conversion rounds to the subnormal grid, an absolute error up to 2⁻²⁵ that no
     relative bound covers.  Before, every such clean conversion was a ``values`` failure;
-    an element that overflows to inf still is one."""
+    an element that overflows to inf still fails, as ``nonfinite`` (an Inf where the
+    reference holds a number)."""
     torch.manual_seed(0)
     weight = torch.randn(256, 256) * 0.02
     for reference in (weight, weight.to(torch.bfloat16)):
@@ -342,7 +344,8 @@ def test_a_float16_conversion_is_judged_with_its_subnormal_rounding() -> None:
     overflow = weight.clone()
     overflow[0, 0] = 1e5
     result = audit_weights({"w": overflow}, {"w": mx.array(overflow.numpy()).astype(mx.float16)})
-    assert result["parameters"][0]["status"] == "values"
+    assert result["parameters"][0]["status"] == "nonfinite"
+    assert result["parameters"][0]["nonfinite"]["first"] == [0, 0]
 
 
 def test_a_scaled_weight_with_zeros_is_not_called_a_partial_load() -> None:

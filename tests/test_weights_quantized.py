@@ -27,7 +27,8 @@ pytest.importorskip("transformers")
 from mlx.utils import tree_flatten  # noqa: E402
 
 from mldbg.compare.read.sources import CompareInputError  # noqa: E402
-from mldbg.weights.audit import audit_weights, render_audit  # noqa: E402
+from mldbg.weights.audit import audit_weights  # noqa: E402
+from mldbg.weights.render import render_audit  # noqa: E402
 from parity_zoo import llama_family  # noqa: E402
 
 QUANTIZED_PER_LAYER = 7  # q, k, v, o, gate, up, down

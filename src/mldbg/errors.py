@@ -25,6 +25,7 @@ The hierarchy::
     ├── HttpProtocolError           "http_protocol": the daemon's reply is not HTTP/1.1 (an OSError)
     ├── NotARegularFile             "unreadable": a FIFO, device or socket where a file belongs (an OSError)
     ├── FileTooLarge                "too_large": a file or line past its reader's limit (a ValueError)
+    ├── TooSlow                     "too_slow": an analysis past its deadline (deadline.py)
     ├── OutputRefused               "bad_argument": an output path holding what it may not replace (an OSError)
     ├── NoSuchModule                "bad_argument": capture(within=) names no module (a ValueError)
     │
@@ -38,9 +39,11 @@ The hierarchy::
     └── LinkError                   the peer broke the protocol (too big, too slow)
 
     BaseException (not under MldbgError, on purpose)
-    └── EvalInterrupt               stops the user's evaluation: it must get past the
-        └── EvalTimeout             ``except Exception`` of the code being evaluated
-                                    (agent/interrupt.py)
+    ├── EvalInterrupt               stops the user's evaluation: it must get past the
+    │   └── EvalTimeout             ``except Exception`` of the code being evaluated
+    │                               (agent/interrupt.py)
+    └── DeadlineInterrupt           stops an analysis past its deadline, past a reader's
+                                    ``except Exception``; said as TooSlow (deadline.py)
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ BAD_LAYOUT = "bad_layout"
 BAD_LOG = "bad_log"
 BAD_MAP = "bad_map"
 BAD_PATH = "bad_path"
+BAD_RANKS = "bad_ranks"
 BAD_SESSION_NAME = "bad_session_name"
 BAD_SHARDS = "bad_shards"
 BAD_STEP = "bad_step"
@@ -135,6 +139,7 @@ STORE_UNWRITABLE = "store_unwritable"
 TOO_LARGE = "too_large"
 TOO_LONG = "too_long"
 TOO_MANY_WATCHES = "too_many_watches"
+TOO_SLOW = "too_slow"
 TUTORIAL = "tutorial"
 UNKNOWN_CAPTURE = "unknown_capture"
 UNKNOWN_RUN = "unknown_run"
@@ -283,6 +288,13 @@ class FileTooLarge(MldbgError, ValueError):
     """A file, or one line of it, longer than its reader's limit (``store/reading.py``)."""
 
     code = TOO_LARGE
+
+
+class TooSlow(MldbgError):
+    """A compare, weight audit, nonfinite or module-table that ran past its deadline
+    (``MLDBG_DEADLINE``, ``deadline.py``): stopped, so no input holds a thread for good."""
+
+    code = TOO_SLOW
 
 
 class NoSuchModule(MldbgError, ValueError):

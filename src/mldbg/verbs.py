@@ -34,6 +34,7 @@ from .errors import (
     BAD_HITS,
     BAD_LOG,
     BAD_MAP,
+    BAD_RANKS,
     BAD_SESSION_NAME,
     BAD_SHARDS,
     BAD_WEIGHTS_INPUT,
@@ -66,6 +67,7 @@ from .errors import (
     STORE_UNWRITABLE,
     TOO_LONG,
     TOO_MANY_WATCHES,
+    TOO_SLOW,
     UNKNOWN_SESSION,
     UNKNOWN_SOURCE,
     UNREADABLE,
@@ -805,7 +807,7 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         method="GET",
         store=True,
-        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, UNREADABLE, CORRUPT_CAPTURE),
+        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, UNREADABLE, CORRUPT_CAPTURE, TOO_SLOW),
         description="Calls whose inputs were already bad are `victims`; `first` is null when "
         "every value is finite.",
     ),
@@ -833,7 +835,7 @@ VERBS: tuple[Verb, ...] = (
         scope="global",
         method="GET",
         store=True,
-        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, UNREADABLE, CORRUPT_CAPTURE),
+        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, UNREADABLE, CORRUPT_CAPTURE, TOO_SLOW),
         description="Per call and side: `seconds`, `self_seconds`, `in_dtypes`, `out_dtypes`; "
         "with B `dtype_differs` and `time_ratio`; `summary`: totals, slowest calls, first "
         "dtype difference.",
@@ -901,7 +903,7 @@ VERBS: tuple[Verb, ...] = (
         # the codes of bad input an agent branches on (bad_input and no_such_capture were
         # never raised; not_tensors and nothing_paired are said in the README, the MCP
         # tool list stays agent-sized)
-        errors=(UNKNOWN_SOURCE, CORRUPT_FILE, CORRUPT_CAPTURE, UNREADABLE, BAD_MAP, BAD_SHARDS),
+        errors=(*SOURCE_ERRORS, BAD_SHARDS, BAD_RANKS, TOO_SLOW),
         description="Names the first divergence (inputs agree, outputs differ). Culprit and "
         "failures first; filters: module, call, status, kind.",
     ),
@@ -944,6 +946,7 @@ VERBS: tuple[Verb, ...] = (
         waits=True,
         errors=(
             *SOURCE_ERRORS,
+            TOO_SLOW,
             BAD_COMPARE_INPUT,
             NO_SUCH_JOB,
             SCRIPT_FAILED,
@@ -987,12 +990,15 @@ VERBS: tuple[Verb, ...] = (
             BAD_WEIGHTS_INPUT,
             BAD_MAP,
             BAD_SHARDS,
+            BAD_RANKS,
             UNKNOWN_SOURCE,
             CORRUPT_FILE,
+            CORRUPT_CAPTURE,
             UNREADABLE,
+            TOO_SLOW,
         ),
-        description="Per parameter: ok, dtype, quantized, never_loaded, layout, shape, values, "
-        "missing, extra, renamed, fused, tied, buffer. Failures first.",
+        description="Per parameter: ok, dtype, quantized, nonfinite, never_loaded, layout, shape, "
+        "values, missing, extra, renamed, fused, tied, buffer. Failures first.",
         verdict="ok",
     ),
     Verb(

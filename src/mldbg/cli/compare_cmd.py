@@ -22,8 +22,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .. import deadline, verbs
 from .. import results as R
-from .. import verbs
 from ..compare import CompareInputError, compare
 from ..compare.report.answer import Selection, bounded
 from ..errors import BAD_ARGUMENT, BAD_SHARDS, MldbgError
@@ -100,19 +100,24 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
     try:
         shards = parse_shards(args.shards)
         home = store_home(args)
+        seconds = deadline.seconds_allowed()
         with compare_render.progress_bar(enabled=sys.stderr.isatty()) as progress:
-            comparison = compare(
-                args.a,
-                args.b,
-                rtol=args.rtol,
-                atol=args.atol,
-                map=args.map,
-                layout=args.layout,
-                replay=args.replay,
-                shards=shards,
-                html=args.html,
-                home=home,
-                progress=progress,
+            comparison = deadline.call_bounded(
+                "compare",
+                seconds,
+                lambda: compare(
+                    args.a,
+                    args.b,
+                    rtol=args.rtol,
+                    atol=args.atol,
+                    map=args.map,
+                    layout=args.layout,
+                    replay=args.replay,
+                    shards=shards,
+                    html=args.html,
+                    home=home,
+                    progress=progress,
+                ),
             )
     except (CompareInputError, MldbgError) as exc:
         proposal = getattr(exc, "extra", {}).get("proposed_map") if args.propose_map else None

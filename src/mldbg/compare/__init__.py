@@ -187,7 +187,9 @@ def compare(
             refuse_contradictions(result)
     else:
         result = one(source_a, source_b, replay_source)
-    comparison = Comparison(result)
+    from .report.answer import json_numbers
+
+    comparison = Comparison(json_numbers(result))
     if html is not None:
         try:
             comparison.write_html(html)

@@ -51,7 +51,8 @@ Errors: JSON with `code` and a `hint` (the call that fixes it). Every tool: bad_
 too_long, bad_session_name, daemon_unreachable; session tools: unknown_session, session_ended,
 not_paused, agent_timeout. The breakpoint errors: file_not_found, not_a_source_file,
 no_code_at_line (nearest_lines), bad_condition, bad_hits, bad_log, ambiguous_file,
-no_such_function. The source errors: unknown_source, corrupt_file, unreadable.
+no_such_function. The source errors: unknown_source, corrupt_file, corrupt_capture, unreadable,
+too_slow (past the daemon's MLDBG_DEADLINE).
 Guides: the docs/ folder of the mldbg repository."""
 
 TEXT_BUDGET = 6_000  # the text form of a result; the JSON is in structured content
@@ -362,7 +363,7 @@ SESSION_ERRORS = ("unknown_session", "session_ended", "not_paused", "agent_timeo
 # what every tool that sets breakpoints (start, break, until, restart) may answer
 BREAKPOINT_ERRORS = tuple(code for code in verbs.BREAK_ERRORS if code not in SESSION_ERRORS)
 # What a tool reading captures or tensor files may answer for a bad one (INSTRUCTIONS).
-SOURCE_ERRORS = ("unknown_source", "corrupt_file", "unreadable")
+SOURCE_ERRORS = ("unknown_source", "corrupt_file", "corrupt_capture", "unreadable", "too_slow")
 
 
 class _Server(MCPServer):

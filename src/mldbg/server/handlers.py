@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from .. import deadline
 from .. import results as R
 from ..agent import protocol as P
 from ..errors import BAD_ARGUMENT, CONFIRM, NO_SUCH_TENSOR, TOO_LONG, MldbgError
@@ -559,7 +560,11 @@ def nonfinite(
     from ..compare.culprit.nonfinite import first_nonfinite
 
     # the parity package answers plain dicts: their shape is results.FirstNonfinite
-    found = first_nonfinite(where.local(source), home=store_home(manager, where))
+    found = deadline.call_bounded(
+        "nonfinite",
+        deadline.seconds_allowed(),
+        lambda: first_nonfinite(where.local(source), home=store_home(manager, where)),
+    )
     return cast("R.FirstNonfinite", found)
 
 
@@ -577,13 +582,17 @@ def module_table(
 ) -> R.ModuleTable:
     from ..compare.report.table import module_table as table
 
-    found = table(
-        where.local(a),
-        where.local(b) if b else None,
-        home=store_home(manager, where),
-        sort=sort or "order",
-        offset=offset or 0,
-        limit=limit or 50,
+    found = deadline.call_bounded(
+        "module-table",
+        deadline.seconds_allowed(),
+        lambda: table(
+            where.local(a),
+            where.local(b) if b else None,
+            home=store_home(manager, where),
+            sort=sort or "order",
+            offset=offset or 0,
+            limit=limit or 50,
+        ),
     )
     return cast("R.ModuleTable", found)
 
@@ -626,25 +635,29 @@ def compare(
 ) -> R.CompareSummary:
     from ..compare import compare_answer
 
-    answer = compare_answer(
-        store_home(manager, where),
-        a=where.local(a),
-        b=where.local(b),
-        rtol=rtol,
-        atol=atol,
-        map=map if isinstance(map, dict) or map is None else where.local(map),
-        layout=layout,
-        replay=replay,
-        shards=shards,
-        html=where.local(html) if html else None,
-        passing=passing,
-        inputs=inputs,
-        module=module,
-        call=call,
-        status=status,
-        kind=kind,
-        offset=offset,
-        limit=limit,
+    answer = deadline.call_bounded(
+        "compare",
+        deadline.seconds_allowed(),
+        lambda: compare_answer(
+            store_home(manager, where),
+            a=where.local(a),
+            b=where.local(b),
+            rtol=rtol,
+            atol=atol,
+            map=map if isinstance(map, dict) or map is None else where.local(map),
+            layout=layout,
+            replay=replay,
+            shards=shards,
+            html=where.local(html) if html else None,
+            passing=passing,
+            inputs=inputs,
+            module=module,
+            call=call,
+            status=status,
+            kind=kind,
+            offset=offset,
+            limit=limit,
+        ),
     )
     return cast("R.CompareSummary", answer)
 
@@ -707,14 +720,18 @@ def weights(
     from ..weights.audit import audit_weights
 
     home = store_home(manager, where)
-    result = audit_weights(
-        where.local(reference),
-        where.local(port),
-        map=map,
-        fresh=fresh,
-        home=home,
-        quantization=quantization,
-        shards=shards,
+    result = deadline.call_bounded(
+        "the weight audit",
+        deadline.seconds_allowed(),
+        lambda: audit_weights(
+            where.local(reference),
+            where.local(port),
+            map=map,
+            fresh=fresh,
+            home=home,
+            quantization=quantization,
+            shards=shards,
+        ),
     )
     result.pop("parameters", None)  # every parameter: the Python API's; the answer is bounded
     problems = result["problems"]

@@ -108,19 +108,28 @@ def lines(path: Path, limit: int = MAX_LINE_BYTES) -> Iterator[bytes | None]:
     """Each non-empty line of a regular file (without its newline), or None for a line
     longer than ``limit`` (skipped to its end, never held whole); nothing for a file that
     is not there.  A FIFO or device is :class:`NotARegularFile`."""
+    for _number, line in numbered_lines(path, limit):
+        yield line
+
+
+def numbered_lines(path: Path, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes | None]]:
+    """``lines``, each with its line number in the file (from 1, blank lines counted), so
+    an error about one names the line an editor shows."""
     try:
         fh = open_regular(path)
     except (FileNotFoundError, NotADirectoryError):
         return
+    number = 0
     with fh:
         while True:
             line = fh.readline(limit + 1)
             if not line:
                 return
+            number += 1
             if len(line) > limit and not line.endswith(b"\n"):
                 while line and not line.endswith(b"\n"):  # the rest of the long line
                     line = fh.readline(1 << 20)
-                yield None
+                yield number, None
                 continue
             if line.strip():
-                yield line.rstrip(b"\r\n")
+                yield number, line.rstrip(b"\r\n")

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ..errors import AMBIGUOUS_RUN, NO_RUNS, UNKNOWN_RUN
 from . import reading
@@ -409,34 +409,33 @@ def resolve_run(home: Path, spec: str | None) -> RunDir:
     raise MldbgError(f"no run {spec!r} under {root}{hint}", code=UNKNOWN_RUN, runs=close)
 
 
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any] | None]:
+# One line of a JSON-lines file (events, checkpoints, a capture's index): a JSON object,
+# its fields unchecked until its reader checks them.
+JsonRecord: TypeAlias = "dict[str, Any]"
+
+
+def iter_jsonl(path: Path) -> Iterator[JsonRecord | None]:
     """Each record of a JSON-lines file, one line at a time (a run's 100k checkpoint
     records never sit in memory at once), or None for a line that cannot be read (a kill
     can cut the last one short; a line past ``reading.MAX_LINE_BYTES`` or nested too deep
     to parse); nothing for a file that is not there.  A FIFO or device in its place is
     ``reading.NotARegularFile`` (an ``OSError``), never a read that blocks or never ends."""
-    for line in reading.lines(path):
+    for _number, record in numbered_jsonl(path):
+        yield record
+
+
+def numbered_jsonl(path: Path) -> Iterator[tuple[int, JsonRecord | None]]:
+    """``iter_jsonl``, each record with its line number (from 1), for errors that name it."""
+    for number, line in reading.numbered_lines(path):
         if line is None:
-            yield None
+            yield number, None
             continue
         try:
             record = reading.loads(line.decode("utf-8", errors="replace"))
         except ValueError:
-            yield None
+            yield number, None
             continue
-        yield record if isinstance(record, dict) else None
-
-
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Records, and how many lines could not be read (a kill can cut the last one short)."""
-    records: list[dict[str, Any]] = []
-    bad = 0
-    for record in iter_jsonl(path):
-        if record is None:
-            bad += 1
-        else:
-            records.append(record)
-    return records, bad
+        yield number, record if isinstance(record, dict) else None
 
 
 LIVE_STATES = ("starting", "running", "paused")

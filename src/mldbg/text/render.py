@@ -623,7 +623,7 @@ def terminated(data: R.State) -> None:
 
 
 def weight_audit(data: R.WeightAudit) -> None:
-    from ..weights.audit import render_audit
+    from ..weights.render import render_audit
 
     out.print(escape(render_audit(dict(data), limit=len(data.get("problems") or []))))
     if data.get("truncated"):

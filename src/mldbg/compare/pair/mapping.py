@@ -11,6 +11,11 @@ A port rarely keeps every module name of its reference.  The map is a JSON file:
 ``rename`` replaces whole module paths or whole entry names, ``regex`` rules are
 ``re.sub`` applied in order to each name of B, and ``ignore`` globs drop entries of
 either side (after renaming) from the comparison.
+
+A rule's work is bounded: a pattern that backtracks for ages (``(x|x)+#1`` on a name of
+40 x's) ran inside ``re``'s C loop with the GIL held, where no deadline reaches, and froze
+the daemon.  Rules run on the ``regex`` engine (``re``'s syntax, ``VERSION0``) with a
+timeout of ``RULE_SECONDS`` per name: past it the map is ``bad_map``, naming the rule.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import regex as rx  # NameMap.regex is the rules
+
 from ...errors import BAD_MAP
 from ...store import reading
 from ..read.sources import CompareInputError
@@ -29,10 +36,13 @@ from ..read.sources import CompareInputError
 _ENTRY = re.compile(r"^(?P<module>.*)#(?P<call>\d+)\.(?P<key>(?:in|out)(?:\..*)?)$")
 
 
+RULE_SECONDS = 1.0  # one regex rule on one name: microseconds, unless it backtracks
+
+
 @dataclass
 class NameMap:
     rename: dict[str, str] = field(default_factory=dict)
-    regex: list[tuple[re.Pattern[str], str]] = field(default_factory=list)
+    regex: list[tuple[rx.Pattern[str], str]] = field(default_factory=list)
     ignore: list[str] = field(default_factory=list)
     # Module paths (in A's terms, after the rules above) renamed past identity modules one
     # tree lacks, with everything under them (``structure.identity_shifts``).
@@ -47,10 +57,17 @@ class NameMap:
             name = f"{self.rename[match['module']]}#{match['call']}.{match['key']}"
         for pattern, replacement in self.regex:
             try:
-                name = pattern.sub(replacement, name)
-            except (re.error, IndexError) as exc:  # the replacement is only parsed on a match
+                name = pattern.sub(replacement, name, timeout=RULE_SECONDS)
+            except (rx.error, IndexError) as exc:  # the replacement is parsed on a match
                 raise CompareInputError(
                     f"map: bad replacement {replacement!r} for {pattern.pattern!r}: {exc}",
+                    code=BAD_MAP,
+                ) from None
+            except TimeoutError:
+                raise CompareInputError(
+                    f"map: the regex {pattern.pattern[:200]!r} took more than {RULE_SECONDS:g} s "
+                    f"on one name ({name[:80]!r}): a pattern that backtracks (nested repeats "
+                    "such as (a+)+); anchor it, or use rename",
                     code=BAD_MAP,
                 ) from None
         return self._restructured(name) if self.structure else name
@@ -126,8 +143,8 @@ def parse_map(data: Any, where: str = "map") -> NameMap:
                 f"{where}: each regex rule is [pattern, replacement], not {rule!r}", code=BAD_MAP
             )
         try:
-            compiled.append((re.compile(rule[0]), rule[1]))
-        except re.error as exc:
+            compiled.append((rx.compile(rule[0], rx.VERSION0), rule[1]))
+        except (rx.error, ValueError, OverflowError) as exc:
             raise CompareInputError(
                 f"{where}: bad regex {rule[0]!r}: {exc}", code=BAD_MAP
             ) from None

@@ -24,9 +24,9 @@ import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ...errors import BAD_SHARDS, UNKNOWN_SOURCE
+from ...errors import BAD_RANKS, BAD_SHARDS, UNKNOWN_SOURCE
 from .sources import CompareInputError, Entry, Source, find_captures, open_capture
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 # verbs.TEXT_LIMIT; a test holds them equal), checked here for the Python API too.
 SHARD_RULES_LIMIT = 100
 PATTERN_LIMIT = 4_096
+# A capture as ``find_captures`` lists it: its capture.json's fields, ``name`` and ``path``.
+CaptureMeta: TypeAlias = "dict[str, Any]"
 
 
 @dataclass
@@ -63,7 +65,7 @@ class GatheredSource(Source):
         return np.concatenate([np.asarray(a) for a in arrays], axis=int(split.rule))
 
 
-def check_shards(shards: Mapping[str, Any]) -> dict[str, int | str]:
+def check_shards(shards: Mapping[str, object]) -> dict[str, int | str]:
     """The rules, checked: at most ``SHARD_RULES_LIMIT``, each a glob and a dimension
     or ``"sum"``."""
     if not isinstance(shards, Mapping):
@@ -93,9 +95,10 @@ def check_shards(shards: Mapping[str, Any]) -> dict[str, int | str]:
     return rules
 
 
-def ranked_captures(spec: str, home: Path) -> list[dict[str, Any]]:
-    """The newest capture of each name matching ``spec`` (``tp@rank*``), in rank order."""
-    newest: dict[str, dict[str, Any]] = {}
+def ranked_captures(spec: str, home: Path) -> list[CaptureMeta]:
+    """The newest capture of each name matching ``spec`` (``tp@rank*``), in rank order,
+    checked to be one model's ranks (:func:`check_rank_set`)."""
+    newest: dict[str, CaptureMeta] = {}
     for meta in find_captures(home):  # oldest first: the newest of each name wins
         if fnmatch.fnmatchcase(str(meta["name"]), spec):
             newest[str(meta["name"])] = meta
@@ -104,15 +107,102 @@ def ranked_captures(spec: str, home: Path) -> list[dict[str, Any]]:
             f"no captures match {spec!r} (ranks are captured as NAME@rank0, NAME@rank1, …)",
             code=UNKNOWN_SOURCE,
         )
-    return sorted(newest.values(), key=lambda m: (_rank_of(m), str(m["name"])))
+    ranked = sorted(newest.values(), key=lambda m: (_rank_of(m), str(m["name"])))
+    check_rank_set(spec, ranked)
+    return ranked
 
 
-def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredSource:
+MAX_NAMED = 20  # ranks and captures named in a message
+MAX_LISTED = 1000  # missing ranks listed in the error's fields (``missing_count``: all)
+MAX_WORLD = 1 << 20  # a larger rank or world size is no run's: a stray capture (and the
+# ranks to look for stay countable: a capture.json saying rank 10**20 made that a hang)
+
+
+def check_rank_set(spec: str, ranked: list[CaptureMeta]) -> None:
+    """``bad_ranks`` unless the captures are each rank of one world exactly once.
+
+    Gathered, a missing rank (a process that crashed before capturing), a rank captured
+    twice (``NAME@rank1`` and ``NAME@rank1-2``) or a stray capture (a rank of another
+    run, past the world size, or none at all) makes a model that is not the model:
+    compare named a culprit from the wrong slices.  The world size is what the captures'
+    ``capture.json`` says (most of them, when they disagree), else one past the highest
+    rank; the error names every capture that does not fit and what is missing."""
+    census = _RankCensus.of(ranked)
+    world = census.world()
+    stray = census.stray(world)
+    missing = [r for r in range(world) if r not in census.ranks]
+    duplicates = {r: names for r, names in sorted(census.ranks.items()) if len(names) > 1}
+    if not (missing or duplicates or stray):
+        return
+    said = []
+    if missing:
+        listed = ", ".join(str(r) for r in missing[:MAX_NAMED])
+        more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
+        ranks = "ranks" if len(missing) > 1 else "rank"
+        said.append(f"{ranks} {listed}{more} of a world of {world} missing")
+    for rank, names in list(duplicates.items())[:MAX_NAMED]:
+        said.append(f"rank {rank} captured more than once ({', '.join(names[:MAX_NAMED])})")
+    said.extend(list(stray.values())[:MAX_NAMED])
+    raise CompareInputError(
+        f"{spec}: the captures are not one model's ranks: {'; '.join(said)}. Capture the "
+        "ranks again, or name the ones to gather with a narrower glob (NAME@rank[0-3])",
+        code=BAD_RANKS,
+        world_size=world,
+        missing=missing[:MAX_LISTED],
+        missing_count=len(missing),
+        duplicates={str(r): names for r, names in duplicates.items()},
+        stray=sorted(stray),
+    )
+
+
+@dataclass
+class _RankCensus:
+    """Who says which rank and which world size, capture by capture."""
+
+    ranks: dict[int, list[str]] = field(default_factory=dict)  # rank: the captures saying it
+    worlds: dict[int, list[str]] = field(default_factory=dict)  # world size: the captures
+    rankless: list[str] = field(default_factory=list)  # captures that say no rank
+
+    @classmethod
+    def of(cls, ranked: list[CaptureMeta]) -> _RankCensus:
+        census = cls()
+        for meta in ranked:
+            name, rank, world = str(meta["name"]), _rank_number(meta), meta.get("world_size")
+            if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_WORLD:
+                census.worlds.setdefault(world, []).append(name)
+            if rank is None or rank >= MAX_WORLD:
+                census.rankless.append(name)
+            else:
+                census.ranks.setdefault(rank, []).append(name)
+        return census
+
+    def world(self) -> int:
+        """The world size most captures say, else one past the highest rank."""
+        if self.worlds:
+            return max(self.worlds, key=lambda w: (len(self.worlds[w]), w))
+        return max(self.ranks, default=-1) + 1
+
+    def stray(self, world: int) -> dict[str, str]:
+        """The captures that are no rank of ``world``, each with why."""
+        found = {
+            name: f"{name} is no rank's capture (no rank below {MAX_WORLD} in its "
+            "capture.json or name)"
+            for name in self.rankless
+        }
+        for other, names in self.worlds.items():
+            for name in names if other != world else ():
+                found[name] = f"{name} says a world size of {other}, the others {world}"
+        for rank, names in self.ranks.items():
+            for name in names if rank >= world else ():
+                found.setdefault(name, f"{name} is rank {rank} of a world of {world}")
+        return found
+
+
+def open_gathered(spec: str, home: Path, shards: Mapping[str, object]) -> GatheredSource:
     """The captures whose names match ``spec`` (``tp@rank*``), one per rank, as one source."""
     rules = check_shards(shards)
     ranked = ranked_captures(spec, home)
     ranks = [open_capture(str(m["name"]), Path(m["path"])) for m in ranked]
-    world = {m.get("world_size") for m in ranked} - {None}
     base = ranks[0]
     gathered = GatheredSource(
         spec,
@@ -123,8 +213,6 @@ def open_gathered(spec: str, home: Path, shards: Mapping[str, Any]) -> GatheredS
         meta={**base.meta, "ranks": [str(m["name"]) for m in ranked]},
         warnings=[w for r in ranks for w in r.warnings],
     )
-    if world and len(ranks) != max(world):  # type: ignore[type-var]
-        gathered.warnings.append(f"{spec}: {len(ranks)} captures for a world size of {max(world)}")  # type: ignore[type-var]
     by_rank = [{e.name: e for e in r.entries} for r in ranks]
     for entry in base.entries:
         rule = _rule(rules, entry)
@@ -259,13 +347,19 @@ def _gathered_shape(entry: Entry, rule: int | str, parts: list[Entry]) -> list[i
     return gathered
 
 
-def _rank_of(meta: dict[str, Any]) -> int:
+def _rank_number(meta: CaptureMeta) -> int | None:
+    """The rank a capture says it is (``capture.json``'s ``rank``, else its name's
+    ``@rank<r>``); None when neither says one."""
     rank = meta.get("rank")
-    if isinstance(rank, int):
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:
         return rank
-    name = str(meta.get("name", ""))
-    tail = name.rsplit("@rank", 1)[-1]
-    return int(tail) if tail.isdigit() else 1 << 30
+    tail = str(meta.get("name", "")).rsplit("@rank", 1)[-1]
+    return int(tail) if tail.isdigit() and len(tail) < 10 else None
+
+
+def _rank_of(meta: CaptureMeta) -> int:
+    rank = _rank_number(meta)
+    return 1 << 30 if rank is None else rank
 
 
 def _rule(rules: dict[str, int | str], entry: Entry) -> int | str | None:

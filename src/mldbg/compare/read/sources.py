@@ -36,7 +36,7 @@ from ...errors import (
     MldbgError,
 )
 from ...store import reading
-from ...store.runs import RunDir, read_jsonl, resolve_run, runs_root
+from ...store.runs import JsonRecord, RunDir, numbered_jsonl, resolve_run, runs_root
 from . import arrays
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ class Source:
                 f"cannot read {exc.filename or entry.file}: {exc.strerror or exc}", code=UNREADABLE
             ) from None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, str]:
         return {"spec": self.spec, "kind": self.kind, "path": str(self.path), "label": self.label}
 
     def is_operation(self, entry: Entry) -> bool:
@@ -394,7 +394,7 @@ def open_capture(spec: str, directory: Path) -> Source:
     index = directory / INDEX
     if not index.exists():
         raise CompareInputError(f"{directory} is not a capture: it has no {INDEX}")
-    records, bad = read_jsonl(index)
+    records, bad = _numbered_records(index)
     name = meta.get("name") or directory.name
     run_id = meta.get("run_id") or directory.parent.parent.name
     source = Source(spec, "capture", directory, f"{name} (run {run_id})", meta=meta)
@@ -416,22 +416,18 @@ def open_capture(spec: str, directory: Path) -> Source:
             f"capture {name!r} never finished (its process ended inside the capture): "
             "comparing what it wrote"
         )
-    by_seq: dict[int, Call] = {}
-    for position, record in enumerate(records):
-        skipped = record.get("skipped")
-        if isinstance(skipped, dict) and skipped:
-            source.not_written += len(skipped)
-            if source.first_not_written is None:
-                entry, why = next(iter(skipped.items()))
-                source.first_not_written = f"{str(entry)[:200]}: {str(why)[:200]}"
-            for entry, why in skipped.items():
-                source.lost[str(entry)[:_TEXT_CHARS]] = str(why)[:200]
+    tree = _CallTree()
+    for position, (line, record) in enumerate(records):
+        _count_skipped(source, record)
         try:
-            _add_record(source, directory, record, by_seq, position)
+            _add_record(source, directory, record, tree, position, line)
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
             raise CompareInputError(
-                f"{index} has a corrupt record ({str(exc)[:300]}): {json.dumps(record)[:200]}",
+                f"{index}, line {line}: a corrupt record ({str(exc)[:300]}): "
+                f"{json.dumps(record)[:200]}",
                 code=CORRUPT_CAPTURE,
+                file=str(index),
+                line=line,
             ) from None
     if source.not_written:
         source.warnings.append(
@@ -439,6 +435,85 @@ def open_capture(spec: str, directory: Path) -> Source:
             f"(first {source.first_not_written})"
         )
     return source
+
+
+def _numbered_records(index: Path) -> tuple[list[tuple[int, JsonRecord]], int]:
+    """The index's records with their line numbers, and how many lines were unreadable."""
+    records: list[tuple[int, JsonRecord]] = []
+    bad = 0
+    for line, record in numbered_jsonl(index):
+        if record is None:
+            bad += 1
+        else:
+            records.append((line, record))
+    return records, bad
+
+
+def _count_skipped(source: Source, record: JsonRecord) -> None:
+    """Tensors the capture recorded but did not write (over its byte budget...)."""
+    skipped = record.get("skipped")
+    if isinstance(skipped, dict) and skipped:
+        source.not_written += len(skipped)
+        if source.first_not_written is None:
+            entry, why = next(iter(skipped.items()))
+            source.first_not_written = f"{str(entry)[:200]}: {str(why)[:200]}"
+        for entry, why in skipped.items():
+            source.lost[str(entry)[:_TEXT_CHARS]] = str(why)[:200]
+
+
+@dataclass
+class _CallTree:
+    """The calls read so far, by ``seq``, and the line of each call and return.
+
+    What keeps every later walk of the tree finite and sound: a call's ``parent`` is a
+    call on an earlier line that has not returned yet (so following parents always goes
+    up the file and ends), its ``depth`` one more than its parent's (the readers that sum
+    subtrees go deepest first), each ``seq`` and each module call is read once, and each
+    call returns once.  The writer keeps all of this (a call's line is written while its
+    parent is on the stack of the same thread)."""
+
+    by_seq: dict[int, Call] = field(default_factory=dict)
+    call_lines: dict[int, int] = field(default_factory=dict)
+    module_lines: dict[tuple[str, int], int] = field(default_factory=dict)
+    return_lines: dict[int, int] = field(default_factory=dict)
+
+    def add_call(self, call: Call, line: int) -> None:
+        if call.seq in self.call_lines:
+            raise ValueError(
+                f"seq {call.seq} is already the call on line {self.call_lines[call.seq]}"
+            )
+        if call.parent is not None and call.parent not in self.call_lines:
+            raise ValueError(
+                f"parent {call.parent} is no call on an earlier line (a dangling parent, "
+                "or parents that form a cycle)"
+            )
+        if call.parent is not None and call.parent in self.return_lines:
+            raise ValueError(
+                f"parent {call.parent} returned on line {self.return_lines[call.parent]}, "
+                "before this call started"
+            )
+        depth = 0 if call.parent is None else self.by_seq[call.parent].depth + 1
+        if call.depth != depth:
+            raise ValueError(f"depth {call.depth}, not its parent's depth + 1 ({depth})")
+        key = (call.module, call.call)
+        if key in self.module_lines:
+            raise ValueError(
+                f"call {call.call} of module {call.module[:200]!r} is already on line "
+                f"{self.module_lines[key]}"
+            )
+        self.by_seq[call.seq] = call
+        self.call_lines[call.seq] = line
+        self.module_lines[key] = line
+
+    def add_return(self, seq: int, line: int) -> Call | None:
+        """The call that returns on ``line`` (None for a call the index never opened)."""
+        known = self.by_seq.get(seq)
+        if known is None:
+            return None
+        if seq in self.return_lines:
+            raise ValueError(f"call {seq} already returned on line {self.return_lines[seq]}")
+        self.return_lines[seq] = line
+        return known
 
 
 _SITE_CHARS = 1000  # a call site is a path and a line number; a longer one is cut
@@ -461,46 +536,67 @@ def _count(value: object, what: str) -> int:
 
 
 def _add_record(
-    source: Source, directory: Path, record: dict[str, Any], by_seq: dict[int, Call], position: int
+    source: Source,
+    directory: Path,
+    record: JsonRecord,
+    tree: _CallTree,
+    position: int,
+    line: int,
 ) -> None:
     seq = _count(record["seq"], "seq")
     if record.get("event") == "call":
-        parent = record.get("parent")
-        call = Call(
-            module=module_label(_text(record["module"], "module path")),
-            call=_count(record["call"], "call"),
-            seq=seq,
-            class_name=_text(record.get("class", ""), "class name"),
-            parent=None if parent is None else _count(parent, "parent"),
-            depth=_count(record.get("depth", 0), "depth"),
-            start_order=position,
-            quant=record.get("quant") if isinstance(record.get("quant"), dict) else None,
-            site=str(record["site"])[:_SITE_CHARS] if record.get("site") else None,
-        )
-        by_seq[seq] = call
+        call = _call(record, seq, position)
+        tree.add_call(call, line)
         source.calls[(call.module, call.call)] = call
         role = "in"
     else:
-        known = by_seq.get(seq)
+        known = tree.add_return(seq, line)
         if known is None:
             return
-        known.end = _count(record.get("end", 0), "end")
-        error = record.get("error")
-        known.error = None if error is None else str(error)[:_ERROR_CHARS]
-        known.end_order = position
-        sensitivity = record.get("sensitivity")
-        if isinstance(sensitivity, int | float) and math.isfinite(sensitivity):
-            known.sensitivity = float(sensitivity)
-            step = record.get("step")
-            if isinstance(step, int | float) and math.isfinite(step) and step > 0:
-                known.step = float(step)
-            gain = record.get("amplification")
-            if isinstance(gain, int | float) and math.isfinite(gain):
-                known.amplification = float(gain)
+        _returned(known, record, position)
         call = known
         role = "out"
     if record.get("write_error"):  # a full disk: none of the call's tensors of this role
         source.lost_calls[(call.module, call.call, role)] = str(record["write_error"])[:200]
+    _add_tensors(source, directory, record, call, role)
+
+
+def _call(record: JsonRecord, seq: int, position: int) -> Call:
+    """A call line as a :class:`Call`, its fields checked."""
+    parent = record.get("parent")
+    return Call(
+        module=module_label(_text(record["module"], "module path")),
+        call=_count(record["call"], "call"),
+        seq=seq,
+        class_name=_text(record.get("class", ""), "class name"),
+        parent=None if parent is None else _count(parent, "parent"),
+        depth=_count(record.get("depth", 0), "depth"),
+        start_order=position,
+        quant=record.get("quant") if isinstance(record.get("quant"), dict) else None,
+        site=str(record["site"])[:_SITE_CHARS] if record.get("site") else None,
+    )
+
+
+def _returned(known: Call, record: JsonRecord, position: int) -> None:
+    """What a return line adds to its call: its end, error and measured sensitivity."""
+    known.end = _count(record.get("end", 0), "end")
+    error = record.get("error")
+    known.error = None if error is None else str(error)[:_ERROR_CHARS]
+    known.end_order = position
+    sensitivity = record.get("sensitivity")
+    if isinstance(sensitivity, int | float) and math.isfinite(sensitivity):
+        known.sensitivity = float(sensitivity)
+        step = record.get("step")
+        if isinstance(step, int | float) and math.isfinite(step) and step > 0:
+            known.step = float(step)
+        gain = record.get("amplification")
+        if isinstance(gain, int | float) and math.isfinite(gain):
+            known.amplification = float(gain)
+
+
+def _add_tensors(
+    source: Source, directory: Path, record: JsonRecord, call: Call, role: str
+) -> None:
     file = record.get("file")
     tensors = record.get("tensors") or {}
     if tensors and not _plain_file_name(file):
@@ -540,6 +636,8 @@ def _stats(stats: object) -> dict[str, Any] | None:
         return None
     if not isinstance(stats, dict):
         raise ValueError("stats is not an object")
+    if "numel" not in stats:  # every summary counts its elements: without, no number holds
+        raise ValueError("stats without numel (how many elements they summarise)")
     for key in _STAT_COUNTS:
         if key in stats:
             _count(stats[key], f"stats.{key}")

@@ -8,6 +8,7 @@ come only on request, paged, and every cut says what was left out and how to get
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -128,6 +129,27 @@ def _matches_module(entry: Mapping[str, object], pattern: str) -> bool:
     if entry.get("module") is not None and entry.get("call") is not None:
         names.append(f"{entry['module']}#{entry['call']}")
     return any(fnmatch.fnmatchcase(name, pattern) for name in names)
+
+
+def json_numbers(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with every number JSON cannot carry (NaN, ±Inf) written as the element-wise
+    numbers already write it (``"nan"``, ``"inf"``, ``"-inf"``).  A zero reference against a
+    non-zero port is an infinite relative error, and the verdict's rules carry such numbers
+    into the culprit and its glue; ``--json`` and the daemon send only JSON (an infinite
+    one made the daemon answer ``internal``)."""
+    return {key: _json_number(value) for key, value in result.items()}
+
+
+def _json_number(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {key: _json_number(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_number(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_json_number(item) for item in value)
+    return value
 
 
 def bounded(

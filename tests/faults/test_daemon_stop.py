@@ -1,11 +1,11 @@
 """The daemon always stops, and the CLI always finds the live one.
 
 Real daemons (``python -m mldbg serve``, each with its own config directory) kept busy by
-real input: a compare of captures whose ``index.jsonl`` makes a daemon thread spin in pure
-Python (a ``parent`` cycle), or a map whose regex backtracks for ages inside ``re`` (a C
-loop that holds the GIL, so no Python code of the daemon runs at all).  ``mldbg serve
---stop`` and SIGTERM must end the process whatever that thread does, and "stopped" is said
-only once its pid is gone.
+real input: a compare of two wide captures (a model calling one module 20,000 times) with
+the analysis deadline off (``MLDBG_DEADLINE=0``), so a daemon thread computes for minutes;
+and a daemon that cannot act at all (stopped by ``SIGSTOP``: no signal handler, no event
+loop, nothing of it runs).  ``mldbg serve --stop`` and SIGTERM must end the process
+whatever that thread does, and "stopped" is said only once its pid is gone.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ pytestmark = pytest.mark.skipif(
     not Path("/proc/self/stat").exists(), reason="reads a process's CPU time from /proc"
 )
 
-LONG_NAME = "x" * 40  # a module path the regex below backtracks on for ages
+WIDE = 20_000  # calls of a wide capture: its compare keeps a thread busy for minutes
+NO_DEADLINE = {"MLDBG_DEADLINE": "0"}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -43,36 +44,37 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _captures(home: Path, cycle: bool) -> None:
+def _captures(home: Path, wide: bool) -> None:
     """Two captures of a small model whose port differs (so compare names a culprit); with
-    ``cycle``, each index makes the root call and its first child each other's parent."""
+    ``wide``, each rewritten as the model calling its one module ``WIDE`` times (the index
+    of a real wide model; every call's tensors the module's files)."""
     import torch
 
-    class Net(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.add_module(LONG_NAME, torch.nn.Linear(4, 4))
-            self.b = torch.nn.Linear(4, 4)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.b(torch.relu(getattr(self, LONG_NAME)(x)))
-
     torch.manual_seed(0)
-    net, x = Net(), torch.randn(2, 4)
+    net, x = torch.nn.Sequential(torch.nn.Linear(4, 4)), torch.randn(2, 4)
     current_run.reset()
-    with mldbg.capture(net, "ref"):
+    with mldbg.capture(net, "ref", sensitivity=False):
         net(x)
     current_run.reset()
     with torch.no_grad():
-        getattr(net, LONG_NAME).weight[0, 0] += 1.0
-    with mldbg.capture(net, "port"):
+        net[0].weight[0, 0] += 1.0
+    with mldbg.capture(net, "port", sensitivity=False):
         net(x)
     current_run.reset()
-    if cycle:
-        for index in home.glob("runs/*/captures/*/index.jsonl"):
-            text = index.read_text()
-            assert '"parent": null' in text
-            index.write_text(text.replace('"parent": null', '"parent": 1'))
+    if wide:
+        for capture in home.glob("runs/*/captures/*"):
+            _widen(capture / "index.jsonl", WIDE)
+
+
+def _widen(index: Path, calls: int) -> None:
+    root_call, call, returned, root_returned = map(json.loads, index.read_text().splitlines())
+    lines = [root_call]
+    for i in range(1, calls + 1):
+        (key_in,), (key_out,) = call["tensors"].values(), returned["tensors"].values()
+        lines.append({**call, "seq": i, "module": f"m{i}", "tensors": {f"m{i}#0.in.0": key_in}})
+        lines.append({**returned, "seq": i, "end": 2 * i, "tensors": {f"m{i}#0.out": key_out}})
+    lines.append({**root_returned, "end": 2 * calls + 1})
+    index.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
 def _busy_compare(daemon: Daemon, home: Path, **extra: Any) -> threading.Thread:
@@ -119,8 +121,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @pytest.mark.slow
 def test_serve_stop_ends_a_daemon_whose_thread_spins_in_python(store: Path, tmp_path: Path) -> None:
-    _captures(store, cycle=True)
-    daemon = Daemon(tmp_path / "config")
+    _captures(store, wide=True)
+    daemon = Daemon(tmp_path / "config", env=NO_DEADLINE)
     try:
         _busy_compare(daemon, store)
         stopped = _stop(daemon)
@@ -137,8 +139,8 @@ def test_serve_stop_ends_a_daemon_whose_thread_spins_in_python(store: Path, tmp_
 
 @pytest.mark.slow
 def test_sigterm_ends_a_daemon_whose_thread_spins_in_python(store: Path, tmp_path: Path) -> None:
-    _captures(store, cycle=True)
-    daemon = Daemon(tmp_path / "config")
+    _captures(store, wide=True)
+    daemon = Daemon(tmp_path / "config", env=NO_DEADLINE)
     try:
         _busy_compare(daemon, store)
         daemon.process.send_signal(signal.SIGTERM)
@@ -151,13 +153,14 @@ def test_sigterm_ends_a_daemon_whose_thread_spins_in_python(store: Path, tmp_pat
 
 
 @pytest.mark.slow
-def test_serve_stop_ends_a_daemon_stuck_in_a_c_loop(store: Path, tmp_path: Path) -> None:
-    """A regex that backtracks for ages holds the GIL inside ``re``: the daemon's event
-    loop and signal handlers cannot run, so the CLI ends it by its pid, and says so."""
-    _captures(store, cycle=False)
+def test_serve_stop_ends_a_daemon_that_cannot_act(store: Path, tmp_path: Path) -> None:
+    """A daemon none of whose code can run (stopped: as good as one stuck in a C loop that
+    holds the GIL) answers no request and handles no signal: the CLI ends it by its pid,
+    which its lock names, and says so."""
+    _captures(store, wide=False)
     daemon = Daemon(tmp_path / "config")
     try:
-        _busy_compare(daemon, store, map={"regex": [["(x+x+)+y", "z"]]})
+        daemon.process.send_signal(signal.SIGSTOP)
         stopped = _stop(daemon)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         answer = json.loads(stopped.stdout)

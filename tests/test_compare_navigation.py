@@ -115,7 +115,14 @@ def test_pages_number_rows_in_the_whole_say_their_place_and_hand_out_next(
     assert first["first_divergence"] and first["a"] and "page" not in first
     assert first["next"] == {
         "verb": "compare",
-        "args": {"passing": True, "inputs": True, "offset": 100, "limit": 100},
+        "args": {
+            "a": "ref",
+            "b": "port",
+            "passing": True,
+            "inputs": True,
+            "offset": 100,
+            "limit": 100,
+        },
     }
     second = bounded(whole, passing=True, inputs=True, offset=100, limit=100)
     for key in ("a", "b", "first_divergence", "boundary_differences", "warnings", "notes"):

@@ -84,5 +84,13 @@ def test_demo_ends_by_naming_the_planted_mistake(cli) -> None:
     result = cli("demo", json_out=True)
     assert result["ok"] is True
     assert result["parity"]["ok"] is True and result["parity"]["culprit"] == "layers.0.attn"
+    # the main job on two scripts that know nothing of mldbg: captured as they are, then
+    # the module and the line of the planted mistake
+    assert result["parity"]["line"].startswith("parity_port.py:")
+    assert "/ self.head_dim" in result["parity"]["line"]
     commands = [step["command"] for step in result["transcript"]]
-    assert commands[-1] == "mldbg compare demo-ref demo-port"
+    assert (
+        "mldbg start --session demo-ref --capture demo-ref --run -m mldbg.examples.parity_reference"
+        in commands
+    )
+    assert commands[-2:] == ["mldbg compare demo-ref demo-port", "mldbg line demo-ref demo-port"]

@@ -1108,6 +1108,8 @@ def _command_line(name: str, verb: Verb | None, args: dict[str, object]) -> str:
                     trailing.insert(0, "--")
         elif arg.positional:
             positional.append(_shell_word(value))
+        elif arg.flag == "-m":  # start -m MODULE: in the script's place, its arguments after
+            positional += ["-m", _shell_word(value)]
         else:
             flags += _flag_words(arg, value)
     if session and session != "default":

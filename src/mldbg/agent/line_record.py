@@ -128,6 +128,10 @@ def _plumbing_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+# mldbg's bundled examples (the demo's and tutorial's port), inside mldbg's own directory
+_EXAMPLES = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "examples", ""
+)
 
 
 class LineRecorder:
@@ -202,6 +206,8 @@ class LineRecorder:
 
     def _not_plumbing(self, code: CodeType, file: str) -> bool:
         frameworks, standard = self._roots
+        if file.startswith(_EXAMPLES):  # mldbg's bundled example scripts are a user's code
+            return True
         if file.startswith("<") or file.startswith(frameworks):
             return False
         return not file.startswith(standard) or any(part in file for part in _INSTALLED)

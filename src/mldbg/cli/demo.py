@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -38,9 +36,10 @@ class Demo:
         self.as_json = as_json
         self.transcript: list[dict[str, object]] = []  # each command and its answer
 
-    def step(self, command: str, verb: str, **args: object) -> Any:
-        """Run one verb through the typed client, shown as the command a person would type."""
-        data = self.client.call(verb, self.session, **args)
+    def step(self, command: str, verb: str, session: str | None = None, **args: object) -> Any:
+        """Run one verb through the typed client, shown as the command a person would type
+        (on ``session``, else the demo's own)."""
+        data = self.client.call(verb, session or self.session, **args)
         self.transcript.append({"command": command, "result": data})
         if not self.as_json:
             render.out.print(f"\n[bold cyan]$ {command}[/]")
@@ -155,14 +154,16 @@ class ParityEnding(TypedDict):
     mistake: str
     reason: str | None
     skipped: str | None
+    line: str | None  # the port's first wrong line, as the line step named it (file:line text)
 
 
 def parity_ending(demo: Demo) -> ParityEnding:
-    """Capture the bundled PyTorch reference and its MLX port, and name the planted mistake.
+    """The main job on the bundled pair: a PyTorch reference and its MLX port, two scripts
+    that know nothing of mldbg, each run once under ``start --capture``; compare names
+    the module of the planted mistake, the line step its line.
 
-    The two scripts run as subprocesses of this interpreter in a scratch directory (they
-    write a weight file), with the run store of the demo's own directory.
-    """
+    The scripts run in a scratch directory (the reference writes the weights the port
+    loads); the captures land in the demo's own run store."""
     from .. import examples
 
     ending: ParityEnding = {
@@ -172,6 +173,7 @@ def parity_ending(demo: Demo) -> ParityEnding:
         "mistake": examples.PARITY_MISTAKE,
         "reason": None,
         "skipped": None,
+        "line": None,
     }
     missing = [m for m in ("torch", "mlx", "safetensors") if importlib.util.find_spec(m) is None]
     if missing:
@@ -182,57 +184,92 @@ def parity_ending(demo: Demo) -> ParityEnding:
         return ending
     demo.say(
         "\nParity: a PyTorch reference and an MLX port of the same model, with one planted "
-        "mistake. Capture both, then let mldbg name the first module that diverges."
+        "mistake, two scripts that know nothing of mldbg. Capture both as they are, then let "
+        "mldbg name the module and the line where the port goes wrong."
     )
     home = mldbg_home()
-    env = {**os.environ, "MLDBG_HOME": str(home)}
     with tempfile.TemporaryDirectory(prefix="mldbg-demo-") as scratch:
         for module, name in (
             (examples.PARITY_REFERENCE, "demo-ref"),
             (examples.PARITY_PORT, "demo-port"),
         ):
-            command = f"python -m {module} {name}"
-            proc = subprocess.run(
-                [sys.executable, "-m", module, name],
-                cwd=scratch,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            demo.transcript.append({"command": command, "result": proc.stdout.strip()})
-            if not demo.as_json:
-                render.out.print(f"\n[bold cyan]$ {command}[/]")
-                render.out.print(proc.stdout.strip())
-            if proc.returncode != 0:
+            failed = _captured(demo, module, name, scratch, home)
+            if failed is not None:
                 ending["ok"] = False
-                ending["reason"] = f"{command} failed: {proc.stderr.strip()[-1000:]}"
-                render.err.print(f"[red]{ending['reason']}[/]")
+                ending["reason"] = failed
+                render.err.print(f"[red]{failed}[/]")
                 return ending
-    from ..compare import compare
+        result = demo.step(
+            "mldbg compare demo-ref demo-port",
+            "compare",
+            a="demo-ref",
+            b="demo-port",
+            home=str(home),
+        )
+        first = result.get("first_divergence") or {}
+        ending["culprit"] = first.get("module")
+        ending["reason"] = first.get("reason")
+        ending["ok"] = ending["culprit"] == ending["expected"]
+        if not demo.as_json:
+            from ..text import compare as compare_render
 
-    result = compare("demo-ref", "demo-port", home=home).result
-    demo.transcript.append(
-        {
-            "command": "mldbg compare demo-ref demo-port",
-            "result": {"ok": result["ok"], "first_divergence": result["first_divergence"]},
-        }
-    )
-    first = result["first_divergence"] or {}
-    ending["culprit"] = first.get("module")
-    ending["reason"] = first.get("reason")
-    ending["ok"] = ending["culprit"] == ending["expected"]
+            compare_render.show(dict(result))
+        if ending["ok"]:
+            ending["line"] = _first_wrong_line(demo, str(home))
     if not demo.as_json:
-        render.out.print("\n[bold cyan]$ mldbg compare demo-ref demo-port[/]")
         if ending["ok"]:
             render.out.print(
                 f"[bold green]Found: the port first diverges at {ending['culprit']}[/] "
-                f"({ending['reason']}): the planted mistake, {examples.PARITY_MISTAKE}."
+                f"({ending['reason']}), at the line {ending['line']}: the planted mistake, "
+                f"{examples.PARITY_MISTAKE}."
             )
         else:
             render.out.print(
                 f"[bold red]expected the divergence at {ending['expected']}, "
                 f"compare named {ending['culprit']}[/]"
             )
-        render.out.print("`mldbg compare demo-ref demo-port` shows the whole table.")
     return ending
+
+
+def _captured(demo: Demo, module: str, name: str, cwd: str, home: Path) -> str | None:
+    """Run ``module`` once under ``start --capture NAME`` (a session of its own, in
+    ``cwd``, its run and capture in the store ``home``) and wait for its end; what went
+    wrong, or None."""
+    demo.step(
+        f"mldbg start --session {name} --capture {name} --run -m {module}",
+        "start",
+        name,
+        module=module,
+        cwd=cwd,
+        env={"MLDBG_HOME": str(home)},
+        python=sys.executable,
+        capture=name,
+        stop_on_entry=False,
+        replace=True,
+    )
+    state = demo.client.resume("wait", name, 600.0)
+    demo.transcript.append({"command": f"mldbg wait --session {name}", "result": state})
+    if not demo.as_json:
+        render.out.print(f"\n[bold cyan]$ mldbg wait --session {name}[/]")
+        render.state(state)
+    demo.client.call("forget", name)
+    if state.get("state") != "exited" or state.get("exit_code") != 0:
+        return f"{module} did not run to its end: {state.get('state')} {state.get('exit_code')}"
+    return None
+
+
+def _first_wrong_line(demo: Demo, home: str) -> str | None:
+    """The line step on the two captures: the port's first line whose value the
+    reference never computed, as ``file:line text``."""
+    found = demo.client.follow("line", 900.0, None, a="demo-ref", b="demo-port", home=home)
+    demo.transcript.append({"command": "mldbg line demo-ref demo-port", "result": found})
+    if not demo.as_json:
+        render.out.print("\n[bold cyan]$ mldbg line demo-ref demo-port[/]")
+        from ..text import render as text_render
+
+        text_render.show("line", found)
+    wrong = found.get("first_wrong")
+    port = wrong.get("b") if wrong else None
+    if not port or not port.get("file"):
+        return None
+    return f"{Path(str(port['file'])).name}:{port.get('line')} {port.get('text')}"

@@ -1,17 +1,15 @@
 """Parity example, the port: the same model in MLX, with one planted porting mistake.
 
-Loads the reference's weights and captures one forward pass as ``NAME``.  The mistake
-is the classic one: the attention scores are scaled by ``1 / head_dim`` instead of
-``1 / sqrt(head_dim)``.  ``mldbg compare reference port`` names ``layers.0.attn``.
+Loads the reference's weights and runs one forward pass; an unmodified script, like the
+reference.  The mistake is the classic one: the attention scores are scaled by
+``1 / head_dim`` instead of ``1 / sqrt(head_dim)``.  Captured with ``start --capture``,
+``mldbg compare ref port`` names ``layers.0.attn`` and ``mldbg line ref port`` the line.
 """
 
 from __future__ import annotations
 
-import sys
-
 import mlx.core as mx
 
-import mldbg
 from mldbg.examples import tiny_mlx
 from mldbg.examples.tiny_mlx import ModelArgs, TinyTransformer
 
@@ -35,17 +33,15 @@ class PortedAttention(tiny_mlx.Attention):
 
 
 def main() -> None:
-    name = sys.argv[1] if len(sys.argv) > 1 else "port"
     args = ModelArgs()
     model = TinyTransformer(args)
     for layer in model.layers:
         layer.attn = PortedAttention(args)
     model.load_weights(WEIGHTS)
     tokens = mx.array([[ord(c) % 96 for c in PROMPT]])
-    with mldbg.capture(model, name) as cap:
-        logits = model(tokens)
-        mx.eval(logits)
-    print(f"port logits {tuple(logits.shape)} captured as {cap.name} in {cap.path}")
+    logits = model(tokens)
+    mx.eval(logits)
+    print(f"port logits {tuple(logits.shape)}")
 
 
 if __name__ == "__main__":

@@ -341,6 +341,32 @@ def list_runs(home: Path) -> list[RunDir]:
     )
 
 
+def started_as(run: Path) -> dict[str, object] | None:
+    """How a run's script was started, as ``start`` takes it to run it again: ``script``
+    or ``module``, its ``args``, ``cwd``, ``python`` and the variables ``start`` added
+    (``env``), from its ``run.json``; None when the run does not say which script it ran
+    (a capture made by a script run without mldbg's ``start``).  The one reading of that
+    fact: the line step's re-runs and compare's hints both start from it."""
+    try:
+        meta = reading.read_json(run / RUN_JSON)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    script, module, argv = meta.get("script"), meta.get("module"), meta.get("argv")
+    if not (isinstance(script, str) or isinstance(module, str)) or not isinstance(argv, list):
+        return None
+    found: dict[str, object] = {"module": module} if isinstance(module, str) else {"script": script}
+    # argv is what python was given: the script then its arguments, or -m MODULE then its
+    found["args"] = [str(a) for a in argv[2 if isinstance(module, str) else 1 :] if a is not None]
+    for key in ("cwd", "python"):
+        if isinstance(meta.get(key), str):
+            found[key] = meta[key]
+    env = meta.get("env")
+    found["env"] = {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+    return found
+
+
 def describe_run(run: RunDir) -> RunRecord:
     meta = run.read_meta()
     return {

@@ -72,8 +72,51 @@ COMMANDS: dict[str, list[str]] = {
     "eval_library": ["mldbg", "eval", "--session", "{session}", "{library_arg}.shape"],
     "checkpoints": ["mldbg", "checkpoints", "--name", "generate.logits"],
     "load_other": ["python", "-c", "{load_snippet}"],
-    "capture_reference": ["python", "-m", examples.PARITY_REFERENCE, "tutorial-ref"],
-    "capture_port": ["python", "-m", examples.PARITY_PORT, "tutorial-port"],
+    # the scripts as they are: start --capture records them, nothing edited
+    "capture_reference": [
+        "mldbg",
+        "start",
+        "--session",
+        "tutorial-capture-ref",
+        "--python",
+        "{python}",
+        "--replace",
+        "--capture",
+        "tutorial-ref",
+        "--run",
+        "-m",
+        examples.PARITY_REFERENCE,
+    ],
+    "capture_port": [
+        "mldbg",
+        "start",
+        "--session",
+        "tutorial-capture-port",
+        "--python",
+        "{python}",
+        "--replace",
+        "--capture",
+        "tutorial-port",
+        "--run",
+        "-m",
+        examples.PARITY_PORT,
+    ],
+    "wait_capture_reference": [
+        "mldbg",
+        "wait",
+        "--session",
+        "tutorial-capture-ref",
+        "--max-wait",
+        "300",
+    ],
+    "wait_capture_port": [
+        "mldbg",
+        "wait",
+        "--session",
+        "tutorial-capture-port",
+        "--max-wait",
+        "300",
+    ],
     "compare": ["mldbg", "compare", "tutorial-ref", "tutorial-port"],
     "profile": ["mldbg", "profile", "--include", "{framework_package}", "{script}"],
     # prune: a library's git checkout reduced to the files a script ran
@@ -438,7 +481,7 @@ def _steps(track: Track) -> list[Step]:
         return ok, r[0].text.splitlines()[-1] if r[0].text else "(no output)"
 
     def check_compare(r: list[Ran]) -> tuple[bool, str]:
-        first = (r[2].data or {}).get("first_divergence") or {}
+        first = (r[4].data or {}).get("first_divergence") or {}
         ok = first.get("module") == examples.PARITY_PLANTED_MISTAKE
         return ok, f"first divergence: {first.get('module')} ({first.get('reason')})"
 
@@ -631,9 +674,15 @@ def _steps(track: Track) -> list[Step]:
         Step(
             "parity",
             "Capture and compare a reference and its port",
-            "A PyTorch reference and an MLX port of the same model, with one planted mistake: "
-            "capture both, then compare.",
-            [("capture_reference", 0), ("capture_port", 0), ("compare", 1)],
+            "A PyTorch reference and an MLX port of the same model, with one planted mistake, "
+            "two unmodified scripts: capture both with start --capture, then compare.",
+            [
+                ("capture_reference", 0),
+                ("wait_capture_reference", 0),
+                ("capture_port", 0),
+                ("wait_capture_port", 0),
+                ("compare", 1),
+            ],
             check_compare,
             f"exit code 1: they diverge; the culprit is the first module whose inputs agree but "
             f"outputs differ; here the planted mistake ({examples.PARITY_MISTAKE}).",

@@ -27,7 +27,7 @@ from typing import Literal, cast
 from ...capture.store import CAPTURE_JSON, module_label
 from ...errors import BAD_COMPARE_INPUT
 from ...store import reading
-from ...store.runs import RUN_JSON, RunDir
+from ...store.runs import RUN_JSON, RunDir, started_as
 from ..read.sources import CompareInputError
 from ..records import Culprit, EntryResult, Glue
 from ..report.narrow import path_in_b
@@ -185,17 +185,16 @@ def _side(described: object, label: str) -> Side:
         )
     capture = Path(str(info.get("path")))
     run = capture.parent.parent
-    meta = _json(run / RUN_JSON)
-    script, module, argv = meta.get("script"), meta.get("module"), meta.get("argv")
-    if not (isinstance(script, str) or isinstance(module, str)) or not isinstance(argv, list):
+    started = started_as(run)
+    if started is None:
         raise CompareInputError(
             f"{label}: the run {run.name} does not say which script it ran ({run / RUN_JSON}); "
             "capture it with mldbg start --capture NAME (or under mldbg) to run it again",
             code=BAD_COMPARE_INPUT,
         )
-    args = [str(a) for a in argv[2:] if a is not None] if module else [str(a) for a in argv[1:]]
-    env = meta.get("env")
-    env = {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+    script, module = started.get("script"), started.get("module")
+    args = cast("list[str]", started["args"])
+    env = cast("dict[str, str]", started["env"])
     capture_meta = _json(capture / CAPTURE_JSON)
     models = _models(env, capture_meta)
     zero_edit = ZERO_EDIT_ENV in env or bool(capture_meta.get("upstream"))
@@ -205,8 +204,8 @@ def _side(described: object, label: str) -> Side:
         script=script if isinstance(script, str) else None,
         module=module if isinstance(module, str) else None,
         args=args,
-        cwd=str(meta.get("cwd") or run),
-        python=str(meta["python"]) if isinstance(meta.get("python"), str) else None,
+        cwd=str(started.get("cwd") or run),
+        python=str(started["python"]) if "python" in started else None,
         env=env,
         model=_model_number(capture_meta) if zero_edit else _same_class_before(capture),
         module_path=module_label(""),

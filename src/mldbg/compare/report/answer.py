@@ -195,16 +195,27 @@ def bounded(
         "beyond_limit": max(0, len(wanted) - offset - len(shown)),
     }
     answer["truncated"] = len(shown) < len(entries)
+    sources = _sources(result)  # the next call is whole: the same two sources
     if offset + len(shown) < len(wanted):
         answer["next"] = {
             "verb": "compare",
-            "args": {**selection.args(), "offset": offset + len(shown), "limit": limit},
+            "args": {**sources, **selection.args(), "offset": offset + len(shown), "limit": limit},
         }
     elif not passing and not selection.filtered and answer["left_out"]["passing"]:
-        answer["next"] = {"verb": "compare", "args": {"passing": True, "limit": limit}}
+        answer["next"] = {"verb": "compare", "args": {**sources, "passing": True, "limit": limit}}
     if offset == 0:
         _bound_lists(result, answer)
     return answer
+
+
+def _sources(result: Mapping[str, object]) -> dict[str, object]:
+    """``a`` and ``b`` as the comparison was asked for them (their ``spec``)."""
+    found = {}
+    for side in ("a", "b"):
+        described = result.get(side)
+        if isinstance(described, Mapping) and described.get("spec") is not None:
+            found[side] = described["spec"]
+    return found
 
 
 def _bound_lists(result: dict[str, Any], answer: dict[str, Any]) -> None:

@@ -9,14 +9,12 @@ This says so in the comparison's ``narrow`` field, with the module's path on eac
 
 from __future__ import annotations
 
-import contextlib
 import re
 from typing import TYPE_CHECKING
 
 from ...capture.budget import size_text
 from ...capture.store import ROOT
-from ...store.reading import read_json
-from ...store.runs import RUN_JSON
+from ...store.runs import started_as
 from ..pair.mapping import split_name
 from ..read.arrays import numpy_dtype
 from ..read.sources import Entry, Source
@@ -102,25 +100,12 @@ def _fine_name(source: Source, suffix: str = "-fine") -> str:
 
 def _rerun(source: Source, capture: str, **options: object) -> Call:
     """The ``start`` call that runs ``source``'s script again as its run was started
-    (script or module, arguments, working directory, interpreter: its run.json), capturing
-    as ``capture`` with ``options``; ``SCRIPT`` where the run is not known (a directory of
-    tensor files)."""
-    meta: dict[str, object] = {}
-    if source.kind == "capture":
-        with contextlib.suppress(OSError, ValueError):
-            found = read_json(source.path.parent.parent / RUN_JSON)
-            meta = found if isinstance(found, dict) else {}
-    args: dict[str, object] = {}
-    if isinstance(meta.get("module"), str):
-        args["module"] = meta["module"]
-    else:
-        args["script"] = meta.get("script") if isinstance(meta.get("script"), str) else "SCRIPT"
-    argv = meta.get("argv")
-    if isinstance(argv, list) and argv:
-        args["args"] = [str(item) for item in argv]
-    for key in ("cwd", "python"):
-        if isinstance(meta.get(key), str):
-            args[key] = meta[key]
+    (``store.runs.started_as``), capturing as ``capture`` with ``options``; ``SCRIPT``
+    where the run is not known (a directory of tensor files, a script run without start)."""
+    started = started_as(source.path.parent.parent) if source.kind == "capture" else None
+    args: dict[str, object] = {"script": "SCRIPT"}
+    if started is not None:
+        args = {k: v for k, v in started.items() if v or k in ("script", "module")}
     args.update(capture=capture, **options, stop_on_entry=False)
     return {"verb": "start", "args": args}
 

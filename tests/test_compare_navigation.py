@@ -219,12 +219,14 @@ NAMES = st.text(
     script_args=st.lists(NAMES, max_size=4),
     within=NAMES,
     capture=st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{0,20}", fullmatch=True),
+    env=st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True), NAMES, max_size=3),
 )
 def test_a_start_call_worded_for_the_command_line_parses_back_to_itself(
-    script: str, script_args: list[str], within: str, capture: str
+    script: str, script_args: list[str], within: str, capture: str, env: dict[str, str]
 ) -> None:
     """Quoted for a shell and ordered as start parses it (options, script, its arguments):
-    whatever a capture's module path or a script's arguments hold ("x; rm -rf ~", "--")."""
+    whatever a capture's module path or a script's arguments hold ("x; rm -rf ~", "--"),
+    and the variables the run was started with, as ``--env K=V`` once each."""
     if script.startswith("-"):
         script = "./" + script
     call = {
@@ -235,6 +237,7 @@ def test_a_start_call_worded_for_the_command_line_parses_back_to_itself(
             "capture": capture,
             "capture_within": within,
             "stop_on_entry": False,
+            "env": env,
         },
     }
     argv = shlex.split(verbs.word(call, "cli"))  # type: ignore[arg-type]
@@ -244,6 +247,7 @@ def test_a_start_call_worded_for_the_command_line_parses_back_to_itself(
     assert values["script"] == script and parsed.args == script_args
     assert values["capture"] == capture and values["capture_within"] == within
     assert values["stop_on_entry"] is False
+    assert (values.get("env") or {}) == env
 
 
 def test_calls_are_worded_as_each_surface_makes_them() -> None:
@@ -260,7 +264,15 @@ def test_calls_are_worded_as_each_surface_makes_them() -> None:
 
 def test_the_mcp_instructions_teach_the_zero_edit_job_in_a_screen() -> None:
     assert len(INSTRUCTIONS.encode()) <= 1600
-    for taught in ('capture="ref"', 'compare(a="ref", b="port")', "break(", "eval", "docs/"):
+    for taught in (
+        'capture="ref"',
+        "wait()",
+        'compare(a="ref", b="port")',
+        'line(a="ref"',
+        "break(",
+        "eval",
+        "docs/",
+    ):
         assert taught in INSTRUCTIONS
     assert "mldbg.capture(" not in INSTRUCTIONS  # the edit-the-script workflow is not the lead
 

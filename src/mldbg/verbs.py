@@ -787,7 +787,7 @@ VERBS: tuple[Verb, ...] = (
         errors=(NO_SUCH_RUN,),
         description="Per variable: shapes, dtypes, statistics and their differences, first "
         "values side by side; one-sided names in `unpaired_a`/`unpaired_b`. Numbers, no "
-        "verdict (README: compare-checkpoints).",
+        "verdict.",
     ),
     Verb(
         "nonfinite",
@@ -901,7 +901,7 @@ VERBS: tuple[Verb, ...] = (
         store=True,
         cli=False,  # the CLI streams it in-process with a progress bar (cli/compare_cmd.py)
         # the codes of bad input an agent branches on (bad_input and no_such_capture were
-        # never raised; not_tensors and nothing_paired are said in the README, the MCP
+        # never raised; not_tensors and nothing_paired are said in docs/verdict.md, the MCP
         # tool list stays agent-sized)
         errors=(*SOURCE_ERRORS, BAD_SHARDS, BAD_RANKS, TOO_SLOW),
         description="Names the first divergence (inputs agree, outputs differ). Culprit and "
@@ -1129,6 +1129,8 @@ def _flag_words(arg: Arg, value: object) -> list[str]:
         return [arg.cli_flag] if bool(value) != bool(arg.default) else []
     if isinstance(value, list) and arg.nargs is None:
         return [_option(arg.cli_flag, item) for item in value]
+    if isinstance(value, dict) and arg.type == dict[str, str]:  # start --env K=V, repeated
+        return [_option(arg.cli_flag, f"{key}={item}") for key, item in value.items()]
     return [_option(arg.cli_flag, value)]
 
 

@@ -34,26 +34,26 @@ from ..verbs import VERBS, Arg, Verb
 
 INSTRUCTIONS = """\
 mldbg debugs PyTorch/MLX scripts and proves a port matches its reference.
-Parity, no edits: start(script="ref.py", capture="ref", stop_on_entry=false) and the same for
-the port (capture="port") record every model call; compare(a="ref", b="port") names the first
+Parity, no edits: start(script="ref.py", capture="ref", stop_on_entry=false), wait(), then the
+same for the port (capture="port") record every model call; compare(a="ref", b="port") names the first
 module, step or glue code where the port diverges; then line(a="ref", b="port") names the
-port's first wrong line. Other calls its answer hands out: a finer capture inside the culprit
-(narrow), the weights audit. Filter a long compare by module/call/status/kind.
+port's first wrong line. Its answer hands out the next calls (a finer capture, the weight
+audit). Filter a long compare by module/call/status/kind.
 Debugging: start(script=...) pauses before line 1; break(file, line) (condition/hits/log
-optional), continue; at a stop: vars, eval (any Python in the frame; against="ref" evaluates
-in a second session and diffs), stack, step. break(nonfinite=true) stops at the first NaN/Inf.
+optional), continue; at a stop: vars, eval (any Python in the frame; against="ref" diffs
+with another session), stack, step. break(nonfinite=true): stop at the first NaN/Inf.
 Sessions (`session`, default "default") run side by side; store tools read the session's
 store, else `home`, else ./.mldbg.
 Answers are bounded: `truncated`/`next` say what is left and the call that gets it;
-offset/limit page every listing; `wait` is seconds to wait for a stop or the end; texts are
-at most 4096 characters unless maxLength says.
-Errors: JSON with `code` and a `hint` (the call that fixes it). Every tool: bad_argument,
+offset/limit page listings; `wait`: seconds to wait for a stop or the end; texts are
+at most 4096 chars (else maxLength).
+Errors: JSON with `code` and `hint` (the call that fixes it). Every tool: bad_argument,
 too_long, bad_session_name, daemon_unreachable; session tools: unknown_session, session_ended,
 not_paused, agent_timeout. The breakpoint errors: file_not_found, not_a_source_file,
 no_code_at_line (nearest_lines), bad_condition, bad_hits, bad_log, ambiguous_file,
 no_such_function. The source errors: unknown_source, corrupt_file, corrupt_capture, unreadable,
-too_slow (past the daemon's MLDBG_DEADLINE).
-Guides: the docs/ folder of the mldbg repository."""
+too_slow.
+Guides: docs/ in the mldbg repository."""
 
 TEXT_BUDGET = 6_000  # the text form of a result; the JSON is in structured content
 
@@ -264,7 +264,7 @@ class Tools:
 
 def compact_output_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     """An object, as MCP asks of structured content, and no more: the structured content
-    names its own fields, the README and the OpenAPI document give every shape, and the
+    names its own fields, docs/reference.md and the OpenAPI document give every shape, and the
     server validates each result against the verb's full result type before it is sent.
     (Derived by pydantic, a state verb's schema alone was 5 KB, repeated by eleven tools.)"""
     return None if schema is None else {"type": "object"}

@@ -341,6 +341,12 @@ def list_runs(home: Path) -> list[RunDir]:
     )
 
 
+# The variables through which ``start`` hands the debuggee mldbg's own settings (a
+# capture's, the line step's).  A run started again with other settings drops them: the
+# new start puts its own there.
+SETTINGS_ENV = ("MLDBG_CAPTURE", "MLDBG_LINES")
+
+
 def started_as(run: Path) -> dict[str, object] | None:
     """How a run's script was started, as ``start`` takes it to run it again: ``script``
     or ``module``, its ``args``, ``cwd``, ``python`` and the variables ``start`` added

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ...capture.budget import size_text
 from ...capture.store import ROOT
-from ...store.runs import started_as
+from ...store.runs import SETTINGS_ENV, started_as
 from ..pair.mapping import split_name
 from ..read.arrays import numpy_dtype
 from ..read.sources import Entry, Source
@@ -106,6 +106,15 @@ def _rerun(source: Source, capture: str, **options: object) -> Call:
     args: dict[str, object] = {"script": "SCRIPT"}
     if started is not None:
         args = {k: v for k, v in started.items() if v or k in ("script", "module")}
+        added = started.get("env")
+        env = (
+            {k: v for k, v in added.items() if k not in SETTINGS_ENV}
+            if isinstance(added, dict)
+            else {}
+        )
+        args.pop("env", None)
+        if env:
+            args["env"] = env
     args.update(capture=capture, **options, stop_on_entry=False)
     return {"verb": "start", "args": args}
 

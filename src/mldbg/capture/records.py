@@ -1,4 +1,4 @@
-"""The lines a capture appends to its ``index.jsonl``, as types (README, "On disk").
+"""The lines a capture appends to its ``index.jsonl``, as types (docs/formats.md).
 
 One line when a module call starts (:class:`CallLine`) and one when it ends
 (:class:`ReturnLine`); either carries the :class:`TensorFields` of the tensors written

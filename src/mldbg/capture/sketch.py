@@ -19,7 +19,7 @@ a per-channel pattern (an outlier channel) falls in a different bucket on each r
 With ``k`` buckets the estimate of ``||d||`` is within about ``1 / sqrt(k)``, 3 %,
 of the truth for spread-out differences and exact for tensors of at most ``k``
 elements (the sketch is then a signed copy).  Verdict bounds have more headroom than
-that (see ``compare/judge/bounds.py``); the README says where a sketch cannot judge.
+that (see ``compare/judge/bounds.py``); docs/scale.md says where a sketch cannot judge.
 
 Signs come from a fixed integer hash (splitmix64) of the row or column index, not from
 a random-number library whose streams could change between versions.  Everything is

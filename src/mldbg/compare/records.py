@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 # A JSON float: a finite number, or "nan" / "inf" / "-inf" (never a bare NaN).
 JsonNumber = float | str
-# A comparison as ``--json`` prints it (README, "mldbg compare"): built key by key by the
+# A comparison as ``--json`` prints it (docs/verdict.md): built key by key by the
 # driver, its parts typed below.
 Document: TypeAlias = dict[str, Any]
 
@@ -138,7 +138,7 @@ class QuantizedPort(TypedDict):
 
 
 class EntryResult(PairMetrics, total=False):
-    """One paired tensor as the comparison reports it (README, "mldbg compare"): where
+    """One paired tensor as the comparison reports it (docs/verdict.md): where
     it sits, the metrics (``PairMetrics``, or estimates of them from a summary capture),
     and the judgement the rules add."""
 
@@ -263,7 +263,7 @@ Culprit = TypedDict(
     },
     total=False,
 )
-"""The first divergence (README, "First divergence"): the call named and why."""
+"""The first divergence (docs/verdict.md, "First divergence"): the call named and why."""
 
 
 LocalCall = TypedDict(
@@ -317,7 +317,7 @@ class UncheckedEntry(TypedDict):
 
 class Missing(TypedDict):
     """The entries no comparison could check because a capture lost them: never
-    agreement (README, "Missing data")."""
+    agreement (docs/verdict.md)."""
 
     a: MissingSide | None
     b: MissingSide | None

@@ -5,7 +5,7 @@ The SDK's own stdio transport reads a line of any size, and a line it cannot val
 nesting) goes unanswered: the client waits forever.  Here each line (one JSON-RPC frame)
 is checked before the server sees it, and a frame it cannot take is answered at once
 with a JSON-RPC error: its ``id`` when the frame has one, else ``null``, as JSON-RPC 2.0
-says.  The bounds are documented in the README (MCP):
+says.  The bounds are documented in docs/mcp.md:
 
 * ``MAX_FRAME`` bytes per frame: a longer one is refused (``-32600``) and skipped without
   being held in memory;

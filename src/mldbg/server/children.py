@@ -6,7 +6,7 @@ the root session's :class:`Family`, but lists it (``sessions``, every verb by na
 only from its first stop: a DataLoader forks workers every epoch, and workers that
 never stop are not worth a line in the listing.
 
-Names extend the parent's (the scheme the README documents):
+Names extend the parent's (the scheme docs/debugging.md documents):
 
 * a process with a ``RANK`` (else ``LOCAL_RANK``) in a fresh interpreter (torchrun's
   ranks): ``ROOT.rank<N>``;

@@ -4,8 +4,8 @@ Each entry has already been judged (``ok``: within what rounding, quantization a
 op's conditioning explain).  What remains is to name the one place a user should read:
 the *first divergence*.  Every rule reads the same :class:`Evidence` and either decides
 (returns a :class:`Verdict`) or passes (returns None, possibly after adding notes or
-boundary differences for the rules after it).  :data:`RULES` is the order; the README's
-"How a verdict is reached" documents the same order.
+boundary differences for the rules after it).  :data:`RULES` is the order; docs/verdict.md
+documents the same order.
 
 0. ``pairing``: fewer than half of the reference's entries paired -> no culprit (a map
    is needed; one is proposed).

@@ -235,8 +235,8 @@ def _capture_weights(spec: str, home: Path) -> Path | None:
         return Path(found[-1]["path"]) / WEIGHTS
     if found:
         raise CompareInputError(
-            f"capture {spec!r} holds no parameters: capture with --capture-weights "
-            "(or save them and give the file)",
+            f"capture {spec!r} holds no parameters: capture it again with its "
+            "parameters (start's capture_weights), or give the checkpoint file",
             code=BAD_WEIGHTS_INPUT,
         )
     return None

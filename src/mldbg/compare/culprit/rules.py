@@ -159,8 +159,9 @@ def pairing(evidence: Evidence, verdict: Verdict) -> Verdict | None:
     paired, total = evidence.paired
     verdict.undecided = (
         f"only {paired} of {total} entries of the reference paired: too few to name a "
-        "culprit; the module names probably differ: pass a map (--map FILE; one proposed "
-        "from the module trees is in proposed_map, written by --propose-map FILE)"
+        "culprit; the module names probably differ: compare again with a map (the map "
+        "argument: a file or {rename, regex, ignore}; proposed_map holds one proposed from "
+        "the module trees)"
     )
     verdict.rule = "pairing"
     return verdict
@@ -431,7 +432,7 @@ def missing(evidence: Evidence, verdict: Verdict) -> Verdict:
     )
     verdict.undecided = (
         f"nothing that was compared differs, but {lost['note']}{where}: capture again "
-        "with room for them (disk, --capture-budget) and let the run finish"
+        "with room for them (free disk, a larger capture budget) and let the run finish"
     )
     verdict.rule = "missing"
     return verdict

@@ -344,7 +344,7 @@ def test_every_surface_gives_the_line(
         found = await tool("line", a="ref", b="axis", home=str(home))
         assert found["state"] == "done" and found["first_wrong"]["b"]["line"] == wrong
         shown = await client.call_tool("compare", {"a": "ref", "b": "axis", "home": str(home)})
-        assert "next: line(a='ref', b='axis')" in shown.content[0].text
+        assert 'next: line(a="ref", b="axis")' in shown.content[0].text
 
     run_mcp(config_dir, llama_runs.dir, scenario)
 

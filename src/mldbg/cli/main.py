@@ -56,15 +56,25 @@ def parse_location(spec: str, line: str | None = None) -> tuple[str, int | None,
     if line is not None:
         if not line.isdigit():
             raise UsageError(f"line must be a number, not {line!r}")
-        file, number, cond = spec, int(line), None
+        file, number, cond = spec, _line_number(line), None
     else:
         match = _LOCATION.match(spec)
         if not match:
             raise UsageError(
                 f"expected FILE:LINE (or FILE LINE), got {spec!r}", argument="location"
             )
-        file, number, cond = match["file"], int(match["line"]), match["cond"] or None
+        file, number, cond = match["file"], _line_number(match["line"]), match["cond"] or None
     return source_path(file), number, cond
+
+
+def _line_number(digits: str) -> int:
+    """A line number typed on the command line: at most 9 digits (no source file is longer;
+    Python refuses to convert a 5,000-digit number at all)."""
+    if len(digits) > 9:
+        raise UsageError(
+            f"line must be a line number, not a {len(digits)}-digit one", argument="line"
+        )
+    return int(digits)
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:

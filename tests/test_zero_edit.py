@@ -119,7 +119,7 @@ def test_unmodified_transformers_and_mlx_lm_scripts_captured_and_compared(
     audit = audit_weights("ref", "port", home=home)
     assert audit["ok"], audit["problems"]
     assert audit["counts"] == {"ok": found["ref"]["weights"]["tensors"]}
-    with pytest.raises(CompareInputError, match="--capture-weights"):
+    with pytest.raises(CompareInputError, match="capture_weights"):
         audit_weights("ref", "bug", home=home)
 
 

@@ -17,7 +17,7 @@ from .device_async import DeviceClock, PendingCopy
 from .recorder import Recorder
 from .records import TensorInfo
 from .safetensors_header import header_entries
-from .sensitivity import HeldCall, measuring, rounded_output
+from .sensitivity import HeldCall, enter_descendant, exit_descendant, measuring, rounded_output
 from .sensitivity_torch import measure_torch, output_versions, versions
 
 if TYPE_CHECKING:  # torch is imported when a torch model is captured
@@ -175,7 +175,10 @@ def _hook(
     class_name = type(module).__name__
 
     def before(_module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
-        if not live[0] or measuring():
+        if live[0] and measuring():  # inside a parent's re-run: not its inline work
+            enter_descendant(recorder)
+            return
+        if not live[0]:
             return
         seq = recorder.enter(path, class_name, args, kwargs)
         # The exception being handled around this call (a call inside an `except` block).
@@ -185,6 +188,7 @@ def _hook(
         _module: nn.Module, _args: tuple[object, ...], _kwargs: dict[str, object], output: object
     ) -> object:
         if live[0] and measuring():  # inside a parent's re-run: its output rounded
+            exit_descendant(recorder)
             rounded, value = rounded_output(recorder, output)
             return value if rounded else None
         seq = recorder.open_seq(path) if live[0] else None

@@ -63,12 +63,8 @@ QUANT_C = 3.5  # bound on quantization noise, in units of one module's expected 
 # x1.9.  Only used to pick the culprit among entries that already fail.
 GROWTH = 2.0
 
-# The unit a bound counts in, per dtype: its unit roundoff (``dtypes.py``), except where
-# both sides compute in that precision.  In float32 both accumulate long reductions (a
-# matmul over K = 64..4096 terms) in a different order, an error ~ sqrt(K) u per op, where
-# bf16 and fp16 ports accumulate in fp32 and round once per op: float32 counts 4 u
-# (float64, 8 u).
-ACCUMULATION = {"F64": 8.0, "F32": 4.0, "C128": 8.0, "C64": 4.0}
+# The unit a bound counts in, per dtype: its unit roundoff times its ``accumulation``
+# (``dtypes.py``: float32 counts 4 u, float64 8 u, where both sides reorder long sums).
 
 
 def canonical_dtype(dtype: str) -> str:
@@ -88,7 +84,7 @@ def _unit(dtype: str) -> float | None:
     if found is None:  # a name no table holds is held to float32's bound
         return None if dtypes.is_exact(dtype) else _unit("F32")
     u = found.unit_roundoff
-    return None if u is None else u * ACCUMULATION.get(found.code, 1.0)
+    return None if u is None else u * found.accumulation
 
 
 def quantization_error(bits: int, group_size: int) -> float:

@@ -66,7 +66,11 @@ def sensitivities(path: Path, module: str) -> list[float]:
     """The measured ``sensitivity`` of each call of ``module`` in a capture."""
     lines = [json.loads(x) for x in (path / "index.jsonl").read_text().splitlines()]
     seqs = {r["seq"] for r in lines if r["event"] == "call" and r["module"] == module}
-    return [r["sensitivity"] for r in lines if r["event"] == "return" and r["seq"] in seqs]
+    return [
+        r["sensitivity"]
+        for r in lines
+        if r["event"] == "return" and "sensitivity" in r and r["seq"] in seqs
+    ]
 
 
 def test_both_frameworks_measure_the_rounding_of_the_inline_sinusoid() -> None:
@@ -85,8 +89,10 @@ def test_both_frameworks_measure_the_rounding_of_the_inline_sinusoid() -> None:
         found = sensitivities(cap.path, "time_embed")
         assert len(found) == inline_dit.STEPS
         assert all(s > 50 * step for s in found), found
-        # A block's inline work (a SiLU, a modulation) rounds like any op.
-        assert all(s < 20 * step for s in sensitivities(cap.path, "blocks.0")), cap.path
+        # A block's inline work (a SiLU, a modulation) rounds like any op (measured
+        # once: its kind proved benign, later calls are not re-run).
+        blocks = sensitivities(cap.path, "blocks.0")
+        assert blocks and all(s < 20 * step for s in blocks), cap.path
 
 
 def test_the_clean_loop_agrees_on_the_inline_sinusoid() -> None:

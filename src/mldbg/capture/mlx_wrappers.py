@@ -186,6 +186,8 @@ def _recording_class(
                 recorder.perturbations,
                 recorder.held_by(seq),
             ),
+            output,
+            original.__name__,
         )
         held_call = HeldCall(self, args, kwargs, (), output) if recorder.sensitivity else None
         recorder.exit(seq, path, output, None, extra, held_call)

@@ -568,6 +568,29 @@ def measure(
             return None
 
 
+# A measured call is benign when compare would set no floor from it: its amplification
+# at most compare's AMPLIFYING (``compare/judge/bounds.py``: 4, where an amplified floor
+# starts) and its own floor (COND_C = 2 times its sensitivity) below the rounding bound
+# at its depth (2 u' sqrt(1 + d), u' its step times its dtype's ``accumulation``).
+BENIGN_AMPLIFICATION = 4.0
+
+
+def benign(found: Sensitivity, depth: int) -> bool:
+    """Whether a call measured as ``found``, ``depth`` leaf calls into the capture, gives
+    compare nothing to bound by: no amplification it applies, a floor below rounding's."""
+    step, sensitivity = found.get("step"), found.get("sensitivity")
+    if not step or sensitivity is None or not math.isfinite(sensitivity):
+        return False
+    amplification = found.get("amplification")
+    if amplification is not None and amplification > BENIGN_AMPLIFICATION:
+        return False
+    counted = next(
+        (d.accumulation for d in dtypes.TABLE if d.kind == "float" and d.unit_roundoff == step),
+        1.0,
+    )
+    return sensitivity <= step * counted * math.sqrt(1 + max(0, depth))
+
+
 def row_sample(
     input_energy: np.ndarray, output_energy: np.ndarray, size: int, offset: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

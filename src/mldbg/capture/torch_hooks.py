@@ -214,6 +214,8 @@ def _hook(
                 recorder.perturbations,
                 recorder.held_by(seq),
             ),
+            output,
+            class_name,
         )
         held = _held_call(module, _args, _kwargs, output) if recorder.sensitivity else None
         recorder.exit(seq, path, output, None, extra, held)

@@ -282,6 +282,13 @@ CAPTURE_ARGS = (
         False,
     ),
     Arg(
+        "capture_precision",
+        str,
+        "run each captured PyTorch model in this wider dtype: the better run compare "
+        "--better takes",
+        choices=("float32", "float64"),
+    ),
+    Arg(
         "capture_replay",
         str,
         "replay each model on this reference capture instead (its modules fed its "
@@ -899,6 +906,12 @@ VERBS: tuple[Verb, ...] = (
                 choices=("auto", "NCHW", "NHWC"),
             ),
             Arg("replay", str, "a replay capture (mldbg.replay): show local errors, blame by them"),
+            Arg(
+                "better",
+                str,
+                "a run of the reference that rounds less (float32/float64, or on a "
+                "quantized port's dequantized weights): judge B against it",
+            ),
             Arg(
                 "shards",
                 dict[str, int | str],

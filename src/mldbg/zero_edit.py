@@ -73,6 +73,7 @@ class Spec:
     weights: bool = False
     sensitivity: bool = True  # the re-runs that measure each call's floor (compare's bounds)
     replay: str | None = None  # replay each model on this reference capture instead
+    precision: str | None = None  # run each model in this wider dtype (a better run)
 
     @classmethod
     def parse(cls, data: object) -> Spec:
@@ -120,10 +121,19 @@ class Spec:
             weights=bool(data.get("weights", False)),
             sensitivity=bool(data.get("sensitivity", True)),
             replay=_replay_name(data.get("replay")),
+            precision=_precision(data.get("precision")),
         )
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
+
+
+def _precision(value: object) -> str | None:
+    from .capture.precision import PRECISIONS
+
+    if value is None or value in PRECISIONS:
+        return None if value is None else str(value)
+    raise ValueError(f"precision takes {' or '.join(PRECISIONS)}, not {str(value)[:40]!r}")
 
 
 def _replay_name(value: object) -> str | None:
@@ -301,6 +311,7 @@ class Tracker:
                 within=spec.within,
                 ops=spec.ops,
                 sensitivity=spec.sensitivity,
+                precision=spec.precision,
                 upstream=self._upstream(),
                 index_only=lacking,
             )

@@ -91,6 +91,7 @@ def compare(
     map: str | os.PathLike[str] | Mapping[str, Any] | None = None,  # noqa: A002 - the CLI's name
     layout: str | None = None,
     replay: Any = None,
+    better: Any = None,
     html: str | os.PathLike[str] | None = None,
     home: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
@@ -106,7 +107,11 @@ def compare(
     same dict inline; ``layout`` (``"NCHW"``, ``"NHWC"``, ``"auto"``) is B's activation
     layout when shapes alone cannot tell; ``replay`` names a capture written by
     :func:`mldbg.replay` (or a :class:`ReplayResult`), whose local errors are shown
-    beside the propagated ones and name the culprit.  ``shards`` makes ``b`` the captures
+    beside the propagated ones and name the culprit.  ``better`` names a run of the
+    reference that rounds less (the same weights in float32 or float64, or, for a
+    quantized port, the reference on the port's dequantized weights): each entry is then
+    judged by B's error against it beside A's own (README, "A better reference").
+    ``shards`` makes ``b`` the captures
     of several ranks (``b="tp@rank*"``) gathered into one model: ``{glob: dim}`` for
     tensors the ranks slice along ``dim``, ``{glob: "sum"}`` for partial sums, the rest
     replicated (README, "Ranks").
@@ -152,6 +157,7 @@ def compare(
     replay_source = None
     if replay is not None:
         replay_source = open_source(_spec(getattr(replay, "capture", replay)), base)
+    better_source = open_source(_spec(better), base) if better is not None else None
     result = compare_sources(
         source_a,
         source_b,
@@ -160,6 +166,7 @@ def compare(
         names=names,
         layout=layout,
         replay=replay_source,
+        better=better_source,
         progress=progress,
     )
     if aligned is not None:  # generation loops that split the sequence differently
@@ -183,6 +190,7 @@ def compare_answer(
     map: dict[str, Any] | str | None = None,
     layout: str | None = None,
     replay: str | None = None,
+    better: str | None = None,
     shards: dict[str, int | str] | None = None,
     html: str | None = None,
     passing: bool = False,
@@ -202,6 +210,7 @@ def compare_answer(
         map=map,
         layout=layout,
         replay=replay,
+        better=better,
         html=html,
         home=home,
         shards=shards,

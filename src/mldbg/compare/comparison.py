@@ -17,6 +17,14 @@ from ..errors import CORRUPT_FILE, NOTHING_COMPARABLE, NOTHING_PAIRED, UNREADABL
 from .culprit.divergence import missing_child
 from .culprit.rules import CallKey, Verdict, call_key, first_divergence
 from .judge import metrics
+from .judge.better import (
+    check_port_weights,
+    headroom,
+    judge_by_better,
+    measure_port,
+    open_better,
+    quantized_port,
+)
 from .judge.bounds import (
     NO_FLOOR,
     Depths,
@@ -51,16 +59,31 @@ def compare_sources(
     names: NameMap | None = None,
     layout: str | None = None,
     replay: Source | None = None,
+    better: Source | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run the stages on two sources: pair, judge each pair, name the first divergence,
-    attach the hints for the next step.  The result is the documented JSON shape."""
+    attach the hints for the next step.  The result is the documented JSON shape.
+    With ``better`` (a run of A that rounds less) each bound is sharpened by A's own
+    error against it, or a quantized B is judged against it (``judge/better.py``)."""
     names = names or NameMap()
-    alignment, proposal = _paired(a, b, names)
-    layouts = Layouts(a, b, alignment, layout)
-    results = _compared(a, b, alignment, rtol, atol, layouts, progress)
+    improved = open_better(a, better) if better is not None else None
+    # A quantized B is measured against C, the reference on its dequantized weights.
+    against = better if better is not None and quantized_port(b) else a
+    alignment, proposal = _paired(against, b, names)
+    layouts = Layouts(against, b, alignment, layout)
+    results = _compared(against, b, alignment, rtol, atol, layouts, progress)
     strict = rtol is not None or atol is not None
-    judge(a, results, _quantized(b, alignment, results), strict=strict)
+    quantized = _quantized(b, alignment, results)
+    if improved is not None and against is better:
+        check_port_weights(improved, results)
+        quantized = {}  # B and C hold the same weights: B is held to its own rounding
+    judge(a, results, quantized, strict=strict)
+    if improved is not None:
+        if against is a:
+            measure_port(improved, b, alignment.pairs, layouts)
+        judge_by_better(improved, results)
+    headroom(results)
     local = local_errors(a, replay, layout=layout) if replay is not None else None
     if local is not None:
         _add_local_errors(results, local)
@@ -97,6 +120,7 @@ def compare_sources(
         "unpaired_b": alignment.unpaired_b,
         "proposed_map": proposal,
         "replay": None if replay is None else replay.describe(),
+        "better": None if improved is None else improved.describe(),
         "counts": _counts(results, failed, alignment),
         "warnings": a.warnings + b.warnings + (replay.warnings if replay is not None else []),
     }

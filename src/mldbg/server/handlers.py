@@ -114,6 +114,7 @@ def start(
     capture_ops: list[str] | None = None,
     capture_weights: bool = False,
     capture_no_sensitivity: bool = False,
+    capture_precision: str | None = None,
     capture_replay: str | None = None,
 ) -> R.State:
     assert session is not None
@@ -136,6 +137,7 @@ def start(
         "ops": capture_ops or None,
         "weights": True if capture_weights else None,
         "sensitivity": False if capture_no_sensitivity else None,
+        "precision": capture_precision,
         "replay": capture_replay,
     }
     settings = _capture_settings(capture, options)
@@ -186,6 +188,7 @@ class CaptureOptions(TypedDict):
     ops: list[str] | None
     weights: bool | None
     sensitivity: bool | None
+    precision: str | None
     replay: str | None
 
 
@@ -658,6 +661,7 @@ def compare(
     map: dict[str, Any] | str | None = None,
     layout: str | None = None,
     replay: str | None = None,
+    better: str | None = None,
     shards: dict[str, int | str] | None = None,
     html: str | None = None,
     passing: bool = False,
@@ -676,6 +680,7 @@ def compare(
         map=map if isinstance(map, dict) or map is None else where.local(map),
         layout=layout,
         replay=replay,
+        better=better,
         shards=shards,
         html=where.local(html) if html else None,
         passing=passing,

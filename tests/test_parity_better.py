@@ -169,3 +169,23 @@ def test_the_cli_takes_a_better_run() -> None:
     answer = json.loads(proc.stdout)
     assert answer["better"]["mode"] == "precision"
     assert answer["first_divergence"]["module"] == NORM
+
+
+def test_replay_sets_aside_a_4bit_gemmas_moved_embedding_scale() -> None:
+    """transformers scales Gemma's embeddings by sqrt(hidden) inside ``embed_tokens``,
+    mlx-lm right after it: a boundary difference (x8 here).  Quantized to 4 bits, the
+    embedding's bound holds the quantization's noise (0.39), which used to hide that
+    exact scale from replay's boundary test: replay named the clean port's
+    ``embed_tokens``, exit 1.  The noise moves the norms' ratio by its square only."""
+    import mlx.nn as mnn
+
+    from parity_zoo import gemma
+
+    z = gemma.build("float32")
+    mnn.quantize(z.port, group_size=64, bits=4)
+    capture(z)
+    replayed = mldbg.replay(z.port, "ref")
+    assert replayed.culprit is None, replayed.culprit
+    result = mldbg.compare("ref", "port", replay=replayed.capture).result
+    assert result["ok"] and result["first_divergence"] is None, verdict(result)
+    assert entry(result, "model.embed_tokens#0.out")["local"]["ok"]

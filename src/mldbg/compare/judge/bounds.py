@@ -379,7 +379,15 @@ def scale_test(result: EntryResult, bound: float, *, check_max: bool = True) -> 
 
 
 def exact_scale(result: EntryResult, bound: float) -> float | None:
-    """``s`` when ``b`` is ``s * a`` up to rounding (a scale moved across a boundary)."""
+    """``s`` when ``b`` is ``s * a`` up to rounding (a scale moved across a boundary).
+
+    ``b`` is ``s a`` when what is left of it beyond the best scale (the residual,
+    ``sqrt(1 - cos^2)``) is within ``MAX_FACTOR`` times the bound, and the scale is one
+    when the norms' ratio differs from 1 by more than ``MAX_FACTOR`` times the smaller of
+    the bound and that residual: noise of relative size ``r`` moves the ratio by about
+    ``r^2 / 2`` only, so a bound widened by quantization noise (0.39 at a 4-bit
+    embedding) must not hide Gemma's x8 embedding scale (``|1/8 - 1| = 0.875``), which
+    replay then blamed on a clean 4-bit port's ``embed_tokens``."""
     cosine, rms_a, rms_b = result.get("cosine"), result.get("rms_a"), result.get("rms_b")
     if not (
         isinstance(cosine, float | int)
@@ -393,7 +401,8 @@ def exact_scale(result: EntryResult, bound: float) -> float | None:
     if residual > max(MAX_FACTOR * bound, 1e-6):
         return None
     ratio = rms_b / rms_a * (1.0 if cosine >= 0 else -1.0)
-    return ratio if abs(abs(ratio) - 1.0) > MAX_FACTOR * bound else None
+    moved = MAX_FACTOR * min(bound, max(residual, 1e-6))
+    return ratio if abs(abs(ratio) - 1.0) > moved else None
 
 
 def rel(value: float | str | None) -> float:

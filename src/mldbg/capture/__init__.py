@@ -266,11 +266,7 @@ class Capture:
             self._recorder.inside = self.inside
         self._started = time.perf_counter()
         try:
-            if self.precision is not None:
-                from .precision import widen
-
-                roots = [self.model[n] for n in self.models] if self.models else [self.model]
-                self._narrow = widen(roots, self.precision)
+            self._widen()
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
             if self.ops:
                 self._detach = self._attach_ops(backend, target, self._detach)
@@ -285,6 +281,15 @@ class Capture:
             )
             raise
         return self
+
+    def _widen(self) -> None:
+        """A better run (``precision=``): the model(s) widened until the capture ends."""
+        if self.precision is None:
+            return
+        from .precision import widen
+
+        roots = [self.model[n] for n in self.models] if self.models else [self.model]
+        self._narrow = widen(roots, self.precision)
 
     def _attach_ops(
         self, backend: Any, target: Any, detach_modules: Callable[[], None]

@@ -91,7 +91,7 @@ def compare(
     map: str | os.PathLike[str] | Mapping[str, Any] | None = None,  # noqa: A002 - the CLI's name
     layout: str | None = None,
     replay: Any = None,
-    better: Any = None,
+    better: object = None,
     html: str | os.PathLike[str] | None = None,
     home: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int, str], None] | None = None,

@@ -18,6 +18,7 @@ from .culprit.divergence import missing_child
 from .culprit.rules import CallKey, Verdict, call_key, first_divergence
 from .judge import metrics
 from .judge.better import (
+    BetterReference,
     check_port_weights,
     headroom,
     judge_by_better,
@@ -74,16 +75,7 @@ def compare_sources(
     layouts = Layouts(against, b, alignment, layout)
     results = _compared(against, b, alignment, rtol, atol, layouts, progress)
     strict = rtol is not None or atol is not None
-    quantized = _quantized(b, alignment, results)
-    if improved is not None and against is better:
-        check_port_weights(improved, results)
-        quantized = {}  # B and C hold the same weights: B is held to its own rounding
-    judge(a, results, quantized, strict=strict)
-    if improved is not None:
-        if against is a:
-            measure_port(improved, b, alignment.pairs, layouts)
-        judge_by_better(improved, results)
-    headroom(results)
+    _judge_all(a, b, (alignment, layouts), results, strict, improved)
     local = local_errors(a, replay, layout=layout) if replay is not None else None
     if local is not None:
         _add_local_errors(results, local)
@@ -131,6 +123,30 @@ def compare_sources(
     if ops is not None:  # captured with ops=: which operation inside diverges first
         document["ops"] = ops
     return document
+
+
+def _judge_all(
+    a: Source,
+    b: Source,
+    paired: tuple[Alignment, Layouts],
+    results: list[EntryResult],
+    strict: bool,
+    improved: BetterReference | None,
+) -> None:
+    """Judge every entry: against A's bounds and, with a better run, beside it (a
+    quantized B compared with C, on its dequantized weights, has no quantization
+    allowance); then each entry's headroom."""
+    alignment, layouts = paired
+    quantized = _quantized(b, alignment, results)
+    if improved is not None and quantized_port(b):
+        check_port_weights(improved, results)
+        quantized = {}  # B and C hold the same weights: B is held to its own rounding
+    judge(a, results, quantized, strict=strict)
+    if improved is not None:
+        if improved.mode == "precision":
+            measure_port(improved, b, alignment.pairs, layouts)
+        judge_by_better(improved, results)
+    headroom(results)
 
 
 def _paired(a: Source, b: Source, names: NameMap) -> tuple[Alignment, dict[str, Any] | None]:

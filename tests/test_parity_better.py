@@ -169,6 +169,15 @@ def test_the_cli_takes_a_better_run() -> None:
     answer = json.loads(proc.stdout)
     assert answer["better"]["mode"] == "precision"
     assert answer["first_divergence"]["module"] == NORM
+    human = subprocess.run(
+        [sys.executable, "-m", "mldbg", "compare", "ref", "port", "--better", "ref64"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "300"},
+    )
+    assert human.returncode == 1, human.stderr
+    assert "x bound" in human.stdout  # each entry's error over its bound, beside it
 
 
 def test_replay_sets_aside_a_4bit_gemmas_moved_embedding_scale() -> None:

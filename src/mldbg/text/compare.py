@@ -104,6 +104,7 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
     entries = [e for e in result["entries"] if show_inputs or e.get("role") != "in"]
     table = Table(box=None, pad_edge=False, header_style="bold")
     with_local = any(e.get("local") for e in result["entries"])
+    with_better = bool(result.get("better"))  # judged beside a better run: how close each came
     columns = [
         ("#", "right"),
         ("name", "left"),
@@ -113,6 +114,8 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
         ("rel err", "right"),
         ("bound", "right"),
     ]
+    if with_better:
+        columns.append(("x bound", "right"))
     if with_local:
         columns.append(("local", "right"))
     columns += [("cosine", "right"), ("status", "left")]
@@ -142,6 +145,8 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
             number(row.get("rel_rms")),
             number(row.get("expected")),
         ]
+        if with_better:
+            cells.append(number(row.get("headroom")))
         if with_local:
             local = row.get("local") or {}
             text = number(local.get("rel_rms")) if local else "-"

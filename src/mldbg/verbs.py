@@ -236,37 +236,37 @@ CAPTURE_ARGS = (
     Arg(
         "capture_models",
         list[str],
-        "capture these models instead: a class name or glob (LlamaModel, *UNet*); repeatable",
+        "capture these models instead: class names or globs (*UNet*); repeatable",
         flag="--capture-model",
     ),
     Arg(
         "capture_mode",
         str,
-        "full: every tensor; summary: statistics + an 8 KB sketch per tensor (coarse pass)",
+        "full: every tensor; summary: statistics + a sketch per tensor (coarse pass)",
         "full",
         choices=("full", "summary"),
     ),
     Arg(
         "capture_depth",
         int,
-        "record only calls nested at most this deep in the model (0: the model's own call)",
+        "record only calls nested at most this deep (0: the model's own call)",
         minimum=0,
     ),
     Arg(
         "capture_budget",
         str,
-        "most bytes the tensor files may take (500MB, 1GB); the rest is skipped, reported",
+        "most bytes the tensor files may take (1GB); the rest is skipped, reported",
     ),
     Arg(
         "capture_within",
         str,
-        "record only this module and what it contains (the culprit a coarse pass named)",
+        "record only this module and what it contains (a coarse pass's culprit)",
     ),
     Arg("capture_calls", int, "record only the first N calls of each model", minimum=1),
     Arg(
         "capture_ops",
         list[str],
-        "also record the torch / mx.* operations inside this module (path or glob); repeatable",
+        "also record the torch / mx.* operations inside this module; repeatable",
         flag="--capture-ops",
     ),
     Arg(
@@ -278,21 +278,19 @@ CAPTURE_ARGS = (
     Arg(
         "capture_no_sensitivity",
         bool,
-        "skip the sensitivity re-runs (faster; compare then bounds by rounding alone)",
+        "skip the sensitivity re-runs (faster; bounds by rounding alone)",
         False,
     ),
     Arg(
         "capture_precision",
         str,
-        "run each captured PyTorch model in this wider dtype: the better run compare "
-        "--better takes",
+        "run torch models wider",
         choices=("float32", "float64"),
     ),
     Arg(
         "capture_replay",
         str,
-        "replay each model on this reference capture instead (its modules fed its "
-        "inputs), as capture NAME",
+        "replay each model on this reference capture instead, as capture NAME",
     ),
 )
 
@@ -359,8 +357,7 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "require_editable",
                 list[str],
-                "refuse to start unless these packages are editable installs for the script's "
-                "python",
+                "refuse to start unless these packages are editable installs",
                 cli_help="refuse to start unless this package is an editable install for the "
                 "script's python (repeatable)",
             ),
@@ -896,7 +893,7 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "map",
                 dict[str, Any] | str,  # a map file, or the same map inline as a JSON object
-                "a map file of B's names: {rename, regex, ignore} (a JSON object works in MCP/REST)",
+                "a map file of B's names: {rename, regex, ignore}, or that JSON object",
                 kind="path",
             ),
             Arg(
@@ -906,12 +903,7 @@ VERBS: tuple[Verb, ...] = (
                 choices=("auto", "NCHW", "NHWC"),
             ),
             Arg("replay", str, "a replay capture (mldbg.replay): show local errors, blame by them"),
-            Arg(
-                "better",
-                str,
-                "a run of the reference that rounds less (float32/float64, or on a "
-                "quantized port's dequantized weights): judge B against it",
-            ),
+            Arg("better", str, "A run in a wider dtype: sharper bounds"),
             Arg(
                 "shards",
                 dict[str, int | str],

@@ -11,17 +11,20 @@ a run of the reference that rounds less exists (``compare A B --better C``):
   reference's own error against it, ``e_A = rel_rms(A, C)``, is what rounding in A's
   dtype did there, the depth and the ill-conditioned ops included, measured.  A clean
   port rounds the same computation in the same dtype, at other places or the same
-  ones: its error against C is about ``e_A`` (measured: within 0.9-1.2x at every entry
-  of clean bf16 Llama and Flux ports), so it differs from A by at most about
-  ``2 e_A`` (measured: 0-0.92 ``e_A``).  The entry's bound becomes the smaller of the
-  scale-aware one and ``BETTER_C * e_A`` (``e_A`` scaled by the ratio of the dtypes'
-  units when B's is coarser than A's, and never below one rounding step of the coarser
-  dtype, ``rounding_bound(u, 0)``).  The entry's numbers stay B's against A, so the
-  rules name the culprit as always, on a sharper bound.  Where the reference's own
-  error is dominated by a rounding the port makes identically (a bfloat16 Flux rounds
-  its timestep ``0.898 * 1000`` to 900 on both sides, 0.3 relative at the embedding
-  against C), ``e_A`` bounds nothing tighter and the scale-aware bound stays: the
-  entry's ``better.bound`` says which was smaller.
+  ones, so its error against C, ``e_B``, is about ``e_A`` and it differs from A by at
+  most about ``2 e_A`` (measured on clean bf16 Llama, Qwen2/3, Gemma, GPT-2, Flux, SD3,
+  PixArt and VAE ports and fp16/fp32 Llama: ``e_B <= 1.55 e_A`` and ``|B - A| <= 1.81
+  e_A`` at every entry).  So ``e_B`` is held to ``BETTER_C * e_A`` and the entry's
+  bound (on B's difference from A, its numbers as ever, so the rules name the culprit
+  on them) becomes the smaller of the scale-aware one and ``(1 + BETTER_C) e_A``
+  (``e_A`` scaled by the ratio of the dtypes' units when B's is coarser).  Where
+  ``e_A`` is below one rounding step of the coarser dtype, C did not round less (an
+  exact op; code that casts to float32 itself, as diffusers' timestep embedding does,
+  runs the same in C) and the scale-aware bound stands, its measured conditioning
+  included.  Where the reference's own error is dominated by a rounding the port makes
+  identically (a bfloat16 Flux rounds its timestep ``0.898 * 1000`` to 900 on both
+  sides, 0.3 relative at the embedding against C), ``e_A`` bounds nothing tighter and
+  the scale-aware bound stays too.
 * **B is quantized and C is the reference on B's dequantized weights** (in a wide
   dtype).  Then A and C differ by the quantization, and B and C only by B's own
   rounding: B is compared with C instead of A, held to the rounding bound of its dtype
@@ -52,9 +55,9 @@ from ..records import EntryResult
 from . import metrics
 from .bounds import scale_test, unit_roundoff
 
-# The bound in units of the reference's own error against C: a clean port's difference
-# from the reference stays within 0.92 e_A (bf16 Llama, Qwen2, Gemma, Flux; fp16 and
-# fp32 against fp64 alike), so 2.5 leaves it 2.7x of room.
+# What a clean port's error against C may be, in units of the reference's own: measured
+# at most 1.55 (its difference from A at most 1.81 of it, held to 1 + BETTER_C) over
+# the zoo's clean bf16, fp16 and fp32 ports, so 2.5 leaves 1.6x of room.
 BETTER_C = 2.5
 # B's error against C at its quantized modules, over A's: below it, C holds B's
 # dequantized weights (B rounds, A also carries the quantization: measured ~0.01-0.1).

@@ -18,6 +18,8 @@ from ..memory import human_size as _size
 from .console import err, out, print_table
 from .console import one_line as escape  # every text here is one line; names from captures too
 
+Entry = dict[str, Any]  # one entry of compare's JSON document
+
 FOLD = 6  # agreeing rows in a row beyond which the middle ones are folded
 UNPAIRED_SHOWN = 20  # unpaired names printed per side (all of them are in --json / --html)
 PROPOSAL_LINES = 40  # lines of a proposed map printed
@@ -36,7 +38,7 @@ def number(value: float | str | None) -> str:
     return f"{value:.2e}"
 
 
-def _shape(entry: dict[str, Any]) -> str:
+def _shape(entry: Entry) -> str:
     a, b = entry.get("shape_a"), entry.get("shape_b")
     text = "×".join(str(n) for n in a or []) or "scalar"
     if a != b:
@@ -54,7 +56,7 @@ def _quant(entry: dict[str, Any]) -> str:
     return f" [dim]({quant.get('bits')}-bit, group {quant.get('group_size')}: expected)[/]"
 
 
-def _status(entry: dict[str, Any]) -> str:
+def _status(entry: Entry) -> str:
     if entry.get("error"):
         mark = "[bold red]◀ culprit[/] " if entry.get("culprit") else ""
         return f"{mark}[red]{escape(entry['error'])}[/]"
@@ -128,35 +130,40 @@ def show(result: dict[str, Any], *, show_all: bool = False, show_inputs: bool = 
             blank = [""] * (len(columns) - 2)
             table.add_row("", f"[dim]… {row} agreeing rows …[/]", *blank)
             continue
-        dtype = row.get("dtype_a") or ""
-        if row.get("dtype_b") != row.get("dtype_a"):
-            dtype += f"/{row.get('dtype_b')}"
-        name = escape(row["name"])
-        if row.get("role") == "in":
-            name = f"[dim]{name}[/]"
-        if row.get("culprit"):
-            name = f"[bold red]{name}[/]"
-        cells = [
-            str(position[id(row)]),
-            name,
-            _shape(row),
-            dtype,
-            number(row.get("max_abs")),
-            number(row.get("rel_rms")),
-            number(row.get("expected")),
-        ]
-        if with_better:
-            cells.append(number(row.get("headroom")))
-        if with_local:
-            local = row.get("local") or {}
-            text = number(local.get("rel_rms")) if local else "-"
-            if local and not local.get("ok"):
-                text = f"[red]{text}[/]"
-            cells.append(text)
-        cells += [number(row.get("cosine")), _status(row)]
+        cells = _cells(row, position[id(row)], with_better, with_local)
         table.add_row(*cells)
     print_table(table, keep=("#", "name"))
     _verdict(result)
+
+
+def _cells(row: Entry, index: int, with_better: bool, with_local: bool) -> list[str]:
+    """One entry's row of the table, in its columns' order."""
+    dtype = row.get("dtype_a") or ""
+    if row.get("dtype_b") != row.get("dtype_a"):
+        dtype += f"/{row.get('dtype_b')}"
+    name = escape(row["name"])
+    if row.get("role") == "in":
+        name = f"[dim]{name}[/]"
+    if row.get("culprit"):
+        name = f"[bold red]{name}[/]"
+    cells = [
+        str(index),
+        name,
+        _shape(row),
+        dtype,
+        number(row.get("max_abs")),
+        number(row.get("rel_rms")),
+        number(row.get("expected")),
+    ]
+    if with_better:
+        cells.append(number(row.get("headroom")))
+    if with_local:
+        local = row.get("local") or {}
+        text = number(local.get("rel_rms")) if local else "-"
+        if local and not local.get("ok"):
+            text = f"[red]{text}[/]"
+        cells.append(text)
+    return [*cells, number(row.get("cosine")), _status(row)]
 
 
 def _verdict(result: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
 import mldbg  # noqa: E402
-from conftest import Api, Session, wait_until  # noqa: E402
+from conftest import Api, Session, call, wait_until  # noqa: E402
 from mldbg.compare import CompareInputError  # noqa: E402
 from mldbg.text import compare as compare_render  # noqa: E402
 from mldbg.text.console import captured  # noqa: E402
@@ -199,6 +199,39 @@ def test_one_command_makes_the_better_run(api: Api, scripts: Path, tmp_path: Pat
     assert result["ok"] and result["better"]["mode"] == "precision", result["first_divergence"]
     judged = [e for e in result["entries"] if e.get("better")]
     assert judged and all(e["better"]["reference_rel_rms"] > 0 for e in judged)
+
+
+def test_the_better_run_names_a_bf16_slip_the_rounding_bound_misses(
+    api: Api, scripts: Path, tmp_path: Path
+) -> None:
+    """The better run at work, zero-edit throughout: the reference script in bfloat16
+    (``ref``), the same script once more as ``--capture-precision float64`` (``ref64``),
+    and a port whose layer-1 norm weight is 2% off (``norm=1.02``).  The rounding bound
+    alone lets the norm's output pass (bfloat16's bound is several times what a clean
+    port shows: the norm sits at 0.7 of it) and blames the MLP that amplifies the slip,
+    or nothing; beside the float64 run the norm is named (1.8x its bound), by the
+    daemon's compare verb."""
+    home = tmp_path / ".mldbg"
+    sessions = [Session(api, f"zbb{i}", tmp_path) for i in range(3)]
+    try:
+        run_captured(sessions[0], REFERENCE, "bfloat16", capture="ref")
+        run_captured(
+            sessions[1], REFERENCE, "bfloat16", capture="ref64", capture_precision="float64"
+        )
+        run_captured(sessions[2], PORT, "10000", "norm=1.02", capture="port")
+    finally:
+        for s in sessions:
+            s.end()
+    norm = "model.layers.1.post_attention_layernorm"
+    plain = mldbg.compare("ref", "port", home=home).result
+    within = next(e for e in plain["entries"] if e["name"] == f"{norm}#0.out")
+    assert within["ok"] and within["headroom"] < 1, within  # under the rounding bound
+    culprit = plain["first_divergence"]
+    assert culprit is None or culprit["module"] != norm, culprit
+    answer = call(api.client, "compare", None, a="ref", b="port", better="ref64", home=str(home))
+    assert not answer["ok"] and answer["first_divergence"]["module"] == norm, answer
+    judged = next(e for e in answer["entries"] if e["name"] == f"{norm}#0.out")
+    assert not judged["better"]["ok"] and judged["headroom"] > 1, judged
 
 
 def test_capture_options_are_checked_at_start(session: Session, scripts: Path) -> None:

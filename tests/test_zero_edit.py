@@ -21,7 +21,7 @@ pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
 import mldbg  # noqa: E402
-from conftest import Api, Session, wait_until  # noqa: E402
+from conftest import Api, Session, call, wait_until  # noqa: E402
 from mldbg.compare import CompareInputError  # noqa: E402
 from mldbg.text import compare as compare_render  # noqa: E402
 from mldbg.text.console import captured  # noqa: E402
@@ -176,6 +176,64 @@ def test_generation_loops_that_split_the_prompt_differently_are_aligned(
     assert "calls aligned" in buffer.getvalue()
 
 
+def test_one_command_makes_the_better_run(api: Api, scripts: Path, tmp_path: Path) -> None:
+    """``start --capture ref64 --capture-precision float64``: the unmodified reference
+    script runs its model in float64 for the capture (its float32 weights widened, its
+    inputs cast as they arrive), and compare takes it as the better run."""
+    home = tmp_path / ".mldbg"
+    sessions = [Session(api, f"zb{i}", tmp_path) for i in range(3)]
+    try:
+        run_captured(sessions[0], REFERENCE, capture="ref")
+        run_captured(sessions[1], REFERENCE, capture="ref64", capture_precision="float64")
+        run_captured(sessions[2], PORT, capture="port")
+    finally:
+        for s in sessions:
+            api.http.post(f"{s.base}/terminate")
+    found = captures_of(home)
+    assert found["ref64"]["precision"] == "float64" and found["ref64"]["state"] == "complete"
+    (index,) = (home / "runs").glob("*/captures/ref64/index.jsonl")
+    lines = [json.loads(line) for line in index.read_text().splitlines()]
+    logits = next(line for line in lines if line["event"] == "return" and line["seq"] == 0)
+    assert {t["dtype"] for t in logits["tensors"].values()} == {"F64"}, logits
+    result = mldbg.compare("ref", "port", better="ref64", home=home).result
+    assert result["ok"] and result["better"]["mode"] == "precision", result["first_divergence"]
+    judged = [e for e in result["entries"] if e.get("better")]
+    assert judged and all(e["better"]["reference_rel_rms"] > 0 for e in judged)
+
+
+def test_the_better_run_names_a_bf16_slip_the_rounding_bound_misses(
+    api: Api, scripts: Path, tmp_path: Path
+) -> None:
+    """The better run at work, zero-edit throughout: the reference script in bfloat16
+    (``ref``), the same script once more as ``--capture-precision float64`` (``ref64``),
+    and a port whose layer-1 norm weight is 2% off (``norm=1.02``).  The rounding bound
+    alone lets the norm's output pass (bfloat16's bound is several times what a clean
+    port shows: the norm sits at 0.7 of it) and blames the MLP that amplifies the slip,
+    or nothing; beside the float64 run the norm is named (1.8x its bound), by the
+    daemon's compare verb."""
+    home = tmp_path / ".mldbg"
+    sessions = [Session(api, f"zbb{i}", tmp_path) for i in range(3)]
+    try:
+        run_captured(sessions[0], REFERENCE, "bfloat16", capture="ref")
+        run_captured(
+            sessions[1], REFERENCE, "bfloat16", capture="ref64", capture_precision="float64"
+        )
+        run_captured(sessions[2], PORT, "10000", "norm=1.02", capture="port")
+    finally:
+        for s in sessions:
+            s.end()
+    norm = "model.layers.1.post_attention_layernorm"
+    plain = mldbg.compare("ref", "port", home=home).result
+    within = next(e for e in plain["entries"] if e["name"] == f"{norm}#0.out")
+    assert within["ok"] and within["headroom"] < 1, within  # under the rounding bound
+    culprit = plain["first_divergence"]
+    assert culprit is None or culprit["module"] != norm, culprit
+    answer = call(api.client, "compare", None, a="ref", b="port", better="ref64", home=str(home))
+    assert not answer["ok"] and answer["first_divergence"]["module"] == norm, answer
+    judged = next(e for e in answer["entries"] if e["name"] == f"{norm}#0.out")
+    assert not judged["better"]["ok"] and judged["headroom"] > 1, judged
+
+
 def test_capture_options_are_checked_at_start(session: Session, scripts: Path) -> None:
     answer = session.start(REFERENCE, capture="ref", capture_budget="lots", expect=400)
     assert answer["code"] == "bad_argument"
@@ -186,6 +244,8 @@ def test_capture_options_are_checked_at_start(session: Session, scripts: Path) -
     answer = session.start(REFERENCE, capture_no_sensitivity=True, expect=400)
     assert answer["code"] == "bad_argument"
     assert "capture_no_sensitivity needs a capture name" in answer["error"]
+    answer = session.start(REFERENCE, capture="ref", capture_precision="float16", expect=400)
+    assert answer["code"] == "bad_argument"
 
 
 def test_cli_start_capture_summary_then_calls_limit(

@@ -76,6 +76,14 @@ def _mode(value: object) -> object:
     return check_mode(str(value))
 
 
+def _precision(value: object) -> object:
+    from .capture.precision import PRECISIONS
+
+    if value not in PRECISIONS:
+        raise ValueError(f"precision takes {' or '.join(PRECISIONS)}, not {str(value)[:40]!r}")
+    return value
+
+
 def _patterns(example: str) -> Callable[[object], object]:
     """A list of non-empty texts (class names, module paths, globs)."""
 
@@ -149,6 +157,14 @@ class Spec:
     # the re-runs that measure each call's floor (compare's bounds)
     sensitivity: bool = option(
         True, bool, "skip the sensitivity re-runs (faster; compare then bounds by rounding alone)"
+    )
+    # a better run for compare --better: each model in this wider dtype (torch only)
+    precision: str | None = option(
+        None,
+        str,
+        "run torch models in this wider dtype: the better run compare takes",
+        choices=("float32", "float64"),
+        check=_precision,
     )
     replay: str | None = option(
         None,

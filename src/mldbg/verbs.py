@@ -334,8 +334,7 @@ VERBS: tuple[Verb, ...] = (
             Arg(
                 "require_editable",
                 list[str],
-                "refuse to start unless these packages are editable installs for the script's "
-                "python",
+                "refuse to start unless these packages are editable installs",
                 cli_help="refuse to start unless this package is an editable install for the "
                 "script's python (repeatable)",
             ),
@@ -879,6 +878,7 @@ VERBS: tuple[Verb, ...] = (
                 choices=("auto", "NCHW", "NHWC"),
             ),
             Arg("replay", str, "a replay capture (mldbg.replay): judge by local errors"),
+            Arg("better", str, "a run of A that rounds less (wider dtype): sharper bounds"),
             Arg(
                 "shards",
                 dict[str, int | str],

@@ -238,6 +238,7 @@ class Tracker:
                 within=spec.within,
                 ops=spec.ops,
                 sensitivity=spec.sensitivity,
+                precision=spec.precision,
                 upstream=self._upstream(),
                 index_only=lacking,
             )

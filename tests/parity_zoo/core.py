@@ -155,3 +155,28 @@ def swap_class(module: Any, make: Callable[[type], type]) -> None:
     they were, so the bug sits in exactly one module path.
     """
     module.__class__ = make(type(module))
+
+
+def dequantized_reference(z: ZooPort) -> torch.nn.Module:
+    """A copy of ``z``'s reference holding its quantized port's weights as the port
+    computes with them (``mx.dequantize`` of each quantized module, names unchanged), in
+    float32: the better run a quantized port is judged against (``compare --better``)."""
+    import copy
+
+    state = {k: v.detach().clone() for k, v in z.ref.state_dict().items()}
+    for path, module in z.port.named_modules():
+        if not hasattr(module, "bits") or "scales" not in module:
+            continue
+        weight = mx.dequantize(
+            module["weight"],
+            module["scales"],
+            module.get("biases"),
+            group_size=module.group_size,
+            bits=module.bits,
+        )
+        key = f"{path}.weight"
+        assert key in state, key
+        state[key] = torch.from_numpy(np.array(weight.astype(mx.float32)))
+    ref = copy.deepcopy(z.ref).float()
+    ref.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    return ref.eval()

@@ -15,6 +15,15 @@ Bugs and the module a verdict must name:
   ``transformer_blocks.0.norm1``, the first one to run.
 - ``timestep``: the sinusoidal embedding in [sin, cos] order (``flip_sin_to_cos``
   forgotten) -> ``time_text_embed.time_proj``.
+- ``single_modulation``: one single-stream block (the middle one) reads its shift and
+  scale swapped -> ``single_transformer_blocks.<k>.norm``.
+
+``REAL_WIDTH`` and ``REAL_DEPTH`` are FLUX.1's sizes (issue 33, item 6): one double and
+one single block at hidden 3,072 (24 heads of 128, rotary axes (16, 56, 56), 64 latent
+channels, 4,096-dim text, 768-dim pooled) over 1,024 image and 256 text tokens; and
+19 + 38 blocks at the tiny width.  ``sizes=`` takes either (``benchmarks/real_sizes.py``
+runs them; ``tests/test_parity_real_sizes.py`` runs the depth and a width with fewer
+tokens).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from . import dit_mlx as d
 from .core import MLX_DTYPES, TORCH_DTYPES, ZooPort, check_case, generator, init_o1, to_mlx
 
 BUGS = ("rope", "modulation", "timestep")
+REAL_SIZE_BUGS = ("single_modulation",)  # built on request, not in the zoo's sweep
 CULPRITS = {
     "rope": "transformer_blocks.0.attn",
     "modulation": "transformer_blocks.0.norm1",
@@ -58,6 +68,26 @@ class Sizes:
 
 
 SIZES = Sizes()
+REAL_WIDTH = Sizes(
+    in_channels=64,
+    layers=1,
+    single_layers=1,
+    heads=24,
+    head_dim=128,
+    joint_dim=4096,
+    pooled_dim=768,
+    axes=(16, 56, 56),
+    image_side=32,
+    text_tokens=256,
+)
+REAL_DEPTH = Sizes(layers=19, single_layers=38)
+
+
+def culprit(bug: str, s: Sizes = SIZES) -> str:
+    """The module a verdict must name for ``bug`` in a model of sizes ``s``."""
+    if bug == "single_modulation":
+        return f"single_transformer_blocks.{s.single_layers // 2}.norm"
+    return CULPRITS[bug]
 
 
 def config(s: Sizes = SIZES) -> dict[str, Any]:
@@ -84,11 +114,13 @@ def image_ids(side: int) -> torch.Tensor:
 
 
 @functools.cache
-def reference(dtype: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """The tiny transformer in ``dtype`` and its inputs (latents, text, pooled, sigma, ids)."""
+def reference(
+    dtype: str, seed: int = 0, s: Sizes = SIZES
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """The transformer (tiny unless ``s`` says otherwise) in ``dtype`` and its inputs
+    (latents, text, pooled, sigma, ids)."""
     from diffusers import FluxTransformer2DModel
 
-    s = SIZES
     gen = generator(seed)
     model: Any = FluxTransformer2DModel(**config(s))
     init_o1(model, gen)
@@ -208,9 +240,11 @@ class FluxTransformer(mnn.Module):
         return self.proj_out(self.norm_out(x, temb))
 
 
-def port_of(ref: torch.nn.Module, dtype: str, bug: str | None = None) -> FluxTransformer:
+def port_of(
+    ref: torch.nn.Module, dtype: str, bug: str | None = None, s: Sizes = SIZES
+) -> FluxTransformer:
     """A port holding ``ref``'s weights, with ``bug`` planted."""
-    port = FluxTransformer()
+    port = FluxTransformer(s)
     d.load_from(port, {k: to_mlx(v) for k, v in ref.state_dict().items()})
     port.set_dtype(MLX_DTYPES[dtype])
     if bug == "rope":
@@ -222,13 +256,15 @@ def port_of(ref: torch.nn.Module, dtype: str, bug: str | None = None) -> FluxTra
             block.norm1_context.swap_shift_scale = True
     elif bug == "timestep":
         port.time_text_embed.time_proj.flip = False
+    elif bug == "single_modulation":
+        port.single_transformer_blocks[s.single_layers // 2].norm.swap_shift_scale = True
     return port
 
 
-def build(dtype: str, bug: str | None, seed: int = 0) -> ZooPort:
-    check_case("flux", dtype, bug, BUGS)
-    ref, inputs = reference(dtype, seed)
-    port = port_of(ref, dtype, bug)
+def build(dtype: str, bug: str | None, seed: int = 0, sizes: Sizes = SIZES) -> ZooPort:
+    check_case("flux", dtype, bug, BUGS + REAL_SIZE_BUGS)
+    ref, inputs = reference(dtype, seed, sizes)
+    port = port_of(ref, dtype, bug, sizes)
     return ZooPort(
         arch="flux",
         dtype=dtype,
@@ -237,5 +273,5 @@ def build(dtype: str, bug: str | None, seed: int = 0) -> ZooPort:
         port=port,
         ref_inputs=inputs,
         port_inputs=tuple(to_mlx(t) for t in inputs),
-        culprit=CULPRITS.get(bug) if bug else None,
+        culprit=culprit(bug, sizes) if bug else None,
     )

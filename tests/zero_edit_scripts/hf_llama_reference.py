@@ -27,12 +27,14 @@ with torch.no_grad():
     for name, p in model.named_parameters():
         if p.dim() == 2:
             p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]) if "embed" not in name else 1.0)
+if "bfloat16" in sys.argv[1:]:  # the model in bfloat16, its weights written so
+    model = model.to(torch.bfloat16)
 save_file({k: v.contiguous() for k, v in model.state_dict().items()}, "weights.safetensors")
 ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
 with open("ids.json", "w") as fh:
     json.dump(ids.tolist(), fh)
 with torch.no_grad():
-    if sys.argv[1:] == ["generate"]:  # greedy decoding with a cache: one call per token
+    if "generate" in sys.argv[1:]:  # greedy decoding with a cache: one call per token
         logits = model.generate(
             ids, max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0
         )

@@ -22,9 +22,14 @@ args = llama.ModelArgs(
 model = llama.Model(args)
 weights = model.sanitize(mx.load("weights.safetensors"))
 model.load_weights(list(weights.items()))
+# norm=F: a conversion slip, layer 1's post-attention norm weight scaled by F
+scale = next((float(a[5:]) for a in sys.argv[2:] if a.startswith("norm=")), None)
+if scale is not None:
+    norm = model.model.layers[1].post_attention_layernorm
+    norm.weight = norm.weight * scale
 with open("ids.json") as fh:
     ids = mx.array(json.load(fh))
-if sys.argv[2:] == ["generate"]:  # mlx-lm's own loop: the prompt's last token alone
+if "generate" in sys.argv[2:]:  # mlx-lm's own loop: the prompt's last token alone
     from mlx_lm.generate import generate_step
 
     tokens = [token for token, _ in generate_step(ids[0], model, max_tokens=4)]

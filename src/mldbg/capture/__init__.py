@@ -86,10 +86,11 @@ class Capture:
         budget: int | str | None = None,
         within: str | None = None,
         background: bool | None = None,
-        sensitivity: bool = True,
+        sensitivity: bool | str = True,
         ops: str | Iterable[str] | None = None,
         upstream: list[dict[str, Any]] | None = None,
         index_only: bool = False,
+        precision: str | None = None,
     ) -> None:
         # Several models (a pipeline's): one container holds them under their names.
         self.models = list(model) if _is_pipeline(model) else None
@@ -118,14 +119,21 @@ class Capture:
         self.policy = Policy(mode=mode, depth=depth, budget=parse_size(budget))  # checked
         self.within = within
         self.ops = _patterns(ops, "ops")
+        if sensitivity not in (True, False, "all"):
+            raise ValueError(f"sensitivity takes True, False or 'all', not {sensitivity!r}")
         self.sensitivity = sensitivity
+        from .precision import check_precision
+
+        # A better run (capture/precision.py): the model widened for the capture's duration.
+        self.precision = check_precision(precision, self.framework)
+        self._narrow: Callable[[], None] | None = None
         # The captures of the models this process ran before this one ([{"capture",
         # "ended"}]: how many of their calls had ended), for compare (compare/judge/upstream.py).
         self.upstream = upstream
         # Off the critical path by default: a full capture's writes, and the statistics
         # and sketch of a torch model's summary on the CPU (a summary writes little, but
         # computing it is ~10 passes over each tensor: 2.4x a plain forward inline at 128
-        # tokens, 1.8x in the background, benchmarks/README.md).  On a GPU the summary
+        # tokens, 1.8x in the background, benchmarks/parity.md).  On a GPU the summary
         # stays on the device, inline (the writer would copy every tensor to the host for
         # 8 KB).  An MLX summary is computed with MLX operations, which stay on the
         # model's thread: it is always written inline.
@@ -227,6 +235,7 @@ class Capture:
                     **({"models": self.models} if self.models else {}),
                     **({"upstream": self.upstream} if self.upstream else {}),
                     **({"index_only": True} if self.index_only else {}),
+                    **({"precision": self.precision} if self.precision else {}),
                 },
             )
         except OSError as exc:  # no room for even the directory: the model runs uncaptured
@@ -253,7 +262,8 @@ class Capture:
             settle=getattr(backend, "settle", None),
             clock=backend.device_clock() if hasattr(backend, "device_clock") else None,
         )
-        self._recorder.sensitivity = self.sensitivity
+        self._recorder.sensitivity = bool(self.sensitivity)
+        self._recorder.every_call = self.sensitivity == "all"
         self._recorder.models = frozenset(
             id(m) for m in (target, *(getattr(target, n, None) for n in self.models or ()))
         )
@@ -262,10 +272,14 @@ class Capture:
             self._recorder.inside = self.inside
         self._started = time.perf_counter()
         try:
+            self._widen()
             self._detach = backend.attach(self.model, self._recorder, self.keeps)
             if self.ops:
                 self._detach = self._attach_ops(backend, target, self._detach)
         except BaseException as exc:
+            if self._narrow is not None:
+                self._narrow()
+                self._narrow = None
             if self._writer is not None:
                 self._writer.close()
             self._errors.extend(
@@ -273,6 +287,15 @@ class Capture:
             )
             raise
         return self
+
+    def _widen(self) -> None:
+        """A better run (``precision=``): the model(s) widened until the capture ends."""
+        if self.precision is None:
+            return
+        from .precision import widen
+
+        roots = [self.model[n] for n in self.models] if self.models else [self.model]
+        self._narrow = widen(roots, self.precision)
 
     def _attach_ops(
         self, backend: Any, target: Any, detach_modules: Callable[[], None]
@@ -333,6 +356,12 @@ class Capture:
                 detach()
         except Exception as error:  # restoring must not replace the model's own exception
             self._errors.append(f"restoring the model: {type(error).__name__}: {error}")
+        try:
+            if self._narrow is not None:
+                narrow, self._narrow = self._narrow, None
+                narrow()  # its parameters back in their own dtypes
+        except Exception as error:
+            self._errors.append(f"restoring its dtypes: {type(error).__name__}: {error}")
         if self._directory is None or self._recorder is None:
             return
         writer = self._writer
@@ -350,6 +379,8 @@ class Capture:
             "budget": self.policy.report(),
             "background": None if writer is None else {"waits": writer.waits},
         }
+        if recorder.not_remeasured:  # calls of a kind measured benign, not re-run again
+            fields["sensitivity_not_remeasured"] = recorder.not_remeasured
         if recorder.error_count:
             fields["write_errors"] = recorder.errors[:100]
             fields["write_error_count"] = recorder.error_count
@@ -497,8 +528,9 @@ def capture(
     budget: int | str | None = None,
     within: str | None = None,
     background: bool | None = None,
-    sensitivity: bool = True,
+    sensitivity: bool | str = True,
     ops: str | Iterable[str] | None = None,
+    precision: str | None = None,
 ) -> Capture:
     """Record every submodule call of ``model`` while the ``with`` block runs.
 
@@ -509,7 +541,7 @@ def capture(
     ``captures/<name>/``; ``include`` / ``exclude`` are glob patterns on module paths
     (``<root>`` is the model itself).  Compare two captures with ``mldbg compare``.
 
-    Coarse to fine (README, "Parity at scale"): ``mode="summary"`` keeps statistics and a
+    Coarse to fine (docs/scale.md): ``mode="summary"`` keeps statistics and a
     seeded sketch per tensor instead of the tensor; ``depth`` records only calls nested at
     most that deep (0: the model's own call); ``budget`` (bytes, or ``"1GB"``) caps what
     tensor files may take, skipping (and reporting) what does not fit; ``within`` records
@@ -518,11 +550,17 @@ def capture(
     files, and computes torch summaries, on a writer thread with bounded memory.
     ``sensitivity`` (default on) re-runs each leaf call once on inputs perturbed by one
     rounding step, and each call one call above its leaves twice (its inline work: an
-    attention's softmax), so compare can bound ill-conditioned ops (README, "How a verdict
-    is reached"); ``sensitivity=False`` saves that time and leaves such ops unexcused.
+    attention's softmax), so compare can bound ill-conditioned ops (docs/verdict.md); a
+    later call of a kind (its class) whose measured calls were all benign (nothing compare
+    would bound by) is not re-run, ``sensitivity="all"`` re-runs every call;
+    ``sensitivity=False`` saves that time and leaves such ops unexcused.
     ``ops`` (globs on module paths) also records the framework operations inside those
     modules (torch functions, ``mx.*`` / ``mx.fast.*`` calls), for compare to say which
     operation inside a culprit first diverges.
+    ``precision`` (``"float32"`` or ``"float64"``, PyTorch models) runs the model in that
+    wider dtype for the capture's duration, its floating inputs cast as they arrive: the
+    better run ``mldbg compare A B --better NAME`` judges a port against
+    (docs/parity-precision.md).
     """
     return Capture(
         model,
@@ -537,6 +575,7 @@ def capture(
         background=background,
         sensitivity=sensitivity,
         ops=ops,
+        precision=precision,
     )
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import dtypes
 from .recorder import Recorder
 from .records import Quantization, TensorInfo
-from .sensitivity import HeldCall, held_output, measuring, rounded_output
+from .sensitivity import HeldCall, descendant, held_output, measuring, rounded_output
 from .sensitivity_mlx import measure_mlx
 
 if TYPE_CHECKING:  # MLX is imported when an MLX model is captured
@@ -166,7 +166,8 @@ def _recording_class(
                 (False, None) if path is None else held_output(recorder, self, args, kwargs)
             )
             if not held:
-                output = call(self, *args, **kwargs)
+                with descendant(recorder):  # in a parent's re-run: not its inline work
+                    output = call(self, *args, **kwargs)
             if path is None:  # its capture has ended
                 return output
             rounded, value = rounded_output(recorder, output)  # inside a parent's re-run
@@ -193,6 +194,8 @@ def _recording_class(
                 recorder.perturbations,
                 recorder.held_by(seq),
             ),
+            output,
+            original.__name__,
         )
         held_call = HeldCall(self, args, kwargs, (), output) if recorder.sensitivity else None
         recorder.exit(seq, path, output, None, extra, held_call)

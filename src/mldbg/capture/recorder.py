@@ -28,7 +28,7 @@ from .records import (
     TensorFields,
     TensorInfo,
 )
-from .sensitivity import MAX_HEIGHT, MAX_HELD_BYTES, HeldCall, Perturbations
+from .sensitivity import MAX_HEIGHT, MAX_HELD_BYTES, HeldCall, Perturbations, benign
 from .sites import call_site
 from .store import INDEX, CaptureDir, entry_name, module_label
 from .writer import BackgroundWriter
@@ -100,6 +100,12 @@ class Recorder:
         self._held_bytes: dict[int, int] = {}
         # The sensitivity re-runs' drawn signs and row samples, kept for this capture.
         self.perturbations = Perturbations()
+        # Per kind of call (class, with children or not): whether every call of it
+        # measured so far was benign (see ``sensitivity_of``); how many calls were not
+        # re-run for that; leaf calls ended so far (the depth a bound would have there).
+        self._benign: dict[tuple[str, bool], bool] = {}
+        self.not_remeasured = 0
+        self._leaves_ended = 0
         self.tensors = 0
         self.bytes = 0
         self.errors: list[str] = []
@@ -280,8 +286,10 @@ class Recorder:
                 return seq
         return None
 
-    # Whether calls are re-run for their sensitivity (``capture(sensitivity=...)``).
+    # Whether calls are re-run for their sensitivity (``capture(sensitivity=...)``), and
+    # whether every call is (``"all"``) or a kind of call proven benign is not re-run.
     sensitivity = True
+    every_call = False
     # The captured model(s): their ids and module paths ("" for one model, each name of
     # a pipeline's): a top-level call of a submodule is sited outside their methods.
     models: frozenset[int] = frozenset()
@@ -309,17 +317,39 @@ class Recorder:
         return self._held.get(seq, [])
 
     def sensitivity_of(
-        self, seq: int, measure: Callable[[bool], Sensitivity | None]
+        self,
+        seq: int,
+        measure: Callable[[bool], Sensitivity | None],
+        output: object = None,
+        kind: str | None = None,
     ) -> Sensitivity | None:
         """The return line's ``sensitivity`` fields for call ``seq``: ``measure(with
         children)`` (re-runs of the call, its children included) when the capture
-        measures it, else None.  The
-        re-run is the capture's work, not the model's: its time is kept out of the call's
-        ``seconds``."""
+        measures it, else None.  The re-run is the capture's work, not the model's: its
+        time is kept out of the call's ``seconds``, and ``output`` is settled first (an
+        MLX call's lazy work is the call's, not the measurement's, which would force it).
+
+        ``kind`` (the module's class): once calls of that kind, with or without children,
+        have been measured and every one was benign (:func:`sensitivity.benign`: its
+        floor below the rounding bound at its depth, no amplification compare would
+        apply), later calls of that kind are not re-run (``not_remeasured`` counts them;
+        ``capture(sensitivity="all")`` re-runs every call).  The first call of each kind
+        is always measured, and one that is not benign keeps its kind measured."""
         if not self.wants_sensitivity(seq):
             return None
+        if output is not None and self.settle is not None:
+            with contextlib.suppress(Exception):  # timing must never break the model
+                self.settle(output)
+        key = (kind or "", seq in self._with_children)
+        if kind is not None and not self.every_call and self._benign.get(key):
+            self.not_remeasured += 1
+            return None
         with self._capture_work(), own_work():
-            return measure(seq in self._with_children)  # {"sensitivity", "step"}, or None
+            found = measure(key[1])  # {"sensitivity", "step", "amplification"}, or None
+        if kind is not None:
+            quiet = found is not None and benign(found, self._leaves_ended)
+            self._benign[key] = self._benign.get(key, True) and quiet
+        return found
 
     def exit(
         self,
@@ -365,6 +395,8 @@ class Recorder:
                 call = stack[i][1]
                 del stack[i:]
                 break
+        if height == 0:
+            self._leaves_ended += 1
         if stack:  # its parent's subtree is at least one call deeper
             parent = stack[-1][0]
             self._height[parent] = max(self._height.get(parent, 0), height + 1)

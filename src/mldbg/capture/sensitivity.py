@@ -27,12 +27,24 @@ each time (unrecorded):
   change over ``step``, what a relative error in what it reads becomes at its outputs
   (the softmax of large logits: 5 to 30; a ``Linear``: 1 to 3).  Compare applies it to
   the error its inputs actually arrive with (``compare.verdict.amplified``).
-* with its inputs kept and every captured descendant's output multiplied by ``1 +- u``
+* with its inputs kept, every captured descendant's output multiplied by ``1 +- u``
   of its own dtype as it returns (the forward hook's or the recording class's return
-  value): ``sensitivity`` is what one rounding step at each of its module boundaries
-  becomes through its inline ops, its own rounding.  Not its inputs' steps: those are
-  what the amplification applies to, measured (an exact timestep into a bfloat16 time
-  embedding carries no error, and one bfloat16 step of 900 would move a sine by 3.5).
+  value) and every intermediate its own code computes rounded the same way as it is
+  computed (:meth:`Frame.inline_rounding`: each torch operation's float result; in MLX,
+  whose operators cannot be wrapped, each ``mx`` function's result and the arguments of
+  its ill-conditioned ones, a sine's): ``sensitivity`` is what one rounding step at
+  each of its module boundaries and of each inline intermediate becomes, its own
+  rounding.  A time embedding that computes ``[cos, sin](t * freqs)`` inline with ``t``
+  up to 1000 and then calls its ``Linear`` children rounds ``t * freqs`` by ~6e-5 at
+  1000: its sines move ~1000 steps, which the children's outputs alone never showed
+  (issue 33: a clean such embedding "differed" and hid a schedule bug's glue).  Not
+  its inputs' steps: those are what the amplification applies to, measured (an exact
+  timestep into a bfloat16 time embedding carries no error, and one bfloat16 step of
+  900 would move a sine by 3.5).
+
+A leaf that reads no float (an embedding of integer ids, a time embedding of an integer
+timestep) has no input to perturb: its ``sensitivity`` is that rounding re-run's, its
+intermediates rounded (no ``amplification``).
 
 The children's share is not subtracted, but it is not counted twice either: compare
 takes the *largest* floor (the call's own or any child's), never a sum.  Why not hold
@@ -111,6 +123,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol, TypeGuard, TypeVar
 
 from .. import dtypes
@@ -122,10 +135,12 @@ if TYPE_CHECKING:  # numpy is imported when a capture measures (``import mldbg``
 _PLAIN = (int, float, bool, str, bytes, type(None))
 
 
-def _unit(dtype_name: str) -> float:
-    """Unit roundoff (half an ulp at 1) of a float dtype, as torch and MLX spell it;
-    float32's for a dtype that does not round."""
-    return dtypes.unit_roundoff(dtype_name) or dtypes.BY_CODE["F32"].unit_roundoff or 0.0
+def unit(dtype_name: str) -> float:
+    """Unit roundoff (half an ulp at 1) of a float dtype, as torch and MLX spell it
+    (``float32``, ``torch.float32``, ``mlx.core.float32``); float32's for a dtype that
+    does not round."""
+    name = dtype_name.rsplit(".", 1)[-1]
+    return dtypes.unit_roundoff(name) or dtypes.BY_CODE["F32"].unit_roundoff or 0.0
 
 
 STATEFUL_IN_TRAINING = ("Dropout", "BatchNorm")
@@ -207,6 +222,14 @@ class Frame(Protocol[T]):
         ...
 
     def reshape(self, x: T, shape: tuple[int, ...]) -> T: ...
+
+    def inline_rounding(self, round_one: Callable[[T], T]) -> AbstractContextManager[object]:
+        """While open, on this thread: each float intermediate the running code computes
+        with the framework's operations passes through ``round_one`` (one rounding step
+        of it) before the code reads it.  Operations that do not round (a reshape, a
+        slice, a concatenation, a widening cast) are left alone, and so are the
+        measurement's own work and a captured descendant's (:func:`inline_work`)."""
+        ...
 
 
 class Perturbations:
@@ -333,6 +356,54 @@ def measuring() -> bool:
     return bool(getattr(_STATE, "depth", 0))
 
 
+def inline_work() -> bool:
+    """An operation run now on this thread is the measured call's own inline work: not
+    the measurement's (drawing or applying a perturbation) and not inside a captured
+    descendant (whose output its hook rounds as it returns, one step for all of it, as
+    when the descendant answers from the forward without running).  What
+    :meth:`Frame.inline_rounding` rounds."""
+    return not getattr(_STATE, "own", 0) and not getattr(_STATE, "descendants", 0)
+
+
+@contextlib.contextmanager
+def descendant(owner: object) -> Iterator[None]:
+    """A captured descendant's call runs inside ``owner``'s rounding re-run (its hook or
+    recording class says so): its operations are not the measured call's inline work."""
+    active = getattr(_STATE, "rounding", None)
+    if active is None or active[0] is not owner:
+        yield
+        return
+    _STATE.descendants = getattr(_STATE, "descendants", 0) + 1
+    try:
+        yield
+    finally:
+        _STATE.descendants -= 1
+
+
+def enter_descendant(owner: object) -> None:
+    """:func:`descendant`'s entry, for a framework whose hooks split a call in two (a
+    torch pre-hook); :func:`exit_descendant` must follow, in the forward hook."""
+    active = getattr(_STATE, "rounding", None)
+    if active is not None and active[0] is owner:
+        _STATE.descendants = getattr(_STATE, "descendants", 0) + 1
+
+
+def exit_descendant(owner: object) -> None:
+    active = getattr(_STATE, "rounding", None)
+    depth: int = getattr(_STATE, "descendants", 0)
+    if active is not None and active[0] is owner and depth:
+        _STATE.descendants = depth - 1
+
+
+@contextlib.contextmanager
+def _own() -> Iterator[None]:
+    _STATE.own = getattr(_STATE, "own", 0) + 1
+    try:
+        yield
+    finally:
+        _STATE.own -= 1
+
+
 @contextlib.contextmanager
 def _rerunning() -> Iterator[None]:
     _STATE.depth = getattr(_STATE, "depth", 0) + 1
@@ -354,12 +425,12 @@ def rounded_output(owner: object, output: object) -> tuple[bool, object]:
 
 @contextlib.contextmanager
 def _rounding(owner: object, round_one: Callable[[object], object]) -> Iterator[None]:
-    previous = getattr(_STATE, "rounding", None)
-    _STATE.rounding = (owner, round_one)
+    previous = getattr(_STATE, "rounding", None), getattr(_STATE, "descendants", 0)
+    _STATE.rounding, _STATE.descendants = (owner, round_one), 0
     try:
         yield
     finally:
-        _STATE.rounding = previous
+        _STATE.rounding, _STATE.descendants = previous
 
 
 def measure(
@@ -389,22 +460,23 @@ def measure(
             outputs = [x for x in _leaves(output) if frame.is_float(x)]
             values = [*_leaves(args), *_leaves(tuple(kwargs.values()))]
             float_inputs = any(frame.is_float(x) for x in values)
-            if not outputs or not (float_inputs or with_children):
+            if not outputs:
                 return None
             if not all(frame.is_float(x) or _is_plain_or_tensor(x) for x in values):
                 return None  # an object the call may update (a cache): never run it twice
-            finest = min(outputs, key=lambda x: _unit(frame.dtype_name(x)))
-            u_out = _unit(frame.dtype_name(finest))
+            finest = min(outputs, key=lambda x: unit(frame.dtype_name(x)))
+            u_out = unit(frame.dtype_name(finest))
             drawn = [0]  # tensors perturbed so far by this re-run: each gets its own signs
 
             def perturb(x: T, u: float) -> T:
                 ordinal, drawn[0] = drawn[0], drawn[0] + 1
-                return frame.perturb(x, perturbations.signs(frame, x, u, ordinal))
+                with _own():
+                    return frame.perturb(x, perturbations.signs(frame, x, u, ordinal))
 
             def moved(x: object) -> object:
                 if not frame.is_float(x):
                     return x
-                u_in = _unit(frame.dtype_name(x))
+                u_in = unit(frame.dtype_name(x))
                 if u_in > u_out:
                     # A step the input's own dtype cannot hold (a bfloat16 timestep into a
                     # float32 embedding): perturbed in the dtype the op computes in.
@@ -418,7 +490,12 @@ def measure(
                 # one step of that dtype, kept in it (what reads it reads the same dtype).
                 if not frame.is_float(x):
                     return x
-                return perturb(x, _unit(frame.dtype_name(x)))
+                return perturb(x, unit(frame.dtype_name(x)))
+
+            def intermediate(x: T) -> T:
+                # What the call's own code computes is rounded as it is computed, to the
+                # dtype it is computed in: one step of that dtype.
+                return perturb(x, unit(frame.dtype_name(x)))
 
             def change(again_output: object) -> float | None:
                 again = [x for x in _leaves(again_output) if frame.is_float(x)]
@@ -436,10 +513,15 @@ def measure(
             def rounding_rerun(
                 a: tuple[object, ...], k: Mapping[str, object], held: Sequence[HeldCall] = ()
             ) -> object:
-                """A re-run with every captured descendant's output rounded (``held``:
-                the children that may answer from the forward, when ``a`` is its input)."""
+                """A re-run with every captured descendant's output and every
+                intermediate of its own code rounded (``held``: the children that may
+                answer from the forward, when ``a`` is its input)."""
                 drawn[0] = 0
-                with _rounding(owner, rounded), _holding(owner, held):
+                with (
+                    _rounding(owner, rounded),
+                    _holding(owner, held),
+                    frame.inline_rounding(intermediate),
+                ):
                     return rerun(a, dict(k))
 
             found: Sensitivity = {"step": u_out}
@@ -472,16 +554,41 @@ def measure(
                     return None
                 found["amplification"] = through / u_out
                 found["sensitivity"] = through
-            if with_children and own is not None:
-                found["sensitivity"] = own
-            elif with_children:  # what its own rounding becomes (inputs as they were)
+            if own is None and (with_children or not float_inputs):
+                # What its own rounding becomes, inputs as they were: its descendants'
+                # outputs and its inline intermediates rounded (a leaf that reads no
+                # float, a time embedding of an integer timestep, has only the latter).
                 own = change(rounding_rerun(args, kwargs, held))
                 if own is None:
                     return None
+            if own is not None:
                 found["sensitivity"] = own
             return found
         except Exception:  # measuring must never break the model or the capture
             return None
+
+
+# A measured call is benign when compare would set no floor from it: its amplification
+# at most compare's AMPLIFYING (``compare/judge/bounds.py``: 4, where an amplified floor
+# starts) and its own floor (COND_C = 2 times its sensitivity) below the rounding bound
+# at its depth (2 u' sqrt(1 + d), u' its step times its dtype's ``accumulation``).
+BENIGN_AMPLIFICATION = 4.0
+
+
+def benign(found: Sensitivity, depth: int) -> bool:
+    """Whether a call measured as ``found``, ``depth`` leaf calls into the capture, gives
+    compare nothing to bound by: no amplification it applies, a floor below rounding's."""
+    step, sensitivity = found.get("step"), found.get("sensitivity")
+    if not step or sensitivity is None or not math.isfinite(sensitivity):
+        return False
+    amplification = found.get("amplification")
+    if amplification is not None and amplification > BENIGN_AMPLIFICATION:
+        return False
+    counted = next(
+        (d.accumulation for d in dtypes.TABLE if d.kind == "float" and d.unit_roundoff == step),
+        1.0,
+    )
+    return sensitivity <= step * counted * math.sqrt(1 + max(0, depth))
 
 
 def row_sample(

@@ -7,7 +7,10 @@ device's tensors would cross to the host, moved into the framework).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from types import ModuleType
 from typing import TypeGuard
 
 import mlx.core as mx
@@ -21,6 +24,7 @@ from .sensitivity import (
     STATEFUL_IN_TRAINING,
     HeldCall,
     Perturbations,
+    inline_work,
     measure,
 )
 
@@ -142,6 +146,105 @@ class MlxFrame:
 
     def reshape(self, x: mx.array, shape: tuple[int, ...]) -> mx.array:
         return x.reshape(shape)
+
+    def inline_rounding(
+        self, round_one: Callable[[mx.array], mx.array]
+    ) -> contextlib.AbstractContextManager[object]:
+        return _rounding(round_one)
+
+
+# The ``mlx.core`` functions whose float results round (``mx.fast``'s too), and those
+# among them that read their argument where one rounding step of it moves the result
+# far (a sine of 1000): their float arguments are rounded as they arrive, standing for
+# the rounding of the operators (``a * b``) that computed them, which cannot be wrapped.
+ROUNDING_OPS = [
+    "matmul",
+    "addmm",
+    "einsum",
+    "softmax",
+    "logsumexp",
+    "multiply",
+    "add",
+    "subtract",
+    "divide",
+    "power",
+    "square",
+    "sqrt",
+    "rsqrt",
+    "exp",
+    "log",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "sum",
+    "mean",
+    "var",
+    "cumsum",
+    "outer",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_general",
+    "gather_mm",
+    "quantized_matmul",
+]
+ILL_CONDITIONED = frozenset(
+    ["sin", "cos", "exp", "log", "power", "tanh", "sigmoid", "erf", "softmax", "logsumexp"]
+)
+_LOCAL = threading.local()
+_LOCK = threading.Lock()
+_installed: list[tuple[ModuleType, str, object]] = []
+_users = [0]
+
+
+@contextlib.contextmanager
+def _rounding(round_one: Callable[[mx.array], mx.array]) -> Iterator[None]:
+    """While open: the wrapped ``mx`` functions called on this thread round their
+    float results (and an ill-conditioned one its float arguments) with ``round_one``.
+    The wrappers are installed once for every thread that measures and removed when the
+    last one is done; other threads' calls pass through."""
+    previous = getattr(_LOCAL, "round_one", None)
+    with _LOCK:
+        if not _users[0]:
+            _install()
+        _users[0] += 1
+    _LOCAL.round_one = round_one
+    try:
+        yield
+    finally:
+        _LOCAL.round_one = previous
+        with _LOCK:
+            _users[0] -= 1
+            if not _users[0]:
+                for namespace, attribute, original in reversed(_installed):
+                    setattr(namespace, attribute, original)
+                _installed.clear()
+
+
+def _install() -> None:
+    for namespace, names in ((mx, ROUNDING_OPS), (mx.fast, dir(mx.fast))):
+        for name in names:
+            original = getattr(namespace, name, None)
+            if name.startswith("_") or not callable(original) or isinstance(original, type):
+                continue
+            setattr(namespace, name, _rounding_call(original, name in ILL_CONDITIONED))
+            _installed.append((namespace, name, original))
+
+
+def _rounding_call(original: Callable[..., object], arguments: bool) -> Callable[..., object]:
+    def call(*args: object, **kwargs: object) -> object:
+        round_one = getattr(_LOCAL, "round_one", None)
+        if round_one is None or not inline_work():
+            return original(*args, **kwargs)
+        if arguments:
+            args = tuple(round_one(a) if _FRAME.is_float(a) else a for a in args)
+        out = original(*args, **kwargs)
+        return round_one(out) if _FRAME.is_float(out) else out
+
+    call.__wrapped__ = original  # type: ignore[attr-defined]
+    return call
 
 
 _FRAME = MlxFrame()

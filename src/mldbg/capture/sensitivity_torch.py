@@ -15,6 +15,7 @@ from typing import TypeGuard
 import numpy as np
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .records import Sensitivity
 from .sensitivity import (
@@ -23,7 +24,9 @@ from .sensitivity import (
     HeldCall,
     Perturbations,
     held_output,
+    inline_work,
     measure,
+    unit,
 )
 
 
@@ -236,6 +239,145 @@ class TorchFrame:
 
     def reshape(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         return x.reshape(shape)
+
+    def inline_rounding(
+        self, round_one: Callable[[torch.Tensor], torch.Tensor]
+    ) -> contextlib.AbstractContextManager[object]:
+        return _Rounding(round_one)
+
+
+# Operations whose result is exact: it moves, selects, joins or makes values without
+# rounding them (names as torch's function or method, underscores stripped).
+EXACT_OPS = frozenset(
+    [
+        "getitem",
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "permute",
+        "transpose",
+        "t",
+        "contiguous",
+        "clone",
+        "detach",
+        "expand",
+        "expand_as",
+        "repeat",
+        "repeat_interleave",
+        "tile",
+        "squeeze",
+        "unsqueeze",
+        "flatten",
+        "unflatten",
+        "narrow",
+        "select",
+        "index_select",
+        "gather",
+        "take_along_dim",
+        "cat",
+        "concat",
+        "concatenate",
+        "stack",
+        "hstack",
+        "vstack",
+        "flip",
+        "roll",
+        "movedim",
+        "moveaxis",
+        "swapaxes",
+        "swapdims",
+        "chunk",
+        "split",
+        "unbind",
+        "tensor_split",
+        "pad",
+        "zeros",
+        "ones",
+        "zeros_like",
+        "ones_like",
+        "empty",
+        "empty_like",
+        "full",
+        "full_like",
+        "arange",
+        "tensor",
+        "as_tensor",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "new_empty",
+        "new_tensor",
+        "masked_fill",
+        "where",
+        "abs",
+        "neg",
+        "relu",
+        "maximum",
+        "minimum",
+        "clamp",
+        "clip",
+        "max",
+        "min",
+        "amax",
+        "amin",
+        "tril",
+        "triu",
+        "diag",
+        "diagonal",
+        "embedding",
+        "one_hot",
+        "dropout",
+        "floor",
+        "ceil",
+        "round",
+        "trunc",
+        "sign",
+    ]
+)
+CASTS = frozenset(("to", "type", "float", "double", "half", "bfloat16"))
+
+
+class _Rounding(TorchFunctionMode):
+    """Rounds the float result of each torch operation the running code calls by one
+    step of its dtype (``round_one``), on the thread that opened it: what each
+    implementation's own rounding of its intermediates is.  Results that alias an
+    input (in-place operations, views) and exact operations (:data:`EXACT_OPS`; a cast
+    unless it narrows) are returned as they are; so is the measurement's own work."""
+
+    def __init__(self, round_one: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.round_one = round_one
+
+    def __torch_function__(
+        self,
+        func: Callable[..., object],
+        types: object,
+        args: Sequence[object] = (),
+        kwargs: Mapping[str, object] | None = None,
+    ) -> object:
+        out = func(*args, **(kwargs or {}))
+        if not inline_work() or not _rounds(func, out, args):
+            return out
+        assert isinstance(out, torch.Tensor)
+        return self.round_one(out)
+
+
+def _rounds(func: Callable[..., object], out: object, args: Sequence[object]) -> bool:
+    """Whether ``out``, the result of ``func(*args)``, is a new float tensor that
+    ``func`` rounded."""
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.is_complex():
+        return False
+    raw = getattr(func, "__name__", "")
+    name = raw.strip("_")
+    if raw.endswith("_") and not raw.startswith("__") or raw.startswith("__i"):
+        return False  # in place
+    if out._base is not None or any(out is a for a in args):
+        return False  # a view of, or the very tensor it read
+    if name in CASTS:
+        source = args[0] if args else None
+        return isinstance(source, torch.Tensor) and unit(str(out.dtype)) > unit(str(source.dtype))
+    return name not in EXACT_OPS
 
 
 _FRAME = TorchFrame()

@@ -17,7 +17,7 @@ from .device_async import DeviceClock, PendingCopy
 from .recorder import Recorder
 from .records import TensorInfo
 from .safetensors_header import header_entries
-from .sensitivity import HeldCall, measuring, rounded_output
+from .sensitivity import HeldCall, enter_descendant, exit_descendant, measuring, rounded_output
 from .sensitivity_torch import measure_torch, output_versions, versions
 
 if TYPE_CHECKING:  # torch is imported when a torch model is captured
@@ -136,23 +136,27 @@ def attach(model: nn.Module, recorder: Recorder, keep: Callable[[str], bool]) ->
     capture sees every call and the model afterwards runs without them.
     """
     handles: list[RemovableHandle] = []
-    handled_at_entry: dict[int, BaseException | None] = {}
     live = [True]  # code compiled during the capture may still call the hooks after it
     wrappers: list[nn.Module] = []
+    hooks = _Hooks(recorder, live)
 
     def detach() -> None:
         live[0] = False
         for handle in reversed(handles):
             handle.remove()
         handles.clear()
-        handled_at_entry.clear()
+        hooks.handled_at_entry.clear()
         if wrappers:
             _reset_dynamo()
 
     try:
         for path, module in named_modules(model, wrappers):
-            if keep(path):
-                handles.extend(_hook(module, path, recorder, handled_at_entry, live))
+            if keep(path) and id(module) not in hooks.modules:
+                hooks.modules[id(module)] = (path, type(module).__name__)
+                handles.append(module.register_forward_pre_hook(hooks.before, with_kwargs=True))
+                handles.append(
+                    module.register_forward_hook(hooks.after, with_kwargs=True, always_call=True)
+                )
         if wrappers:
             _reset_dynamo()
     except BaseException:
@@ -170,32 +174,54 @@ def _reset_dynamo() -> None:
         pass
 
 
-def _hook(
-    module: nn.Module,
-    path: str,
-    recorder: Recorder,
-    handled_at_entry: dict[int, BaseException | None],
-    live: list[bool],
-) -> list[RemovableHandle]:
-    class_name = type(module).__name__
+class _Hooks:
+    """The two hooks of one capture, shared by every module it records (each module's
+    path and class looked up by the module): one ``torch.compiler.disable`` wrapper each
+    for the whole capture.  A wrapper per module cost ~0.15 ms to make, twice per module:
+    a capture's largest cost on a deep model of small modules (0.19 s for 631 modules
+    against a 0.04 s forward)."""
 
-    def before(_module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
-        if not live[0] or measuring():
+    def __init__(self, recorder: Recorder, live: list[bool]) -> None:
+        self.recorder = recorder
+        self.live = live
+        self.modules: dict[int, tuple[str, str]] = {}  # id(module): (path, class name)
+        # The exception being handled around each open call (a call inside an `except`).
+        self.handled_at_entry: dict[int, BaseException | None] = {}
+        # Under torch.compile the hooks run eagerly (a graph break), not traced.
+        self.before = _eager(self._before)
+        self.after = _eager(self._after)
+
+    def _before(
+        self, module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
+        recorder = self.recorder
+        if self.live[0] and measuring():  # inside a parent's re-run: not its inline work
+            enter_descendant(recorder)
             return
-        seq = recorder.enter(path, class_name, args, kwargs)
-        # The exception being handled around this call (a call inside an `except` block).
-        handled_at_entry[seq] = sys.exc_info()[1]
+        known = self.modules.get(id(module))
+        if not self.live[0] or known is None:
+            return
+        seq = recorder.enter(known[0], known[1], args, kwargs)
+        self.handled_at_entry[seq] = sys.exc_info()[1]
 
-    def after(
-        _module: nn.Module, _args: tuple[object, ...], _kwargs: dict[str, object], output: object
+    def _after(
+        self,
+        module: nn.Module,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        output: object,
     ) -> object:
-        if live[0] and measuring():  # inside a parent's re-run: its output rounded
+        recorder = self.recorder
+        if self.live[0] and measuring():  # inside a parent's re-run: its output rounded
+            exit_descendant(recorder)
             rounded, value = rounded_output(recorder, output)
             return value if rounded else None
-        seq = recorder.open_seq(path) if live[0] else None
-        if seq is None:
+        known = self.modules.get(id(module))
+        seq = recorder.open_seq(known[0]) if self.live[0] and known is not None else None
+        if seq is None or known is None:
             return None
-        handled = handled_at_entry.pop(seq, None)
+        path, class_name = known
+        handled = self.handled_at_entry.pop(seq, None)
         # When the forward raises, torch calls always_call hooks inside its `except` block:
         # an exception other than the one handled at entry is the forward's own.
         current = sys.exc_info()[1]
@@ -207,25 +233,20 @@ def _hook(
             seq,
             lambda parent: measure_torch(
                 module,
-                _args,
-                _kwargs,
+                args,
+                kwargs,
                 output,
                 recorder,
                 parent,
                 recorder.perturbations,
                 recorder.held_by(seq),
             ),
+            output,
+            class_name,
         )
-        held = _held_call(module, _args, _kwargs, output) if recorder.sensitivity else None
+        held = _held_call(module, args, kwargs, output) if recorder.sensitivity else None
         recorder.exit(seq, path, output, None, extra, held)
         return None
-
-    # Under torch.compile the hooks run eagerly (a graph break), not traced: they write files.
-    before, after = _eager(before), _eager(after)
-    return [
-        module.register_forward_pre_hook(before, with_kwargs=True),
-        module.register_forward_hook(after, with_kwargs=True, always_call=True),
-    ]
 
 
 def settle(output: object) -> None:

@@ -113,6 +113,7 @@ def run_compare(args: argparse.Namespace, as_json: bool) -> int:
                     map=args.map,
                     layout=args.layout,
                     replay=args.replay,
+                    better=args.better,
                     shards=shards,
                     html=args.html,
                     home=home,

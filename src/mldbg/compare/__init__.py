@@ -101,6 +101,7 @@ def compare(
     map: str | os.PathLike[str] | Mapping[str, Any] | None = None,  # noqa: A002 - the CLI's name
     layout: str | None = None,
     replay: Any = None,
+    better: object = None,
     html: str | os.PathLike[str] | None = None,
     home: str | os.PathLike[str] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
@@ -111,15 +112,18 @@ def compare(
     Each of ``a``/``b`` is a capture name, a run id, ``RUN/NAME``, a directory or file of
     tensors, or a :class:`mldbg.capture.Capture`.  Tolerances default per dtype (those of
     ``torch.testing.assert_close``) for the element-wise numbers; without ``rtol`` /
-    ``atol`` each entry is judged by the scale-aware test (README, "how a verdict is
-    reached"), with them by the strict element-wise one.  ``map`` is a map file or the
-    same dict inline; ``layout`` (``"NCHW"``, ``"NHWC"``, ``"auto"``) is B's activation
+    ``atol`` each entry is judged by the scale-aware test (docs/verdict.md), with them by
+    the strict element-wise one.  ``map`` is a map file or the same dict inline; ``layout`` (``"NCHW"``, ``"NHWC"``, ``"auto"``) is B's activation
     layout when shapes alone cannot tell; ``replay`` names a capture written by
     :func:`mldbg.replay` (or a :class:`ReplayResult`), whose local errors are shown
-    beside the propagated ones and name the culprit.  ``shards`` makes ``b`` the captures
+    beside the propagated ones and name the culprit.  ``better`` names a run of the
+    reference that rounds less (the same weights in float32 or float64, or, for a
+    quantized port, the reference on the port's dequantized weights): each entry is then
+    judged by B's error against it beside A's own (docs/parity-precision.md).
+    ``shards`` makes ``b`` the captures
     of several ranks (``b="tp@rank*"``) gathered into one model: ``{glob: dim}`` for
     tensors the ranks slice along ``dim``, ``{glob: "sum"}`` for partial sums, the rest
-    replicated (README, "Ranks").
+    replicated (docs/ranks.md).
     Raises :class:`CompareInputError` for bad input (the CLI's exit code 2).
     """
     from ..store.runs import mldbg_home
@@ -164,8 +168,11 @@ def compare(
     replay_source = None
     if replay is not None:
         replay_source = open_source(_spec(getattr(replay, "capture", replay)), base)
+    better_source = open_source(_spec(better), base) if better is not None else None
 
-    def one(source_a: Source, source_b: Source, replayed: Source | None) -> Document:
+    def one(
+        source_a: Source, source_b: Source, replayed: Source | None, improved: Source | None
+    ) -> Document:
         source_a, source_b, aligned = align_calls(source_a, source_b)
         result = compare_sources(
             source_a,
@@ -175,6 +182,7 @@ def compare(
             names=names,
             layout=layout,
             replay=replayed,
+            better=improved,
             progress=progress,
         )
         if aligned is not None:  # generation loops that split the sequence differently
@@ -182,11 +190,11 @@ def compare(
         return result
 
     if shards is None and is_pipeline(source_a, source_b):  # every model of both runs
-        result = compare_pipeline(source_a, source_b, replay_source, one)
+        result = compare_pipeline(source_a, source_b, (replay_source, better_source), one)
         if check_enabled():
             refuse_contradictions(result)
     else:
-        result = one(source_a, source_b, replay_source)
+        result = one(source_a, source_b, replay_source, better_source)
     from .report.answer import json_numbers
 
     comparison = Comparison(json_numbers(result))
@@ -208,6 +216,7 @@ def compare_answer(
     map: dict[str, Any] | str | None = None,
     layout: str | None = None,
     replay: str | None = None,
+    better: str | None = None,
     shards: dict[str, int | str] | None = None,
     html: str | None = None,
     passing: bool = False,
@@ -231,6 +240,7 @@ def compare_answer(
         map=map,
         layout=layout,
         replay=replay,
+        better=better,
         html=html,
         home=home,
         shards=shards,

@@ -2,7 +2,7 @@
 
 Pairs are streamed: one pair's tensors are mapped, reduced chunk by chunk (judge/metrics.py)
 and released before the next, so two whole models are never in memory.  The result
-is the documented JSON shape (README, "mldbg compare").
+is the documented JSON shape (docs/verdict.md).
 """
 
 from __future__ import annotations
@@ -20,6 +20,15 @@ from .culprit.divergence import missing_child
 from .culprit.moved import moved_steps
 from .culprit.rules import CallKey, Verdict, call_key, first_divergence
 from .judge import metrics
+from .judge.better import (
+    BetterReference,
+    check_port_weights,
+    headroom,
+    judge_by_better,
+    measure_port,
+    open_better,
+    quantized_port,
+)
 from .judge.bounds import (
     NO_FLOOR,
     Depths,
@@ -68,19 +77,23 @@ def compare_sources(
     names: NameMap | None = None,
     layout: str | None = None,
     replay: Source | None = None,
+    better: Source | None = None,
     progress: Progress | None = None,
 ) -> Document:
     """Run the stages on two sources: pair, judge each pair, name the first divergence,
-    attach the hints for the next step.  The result is the documented JSON shape."""
+    attach the hints for the next step.  The result is the documented JSON shape.
+    With ``better`` (a run of A that rounds less) each bound is sharpened by A's own
+    error against it, or a quantized B is judged against it (``judge/better.py``)."""
     names = names or NameMap()
-    shifted = identity_shifts(a, b, names)  # past a Dropout or Identity one tree lacks
+    improved, against = _better_run(a, b, better)
+    shifted = identity_shifts(against, b, names)  # past a Dropout or Identity one tree lacks
     if shifted:
         names = dataclasses.replace(names, structure=shifted)
-    alignment, proposal = _paired(a, b, names)
-    layouts = Layouts(a, b, alignment, layout)
-    results = _compared(a, b, alignment, rtol, atol, layouts, progress)
+    alignment, proposal = _paired(against, b, names)
+    layouts = Layouts(against, b, alignment, layout)
+    results = _compared(against, b, alignment, rtol, atol, layouts, progress)
     strict = rtol is not None or atol is not None
-    judge(a, results, _quantized(b, alignment, results), strict=strict)
+    _judge_all(a, b, (alignment, layouts), results, strict, improved)
     local = local_errors(a, replay, layout=layout) if replay is not None else None
     if local is not None:
         _add_local_errors(results, local)
@@ -126,6 +139,7 @@ def compare_sources(
         "unpaired_parameter_free": {"a": len(free_a), "b": len(free_b)},
         "proposed_map": proposal,
         "replay": None if replay is None else replay.describe(),
+        "better": None if improved is None else improved.describe(),
         "counts": _counts(results, failed, alignment),
         "warnings": a.warnings + b.warnings + (replay.warnings if replay is not None else []),
     }
@@ -156,6 +170,40 @@ def _attach_findings(
         }
     if local is not None:
         document["replay_culprit"] = local["culprit"]
+
+
+def _better_run(
+    a: Source, b: Source, better: Source | None
+) -> tuple[BetterReference | None, Source]:
+    """The better run, opened beside A (None without one), and the source B is measured
+    against: C itself for a quantized B (the reference on B's dequantized weights), else A."""
+    if better is None:
+        return None, a
+    return open_better(a, better), better if quantized_port(b) else a
+
+
+def _judge_all(
+    a: Source,
+    b: Source,
+    paired: tuple[Alignment, Layouts],
+    results: list[EntryResult],
+    strict: bool,
+    improved: BetterReference | None,
+) -> None:
+    """Judge every entry: against A's bounds and, with a better run, beside it (a
+    quantized B compared with C, on its dequantized weights, has no quantization
+    allowance); then each entry's headroom."""
+    alignment, layouts = paired
+    quantized = _quantized(b, alignment, results)
+    if improved is not None and quantized_port(b):
+        check_port_weights(improved, results)
+        quantized = {}  # B and C hold the same weights: B is held to its own rounding
+    judge(a, results, quantized, strict=strict)
+    if improved is not None:
+        if improved.mode == "precision":
+            measure_port(improved, b, alignment.pairs, layouts)
+        judge_by_better(improved, results)
+    headroom(results)
 
 
 def _paired(a: Source, b: Source, names: NameMap) -> tuple[Alignment, dict[str, Any] | None]:

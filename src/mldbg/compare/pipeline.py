@@ -28,7 +28,9 @@ from .judge.upstream import MAX_UPSTREAM, later_models
 from .read.sources import Call, CompareInputError, Source, open_capture
 from .records import Culprit, Document, PipelineModel, Site
 
-Compare = Callable[[Source, Source, Source | None], Document]
+Compare = Callable[[Source, Source, Source | None, Source | None], Document]
+# Beside both runs: a replay capture and a better run of the reference (each optional).
+Beside = tuple[Source | None, Source | None]
 
 
 def is_pipeline(a: Source, b: Source) -> bool:
@@ -44,20 +46,18 @@ def _index_only(source: Source) -> bool:
     return bool(source.meta.get("index_only"))
 
 
-def compare_pipeline(a: Source, b: Source, replay: Source | None, compare_one: Compare) -> Document:
-    """Every model of the two runs compared in order; the document of the model that
+def compare_pipeline(a: Source, b: Source, beside: Beside, compare_one: Compare) -> Document:
+    """Every model of the two runs compared in order (each beside the same model of the
+    replay capture and of the better run, when given); the document of the model that
     decides, with ``pipeline``: each model's verdict, and which one decides."""
     problems: list[str] = []
     models_a, models_b = _models(a, problems), _models(b, problems)
-    replays = _models(replay, problems) if replay is not None else []
+    replays, betters = (_models(s, problems) if s is not None else [] for s in beside)
     lines: list[PipelineModel] = []
     documents: list[Document | None] = []
     for k in range(max(len(models_a), len(models_b))):
-        source_a = models_a[k] if k < len(models_a) else None
-        source_b = models_b[k] if k < len(models_b) else None
-        document, line = _one(
-            k, source_a, source_b, replays[k] if k < len(replays) else None, compare_one
-        )
+        beside = (_at(replays, k), _at(betters, k))
+        document, line = _one(k, _at(models_a, k), _at(models_b, k), beside, compare_one)
         documents.append(document)
         lines.append(line)
     deciding = next((k for k, line in enumerate(lines) if not line["ok"]), None)
@@ -66,6 +66,10 @@ def compare_pipeline(a: Source, b: Source, replay: Source | None, compare_one: C
     document = _answer(deciding, documents, lines)
     document["warnings"] = [*document.get("warnings", []), *problems]
     return document
+
+
+def _at(models: list[Source], k: int) -> Source | None:
+    return models[k] if k < len(models) else None
 
 
 def _models(first: Source, problems: list[str]) -> list[Source]:
@@ -84,7 +88,7 @@ def _one(
     k: int,
     a: Source | None,
     b: Source | None,
-    replay: Source | None,
+    beside: Beside,
     compare_one: Compare,
 ) -> tuple[Document | None, PipelineModel]:
     """One model's comparison and its line (None: it could not be compared)."""
@@ -112,7 +116,7 @@ def _one(
         line["decided_by"] = "index-only"
         return None, line
     try:
-        document = compare_one(a, b, replay)
+        document = compare_one(a, b, *beside)
     except CompareInputError as exc:
         line["error"] = exc.message
         line["code"] = exc.code

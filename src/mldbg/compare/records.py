@@ -137,6 +137,17 @@ class QuantizedPort(TypedDict):
     group_size: int | None
 
 
+class BetterNumbers(TypedDict, total=False):
+    """An entry judged beside a better run of the reference (``judge/better.py``): the
+    reference's own error against it, the bound that gave, and which kind of run."""
+
+    rel_rms: float  # B's error against the better run
+    reference_rel_rms: float  # A's
+    bound: float  # what B's may be
+    ok: bool
+    mode: str
+
+
 class EntryResult(PairMetrics, total=False):
     """One paired tensor as the comparison reports it (docs/verdict.md): where
     it sits, the metrics (``PairMetrics``, or estimates of them from a summary capture),
@@ -169,6 +180,8 @@ class EntryResult(PairMetrics, total=False):
     quant_noise: float
     quantized: QuantizedPort
     conditioning: Conditioning
+    better: BetterNumbers
+    headroom: float  # rel_rms / expected: 1 is the bound
     local: LocalError
     culprit: bool
     compensated_by: str

@@ -3,7 +3,7 @@
 ``python -m mldbg.examples.parity_reference`` writes the weights to
 ``tiny_weights.safetensors`` (in the working directory) for the port to load, then runs
 one forward pass.  It knows nothing of mldbg: ``mldbg start --capture ref --run -m
-mldbg.examples.parity_reference`` records it (README, "Compare a port").
+mldbg.examples.parity_reference`` records it (README, "Compare a port without editing it").
 """
 
 from __future__ import annotations

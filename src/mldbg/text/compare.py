@@ -149,13 +149,16 @@ def show(
     if wanted:
         listed = ", ".join(f"{k}={v}" for k, v in wanted.items())
         out.print(f"[dim]filter: {escape(listed)}: {matching} entries match[/]")
-    table, columns = _table(any(e.get("local") for e in result["entries"]))
+    with_local = any(e.get("local") for e in result["entries"])
+    # judged beside a better run: how close each entry came to its bound
+    with_better = bool(result.get("better")) or any(e.get("better") for e in result["entries"])
+    table, columns = _table(with_better, with_local)
     for row in _rows(entries, show_all):
         if isinstance(row, int):
             blank = [""] * (len(columns) - 2)
             table.add_row("", f"[dim]… {row} agreeing rows …[/]", *blank)
             continue
-        table.add_row(*_cells(row, position[id(row)], len(columns) > 9))
+        table.add_row(*_cells(row, position[id(row)], with_better, with_local))
     print_table(table, keep=("#", "name"))
     if page is None:
         _print_pipeline(result)
@@ -164,7 +167,7 @@ def show(
         out.print(f"[dim]more: {escape(call_text(result['next']))}[/]")
 
 
-def _table(with_local: bool) -> tuple[Table, list[tuple[str, str]]]:
+def _table(with_better: bool, with_local: bool) -> tuple[Table, list[tuple[str, str]]]:
     table = Table(box=None, pad_edge=False, header_style="bold")
     columns = [
         ("#", "right"),
@@ -175,6 +178,8 @@ def _table(with_local: bool) -> tuple[Table, list[tuple[str, str]]]:
         ("rel err", "right"),
         ("bound", "right"),
     ]
+    if with_better:
+        columns.append(("x bound", "right"))
     if with_local:
         columns.append(("local", "right"))
     columns += [("cosine", "right"), ("status", "left")]
@@ -184,7 +189,8 @@ def _table(with_local: bool) -> tuple[Table, list[tuple[str, str]]]:
     return table, columns
 
 
-def _cells(row: Entry, position: int, with_local: bool) -> list[str]:
+def _cells(row: Entry, index: int, with_better: bool, with_local: bool) -> list[str]:
+    """One entry's row of the table, in its columns' order."""
     dtype = row.get("dtype_a") or ""
     if row.get("dtype_b") != row.get("dtype_a"):
         dtype += f"/{row.get('dtype_b')}"
@@ -194,7 +200,7 @@ def _cells(row: Entry, position: int, with_local: bool) -> list[str]:
     if row.get("culprit"):
         name = f"[bold red]{name}[/]"
     cells = [
-        str(position),
+        str(index),
         name,
         _shape(row),
         dtype,
@@ -202,6 +208,8 @@ def _cells(row: Entry, position: int, with_local: bool) -> list[str]:
         number(row.get("rel_rms")),
         number(row.get("expected")),
     ]
+    if with_better:
+        cells.append(number(row.get("headroom")))
     if with_local:
         local = row.get("local") or {}
         text = number(local.get("rel_rms")) if local else "-"

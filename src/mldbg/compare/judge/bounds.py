@@ -63,12 +63,8 @@ QUANT_C = 3.5  # bound on quantization noise, in units of one module's expected 
 # x1.9.  Only used to pick the culprit among entries that already fail.
 GROWTH = 2.0
 
-# The unit a bound counts in, per dtype: its unit roundoff (``dtypes.py``), except where
-# both sides compute in that precision.  In float32 both accumulate long reductions (a
-# matmul over K = 64..4096 terms) in a different order, an error ~ sqrt(K) u per op, where
-# bf16 and fp16 ports accumulate in fp32 and round once per op: float32 counts 4 u
-# (float64, 8 u).
-ACCUMULATION = {"F64": 8.0, "F32": 4.0, "C128": 8.0, "C64": 4.0}
+# The unit a bound counts in, per dtype: its unit roundoff times its ``accumulation``
+# (``dtypes.py``: float32 counts 4 u, float64 8 u, where both sides reorder long sums).
 
 
 def canonical_dtype(dtype: str) -> str:
@@ -88,7 +84,7 @@ def _unit(dtype: str) -> float | None:
     if found is None:  # a name no table holds is held to float32's bound
         return None if dtypes.is_exact(dtype) else _unit("F32")
     u = found.unit_roundoff
-    return None if u is None else u * ACCUMULATION.get(found.code, 1.0)
+    return None if u is None else u * found.accumulation
 
 
 def quantization_error(bits: int, group_size: int) -> float:
@@ -383,7 +379,15 @@ def scale_test(result: EntryResult, bound: float, *, check_max: bool = True) -> 
 
 
 def exact_scale(result: EntryResult, bound: float) -> float | None:
-    """``s`` when ``b`` is ``s * a`` up to rounding (a scale moved across a boundary)."""
+    """``s`` when ``b`` is ``s * a`` up to rounding (a scale moved across a boundary).
+
+    ``b`` is ``s a`` when what is left of it beyond the best scale (the residual,
+    ``sqrt(1 - cos^2)``) is within ``MAX_FACTOR`` times the bound, and the scale is one
+    when the norms' ratio differs from 1 by more than ``MAX_FACTOR`` times the smaller of
+    the bound and that residual: noise of relative size ``r`` moves the ratio by about
+    ``r^2 / 2`` only, so a bound widened by quantization noise (0.39 at a 4-bit
+    embedding) must not hide Gemma's x8 embedding scale (``|1/8 - 1| = 0.875``), which
+    replay then blamed on a clean 4-bit port's ``embed_tokens``."""
     cosine, rms_a, rms_b = result.get("cosine"), result.get("rms_a"), result.get("rms_b")
     if result.get("nonfinite_mismatched"):
         return None  # the finite elements' cosine says nothing of the NaN/inf ones
@@ -399,7 +403,8 @@ def exact_scale(result: EntryResult, bound: float) -> float | None:
     if residual > max(MAX_FACTOR * bound, 1e-6):
         return None
     ratio = rms_b / rms_a * (1.0 if cosine >= 0 else -1.0)
-    return ratio if abs(abs(ratio) - 1.0) > MAX_FACTOR * bound else None
+    moved = MAX_FACTOR * min(bound, max(residual, 1e-6))
+    return ratio if abs(abs(ratio) - 1.0) > moved else None
 
 
 def rel(value: float | str | None) -> float:

@@ -37,6 +37,7 @@ HEADER_ONLY = (
     "unpaired_b",
     "proposed_map",
     "replay",
+    "better",
     "replay_culprit",
     "weights_hint",
     "narrow",

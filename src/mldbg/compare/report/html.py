@@ -883,13 +883,21 @@ def _test_tip(entry: Entry) -> str:
 
 
 def _bound_tip(entry: Entry) -> str:
+    headroom = entry.get("headroom")
+    said = f"; error / bound {_fmt(headroom)}" if headroom is not None else ""
+    better = entry.get("better")
+    if isinstance(better, Mapping) and better.get("bound") is not None:
+        return (
+            f"from the better run: A's own error against it {_fmt(better.get('reference_rel_rms'))}, "
+            f"B's {_fmt(better.get('rel_rms'))} (at most {_fmt(better.get('bound'))}){said}"
+        )
     quantized = entry.get("quantized")
     if isinstance(quantized, Mapping):
         return (
             f"includes the error of {_fmt(quantized.get('bits'))}-bit quantization "
-            f"(group size {_fmt(quantized.get('group_size'))})"
+            f"(group size {_fmt(quantized.get('group_size'))}){said}"
         )
-    return "relative error a clean chain of ops in this dtype accumulates"
+    return f"relative error a clean chain of ops in this dtype accumulates{said}"
 
 
 def _local_cell(entry: Entry) -> str:

@@ -125,7 +125,7 @@ class Capture:
         # Off the critical path by default: a full capture's writes, and the statistics
         # and sketch of a torch model's summary on the CPU (a summary writes little, but
         # computing it is ~10 passes over each tensor: 2.4x a plain forward inline at 128
-        # tokens, 1.8x in the background, benchmarks/README.md).  On a GPU the summary
+        # tokens, 1.8x in the background, benchmarks/parity.md).  On a GPU the summary
         # stays on the device, inline (the writer would copy every tensor to the host for
         # 8 KB).  An MLX summary is computed with MLX operations, which stay on the
         # model's thread: it is always written inline.

@@ -194,7 +194,7 @@ def test_too_few_pairs_name_no_culprit_and_point_to_the_map() -> None:
     verdict = pairing(evidence, Verdict())
     assert verdict is not None and verdict.culprit is None
     assert verdict.undecided is not None and "1 of 77" in verdict.undecided
-    assert "--map" in verdict.undecided and "proposed_map" in verdict.undecided
+    assert "a map" in verdict.undecided and "proposed_map" in verdict.undecided
     decided = first_divergence(t.source, t.results, paired=(1, 77))
     assert decided.culprit is None and decided.rule == "pairing"
     assert pairing(Evidence(t.source, t.results), Verdict()) is None  # enough pairs

@@ -19,11 +19,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/ensure_chromium.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 # The inner loop: no real models, no other Pythons, no browser (see the markers in pyproject.toml).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not browser"
+	$(PY) -m pytest -q -n 2 -m "not slow and not browser"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks scripts

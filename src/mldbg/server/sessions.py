@@ -202,12 +202,14 @@ class Session:
     def _on_stopped(self, event: P.Stopped) -> None:
         trace: Mapping[str, object] = event.get("trace") or {}
         stop = {k: v for k, v in event.items() if k != "trace"}
+        # Recorded before anyone is told: a stop a client saw is in events.jsonl even if
+        # the daemon is killed the moment after (the crash-safe trace).
+        self.log.event("stopped", **_brief_stop(stop), **trace)
         with self.cond:
             self.state = "paused"
             self.stop = stop
             self.stop_seq += 1
             self.cond.notify_all()
-        self.log.event("stopped", **_brief_stop(stop), **trace)
 
     @P.serves(P.RESUMED)
     def _on_resumed(self, event: P.Resumed) -> None:

@@ -31,17 +31,7 @@ from mldbg.capture.store import check_capture_name
 from mldbg.capture_options import MAX_NAME, Spec
 from mldbg.compare import CompareInputError
 from mldbg.store import current_run, reading
-
-
-class MLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.act = torch.nn.GELU()
-        self.fc2 = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+from tiny_torch import MLP
 
 
 def _capture(name: str, **options: Any) -> Path:

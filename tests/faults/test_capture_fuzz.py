@@ -42,6 +42,7 @@ from mldbg.compare.culprit.nonfinite import first_nonfinite  # noqa: E402
 from mldbg.compare.report.table import module_table  # noqa: E402
 from mldbg.store import current_run  # noqa: E402
 from mldbg.weights.audit import audit_weights  # noqa: E402
+from tiny_torch import MLP  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -59,17 +60,6 @@ FUZZ = settings(
     derandomize=True,
     suppress_health_check=list(HealthCheck),
 )
-
-
-class MLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.act = torch.nn.GELU()
-        self.fc2 = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
 
 
 @pytest.fixture(scope="module")

@@ -39,19 +39,9 @@ from mldbg.errors import TooSlow
 from mldbg.store import current_run
 
 torch = pytest.importorskip("torch")
+from tiny_torch import MLP  # noqa: E402
 
 Records = list[dict[str, Any]]
-
-
-class MLP(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 16)
-        self.act = torch.nn.GELU()
-        self.fc2 = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
 
 
 def _capture(name: str, port: bool = False, **options: Any) -> Path:

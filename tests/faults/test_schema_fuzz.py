@@ -191,7 +191,7 @@ def test_the_schema_and_the_daemon_agree(api: Api, daemon: dict[str, Any], write
                 strategy = operation.as_strategy(mode, path_parameters=names)
 
                 @settings(
-                    max_examples=8,
+                    max_examples=15,
                     deadline=None,
                     database=None,
                     derandomize=True,

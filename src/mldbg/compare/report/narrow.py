@@ -10,7 +10,7 @@ This says so in the comparison's ``narrow`` field, with the module's path on eac
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ...capture.budget import size_text
 from ...capture.store import ROOT
@@ -105,15 +105,9 @@ def _rerun(source: Source, capture: str, **options: object) -> Call:
     started = started_as(source.path.parent.parent) if source.kind == "capture" else None
     args: dict[str, object] = {"script": "SCRIPT"}
     if started is not None:
+        added = cast("dict[str, str]", started.pop("env"))  # started_as always says it
         args = {k: v for k, v in started.items() if v or k in ("script", "module")}
-        added = started.get("env")
-        env = (
-            {k: v for k, v in added.items() if k not in SETTINGS_ENV}
-            if isinstance(added, dict)
-            else {}
-        )
-        args.pop("env", None)
-        if env:
+        if env := {k: v for k, v in added.items() if k not in SETTINGS_ENV}:
             args["env"] = env
     args.update(capture=capture, **options, stop_on_entry=False)
     return {"verb": "start", "args": args}
